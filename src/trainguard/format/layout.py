@@ -1,0 +1,75 @@
+"""Every path of a run, in one place (smdebug 1.0.34's layout).
+
+::
+
+    <run>/collections/000000000/<worker>_collections.json
+    <run>/events/<S12>/<S12>_<worker>.tfevents
+    <run>/index/<I9>/<S12>_<worker>.json        I9 = step // 1000
+    <run>/training_job_end.ts
+    <run>/tensorboard/<MODE>/...
+
+All keys are relative to the run root and use ``/`` on every platform.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "COLLECTIONS_PREFIX",
+    "END_OF_TRAINING",
+    "EVENTS_PREFIX",
+    "INDEX_PREFIX",
+    "IndexKey",
+    "collections_key",
+    "event_key",
+    "index_key",
+    "parse_index_key",
+    "worker_name",
+]
+
+END_OF_TRAINING = "training_job_end.ts"
+EVENTS_PREFIX = "events/"
+INDEX_PREFIX = "index/"
+COLLECTIONS_PREFIX = "collections/000000000/"
+
+_INDEX_RE = re.compile(r"^index/(\d{9})/(\d+)_(.+)\.json$")
+_COLLECTIONS_RE = re.compile(r"^collections/000000000/(.*_?collections)\.json$")
+
+
+def worker_name(rank: int) -> str:
+    return f"worker_{rank}"
+
+
+def event_key(step: int, worker: str) -> str:
+    return f"events/{step:012d}/{step:012d}_{worker}.tfevents"
+
+
+def index_key(step: int, worker: str) -> str:
+    return f"index/{step // 1000:09d}/{step:012d}_{worker}.json"
+
+
+def collections_key(worker: str) -> str:
+    return f"{COLLECTIONS_PREFIX}{worker}_collections.json"
+
+
+def is_collections_key(key: str) -> bool:
+    return _COLLECTIONS_RE.match(key) is not None
+
+
+@dataclass(frozen=True, order=True)
+class IndexKey:
+    """A parsed index file name. Steps come from the file name, as in smdebug."""
+
+    step: int
+    worker: str
+    key: str
+
+
+def parse_index_key(key: str) -> IndexKey | None:
+    """Parse ``index/<I9>/<S12>_<worker>.json``; None for anything else (temp files...)."""
+    match = _INDEX_RE.match(key)
+    if match is None:
+        return None
+    return IndexKey(step=int(match.group(2)), worker=match.group(3), key=key)

@@ -1,0 +1,347 @@
+"""Framework-independent hook logic: configuration, steps and modes, what to save, the writer.
+
+Framework adapters (``hooks/pytorch.py``...) only translate framework events into the calls
+below; everything about *whether* and *where* a tensor is saved lives here.
+
+Steps: a step is opened lazily by the first thing that wants to save in it and closed by the
+adapter at its boundary (optimizer step, next root forward, mode change or close). Step numbers
+are global and increase across modes; each mode also counts its own ``mode_step``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from trainguard.config.collections import SCALAR_COLLECTIONS, Collection, CollectionManager, compile_regex
+from trainguard.config.reduction_config import ReductionConfig
+from trainguard.config.save_config import SaveConfig
+from trainguard.errors import ConfigError, StorageError
+from trainguard.format.layout import END_OF_TRAINING, collections_key, worker_name
+from trainguard.hooks.fail_open import log_disabled
+from trainguard.hooks.writer import StepWriter, TensorSource
+from trainguard.modes import ModeKeys
+from trainguard.storage import LocalStore, Store, open_store
+
+__all__ = ["BaseHook", "SavePlan"]
+
+logger = logging.getLogger("trainguard")
+
+_TRAINING_ONLY_COLLECTIONS = frozenset({"gradients", "optimizer_variables"})
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """What to write for one tensor at the current step."""
+
+    save_raw: bool
+    reductions: tuple[tuple[str, bool], ...]  # (reduction, absolute)
+    save_shape: bool
+
+
+class BaseHook:
+    """Configuration, step accounting and writing shared by every framework hook."""
+
+    framework = "generic"
+    default_collections: tuple[str, ...] = ("weights", "biases", "gradients", "losses", "default", "scalars")
+    always_included: tuple[str, ...] = ("losses", "scalars")
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str] | None = None,
+        export_tensorboard: bool = False,
+        tensorboard_dir: str | None = None,
+        dry_run: bool = False,
+        reduction_config: ReductionConfig | None = None,
+        save_config: SaveConfig | None = None,
+        include_regex: Sequence[str] | str | None = None,
+        include_collections: Sequence[str] | None = None,
+        save_all: bool = False,
+        include_workers: str = "one",
+        *,
+        collection_manager: CollectionManager | None = None,
+        max_pending_bytes: int = 256 << 20,
+    ) -> None:
+        if out_dir is None:
+            out_dir = os.environ.get("TRAINGUARD_OUT_DIR")
+        if not out_dir:
+            raise ConfigError("no out_dir given: pass Hook(out_dir=...) or set TRAINGUARD_OUT_DIR")
+        if include_workers not in ("one", "all"):
+            raise ConfigError(f"include_workers={include_workers!r} is invalid: use 'one' or 'all'")
+        if save_config is not None and not isinstance(save_config, SaveConfig):
+            raise ConfigError(f"save_config must be a trainguard SaveConfig, got {type(save_config).__name__}")
+        if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
+            raise ConfigError(f"reduction_config must be a ReductionConfig, got {type(reduction_config).__name__}")
+        self.out_dir = os.fspath(out_dir)
+        self.dry_run = dry_run
+        self.export_tensorboard = export_tensorboard
+        self.tensorboard_dir = tensorboard_dir
+        self.include_workers = include_workers
+        self.save_all = save_all
+        self.save_config = save_config or SaveConfig()
+        self.reduction_config = reduction_config or ReductionConfig(save_raw_tensor=True)
+        self.collection_manager = collection_manager or CollectionManager.pytorch_defaults()
+        if isinstance(include_regex, str):
+            include_regex = [include_regex]
+        for pattern in include_regex or []:
+            compile_regex(pattern, "include_regex")
+            self.collection_manager.get("default").include(pattern)
+        if save_all:
+            self.collection_manager.get("all").include(".*")
+        names = list(include_collections) if include_collections is not None else list(self.default_collections)
+        if save_all and "all" not in names:
+            names.append("all")
+        if include_regex and "default" not in names:
+            names.append("default")
+        for name in self.always_included:
+            if name not in names:
+                names.append(name)
+        unknown = [name for name in names if name not in self.collection_manager]
+        if unknown:
+            raise ConfigError(
+                f"unknown collection(s) {', '.join(map(repr, unknown))} in include_collections: "
+                f"known collections are {', '.join(self.collection_manager.names())}; "
+                "add your own with hook.get_collection(name).include(regex) before training"
+            )
+        self.include_collections = names
+        self.store: Store = open_store(self.out_dir)
+        if not dry_run:
+            self._check_out_dir()
+
+        self.enabled = True
+        self.step = -1
+        self.mode = ModeKeys.TRAIN
+        self.mode_steps = {mode: -1 for mode in ModeKeys}
+        self.step_open = False
+        self.saving_this_step = False
+        self._due: frozenset[str] = frozenset()
+        self._plan_cache: dict[tuple[str, frozenset[str]], SavePlan | None] = {}
+        self._match_cache: dict[str, tuple[Collection, ...]] = {}
+        self._writer: StepWriter | None = None
+        self._worker: str | None = None
+        self._num_workers = 1
+        self._max_pending_bytes = max_pending_bytes
+        self._closed = False
+        self._atexit_ref = weakref.WeakMethod(self.close)
+        atexit.register(_close_at_exit, self._atexit_ref)
+
+    # -- configuration ------------------------------------------------------------------------
+    def _check_out_dir(self) -> None:
+        """Refuse a finished run and an unwritable directory before training starts."""
+        try:
+            finished = self.store.exists(END_OF_TRAINING)
+        except StorageError as error:
+            raise ConfigError(f"cannot use out_dir {self.out_dir!r}: {error}") from error
+        if finished:
+            raise ConfigError(
+                f"out_dir {self.out_dir!r} already holds a finished run ({END_OF_TRAINING} exists): "
+                "runs are never merged; choose a new out_dir or delete the old run"
+            )
+        if isinstance(self.store, LocalStore):
+            probe = f".trainguard-write-probe-{os.getpid()}"
+            try:
+                self.store.write(probe, b"")
+                self.store.delete(probe)
+            except StorageError as error:
+                raise ConfigError(f"out_dir {self.out_dir!r} is not writable: {error}") from error
+
+    def get_collection(self, name: str) -> Collection:
+        self._match_cache.clear()
+        self._plan_cache.clear()
+        return self.collection_manager.get(name)
+
+    def get_collections(self) -> dict[str, Collection]:
+        return {collection.name: collection for collection in self.collection_manager}
+
+    def add_collection(self, collection: Collection) -> None:
+        self._match_cache.clear()
+        self._plan_cache.clear()
+        self.collection_manager._collections[collection.name] = collection
+        if collection.name not in self.include_collections:
+            self.include_collections.append(collection.name)
+
+    # -- fail open ----------------------------------------------------------------------------
+    def disable(self, reason: BaseException | str) -> None:
+        if not self.enabled:
+            return
+        self.enabled = False
+        self.saving_this_step = False
+        log_disabled(f"{self.framework} hook writing to {self.out_dir}", reason)
+
+    # -- workers ------------------------------------------------------------------------------
+    def _rank_and_world(self) -> tuple[int, int]:
+        """The adapter overrides this with its framework's distributed rank."""
+        return 0, 1
+
+    def _ensure_writer(self) -> StepWriter | None:
+        if self._writer is not None:
+            return self._writer
+        if self.dry_run:
+            return None
+        rank, world = self._rank_and_world()
+        if self.include_workers == "one" and rank != 0:
+            self.enabled = False  # not an error: only worker 0 writes
+            logger.info("trainguard: worker %d does not write (include_workers='one')", rank)
+            return None
+        self._worker = worker_name(rank)
+        self._num_workers = world if self.include_workers == "all" else 1
+        self._writer = StepWriter(
+            self.store, self._worker, max_pending_bytes=self._max_pending_bytes, on_error=self.disable
+        )
+        self._write_collections()
+        return self._writer
+
+    def _write_collections(self) -> None:
+        if self._writer is not None and self._worker is not None:
+            self._writer.write_object(collections_key(self._worker), self.collection_manager.render(self._num_workers))
+
+    # -- steps and modes ----------------------------------------------------------------------
+    def set_mode(self, mode: ModeKeys) -> None:
+        """Switch mode; the current step ends, the next one counts in the new mode."""
+        mode = ModeKeys.parse(mode)
+        if mode != self.mode:
+            self.end_step()
+            self.mode = mode
+
+    def begin_step(self) -> None:
+        if self.step_open:
+            self.end_step()
+        self.step += 1
+        self.mode_steps[self.mode] += 1
+        self.step_open = True
+        self._due = self._due_collections(self.mode, self.mode_steps[self.mode])
+        self.saving_this_step = bool(self._due) and self.enabled
+        if self.saving_this_step:
+            writer = self._ensure_writer()
+            if writer is None:
+                self.saving_this_step = False
+                return
+            writer.begin_step(self.step, self.mode, self.mode_steps[self.mode])
+            self._on_step_begin()
+
+    def end_step(self) -> None:
+        if not self.step_open:
+            return
+        if self.saving_this_step and self.enabled:
+            self._on_step_end()
+            if self._writer is not None:
+                self._writer.end_step()
+        self.step_open = False
+        self.saving_this_step = False
+
+    def ensure_step(self) -> None:
+        if not self.step_open:
+            self.begin_step()
+
+    def _on_step_begin(self) -> None:
+        """Adapter: save what belongs at the start of a step (weights)."""
+
+    def _on_step_end(self) -> None:
+        """Adapter: hand over what was held back during the step (gradients, losses)."""
+
+    def _due_collections(self, mode: ModeKeys, mode_step: int) -> frozenset[str]:
+        due = set()
+        for name in self.include_collections:
+            collection = self.collection_manager.get(name)
+            if name in _TRAINING_ONLY_COLLECTIONS and mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
+                continue
+            schedule = collection.save_config.merged_with(self.save_config) if collection.save_config else self.save_config
+            if schedule.should_save_step(mode, mode_step):
+                due.add(name)
+        return frozenset(due)
+
+    # -- what to save -------------------------------------------------------------------------
+    def _matching(self, tensor_name: str) -> tuple[Collection, ...]:
+        found = self._match_cache.get(tensor_name)
+        if found is None:
+            found = tuple(
+                collection
+                for name in self.include_collections
+                if (collection := self.collection_manager.get(name)).matches(tensor_name)
+            )
+            self._match_cache[tensor_name] = found
+        return found
+
+    def plan(self, tensor_name: str) -> SavePlan | None:
+        """How to save ``tensor_name`` at this step, or None when it is not due."""
+        if not self.saving_this_step:
+            return None
+        key = (tensor_name, self._due)
+        if key in self._plan_cache:
+            return self._plan_cache[key]
+        due = [collection for collection in self._matching(tensor_name) if collection.name in self._due]
+        plan = None
+        if due:
+            save_raw = False
+            save_shape = False
+            reductions: list[tuple[str, bool]] = []
+            for collection in due:
+                if collection.name in SCALAR_COLLECTIONS:
+                    save_raw = True
+                    continue
+                config = collection.reduction_config or self.reduction_config
+                save_raw = save_raw or config.save_raw_tensor or not config.has_reductions
+                save_shape = save_shape or config.save_shape
+                reductions.extend(item for item in config.requested() if item not in reductions)
+            plan = SavePlan(save_raw=save_raw, reductions=tuple(reductions), save_shape=save_shape)
+        self._plan_cache[key] = plan
+        return plan
+
+    def write_tensor(self, name: str, value: TensorSource, *, nbytes: int, proto_dtype: int | None = None) -> None:
+        if self._writer is not None:
+            self._writer.add_tensor(name, value, nbytes=nbytes, proto_dtype=proto_dtype)
+
+    # -- user API -----------------------------------------------------------------------------
+    def add_to_collections(self, name: str, collections: Iterable[str] | str) -> list[str]:
+        names = [collections] if isinstance(collections, str) else list(collections)
+        for collection_name in names:
+            self.get_collection(collection_name).add_tensor_name(name)
+            if collection_name not in self.include_collections:
+                self.include_collections.append(collection_name)
+        return names
+
+    def close(self) -> None:
+        """End the current step, write everything pending and the end-of-training marker."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.end_step()
+            writer = self._writer
+            if writer is None:
+                return
+            self._write_collections()  # again: tensor names added during training
+            if self._worker == worker_name(0) or self._num_workers == 1:
+                writer.write_object(END_OF_TRAINING, b"")
+            if not writer.close():
+                logger.warning("trainguard: gave up waiting for pending tensors of %s", self.out_dir)
+            if self.export_tensorboard and writer.failure is None:
+                self._export_tensorboard()
+        except Exception as error:  # noqa: BLE001 - close runs at exit: never raise there
+            log_disabled(f"{self.framework} hook close", error)
+
+    def _export_tensorboard(self) -> None:
+        from trainguard.tensorboard import export_run
+
+        target = self.tensorboard_dir or os.path.join(self.out_dir, "tensorboard")
+        export_run(self.out_dir, target)
+
+    def __enter__(self) -> BaseHook:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def writer_failure(self) -> BaseException | None:
+        return self._writer.failure if self._writer is not None else None
+
+
+def _close_at_exit(reference: weakref.WeakMethod) -> None:  # type: ignore[type-arg]
+    close = reference()
+    if close is not None:
+        close()

@@ -1,0 +1,261 @@
+"""The PyTorch hook, with smdebug's API: an smdebug script ports by changing its import.
+
+Step boundaries: once an optimizer has stepped, a TRAIN step ends at ``optimizer.step()``
+(global optimizer hooks), so gradient accumulation and several forwards per step stay one
+step. Before that, and in EVAL/PREDICT, every root forward begins a step (smdebug's rule).
+Weights are saved when a step begins (the values the forward uses), gradients once fully
+accumulated (``register_post_accumulate_grad_hook``: the gradient the optimizer will use).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from trainguard.config.reduction_config import reduction_tensor_name
+from trainguard.hooks.base import BaseHook
+from trainguard.hooks.fail_open import fail_open
+from trainguard.hooks.torch_tensors import HostSnapshot, reduce_on_device, snapshot
+from trainguard.modes import ModeKeys
+
+__all__ = ["TorchHook"]
+
+
+def _flatten_tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _flatten_tensors(item)]
+    if isinstance(value, dict):
+        return [tensor for item in value.values() for tensor in _flatten_tensors(item)]
+    return []
+
+
+def is_loss_module(module: torch.nn.Module) -> bool:
+    # By class name, as smdebug's losses regex does: no private torch base class needed.
+    return type(module).__name__.endswith("Loss")
+
+
+class TorchHook(BaseHook):
+    """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
+
+    framework = "pytorch"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handles: list[Any] = []
+        self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self._roots: list[tuple[weakref.ref[torch.nn.Module], str]] = []
+        self._hooked_parameters: set[int] = set()
+        # name -> (raw snapshot, reductions snapshot, requested reductions), written at step end
+        self._held: dict[str, tuple[HostSnapshot | None, HostSnapshot | None, tuple[tuple[str, bool], ...]]] = {}
+        self._explicit_mode = False
+        self._optimizer_driven = False
+        self._handles.append(register_optimizer_step_post_hook(self._after_optimizer_step))
+
+    # -- distributed --------------------------------------------------------------------------
+    def _rank_and_world(self) -> tuple[int, int]:
+        distributed = torch.distributed
+        if distributed.is_available() and distributed.is_initialized():
+            return distributed.get_rank(), distributed.get_world_size()
+        return 0, 1
+
+    # -- registration -------------------------------------------------------------------------
+    def _name_tree(self, module: torch.nn.Module) -> str:
+        """Name a root module and its children as smdebug does; return the root's name."""
+        root_name = module._get_name()
+        taken = {name for _, name in self._roots}
+        prefix = ""
+        if root_name in taken:  # a second root of the same class: keep every name unique
+            index = 1
+            while f"{root_name}_{index}" in taken:
+                index += 1
+            root_name = f"{root_name}_{index}"
+            prefix = root_name + "."
+        for child_name, child in module.named_modules():
+            if child not in self._module_names:
+                self._module_names[child] = prefix + child_name if child_name else root_name
+        self._roots.append((weakref.ref(module), root_name))
+        for parameter_name, parameter in module.named_parameters():
+            if parameter.requires_grad and id(parameter) not in self._hooked_parameters:
+                self._hooked_parameters.add(id(parameter))
+                full_name = f"{root_name}_{parameter_name}"
+                self._handles.append(parameter.register_post_accumulate_grad_hook(self._gradient_hook(full_name)))
+        return root_name
+
+    def register_module(self, module: torch.nn.Module) -> None:
+        """Capture ``module``: its parameters, gradients, and its children's inputs/outputs."""
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"register_module needs a torch.nn.Module, got {type(module).__name__}")
+        self._name_tree(module)
+        self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
+        for child in module.modules():
+            self._handles.append(child.register_forward_hook(self._after_forward))
+
+    register_hook = register_module  # smdebug's older name
+
+    def register_loss(self, loss_module: torch.nn.Module) -> None:
+        """Capture a loss module's output (``<LossClass>_output_0``) and its inputs."""
+        self._module_names[loss_module] = loss_module._get_name()
+        self._handles.append(loss_module.register_forward_hook(self._after_forward))
+
+    # -- step boundaries ----------------------------------------------------------------------
+    def set_mode(self, mode: ModeKeys) -> None:
+        self._explicit_mode = True
+        super().set_mode(mode)
+
+    def _mode_of(self, module: torch.nn.Module) -> ModeKeys:
+        if self._explicit_mode:
+            return self.mode
+        return ModeKeys.TRAIN if module.training and torch.is_grad_enabled() else ModeKeys.EVAL
+
+    @fail_open
+    def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self.root_forward(module)
+
+    def root_forward(self, module: torch.nn.Module) -> None:
+        mode = self._mode_of(module)
+        if mode != self.mode:
+            BaseHook.set_mode(self, mode)
+        if mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._optimizer_driven:
+            self.ensure_step()
+        else:
+            self.begin_step()
+
+    @fail_open
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._roots:
+            self._optimizer_driven = True
+            self.end_step()
+
+    def _on_step_begin(self) -> None:
+        for reference, root_name in self._roots:
+            module = reference()
+            if module is None:
+                continue
+            for parameter_name, parameter in module.named_parameters():
+                self.save_torch_tensor(f"{root_name}_{parameter_name}", parameter)
+
+    def _on_step_end(self) -> None:
+        held, self._held = self._held, {}
+        for name, (raw, reduced, requested) in held.items():
+            if raw is not None:
+                self.write_tensor(name, raw[0], nbytes=raw[1], proto_dtype=raw[2])
+            self._write_reductions(name, reduced, requested)
+
+    # -- capture ------------------------------------------------------------------------------
+    def _gradient_hook(self, parameter_name: str):  # type: ignore[no-untyped-def]
+        name = f"gradient/{parameter_name}"
+
+        @fail_open
+        def hook(self: TorchHook, parameter: torch.Tensor) -> None:
+            if self.saving_this_step and parameter.grad is not None:
+                self.hold_torch_tensor(name, parameter.grad)
+
+        return lambda parameter: hook(self, parameter)
+
+    @fail_open
+    def _after_forward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if not self.saving_this_step:
+            return
+        self.capture_module_io(module, inputs, output)
+
+    def module_name(self, module: torch.nn.Module) -> str:
+        name = self._module_names.get(module)
+        if name is None:
+            name = module._get_name()
+            self._module_names[module] = name
+        return name
+
+    def capture_module_io(self, module: torch.nn.Module, inputs: Any, output: Any) -> list[torch.Tensor]:
+        name = self.module_name(module)
+        for index, tensor in enumerate(_flatten_tensors(inputs)):
+            self.save_torch_tensor(f"{name}_input_{index}", tensor)
+        outputs = _flatten_tensors(output)
+        for index, tensor in enumerate(outputs):
+            self.save_torch_tensor(f"{name}_output_{index}", tensor)
+        return outputs
+
+    def save_torch_tensor(self, name: str, tensor: torch.Tensor) -> None:
+        """Save now, if ``name`` is due at this step."""
+        plan = self.plan(name)
+        if plan is None:
+            return
+        if plan.save_raw:
+            source, nbytes, proto_dtype = snapshot(tensor)
+            self.write_tensor(name, source, nbytes=nbytes, proto_dtype=proto_dtype)
+        if plan.reductions:
+            self._write_reductions(name, reduce_on_device(tensor, plan.reductions), plan.reductions)
+
+    def hold_torch_tensor(self, name: str, tensor: torch.Tensor) -> None:
+        """Save at the end of the step; a later value of the same name replaces this one."""
+        plan = self.plan(name)
+        if plan is None:
+            return
+        raw = snapshot(tensor) if plan.save_raw else None
+        reduced = reduce_on_device(tensor, plan.reductions) if plan.reductions else None
+        self._held[name] = (raw, reduced, plan.reductions)
+
+    def _write_reductions(self, name: str, reduced: HostSnapshot | None, requested: Sequence[tuple[str, bool]]) -> None:
+        if reduced is None:
+            return
+        source, _, _ = reduced
+        cache: dict[str, np.ndarray] = {}
+
+        def vector() -> np.ndarray:
+            if "v" not in cache:
+                cache["v"] = source() if callable(source) else source
+            return cache["v"]
+
+        for position, (reduction, absolute) in enumerate(requested):
+            self.write_tensor(
+                reduction_tensor_name(name, reduction, absolute=absolute),
+                (lambda position=position: np.array(vector()[position])),
+                nbytes=8,
+            )
+
+    # -- user API -----------------------------------------------------------------------------
+    @fail_open
+    def save_scalar(self, name: str, value: float | torch.Tensor, sm_metric: bool = False) -> None:
+        """Save a scalar now as ``scalar/<name>`` (always, whatever the schedule)."""
+        if isinstance(value, torch.Tensor):
+            value = value.detach().float().item()
+        self._save_unscheduled(f"scalar/{name}", np.array([float(value)], dtype=np.float64))
+
+    @fail_open
+    def save_tensor(self, tensor_name: str, tensor_value: Any, collections_to_write: str | Iterable[str] = "default") -> None:
+        """Save a tensor of your own into the given collections, when they are due."""
+        self.add_to_collections(tensor_name, collections_to_write)
+        self._plan_cache.clear()
+        self._match_cache.pop(tensor_name, None)
+        self.ensure_step()
+        if isinstance(tensor_value, torch.Tensor):
+            self.save_torch_tensor(tensor_name, tensor_value)
+        else:
+            plan = self.plan(tensor_name)
+            if plan is not None:
+                array = np.array(tensor_value)
+                self.write_tensor(tensor_name, array, nbytes=array.nbytes)
+
+    def _save_unscheduled(self, name: str, array: np.ndarray) -> None:
+        self.ensure_step()
+        if not self.saving_this_step:
+            # Explicit saves are written even on steps the schedule skips.
+            writer = self._ensure_writer()
+            if writer is None:
+                return
+            self.saving_this_step = True
+            self._due = frozenset()
+            writer.begin_step(self.step, self.mode, self.mode_steps[self.mode])
+        self.write_tensor(name, array, nbytes=array.nbytes)
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        super().close()

@@ -1,0 +1,250 @@
+"""The asynchronous step writer: the training thread hands tensors over, a thread writes them.
+
+Ordering and visibility: a step's event file is committed first, then its index, so a reader
+that sees an index always finds the event file it names. Memory is bounded: ``add_tensor``
+blocks while more than ``max_pending_bytes`` wait to be written (backpressure, not an unbounded
+queue), but never longer than ``max_block_seconds``: then the writer is declared stuck and
+capture is disabled rather than hanging training. After ``fork()`` the child's copy of the
+writer is disabled (DataLoader workers must not write, and the parent's thread does not exist
+there); the parent keeps writing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from trainguard.format.index import IndexEntry, StepIndex, render_index
+from trainguard.format.layout import event_key, index_key
+from trainguard.format.record import FOOTER_SIZE, HEADER_SIZE, frame_footer, frame_header
+from trainguard.format.tensor_codec import encode_tensor_event
+from trainguard.modes import ModeKeys
+from trainguard.storage.base import Store
+
+__all__ = ["StepWriter", "TensorSource"]
+
+logger = logging.getLogger("trainguard")
+
+# A tensor handed over is a numpy array, or a callable returning one (e.g. a device-to-host
+# copy still in flight that the writer thread waits for), with an optional DataType override.
+TensorSource = np.ndarray | Callable[[], np.ndarray]
+_FOOTER = frame_footer()
+
+
+class StepWriter:
+    """Writes one worker's steps to a store on a background thread."""
+
+    def __init__(
+        self,
+        store: Store,
+        worker: str,
+        *,
+        max_pending_bytes: int = 256 << 20,
+        max_block_seconds: float = 60.0,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.worker = worker
+        self.max_pending_bytes = max_pending_bytes
+        self.max_block_seconds = max_block_seconds
+        self.bytes_written = 0
+        self.steps_written = 0
+        self.failure: BaseException | None = None
+        self._on_error = on_error
+        self._pid = os.getpid()
+        self._reset_sync_state()
+        self._thread = threading.Thread(target=self._run, name=f"trainguard-writer-{worker}", daemon=True)
+        self._thread.start()
+        self._closed = False
+        self._disabled_by_fork = False
+        reference = weakref.ref(self)
+
+        def _in_child() -> None:
+            writer = reference()
+            if writer is not None:
+                writer._after_fork_in_child()
+
+        os.register_at_fork(after_in_child=_in_child)
+
+    def _reset_sync_state(self) -> None:
+        self._queue: deque[tuple[Any, ...]] = deque()
+        self._pending_bytes = 0
+        self._condition = threading.Condition()
+
+    def _after_fork_in_child(self) -> None:
+        # The lock may have been held by the parent's writer thread at fork time; a fresh one is
+        # the only safe state. The child never writes: its thread does not exist.
+        self._reset_sync_state()
+        self._disabled_by_fork = True
+
+    @property
+    def active(self) -> bool:
+        return self.failure is None and not self._closed and not self._disabled_by_fork
+
+    # -- training-thread side ---------------------------------------------------------------
+    def _put(self, item: tuple[Any, ...], nbytes: int = 0) -> None:
+        if not self.active:
+            return
+        deadline = time.monotonic() + self.max_block_seconds
+        with self._condition:
+            while self._pending_bytes and self._pending_bytes + nbytes > self.max_pending_bytes:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.failure is not None:
+                    self._fail(TimeoutError(f"writer for {self.store.url} made no progress for {self.max_block_seconds:.0f} s"))
+                    return
+                self._condition.wait(min(remaining, 0.5))
+            self._queue.append(item)
+            self._pending_bytes += nbytes
+            self._condition.notify_all()
+
+    def begin_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:
+        self._put(("begin", step, mode, mode_step))
+
+    def add_tensor(self, name: str, value: TensorSource, *, nbytes: int, proto_dtype: int | None = None) -> None:
+        self._put(("tensor", name, value, proto_dtype, nbytes), nbytes)
+
+    def end_step(self) -> None:
+        self._put(("end",))
+
+    def write_object(self, key: str, data: bytes) -> None:
+        """Write a small object in order with the steps (collections file, end marker)."""
+        self._put(("object", key, data))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything handed over is written. False on timeout."""
+        if self._disabled_by_fork or not self._thread.is_alive():
+            return not self._queue
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._condition:
+            while self._queue or self._busy:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._condition.wait(0.2 if remaining is None else min(remaining, 0.2))
+        return True
+
+    def close(self, timeout: float = 120.0) -> bool:
+        """Write what is pending and stop the thread. Idempotent. False if it timed out."""
+        if self._closed or self._disabled_by_fork:
+            return True
+        done = self.flush(timeout)
+        self._closed = True
+        with self._condition:
+            self._queue.append(("stop",))
+            self._condition.notify_all()
+        self._thread.join(timeout=5.0 if done else 0.1)
+        return done
+
+    # -- writer-thread side -----------------------------------------------------------------
+    _busy = False
+
+    def _fail(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+            if self._on_error is not None:
+                try:
+                    self._on_error(error)
+                except Exception:  # never let error reporting take training down
+                    logger.exception("trainguard: error handler failed")
+
+    def _run(self) -> None:
+        step_state: dict[str, Any] | None = None
+        while True:
+            with self._condition:
+                while not self._queue:
+                    self._busy = False
+                    self._condition.notify_all()
+                    self._condition.wait()
+                item = self._queue.popleft()
+                self._busy = True
+            kind = item[0]
+            if kind == "stop":
+                with self._condition:
+                    self._busy = False
+                    self._condition.notify_all()
+                return
+            nbytes = item[4] if kind == "tensor" else 0
+            try:
+                if self.failure is None:
+                    step_state = self._handle(item, step_state)
+            except BaseException as error:  # noqa: BLE001 - any failure disables capture
+                if step_state is not None and step_state.get("file") is not None:
+                    try:
+                        step_state["file"].abort()
+                    except Exception:
+                        pass
+                step_state = None
+                self._fail(error)
+            finally:
+                if nbytes:
+                    with self._condition:
+                        self._pending_bytes -= nbytes
+                        self._condition.notify_all()
+
+    def _handle(self, item: tuple[Any, ...], state: dict[str, Any] | None) -> dict[str, Any] | None:
+        kind = item[0]
+        if kind == "begin":
+            if state is not None:  # a step left open: finish it rather than lose it
+                self._finish_step(state)
+            _, step, mode, mode_step = item
+            return {"step": step, "mode": mode, "mode_step": mode_step, "file": None, "offset": 0, "entries": []}
+        if kind == "tensor":
+            if state is None:
+                return state
+            _, name, value, proto_dtype, _ = item
+            array = value() if callable(value) else value
+            encoded = encode_tensor_event(
+                name,
+                array,
+                step=state["step"],
+                mode=state["mode"],
+                mode_step=state["mode_step"],
+                wall_time=time.time(),
+                proto_dtype=proto_dtype,
+            )
+            if state["file"] is None:
+                state["file"] = self.store.open_writer(event_key(state["step"], self.worker))
+            file = state["file"]
+            file.write(frame_header(encoded.length))
+            file.write(encoded.prefix)
+            if encoded.content.nbytes:
+                file.write(encoded.content)
+            file.write(_FOOTER)
+            record_length = HEADER_SIZE + encoded.length + FOOTER_SIZE
+            state["entries"].append(IndexEntry(name, state["offset"], record_length))
+            state["offset"] += record_length
+            return state
+        if kind == "end":
+            if state is not None:
+                self._finish_step(state)
+            return None
+        if kind == "object":
+            _, key, data = item
+            self.store.write(key, data)
+            return state
+        raise AssertionError(f"unknown writer item {kind!r}")
+
+    def _finish_step(self, state: dict[str, Any]) -> None:
+        if state["file"] is None:
+            return
+        state["file"].commit()  # the event file first: an index must never name a missing file
+        event_file = event_key(state["step"], self.worker)
+        index = StepIndex(
+            step=state["step"],
+            worker=self.worker,
+            mode=state["mode"],
+            mode_step=state["mode_step"],
+            event_file=event_file,
+            tensors=state["entries"],
+        )
+        self.store.write(index_key(state["step"], self.worker), render_index(index))
+        self.bytes_written += state["offset"]
+        self.steps_written += 1

@@ -1,0 +1,37 @@
+"""Training modes, numbered as smdebug's ``ModeKeys`` so files stay interchangeable."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["ModeKeys", "modes"]
+
+
+class ModeKeys(enum.Enum):
+    TRAIN = 1
+    EVAL = 2
+    PREDICT = 3
+    GLOBAL = 4
+
+    @classmethod
+    def parse(cls, value: ModeKeys | str | int) -> ModeKeys:
+        """Accept a mode, its name (any case) or its number."""
+        if isinstance(value, ModeKeys):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.strip().upper()]
+            except KeyError:
+                pass
+        elif isinstance(value, int):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        from trainguard.errors import ConfigError
+
+        raise ConfigError(f"unknown mode {value!r}: use one of TRAIN, EVAL, PREDICT, GLOBAL")
+
+
+# smdebug users write `smd.modes.TRAIN`; keep that spelling working.
+modes = ModeKeys

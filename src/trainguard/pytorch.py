@@ -1,0 +1,35 @@
+"""smdebug-compatible PyTorch API: ``import trainguard.pytorch as tg``.
+
+>>> hook = tg.Hook(out_dir="/tmp/run", save_config=tg.SaveConfig(save_interval=10))
+>>> hook.register_module(model)
+>>> hook.register_loss(criterion)
+"""
+
+from __future__ import annotations
+
+from trainguard.config.collections import Collection, CollectionManager
+from trainguard.config.reduction_config import ReductionConfig
+from trainguard.config.save_config import SaveConfig, SaveConfigMode
+from trainguard.hooks.json_config import hook_kwargs_from_json
+from trainguard.hooks.pytorch import TorchHook
+from trainguard.modes import ModeKeys, modes
+
+__all__ = ["Collection", "CollectionManager", "Hook", "ModeKeys", "ReductionConfig", "SaveConfig", "SaveConfigMode", "get_hook", "modes"]
+
+_SINGLETON: list[Hook] = []
+
+
+class Hook(TorchHook):
+    """The PyTorch hook. Arguments as smdebug's ``smdebug.pytorch.Hook``."""
+
+    @classmethod
+    def create_from_json_file(cls, json_file_path: str | None = None) -> Hook:
+        """Build a hook from SageMaker's ``debughookconfig.json`` (or ``$SMDEBUG_CONFIG_FILE_PATH``)."""
+        return cls(**hook_kwargs_from_json(json_file_path))
+
+
+def get_hook(json_config_path: str | None = None, create_if_not_exists: bool = False) -> Hook | None:
+    """The process-wide hook, created from the JSON config on first request when asked to."""
+    if not _SINGLETON and create_if_not_exists:
+        _SINGLETON.append(Hook.create_from_json_file(json_config_path))
+    return _SINGLETON[0] if _SINGLETON else None

@@ -1,0 +1,47 @@
+"""Stores for runs: local directory, ``s3://`` (any S3-compatible endpoint) and in-memory.
+
+Use :func:`open_store` to get one from a URL; it is the only place that looks at URL schemes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from trainguard.errors import ConfigError
+from trainguard.storage.base import Buffer, Store, StoreWriter
+from trainguard.storage.local import LocalStore
+from trainguard.storage.memory import MemoryStore
+
+__all__ = ["Buffer", "LocalStore", "MemoryStore", "Store", "StoreWriter", "is_remote", "open_store"]
+
+
+def is_remote(url: str | os.PathLike[str]) -> bool:
+    return str(url).startswith("s3://")
+
+
+def open_store(url: str | os.PathLike[str], **options: Any) -> Store:
+    """Open the store a URL names.
+
+    Args:
+        url: ``s3://bucket/prefix``, ``memory://name``, ``file:///path`` or a local path.
+        options: passed to the store; for S3: ``endpoint_url``, ``region_name``, ``client``.
+
+    Raises:
+        ConfigError: the URL is malformed.
+        MissingDependencyError: ``s3://`` without boto3 installed.
+    """
+    text = os.fspath(url)
+    if text.startswith("s3://"):
+        from trainguard.storage.s3 import S3Store
+
+        return S3Store.from_url(text, **options)
+    if text.startswith("memory://"):
+        return MemoryStore.named(text[len("memory://") :])
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    if "://" in text:
+        raise ConfigError(f"unsupported storage URL {text!r}: use a local path, s3://bucket/prefix or memory://name")
+    if not text:
+        raise ConfigError("empty storage path: give a directory or an s3:// URL")
+    return LocalStore(text)

@@ -1,0 +1,160 @@
+"""What a trial knows about a run: the steps, workers and tensors listed so far.
+
+Following a live run is incremental: each refresh lists only index files after the last one
+seen (``start_after``), and reads just those. Index files are read concurrently for remote
+stores, because on S3 each is its own small object.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from trainguard.errors import FormatError, ObjectNotFound
+from trainguard.format.index import IndexEntry, StepIndex, parse_index
+from trainguard.format.layout import END_OF_TRAINING, INDEX_PREFIX, parse_index_key
+from trainguard.modes import ModeKeys
+from trainguard.storage.base import Store
+
+__all__ = ["Location", "RunState", "StepRecord"]
+
+logger = logging.getLogger("trainguard")
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where one tensor's value for one (step, worker) lives."""
+
+    event_file: str
+    entry: IndexEntry
+
+
+@dataclass
+class StepRecord:
+    step: int
+    mode: ModeKeys
+    mode_step: int
+    workers: dict[str, StepIndex] = field(default_factory=dict)
+
+
+class RunState:
+    """The listing side of a trial. Thread-safe; refresh is incremental."""
+
+    def __init__(self, store: Store, num_workers: int, *, parallel_reads: int = 1) -> None:
+        self.store = store
+        self.num_workers = num_workers
+        self.steps: dict[int, StepRecord] = {}
+        self.by_mode: dict[ModeKeys, dict[int, int]] = {mode: {} for mode in ModeKeys}  # mode_step -> step
+        self.tensors: dict[str, dict[int, dict[str, Location]]] = {}  # name -> step -> worker -> loc
+        self.shapes: dict[str, dict[int, dict[str, tuple[int, ...]]]] = {}
+        self.workers: set[str] = set()
+        self.training_ended = False
+        self.loaded_all_steps = False
+        self.corrupt_index_files: list[str] = []
+        self._token: str | None = None
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._parallel_reads = parallel_reads
+
+    def refresh(self) -> int:
+        """Read index files written since the last refresh; return how many were new."""
+        with self._lock:
+            if self.loaded_all_steps:
+                return 0
+            # Check the end marker *before* listing: whatever was written before the marker is
+            # then guaranteed to be in this listing, so the run is complete after it.
+            ended = self.store.exists(END_OF_TRAINING)
+            added = self._read_new_indexes()
+            if ended:
+                self.training_ended = True
+                self.loaded_all_steps = True
+            return added
+
+    def _read_new_indexes(self) -> int:
+        keys = self.store.list(INDEX_PREFIX, start_after=self._token)
+        parsed = [
+            key for key in (parse_index_key(key) for key in keys) if key is not None and key.key not in self._seen
+        ]
+        self._advance_token(keys)
+        if not parsed:
+            return 0
+
+        def load(index_key):  # type: ignore[no-untyped-def]
+            try:
+                data = self.store.read(index_key.key)
+                return parse_index(data, step=index_key.step, worker=index_key.worker, path=f"{self.store.url}/{index_key.key}")
+            except (FormatError, ObjectNotFound) as error:
+                return error
+
+        if self._parallel_reads > 1 and len(parsed) > 1:
+            with ThreadPoolExecutor(self._parallel_reads) as pool:
+                results = list(pool.map(load, parsed))
+        else:
+            results = [load(key) for key in parsed]
+        added = 0
+        for index_key, result in zip(parsed, results):
+            if isinstance(result, BaseException):
+                # A bad index never stops the reader: it is reported, the rest stays readable.
+                logger.warning("trainguard: skipping unreadable index file: %s", result)
+                self.corrupt_index_files.append(index_key.key)
+                continue
+            self._add(result)
+            added += 1
+        self._seen.update(key.key for key in parsed)
+        self._advance_token(keys)
+        return added
+
+    def _advance_token(self, keys: list[str]) -> None:
+        """Move the listing start past everything that cannot change any more.
+
+        With several workers, a slow worker's index for step 5 may land after a fast worker's
+        step 6 was listed; its key sorts earlier, so the listing restarts at the oldest step
+        still missing a worker (keys already read are skipped by ``_seen``).
+        """
+        if not keys:
+            return
+        last_complete = self.last_complete_step()
+        waiting = [
+            step
+            for step, record in self.steps.items()
+            if len(record.workers) < self.num_workers and (last_complete is None or step > last_complete)
+        ]
+        if waiting:
+            oldest = min(waiting)
+            self._token = f"{INDEX_PREFIX}{oldest // 1000:09d}/{oldest:012d}"
+        else:
+            self._token = max(keys[-1], self._token or "")
+
+    def _add(self, index: StepIndex) -> None:
+        record = self.steps.get(index.step)
+        if record is None:
+            record = self.steps[index.step] = StepRecord(index.step, index.mode, index.mode_step)
+            self.by_mode[index.mode][index.mode_step] = index.step
+            self.by_mode[ModeKeys.GLOBAL].setdefault(index.step, index.step)
+        record.workers[index.worker] = index
+        self.workers.add(index.worker)
+        for entry in index.tensors:
+            if index.event_file is None:
+                continue
+            self.tensors.setdefault(entry.tensor_name, {}).setdefault(index.step, {})[index.worker] = Location(
+                index.event_file, entry
+            )
+        for name, shape in index.shapes.items():
+            self.shapes.setdefault(name, {}).setdefault(index.step, {})[index.worker] = shape
+
+    # -- completeness -------------------------------------------------------------------------
+    def last_complete_step(self) -> int | None:
+        """A step is complete when every worker wrote it, when training ended, or when a later
+        step is complete (a worker that skipped a step will not come back to it)."""
+        if not self.steps:
+            return None
+        if self.training_ended:
+            return max(self.steps)
+        complete = [step for step, record in self.steps.items() if len(record.workers) >= self.num_workers]
+        return max(complete) if complete else None
+
+    def is_complete(self, step: int) -> bool:
+        last = self.last_complete_step()
+        return step in self.steps and last is not None and step <= last

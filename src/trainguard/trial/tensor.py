@@ -1,0 +1,98 @@
+"""One tensor of a trial: its steps, values and reductions (smdebug's ``Tensor`` API)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trainguard.config.reduction_config import reduction_tensor_name
+from trainguard.errors import TensorUnavailableForStep
+from trainguard.modes import ModeKeys
+
+if TYPE_CHECKING:
+    from trainguard.trial.trial import Trial
+
+__all__ = ["Tensor", "numpy_reduction"]
+
+
+def numpy_reduction(value: np.ndarray, reduction: str, absolute: bool = False) -> np.ndarray:
+    """A reduction computed on the host from a raw value; elementwise norms for every rank."""
+    x = np.asarray(value)
+    if x.dtype.kind in "biuf":
+        x = x.astype(np.float64)
+    if absolute:
+        x = np.abs(x)
+    operations = {
+        "min": np.min, "max": np.max, "mean": np.mean, "std": np.std, "variance": np.var,
+        "sum": np.sum, "prod": np.prod,
+        "l1": lambda y: np.sum(np.abs(y)),
+        "l2": lambda y: np.sqrt(np.sum(np.abs(y) ** 2)),
+        "zero_fraction": lambda y: np.mean(y == 0),
+    }  # fmt: skip
+    name = reduction[: -len("_norm")] if reduction.endswith("_norm") else reduction
+    if name not in operations:
+        raise ValueError(f"unknown reduction {reduction!r}: choose from {', '.join(operations)}")
+    return np.array(operations[name](x))
+
+
+class Tensor:
+    """Read-side view of one tensor name. Obtain it with ``trial.tensor(name)``."""
+
+    def __init__(self, name: str, trial: Trial) -> None:
+        self.name = name
+        self._trial = trial
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name!r})"
+
+    def steps(self, mode: ModeKeys = ModeKeys.GLOBAL, show_incomplete_steps: bool = False) -> list[int]:
+        return self._trial._tensor_steps(self.name, mode, show_incomplete_steps)
+
+    def workers(self, step: int, mode: ModeKeys = ModeKeys.GLOBAL) -> list[str]:
+        return self._trial._tensor_workers(self.name, step, mode)
+
+    def value(self, step: int, mode: ModeKeys = ModeKeys.GLOBAL, worker: str | None = None) -> np.ndarray:
+        return self._trial._read_values([self.name], step, mode, worker)[self.name]
+
+    def values(self, mode: ModeKeys = ModeKeys.GLOBAL, worker: str | None = None) -> dict[int, np.ndarray]:
+        return {step: self.value(step, mode, worker) for step in self.steps(mode)}
+
+    def shape(self, step: int, mode: ModeKeys = ModeKeys.GLOBAL, worker: str | None = None) -> tuple[int, ...]:
+        shape = self._trial._saved_shape(self.name, step, mode, worker)
+        return shape if shape is not None else tuple(self.value(step, mode, worker).shape)
+
+    def reduction_value(
+        self,
+        step: int,
+        reduction_name: str,
+        mode: ModeKeys = ModeKeys.GLOBAL,
+        worker: str | None = None,
+        abs: bool = False,  # noqa: A002 - smdebug's parameter name
+    ) -> np.ndarray:
+        """A saved reduction, or one computed from the raw value when only that was saved."""
+        base = reduction_name[: -len("_norm")] if reduction_name.endswith("_norm") else reduction_name
+        saved_name = reduction_tensor_name(self.name, base, absolute=abs)
+        if self._trial.has_tensor(saved_name):
+            try:
+                return self._trial.tensor(saved_name).value(step, mode, worker)
+            except TensorUnavailableForStep:
+                pass
+        return numpy_reduction(self.value(step, mode, worker), base, abs)
+
+    def reduction_values(self, step: int, mode: ModeKeys = ModeKeys.GLOBAL, worker: str | None = None) -> dict[tuple[str, bool], np.ndarray]:
+        """Every reduction saved for this step, keyed by (name, absolute)."""
+        found = {}
+        prefix = "smdebug/reductions/"
+        for name in self._trial.tensor_names(show_prefixed_tensors=True, step=step, mode=mode):
+            if name.startswith(prefix) and name.endswith("/" + self.name):
+                reduction = name[len(prefix) : -len(self.name) - 1]
+                absolute = reduction.startswith("abs_")
+                key = (reduction[4:] if absolute else reduction, absolute)
+                found[key] = self._trial.tensor(name).value(step, mode, worker)
+        return found
+
+    def prev_steps(self, step: int, n: int, mode: ModeKeys = ModeKeys.GLOBAL) -> list[int]:
+        """Up to ``n`` steps before ``step`` at which this tensor was saved."""
+        earlier = [s for s in self.steps(mode) if s < step]
+        return earlier[-n:]

@@ -1,0 +1,367 @@
+"""Reading a run, finished or live: smdebug's trial API, plus batched reads and a timeout on
+every wait."""
+
+from __future__ import annotations
+
+import enum
+import re
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from trainguard.config.collections import Collection, CollectionManager
+from trainguard.errors import (
+    InvalidWorker,
+    MissingCollectionFiles,
+    NoMoreData,
+    ObjectNotFound,
+    StepNotYetAvailable,
+    StepUnavailable,
+    TensorUnavailable,
+    TensorUnavailableForStep,
+    TrialError,
+    WaitTimeout,
+)
+from trainguard.format.layout import COLLECTIONS_PREFIX, END_OF_TRAINING, is_collections_key
+from trainguard.format.record import parse_record
+from trainguard.format.tensor_codec import decode_event
+from trainguard.modes import ModeKeys
+from trainguard.storage.base import Store
+from trainguard.storage.cache import read_ranges
+from trainguard.trial.state import Location, RunState
+from trainguard.trial.tensor import Tensor
+
+__all__ = ["StepState", "Trial"]
+
+_REDUCTION_PREFIX = "smdebug/reductions/"
+
+
+class StepState(enum.Enum):
+    UNAVAILABLE = 0
+    AVAILABLE = 1
+    NOT_YET_AVAILABLE = 2
+
+
+class Trial:
+    """A run's tensors by name, step, mode and worker. Create with :func:`create_trial`."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        name: str | None = None,
+        collection_wait_timeout: float = 60.0,
+        refresh_interval: float = 0.0,
+        missing_event_wait: float = 10.0,
+        parallel_reads: int = 1,
+    ) -> None:
+        self.store = store
+        self.path = store.url
+        self.name = name or store.url.rstrip("/").rsplit("/", 1)[-1]
+        self._refresh_interval = refresh_interval
+        self._missing_event_wait = missing_event_wait
+        self._last_refresh = 0.0
+        self._collections, num_workers = self._load_collections(collection_wait_timeout)
+        self._state = RunState(store, num_workers, parallel_reads=parallel_reads)
+        self.refresh(force=True)
+
+    def __repr__(self) -> str:
+        return f"Trial({self.path!r}, steps={len(self._state.steps)}, ended={self._state.training_ended})"
+
+    # -- loading ------------------------------------------------------------------------------
+    def _load_collections(self, timeout: float) -> tuple[CollectionManager, int]:
+        deadline = time.monotonic() + timeout
+        while True:
+            keys = [key for key in self.store.list(COLLECTIONS_PREFIX) if is_collections_key(key)]
+            if keys:
+                manager = CollectionManager()
+                num_workers = 1
+                for key in keys:
+                    try:
+                        parsed, workers = CollectionManager.parse(self.store.read(key))
+                    except (ValueError, KeyError, TypeError) as error:
+                        raise MissingCollectionFiles(f"{self.store.url}/{key} is corrupt: {error}") from None
+                    num_workers = max(num_workers, workers)
+                    for collection in parsed:
+                        if collection.name not in manager:
+                            manager._collections[collection.name] = collection
+                return manager, num_workers
+            ended = self.store.exists(END_OF_TRAINING)
+            if ended or time.monotonic() >= deadline:
+                found = self.store.list("")[:5]
+                what = f"it contains {found}" if found else "it is empty or does not exist"
+                why = "training has ended without writing any" if ended else f"none appeared within {timeout:.0f} s"
+                raise MissingCollectionFiles(
+                    f"{self.store.url} has no collections file ({COLLECTIONS_PREFIX}<worker>_collections.json): "
+                    f"{why}; {what}. Check that the path is the hook's out_dir and that the hook saved at least one step"
+                )
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def refresh(self, force: bool = False) -> None:
+        if self._state.loaded_all_steps:
+            return
+        now = time.monotonic()
+        if force or now - self._last_refresh >= self._refresh_interval:
+            self._last_refresh = now
+            self._state.refresh()
+
+    def maybe_refresh(self) -> None:
+        self.refresh()
+
+    # -- run-level facts ----------------------------------------------------------------------
+    @property
+    def loaded_all_steps(self) -> bool:
+        self.refresh()
+        return self._state.loaded_all_steps
+
+    @property
+    def training_ended(self) -> bool:
+        self.refresh()
+        return self._state.training_ended
+
+    @property
+    def num_workers(self) -> int:
+        return self._state.num_workers
+
+    @property
+    def last_complete_step(self) -> int | None:
+        self.refresh()
+        return self._state.last_complete_step()
+
+    def workers(self) -> list[str]:
+        self.refresh()
+        return sorted(self._state.workers)
+
+    def modes(self) -> list[ModeKeys]:
+        self.refresh()
+        return sorted({record.mode for record in self._state.steps.values()}, key=lambda mode: mode.value)
+
+    def steps(self, mode: ModeKeys = ModeKeys.GLOBAL, show_incomplete_steps: bool = False) -> list[int]:
+        """Global steps (mode GLOBAL) or the mode's own step numbers."""
+        self.refresh()
+        mode = ModeKeys.parse(mode)
+        state = self._state
+        return sorted(
+            mode_step
+            for mode_step, step in state.by_mode[mode].items()
+            if show_incomplete_steps or state.is_complete(step)
+        )
+
+    def mode(self, global_step: int) -> ModeKeys:
+        return self._record(global_step).mode
+
+    def mode_step(self, global_step: int) -> int:
+        return self._record(global_step).mode_step
+
+    def global_step(self, mode: ModeKeys, mode_step: int) -> int:
+        return self._global(mode_step, ModeKeys.parse(mode))
+
+    def collections(self) -> dict[str, Collection]:
+        return {collection.name: collection for collection in self._collections}
+
+    def collection(self, name: str) -> Collection:
+        if name not in self._collections:
+            raise TrialError(f"no collection {name!r} in {self.path}; it has: {', '.join(self._collections.names())}")
+        return self._collections.get(name)
+
+    # -- tensors ------------------------------------------------------------------------------
+    def tensor_names(
+        self,
+        show_prefixed_tensors: bool = False,
+        *,
+        step: int | None = None,
+        mode: ModeKeys = ModeKeys.GLOBAL,
+        regex: str | Sequence[str] | None = None,
+        collection: str | Collection | None = None,
+    ) -> list[str]:
+        self.refresh()
+        names: Iterable[str] = self._state.tensors
+        if not show_prefixed_tensors:
+            names = [name for name in names if not name.startswith(_REDUCTION_PREFIX)]
+        if step is not None:
+            global_step = self._global(step, ModeKeys.parse(mode))
+            names = [name for name in names if global_step in self._state.tensors[name]]
+        elif mode != ModeKeys.GLOBAL:
+            wanted = set(self._state.by_mode[ModeKeys.parse(mode)].values())
+            names = [name for name in names if wanted.intersection(self._state.tensors[name])]
+        if regex is not None:
+            patterns = [re.compile(pattern) for pattern in ([regex] if isinstance(regex, str) else regex)]
+            names = [name for name in names if any(pattern.search(name) for pattern in patterns)]
+        if collection is not None:
+            group = self.collection(collection) if isinstance(collection, str) else collection
+            names = [name for name in names if group.matches(name)]
+        return sorted(names)
+
+    def has_tensor(self, name: str) -> bool:
+        self.refresh()
+        return name in self._state.tensors
+
+    def tensor(self, name: str) -> Tensor:
+        if not self.has_tensor(name):
+            close = [candidate for candidate in self._state.tensors if name.lower() in candidate.lower()][:5]
+            hint = f"; similar names: {close}" if close else ""
+            raise TensorUnavailable(
+                f"tensor {name!r} was not saved in {self.path} (so far){hint}. "
+                "Include a collection that matches it in the hook's include_collections or include_regex"
+            )
+        return Tensor(name, self)
+
+    def tensor_values(
+        self, names: Sequence[str], step: int, mode: ModeKeys = ModeKeys.GLOBAL, worker: str | None = None
+    ) -> dict[str, np.ndarray]:
+        """Many tensors of one step in one call: one read per event file, not one per tensor."""
+        return self._read_values(list(names), step, mode, worker)
+
+    # -- waiting ------------------------------------------------------------------------------
+    def has_passed_step(self, step: int, mode: ModeKeys = ModeKeys.GLOBAL) -> StepState:
+        self.refresh()
+        mode = ModeKeys.parse(mode)
+        global_step = self._state.by_mode[mode].get(step)
+        if global_step is not None and self._state.is_complete(global_step):
+            return StepState.AVAILABLE
+        if self._state.training_ended:
+            return StepState.UNAVAILABLE
+        later = [s for s in self._state.by_mode[mode] if s > step]
+        last = self._state.last_complete_step()
+        if later and last is not None and self._state.by_mode[mode][min(later)] <= last:
+            return StepState.UNAVAILABLE
+        return StepState.NOT_YET_AVAILABLE
+
+    def wait_for_steps(
+        self, required_steps: Iterable[int], mode: ModeKeys = ModeKeys.GLOBAL, timeout: float | None = 600.0,
+        poll_interval: float = 0.1,
+    ) -> None:
+        """Block until each step is available or known never to come.
+
+        Raises:
+            NoMoreData: training ended before one of the steps was written.
+            WaitTimeout: ``timeout`` seconds passed first (``None`` waits without limit).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = sorted(set(required_steps))
+        while True:
+            self.refresh(force=True)
+            pending = [step for step in pending if self.has_passed_step(step, mode) == StepState.NOT_YET_AVAILABLE]
+            if not pending:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"steps {pending[:10]} ({ModeKeys.parse(mode).name}) of {self.path} did not arrive within {timeout} s")
+            time.sleep(poll_interval)
+        missing = [step for step in required_steps if self.has_passed_step(step, mode) == StepState.UNAVAILABLE]
+        if missing and self._state.training_ended:
+            raise NoMoreData(f"training ended before steps {missing[:10]} ({ModeKeys.parse(mode).name}) were written in {self.path}")
+
+    # -- internals used by Tensor -------------------------------------------------------------
+    def _record(self, global_step: int) -> Any:
+        self.refresh()
+        record = self._state.steps.get(global_step)
+        if record is None:
+            raise self._missing_step_error(global_step, ModeKeys.GLOBAL)
+        return record
+
+    def _missing_step_error(self, step: int, mode: ModeKeys) -> TrialError:
+        known = sorted(self._state.by_mode[mode])
+        span = f"steps {known[0]}..{known[-1]}" if known else "no steps"
+        if self._state.training_ended:
+            if known and step > known[-1]:
+                return NoMoreData(f"step {step} ({mode.name}) is past the end of {self.path}, which has {span}")
+            return StepUnavailable(f"step {step} ({mode.name}) was not saved in {self.path}, which has {span}")
+        return StepNotYetAvailable(f"step {step} ({mode.name}) is not written yet in {self.path} ({span} so far)")
+
+    def _global(self, step: int, mode: ModeKeys) -> int:
+        global_step = self._state.by_mode[mode].get(step)
+        if global_step is None:
+            self.refresh(force=True)
+            global_step = self._state.by_mode[mode].get(step)
+        if global_step is None:
+            raise self._missing_step_error(step, mode)
+        return global_step
+
+    def _tensor_steps(self, name: str, mode: ModeKeys, show_incomplete_steps: bool) -> list[int]:
+        self.refresh()
+        mode = ModeKeys.parse(mode)
+        saved = self._state.tensors.get(name, {})
+        steps = []
+        for global_step in saved:
+            record = self._state.steps[global_step]
+            if not show_incomplete_steps and not self._state.is_complete(global_step):
+                continue
+            if mode == ModeKeys.GLOBAL:
+                steps.append(global_step)
+            elif record.mode == mode:
+                steps.append(record.mode_step)
+        return sorted(steps)
+
+    def _tensor_workers(self, name: str, step: int, mode: ModeKeys) -> list[str]:
+        global_step = self._global(step, ModeKeys.parse(mode))
+        return sorted(self._state.tensors.get(name, {}).get(global_step, {}))
+
+    def _saved_shape(self, name: str, step: int, mode: ModeKeys, worker: str | None) -> tuple[int, ...] | None:
+        global_step = self._global(step, ModeKeys.parse(mode))
+        by_worker = self._state.shapes.get(name, {}).get(global_step, {})
+        if not by_worker:
+            return None
+        return by_worker[worker] if worker in by_worker else by_worker[sorted(by_worker)[0]]
+
+    def _locate(self, name: str, global_step: int, mode: ModeKeys, step: int, worker: str | None) -> Location:
+        if name not in self._state.tensors:
+            raise TensorUnavailable(f"tensor {name!r} was not saved in {self.path}")
+        by_worker = self._state.tensors[name].get(global_step)
+        if not by_worker:
+            has_reductions = any(
+                candidate.startswith(_REDUCTION_PREFIX) and candidate.endswith("/" + name)
+                and global_step in self._state.tensors[candidate]
+                for candidate in self._state.tensors
+            )  # fmt: skip
+            hint = "; only its reductions were saved (use reduction_value)" if has_reductions else ""
+            raise TensorUnavailableForStep(
+                f"tensor {name!r} was not saved at step {step} ({mode.name}) in {self.path}{hint}",
+                has_reductions=has_reductions,
+            )
+        if worker is None:
+            return by_worker[sorted(by_worker)[0]]
+        if worker not in by_worker:
+            if worker not in self._state.workers:
+                raise InvalidWorker(f"worker {worker!r} wrote nothing in {self.path}; workers: {sorted(self._state.workers)}")
+            raise TensorUnavailableForStep(f"worker {worker!r} did not save {name!r} at step {step} ({mode.name})")
+        return by_worker[worker]
+
+    def _read_values(self, names: list[str], step: int, mode: ModeKeys, worker: str | None) -> dict[str, np.ndarray]:
+        mode = ModeKeys.parse(mode)
+        global_step = self._global(step, mode)
+        locations = {name: self._locate(name, global_step, mode, step, worker) for name in names}
+        by_file: dict[str, list[tuple[str, Location]]] = {}
+        for name, location in locations.items():
+            by_file.setdefault(location.event_file, []).append((name, location))
+        values: dict[str, np.ndarray] = {}
+        for event_file, items in by_file.items():
+            ranges = [(location.entry.start, location.entry.length) for _, location in items]
+            chunks = self._read_event_ranges(event_file, ranges)
+            for (name, location), chunk in zip(items, chunks):
+                path = f"{self.path}/{event_file}"
+                payload, _ = parse_record(chunk, 0, path) if len(chunk) == location.entry.length else _short(path, location)
+                values[name] = decode_event(payload, path, location.entry.start).value
+        return values
+
+    def _read_event_ranges(self, event_file: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        # The index is written after its event file, but on eventually consistent stores or
+        # with several writers the event file can lag a moment: retry briefly, never forever.
+        deadline = time.monotonic() + self._missing_event_wait
+        while True:
+            try:
+                return read_ranges(self.store, event_file, ranges)
+            except ObjectNotFound:
+                if time.monotonic() >= deadline:
+                    raise TensorUnavailableForStep(
+                        f"{self.path}/{event_file} is listed in an index but does not exist "
+                        f"(waited {self._missing_event_wait:.0f} s)"
+                    ) from None
+                time.sleep(0.2)
+
+
+def _short(path: str, location: Location) -> tuple[memoryview, int]:
+    from trainguard.errors import FormatError
+
+    raise FormatError(path, location.entry.start, f"file ends before the {location.entry.length}-byte record the index names")
