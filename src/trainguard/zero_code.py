@@ -1,0 +1,92 @@
+"""Arming the zero-code hook in a process started by ``trainguard run``.
+
+Configuration comes from the environment that ``trainguard run`` sets (read when arming, never
+at import): ``TRAINGUARD_ZERO_CODE=1``, ``TRAINGUARD_OUT_DIR``, optional ``TRAINGUARD_CONFIG``
+(a DebugHookConfig JSON) and ``TRAINGUARD_SAVE_INTERVAL``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+__all__ = ["arm_from_environment", "zero_code_hook_kwargs"]
+
+logger = logging.getLogger("trainguard")
+_DEFAULT_COLLECTIONS = ["weights", "biases", "gradients", "losses", "outputs", "scalars", "default"]
+_installed: list[Any] = []
+
+
+def zero_code_hook_kwargs(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
+    """Hook arguments from the environment; raises ConfigError for bad values."""
+    from trainguard.config.save_config import SaveConfig
+    from trainguard.errors import ConfigError
+    from trainguard.hooks.json_config import hook_kwargs_from_json
+
+    kwargs: dict[str, Any] = {}
+    config_path = environ.get("TRAINGUARD_CONFIG")
+    if config_path:
+        kwargs = hook_kwargs_from_json(config_path)
+    if environ.get("TRAINGUARD_OUT_DIR"):
+        kwargs["out_dir"] = environ["TRAINGUARD_OUT_DIR"]
+    if "save_config" not in kwargs:
+        raw = environ.get("TRAINGUARD_SAVE_INTERVAL", "10")
+        try:
+            kwargs["save_config"] = SaveConfig(save_interval=int(raw))
+        except ValueError:
+            raise ConfigError(f"TRAINGUARD_SAVE_INTERVAL={raw!r} is not a positive integer") from None
+    kwargs.setdefault("include_collections", list(_DEFAULT_COLLECTIONS))
+    return kwargs
+
+
+def install_now() -> None:
+    """Create the process's zero-code hook (torch must be importable)."""
+    if _installed:
+        return
+    from trainguard.hooks.zero_code import ZeroCodeHook
+
+    _installed.append(ZeroCodeHook(**zero_code_hook_kwargs(os.environ)))
+
+
+class _InstallAfterTorchImport(importlib.abc.MetaPathFinder):
+    """Runs :func:`install_now` right after the script's own ``import torch`` completes."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        original_exec = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            original_exec(module)
+            try:
+                install_now()
+            except Exception as error:  # noqa: BLE001 - fail open: the script must still run
+                from trainguard.hooks.fail_open import log_disabled
+
+                log_disabled("zero-code capture", error)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def arm_from_environment() -> None:
+    if os.environ.get("TRAINGUARD_ZERO_CODE") != "1":
+        return
+    if not logging.getLogger().handlers and not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    if "torch" in sys.modules:
+        install_now()
+    else:
+        sys.meta_path.insert(0, _InstallAfterTorchImport())
