@@ -302,6 +302,9 @@ class BaseHook:
             self.get_collection(collection_name).add_tensor_name(name)
             if collection_name not in self.include_collections:
                 self.include_collections.append(collection_name)
+                if self.step_open and self.saving_this_step and self._due:
+                    # a collection included mid-step is due in this very step if its schedule says so
+                    self._due = self._due_collections(self.mode, self.mode_steps[self.mode])
         return names
 
     def close(self) -> None:

@@ -81,10 +81,20 @@ class CachingStore:
     Each inner store gets its own folder, named by a hash of its URL, so one cache directory
     serves any number of runs. Writes and deletes go straight to ``inner``; the cache only
     fills on reads and is never evicted: delete the folder to reclaim the space.
+
+    ``uncached_prefixes`` names keys that are rewritten during a run and so must always be
+    read from ``inner`` (the one exception to write-once is for the caller to know, not the store).
     """
 
-    def __init__(self, inner: Store, cache_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        inner: Store,
+        cache_dir: str | os.PathLike[str] | None = None,
+        *,
+        uncached_prefixes: Sequence[str] = (),
+    ) -> None:
         self.inner = inner
+        self.uncached_prefixes = tuple(uncached_prefixes)
         root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.directory = root / hashlib.sha256(inner.url.encode()).hexdigest()[:24]
         self._sizes: dict[str, int] = {}
@@ -120,6 +130,8 @@ class CachingStore:
     # -- reads ----------------------------------------------------------------------------------
 
     def read(self, key: str, start: int = 0, length: int | None = None) -> bytes:
+        if key.startswith(self.uncached_prefixes):
+            return self.inner.read(key, start, length)
         data = self._load(self._path(key, ".obj"), start, length)
         if data is not None:
             return data
@@ -143,6 +155,8 @@ class CachingStore:
         ranges = list(ranges)
         if not ranges:
             return []
+        if key.startswith(self.uncached_prefixes):
+            return read_ranges(self.inner, key, ranges)
         whole = self._path(key, ".obj")
         cached = [self._load(whole, start, length) for start, length in ranges]
         if all(part is not None for part in cached):
@@ -153,7 +167,9 @@ class CachingStore:
             return [data[start : start + length] for start, length in ranges]
         if len(ranges) == 1:
             return [self.read(key, *ranges[0])]
-        with ThreadPoolExecutor(max_workers=min(RANGE_THREADS, len(ranges)), thread_name_prefix="trainguard-range") as pool:
+        with ThreadPoolExecutor(
+            max_workers=min(RANGE_THREADS, len(ranges)), thread_name_prefix="trainguard-range"
+        ) as pool:
             return list(pool.map(lambda item: self.read(key, item[0], item[1]), ranges))
 
     def exists(self, key: str) -> bool:
@@ -163,8 +179,9 @@ class CachingStore:
         size = self._known_size(key)
         if size is None:
             size = self.inner.size(key)
-            with self._sizes_lock:
-                self._sizes[key] = size
+            if not key.startswith(self.uncached_prefixes):
+                with self._sizes_lock:
+                    self._sizes[key] = size
         return size
 
     # -- the cache itself -----------------------------------------------------------------------
@@ -177,6 +194,8 @@ class CachingStore:
         return data
 
     def _known_size(self, key: str) -> int | None:
+        if key.startswith(self.uncached_prefixes):
+            return None
         with self._sizes_lock:
             size = self._sizes.get(key)
         if size is not None:
@@ -266,4 +285,3 @@ class CachingStore:
             pass
         except OSError as error:
             logger.debug("cannot remove cache file %s: %s", path, error)
-

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,7 +95,11 @@ class _S3Writer:
                 self._upload_id = response["UploadId"]
             number = len(self._parts) + 1
             response = store._client.upload_part(
-                Bucket=store.bucket, Key=store.full_key(self._key), UploadId=self._upload_id, PartNumber=number, Body=data
+                Bucket=store.bucket,
+                Key=store.full_key(self._key),
+                UploadId=self._upload_id,
+                PartNumber=number,
+                Body=data,
             )
         except store._botocore_errors as error:
             self._done = True
@@ -148,13 +153,16 @@ class S3Store:
         max_attempts: int | None = None,
     ) -> None:
         try:
-            import boto3
+            import boto3  # noqa: F401 - the dependency users install; its botocore does the work
             import botocore.config
             import botocore.exceptions
+            import botocore.session
         except ImportError:
             raise MissingDependencyError("boto3", "s3", "s3:// storage") from None
         if not bucket or "/" in bucket:
             raise ConfigError(f"invalid S3 bucket name {bucket!r}: use s3://bucket/prefix")
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigError(f"max_attempts={max_attempts} must be at least 1")
         if multipart_threshold < MIN_PART_SIZE:
             raise ConfigError(
                 f"multipart_threshold={multipart_threshold} is below S3's minimum part size of {MIN_PART_SIZE} bytes"
@@ -167,23 +175,25 @@ class S3Store:
         self._botocore_errors = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
         self._bucket_checked = False
         if client is None:
+            # total_max_attempts counts the first try, like AWS_MAX_ATTEMPTS; botocore's own
+            # "max_attempts" key counts retries only.
             retries: dict[str, Any] = {"mode": "standard"}
             if max_attempts is not None:
-                retries["max_attempts"] = max_attempts
+                retries["total_max_attempts"] = max_attempts
             elif not os.environ.get("AWS_MAX_ATTEMPTS"):
-                retries["max_attempts"] = DEFAULT_MAX_ATTEMPTS
+                retries["total_max_attempts"] = DEFAULT_MAX_ATTEMPTS
+            options: dict[str, Any] = {}
+            # botocore >= 1.36 adds checksum trailers to every upload by default, which many
+            # S3-compatible servers reject; only send checksums where the API demands them,
+            # unless the user chose otherwise. Older botocore has neither option nor trailers.
+            for option in ("request_checksum_calculation", "response_checksum_validation"):
+                if option in botocore.config.Config.OPTION_DEFAULTS and not os.environ.get(f"AWS_{option.upper()}"):
+                    options[option] = "when_required"
             config = botocore.config.Config(
-                retries=retries,
-                connect_timeout=CONNECT_TIMEOUT_S,
-                read_timeout=READ_TIMEOUT_S,
-                # botocore >= 1.36 adds checksum trailers to every upload by default, which many
-                # S3-compatible servers reject; only send checksums where the API demands them.
-                request_checksum_calculation="when_required",
-                response_checksum_validation="when_required",
+                retries=retries, connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S, **options
             )
             try:
-                # A session of our own: boto3's default session is shared and not thread-safe.
-                client = boto3.session.Session().client(
+                client = _new_session(botocore.session).create_client(
                     "s3", endpoint_url=endpoint_url, region_name=region_name, config=config
                 )
             except ValueError as error:  # botocore's answer to a malformed endpoint URL
@@ -360,6 +370,27 @@ class S3Store:
         if isinstance(error, exceptions.HTTPClientError):  # read timeout, connection dropped mid-response
             return StorageError(f"cannot {action} {where}: the connection to {self.endpoint_url} failed: {error}")
         return StorageError(f"cannot {action} {where}: {error}")
+
+
+_LOADER_LOCK = threading.Lock()
+_shared_loader: Any = None
+
+
+def _new_session(botocore_session: Any) -> Any:
+    """A fresh botocore session (so credentials and settings are read now) with a shared loader.
+
+    Parsing botocore's JSON service models is most of the cost of a client (~0.1 s); the loader
+    caches them, so sharing it makes every store after the first cheap. Sessions are created
+    per store because a botocore session is not thread-safe and caches credentials.
+    """
+    global _shared_loader
+    session = botocore_session.Session()
+    with _LOADER_LOCK:
+        if _shared_loader is None:
+            _shared_loader = session.get_component("data_loader")
+        else:
+            session.register_component("data_loader", _shared_loader)
+    return session
 
 
 def _error_code(error: Exception) -> str:

@@ -18,7 +18,9 @@ from trainguard.format.layout import END_OF_TRAINING, INDEX_PREFIX, parse_index_
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 
-__all__ = ["Location", "RunState", "StepRecord"]
+__all__ = ["REDUCTION_PREFIX", "Location", "RunState", "StepRecord"]
+
+REDUCTION_PREFIX = "smdebug/reductions/"
 
 logger = logging.getLogger("trainguard")
 
@@ -50,6 +52,9 @@ class RunState:
         self.tensors: dict[str, dict[int, dict[str, Location]]] = {}  # name -> step -> worker -> loc
         self.shapes: dict[str, dict[int, dict[str, tuple[int, ...]]]] = {}
         self.workers: set[str] = set()
+        # base tensor name -> names of its saved reduction tensors (smdebug lists a tensor whose
+        # reductions alone were saved under its own name too)
+        self.reductions_of: dict[str, set[str]] = {}
         self.training_ended = False
         self.loaded_all_steps = False
         self.corrupt_index_files: list[str] = []
@@ -141,6 +146,9 @@ class RunState:
             self.tensors.setdefault(entry.tensor_name, {}).setdefault(index.step, {})[index.worker] = Location(
                 index.event_file, entry
             )
+            if entry.tensor_name.startswith(REDUCTION_PREFIX):
+                _, _, base = entry.tensor_name[len(REDUCTION_PREFIX) :].partition("/")
+                self.reductions_of.setdefault(base, set()).add(entry.tensor_name)
         for name, shape in index.shapes.items():
             self.shapes.setdefault(name, {}).setdefault(index.step, {})[index.worker] = shape
 

@@ -30,12 +30,12 @@ from trainguard.format.tensor_codec import decode_event
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 from trainguard.storage.cache import read_ranges
+from trainguard.trial.state import REDUCTION_PREFIX as _REDUCTION_PREFIX
 from trainguard.trial.state import Location, RunState
 from trainguard.trial.tensor import Tensor
 
 __all__ = ["StepState", "Trial"]
 
-_REDUCTION_PREFIX = "smdebug/reductions/"
 
 
 class StepState(enum.Enum):
@@ -177,15 +177,16 @@ class Trial:
         collection: str | Collection | None = None,
     ) -> list[str]:
         self.refresh()
-        names: Iterable[str] = self._state.tensors
+        state = self._state
+        names: Iterable[str] = set(state.tensors) | set(state.reductions_of)
         if not show_prefixed_tensors:
             names = [name for name in names if not name.startswith(_REDUCTION_PREFIX)]
         if step is not None:
             global_step = self._global(step, ModeKeys.parse(mode))
-            names = [name for name in names if global_step in self._state.tensors[name]]
+            names = [name for name in names if global_step in self._saved_steps(name)]
         elif mode != ModeKeys.GLOBAL:
-            wanted = set(self._state.by_mode[ModeKeys.parse(mode)].values())
-            names = [name for name in names if wanted.intersection(self._state.tensors[name])]
+            wanted = set(state.by_mode[ModeKeys.parse(mode)].values())
+            names = [name for name in names if wanted.intersection(self._saved_steps(name))]
         if regex is not None:
             patterns = [re.compile(pattern) for pattern in ([regex] if isinstance(regex, str) else regex)]
             names = [name for name in names if any(pattern.search(name) for pattern in patterns)]
@@ -196,7 +197,14 @@ class Trial:
 
     def has_tensor(self, name: str) -> bool:
         self.refresh()
-        return name in self._state.tensors
+        return name in self._state.tensors or name in self._state.reductions_of
+
+    def _saved_steps(self, name: str) -> set[int]:
+        """Global steps with the raw tensor or any of its reductions."""
+        steps = set(self._state.tensors.get(name, ()))
+        for reduction in self._state.reductions_of.get(name, ()):
+            steps.update(self._state.tensors[reduction])
+        return steps
 
     def tensor(self, name: str) -> Tensor:
         if not self.has_tensor(name):
@@ -282,9 +290,8 @@ class Trial:
     def _tensor_steps(self, name: str, mode: ModeKeys, show_incomplete_steps: bool) -> list[int]:
         self.refresh()
         mode = ModeKeys.parse(mode)
-        saved = self._state.tensors.get(name, {})
         steps = []
-        for global_step in saved:
+        for global_step in self._saved_steps(name):
             record = self._state.steps[global_step]
             if not show_incomplete_steps and not self._state.is_complete(global_step):
                 continue
@@ -306,15 +313,13 @@ class Trial:
         return by_worker[worker] if worker in by_worker else by_worker[sorted(by_worker)[0]]
 
     def _locate(self, name: str, global_step: int, mode: ModeKeys, step: int, worker: str | None) -> Location:
-        if name not in self._state.tensors:
+        if not self.has_tensor(name):
             raise TensorUnavailable(f"tensor {name!r} was not saved in {self.path}")
-        by_worker = self._state.tensors[name].get(global_step)
+        by_worker = self._state.tensors.get(name, {}).get(global_step)
         if not by_worker:
             has_reductions = any(
-                candidate.startswith(_REDUCTION_PREFIX) and candidate.endswith("/" + name)
-                and global_step in self._state.tensors[candidate]
-                for candidate in self._state.tensors
-            )  # fmt: skip
+                global_step in self._state.tensors[reduction] for reduction in self._state.reductions_of.get(name, ())
+            )
             hint = "; only its reductions were saved (use reduction_value)" if has_reductions else ""
             raise TensorUnavailableForStep(
                 f"tensor {name!r} was not saved at step {step} ({mode.name}) in {self.path}{hint}",
