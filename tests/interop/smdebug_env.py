@@ -11,7 +11,9 @@ Usage:
 
     python tests/interop/smdebug_env.py     # pre-build (CI); prints the python path
 
-Location: $TRAINGUARD_SMDEBUG_VENV, default <repo root>/.cache/smdebug-venv.
+Location: $TRAINGUARD_SMDEBUG_VENV, default <repo root>/.cache/smdebug-venv. Base interpreter:
+$TRAINGUARD_SMDEBUG_BASE_PYTHON, default the running one. It must be a CPython for which a local
+torch==2.13.0 CPU wheel exists (3.11 here); elsewhere pip would fetch torch from PyPI.
 
 What the pins are for (found by installing smdebug 1.0.34 on Python 3.11 with torch 2.13):
   * requests, pandas, psutil: imported at module level by smdebug.core.utils and
@@ -80,11 +82,8 @@ def _python_in(venv: Path) -> Path:
 
 
 def _marker_contents() -> str:
-    # The marker records what was installed and for which base interpreter, so a change of
-    # either triggers a rebuild instead of silently reusing a stale environment.
-    return json.dumps(
-        {"requirements": REQUIREMENTS, "base_python": sys.version.split()[0]}, sort_keys=True
-    )
+    # What was installed: changing REQUIREMENTS makes existing venvs rebuild themselves.
+    return json.dumps({"requirements": REQUIREMENTS}, sort_keys=True)
 
 
 def _is_ready(venv: Path) -> bool:
@@ -125,7 +124,8 @@ def _build(venv: Path) -> None:
     with open(log_path, "w") as log:
         try:
             # --clear: a half-built venv (no marker) is rebuilt from scratch.
-            _run([sys.executable, "-m", "venv", "--clear", str(venv)], log)
+            base = os.environ.get("TRAINGUARD_SMDEBUG_BASE_PYTHON") or sys.executable
+            _run([base, "-m", "venv", "--clear", str(venv)], log)
             py = str(_python_in(venv))
             _run([py, "-m", "pip", "install", "--disable-pip-version-check", *REQUIREMENTS], log)
             _run([py, "-c", _CHECK], log)

@@ -123,7 +123,8 @@ class LocalStore:
 
     def _walk(self, directory: Path, key_prefix: str, name_prefix: str, start_after: str | None, out: list[str]) -> None:
         try:
-            entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+            # Directories sort as "name/" so the walk yields keys in byte order, like S3.
+            entries = sorted(os.scandir(directory), key=lambda entry: entry.name + "/" if entry.is_dir() else entry.name)
         except (FileNotFoundError, NotADirectoryError):
             return
         for entry in entries:

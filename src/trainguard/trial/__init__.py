@@ -39,9 +39,12 @@ def create_trial(
         store_options["endpoint_url"] = endpoint_url
     store = open_store(path, **store_options)
     if remote and cache:
+        from trainguard.format.layout import COLLECTIONS_PREFIX
         from trainguard.storage.cache import CachingStore
 
-        store = CachingStore(store, None if cache is True else cache)
+        # The collections file is rewritten at close (tensor names added during training), so
+        # it is the one object of a run that must never be served from the cache.
+        store = CachingStore(store, None if cache is True else cache, uncached_prefixes=(COLLECTIONS_PREFIX,))
     return Trial(
         store,
         name=name,
