@@ -41,7 +41,19 @@ def zero_code_hook_kwargs(environ: dict[str, str] | os._Environ[str]) -> dict[st
         except ValueError:
             raise ConfigError(f"TRAINGUARD_SAVE_INTERVAL={raw!r} is not a positive integer") from None
     kwargs.setdefault("include_collections", list(_DEFAULT_COLLECTIONS))
+    _check_hook_kwargs(kwargs)
     return kwargs
+
+
+def _check_hook_kwargs(kwargs: dict[str, Any]) -> None:
+    """Reject now what the hook would reject when the script imports torch (include_workers,
+    include_regex, unknown collections...): ``trainguard run`` must fail before the script starts,
+    not leave it running uncaptured. A framework-free dry-run hook on a copy does the checking."""
+    import copy
+
+    from trainguard.hooks.base import BaseHook
+
+    BaseHook(**{**copy.deepcopy(kwargs), "dry_run": True}).close()
 
 
 def install_now() -> None:

@@ -21,7 +21,7 @@ What the pins are for (found by installing smdebug 1.0.34 on Python 3.11 with to
     `import smdebug.pytorch` and `from smdebug.trials import create_trial`) but missing from
     the 1.0.34 wheel's Requires-Dist (fixed upstream after the release, never published).
   * numpy<2: smdebug.core.tfevent.util.make_tensor_proto calls ndarray.tostring(), which
-    numpy 2.x removed; every tensor write fails with AttributeError.
+    numpy 2.3+ removed (seen with 2.4): every tensor write fails with AttributeError.
   * protobuf==3.20.3: the wheel's generated *_pb2.py modules need protobuf 3.x (the wheel pins
     >=3.20.0,<=3.20.3). There is no cp311 binary wheel, so it runs the pure-Python backend.
   * pandas<3: pandas 3.x requires numpy>=2.0.2, which conflicts with numpy<2; the pin states
@@ -31,6 +31,9 @@ What the pins are for (found by installing smdebug 1.0.34 on Python 3.11 with to
   * torch==2.13.0: exact pin, so pip takes the local CPU wheel instead of downloading CUDA.
   * smdebug's dependency pyinstrument==3.4.2 pulls pyinstrument-cext, which exists only as an
     sdist: pip compiles it, so a C compiler (gcc) and the Python headers must be present.
+No runtime workaround is needed for torch 2.13: smdebug.pytorch.utils accepts
+1.5.0 <= torch < 3.0.0 (checked only by the zero-code-change get_hook path), and its
+version-specific autograd-profiler branches run only when a profiler config enables them.
 """
 
 from __future__ import annotations
@@ -132,13 +135,9 @@ def _build(venv: Path) -> None:
         except subprocess.CalledProcessError as exc:
             log.flush()
             tail = log_path.read_text()[-4000:]
-            raise RuntimeError(
-                f"building the smdebug venv failed ({exc}); last lines of {log_path}:\n{tail}"
-            ) from exc
+            raise RuntimeError(f"building the smdebug venv failed ({exc}); last lines of {log_path}:\n{tail}") from exc
     (venv / MARKER_NAME).write_text(_marker_contents())  # only after everything succeeded
-    print(
-        f"[smdebug_env] built in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True
-    )
+    print(f"[smdebug_env] built in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
 
 
 def ensure_smdebug_venv() -> Path:
@@ -160,6 +159,7 @@ def run_smdebug_script(name: str, *args: str, timeout: float = 300) -> subproces
     python = ensure_smdebug_venv()
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # keep trainguard's src/ (and anything else) out of the venv
+    env.pop("TRAINING_JOB_NAME", None)  # makes smdebug skip training_job_end.ts (a SageMaker job)
     proc = subprocess.run(
         [str(python), str(SCRIPTS_DIR / name), *map(str, args)],
         capture_output=True,
@@ -168,9 +168,7 @@ def run_smdebug_script(name: str, *args: str, timeout: float = 300) -> subproces
         env=env,
     )
     if proc.returncode != 0:
-        raise subprocess.CalledProcessError(
-            proc.returncode, proc.args, output=proc.stdout, stderr=proc.stderr
-        )
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, output=proc.stdout, stderr=proc.stderr)
     return proc
 
 

@@ -8,7 +8,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from smdebug_env import run_smdebug_script
 
 pytestmark = pytest.mark.interop
@@ -23,8 +22,13 @@ def test_hook_run_layout(smdebug_hook_run):
     assert smd["steps"]["TRAIN"] == [0, 1, 2, 3, 4, 5]  # mode steps continue after EVAL
     assert smd["steps"]["EVAL"] == [0, 1]
     assert smd["workers"] == ["worker_0"]
-    assert {"Net_fc1.weight", "gradient/Net_fc1.weight", "CrossEntropyLoss_output_0",
-            "scalar/lr", "custom_counts"} <= set(smd["tensor_names"])
+    assert {
+        "Net_fc1.weight",
+        "gradient/Net_fc1.weight",
+        "CrossEntropyLoss_output_0",
+        "scalar/lr",
+        "custom_counts",
+    } <= set(smd["tensor_names"])
     # Gradients are never saved in EVAL.
     assert smd["tensors"]["gradient/Net_fc1.weight"]["steps"]["GLOBAL"] == [0, 1, 2, 3, 6, 7]
 
@@ -36,9 +40,7 @@ def test_hook_run_values_match_training_loop(smdebug_hook_run):
     for mode, steps in expected["layout"].items():
         for mode_step, global_step in enumerate(steps):
             assert loss[str(global_step)]["shape"] == []  # a 0-d torch loss keeps shape ()
-            assert loss[str(global_step)]["value"] == pytest.approx(
-                training["losses"][mode][str(mode_step)]
-            )
+            assert loss[str(global_step)]["value"] == pytest.approx(training["losses"][mode][str(mode_step)])
             # Weights are saved at the start of the step: the values before the update.
             np.testing.assert_array_equal(
                 np.float32(tensors["Net_fc1.weight"]["values"][str(global_step)]["value"]),

@@ -169,6 +169,8 @@ class BaseHook:
         if not self.enabled:
             return
         self.enabled = False
+        if self.saving_this_step and self._writer is not None:
+            self._writer.abort_step()  # a half-written step must not leave its temp file behind
         self.saving_this_step = False
         log_disabled(f"{self.framework} hook writing to {self.out_dir}", reason)
 

@@ -66,11 +66,12 @@ def _save_config(params: dict[str, Any], where: str) -> SaveConfig | None:
         merged = {**base, **values}
         interval = merged.get("save_interval")
         end = merged.get("end_step")
+        # SaveConfigMode validates (and converts) each value, with a message naming key and value
         return SaveConfigMode(
-            save_interval=int(interval) if interval not in (None, "") else None,
-            start_step=int(merged.get("start_step") or 0),
-            end_step=int(end) if end not in (None, "") else None,
-            save_steps=tuple(int(step) for step in _split(merged.get("save_steps") or "")),
+            save_interval=interval if interval not in (None, "") else None,
+            start_step=merged.get("start_step") or 0,
+            end_step=end if end not in (None, "") else None,
+            save_steps=tuple(_split(merged.get("save_steps") or "")),
         )
 
     try:

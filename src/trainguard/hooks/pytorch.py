@@ -65,6 +65,16 @@ class TorchHook(BaseHook):
             return distributed.get_rank(), distributed.get_world_size()
         return 0, 1
 
+    def _ensure_writer(self):  # type: ignore[no-untyped-def]
+        if torch.utils.data.get_worker_info() is not None:
+            # A DataLoader worker (forked or spawned) running modules: only the training process
+            # writes. A worker forked before the writer existed would otherwise create its own
+            # and overwrite the training process's files as the same worker.
+            self.enabled = False
+            self.saving_this_step = False
+            return None
+        return super()._ensure_writer()
+
     # -- registration -------------------------------------------------------------------------
     def _name_tree(self, module: torch.nn.Module) -> str:
         """Name a root module and its children as smdebug does; return the root's name."""
@@ -202,22 +212,10 @@ class TorchHook(BaseHook):
         self._held[name] = (raw, reduced, plan.reductions)
 
     def _write_reductions(self, name: str, reduced: HostSnapshot | None, requested: Sequence[tuple[str, bool]]) -> None:
-        if reduced is None:
+        if reduced is None or self._writer is None:
             return
-        source, _, _ = reduced
-        cache: dict[str, np.ndarray] = {}
-
-        def vector() -> np.ndarray:
-            if "v" not in cache:
-                cache["v"] = source() if callable(source) else source
-            return cache["v"]
-
-        for position, (reduction, absolute) in enumerate(requested):
-            self.write_tensor(
-                reduction_tensor_name(name, reduction, absolute=absolute),
-                (lambda position=position: np.array(vector()[position])),
-                nbytes=8,
-            )
+        names = [reduction_tensor_name(name, reduction, absolute=absolute) for reduction, absolute in requested]
+        self._writer.add_reductions(names, reduced[0])
 
     # -- user API -----------------------------------------------------------------------------
     @fail_open

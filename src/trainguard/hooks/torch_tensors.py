@@ -8,6 +8,7 @@ the training stream.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -16,6 +17,9 @@ import torch
 from trainguard.format.tensor_codec import DT_BFLOAT16
 
 __all__ = ["HostSnapshot", "reduce_on_device", "snapshot"]
+
+_ON_WRITER_THREAD = threading.local()
+_ON_WRITER_THREAD.active = False
 
 HostSnapshot = tuple[np.ndarray | Callable[[], np.ndarray], int, int | None]  # source, nbytes, dtype
 
@@ -67,6 +71,21 @@ def reduce_on_device(tensor: torch.Tensor, requested: Sequence[tuple[str, bool]]
     x = _plain(tensor)
     if x.numel() == 0:
         return None
+    if x.device.type == "cpu" and not _ON_WRITER_THREAD.active:
+        # On the CPU "where the tensor lives" is here: one copy now; the writer thread runs the
+        # same torch kernels on the copy, off the training thread (they release the GIL).
+        copy = x.clone()
+
+        def reduce_later() -> np.ndarray:
+            _ON_WRITER_THREAD.active = True
+            try:
+                reduced = reduce_on_device(copy, requested)
+            finally:
+                _ON_WRITER_THREAD.active = False
+            assert reduced is not None and not callable(reduced[0])
+            return reduced[0]
+
+        return reduce_later, 8 * len(requested), None
     if x.is_complex():
         x = x.abs()
     if not x.is_floating_point():
@@ -74,14 +93,28 @@ def reduce_on_device(tensor: torch.Tensor, requested: Sequence[tuple[str, bool]]
     elif x.dtype in (torch.float16, torch.bfloat16):
         x = x.float()
     absolute = None
-    values = []
+    values: list[torch.Tensor] = []
+    fused: dict[tuple[str, bool], torch.Tensor] = {}
+    wanted = set(requested)
     for name, use_abs in requested:
+        if (name, use_abs) in fused:
+            values.append(fused[(name, use_abs)])
+            continue
         if use_abs:
             if absolute is None:
                 absolute = x.abs()
             y = absolute
         else:
             y = x
+        # Fused kernels: one pass gives two statistics (fewer ops is what costs on the CPU).
+        if name in ("min", "max") and {("min", use_abs), ("max", use_abs)} <= wanted:
+            fused[("min", use_abs)], fused[("max", use_abs)] = torch.aminmax(y)
+            values.append(fused[(name, use_abs)])
+            continue
+        if name in ("mean", "std") and {("mean", use_abs), ("std", use_abs)} <= wanted:
+            fused[("std", use_abs)], fused[("mean", use_abs)] = torch.std_mean(y, correction=0)
+            values.append(fused[(name, use_abs)])
+            continue
         if name == "min":
             values.append(y.min())
         elif name == "max":
@@ -104,5 +137,7 @@ def reduce_on_device(tensor: torch.Tensor, requested: Sequence[tuple[str, bool]]
             values.append((y == 0).sum() / y.numel())
         else:  # validated at configuration time; reaching here is a bug
             raise ValueError(f"unknown reduction {name!r}")
-    stacked = torch.stack([value.to(torch.float64) for value in values])
+    stacked = torch.stack(values).to(torch.float64)
+    if stacked.device.type == "cpu":
+        return stacked.numpy(), 8 * len(values), None  # a fresh tensor: no copy needed
     return snapshot(stacked)

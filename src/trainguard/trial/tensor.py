@@ -9,31 +9,12 @@ import numpy as np
 from trainguard.config.reduction_config import reduction_tensor_name
 from trainguard.errors import TensorUnavailableForStep
 from trainguard.modes import ModeKeys
+from trainguard.reductions import numpy_reduction
 
 if TYPE_CHECKING:
     from trainguard.trial.trial import Trial
 
 __all__ = ["Tensor", "numpy_reduction"]
-
-
-def numpy_reduction(value: np.ndarray, reduction: str, absolute: bool = False) -> np.ndarray:
-    """A reduction computed on the host from a raw value; elementwise norms for every rank."""
-    x = np.asarray(value)
-    if x.dtype.kind in "biuf":
-        x = x.astype(np.float64)
-    if absolute:
-        x = np.abs(x)
-    operations = {
-        "min": np.min, "max": np.max, "mean": np.mean, "std": np.std, "variance": np.var,
-        "sum": np.sum, "prod": np.prod,
-        "l1": lambda y: np.sum(np.abs(y)),
-        "l2": lambda y: np.sqrt(np.sum(np.abs(y) ** 2)),
-        "zero_fraction": lambda y: np.mean(y == 0),
-    }  # fmt: skip
-    name = reduction[: -len("_norm")] if reduction.endswith("_norm") else reduction
-    if name not in operations:
-        raise ValueError(f"unknown reduction {reduction!r}: choose from {', '.join(operations)}")
-    return np.array(operations[name](x))
 
 
 class Tensor:

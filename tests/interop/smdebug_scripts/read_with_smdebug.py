@@ -82,9 +82,7 @@ def dump_tensor(trial, name):
         if reds:
             # (name, abs) -> value, via reduction_value() as a rule would call it.
             out["reductions"][str(step)] = {
-                ("abs_" if is_abs else "") + red: jsonable(
-                    tensor.reduction_value(step, red, abs=is_abs)
-                )
+                ("abs_" if is_abs else "") + red: jsonable(tensor.reduction_value(step, red, abs=is_abs))
                 for (red, is_abs) in sorted(reds)
             }
     if not out["reductions"]:
@@ -104,9 +102,7 @@ def dump_trial(run_dir):
         "collections": collections,
         "collection_tensor_names": {c: trial.tensor_names(collection=c) for c in collections},
         "steps": {m.name: trial.steps(mode=m) for m in MODES},
-        "step_modes": {
-            str(s): [trial.mode(s).name, trial.mode_step(s)] for s in trial.steps()
-        },
+        "step_modes": {str(s): [trial.mode(s).name, trial.mode_step(s)] for s in trial.steps()},
         "tensors": {name: dump_tensor(trial, name) for name in names},
     }
 

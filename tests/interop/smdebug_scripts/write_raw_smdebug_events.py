@@ -26,7 +26,6 @@ import os
 import sys
 
 import numpy as np
-
 from read_with_smdebug import dump_trial, jsonable  # same directory: sys.path[0]
 from smdebug.core.access_layer.utils import training_has_ended
 from smdebug.core.collection_manager import CollectionManager

@@ -17,13 +17,13 @@ reductions with and without the raw tensor.
 """
 
 import json
+import os
 import sys
 
 import numpy as np
+import smdebug.pytorch as smd
 import torch
 import torch.nn as nn
-
-import smdebug.pytorch as smd
 from read_with_smdebug import dump_trial  # same directory: sys.path[0]
 
 TRAIN_STEPS, EVAL_STEPS, TRAIN_AGAIN_STEPS = 4, 2, 2
@@ -42,6 +42,7 @@ class Net(nn.Module):
 
 
 def main(out_dir, expected_path):
+    os.environ.pop("TRAINING_JOB_NAME", None)  # set = "SageMaker job": no end marker written
     torch.manual_seed(0)
     x = torch.randn(32, 8)
     y = torch.randint(0, 3, (32,))
