@@ -42,17 +42,5 @@ def seeded_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> Net:
     return Net().to(dtype)
 
 
-def train(model, criterion, optimizer, data, hook=None):
-    """A plain loop; returns each step's loss (detached clones)."""
-    losses = []
-    for x, y in data:
-        optimizer.zero_grad()
-        loss = criterion(model(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach().clone())
-    return losses
-
-
 def as_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().cpu().numpy()

@@ -3,8 +3,11 @@
 Step boundaries: once an optimizer has stepped, a TRAIN step ends at ``optimizer.step()``
 (global optimizer hooks), so gradient accumulation and several forwards per step stay one
 step. Before that, and in EVAL/PREDICT, every root forward begins a step (smdebug's rule).
-Weights are saved when a step begins (the values the forward uses), gradients once fully
-accumulated (``register_post_accumulate_grad_hook``: the gradient the optimizer will use).
+Weights are saved when a step begins (the values the forward uses), gradients as the
+optimizer steps (a global step pre-hook reads ``.grad`` of the parameters whose
+``register_post_accumulate_grad_hook`` fired): the gradient the optimizer applies, after DDP's
+all-reduce, clipping or AMP unscaling. Before any optimizer has stepped they are also copied
+when accumulated, for loops without a torch optimizer.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from trainguard.config.reduction_config import reduction_tensor_name
 from trainguard.hooks.base import BaseHook
@@ -56,6 +59,9 @@ class TorchHook(BaseHook):
         self._held: dict[str, tuple[HostSnapshot | None, HostSnapshot | None, tuple[tuple[str, bool], ...]]] = {}
         self._explicit_mode = False
         self._optimizer_driven = False
+        # gradient name -> its parameter, whose .grad is read when final: at optimizer.step()
+        self._grad_parameters: dict[str, torch.Tensor] = {}
+        self._handles.append(register_optimizer_step_pre_hook(self._before_optimizer_step))
         self._handles.append(register_optimizer_step_post_hook(self._after_optimizer_step))
 
     # -- distributed --------------------------------------------------------------------------
@@ -138,12 +144,26 @@ class TorchHook(BaseHook):
             self.begin_step()
 
     @fail_open
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # The gradients the optimizer applies: after DDP's all-reduce, clipping, AMP unscaling,
+        # all of which rewrite .grad after autograd accumulated it.
+        if self.saving_this_step and self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL):
+            self._take_gradients()
+
+    def _take_gradients(self) -> None:
+        parameters, self._grad_parameters = self._grad_parameters, {}
+        for name, parameter in parameters.items():
+            if parameter.grad is not None:
+                self.hold_torch_tensor(name, parameter.grad)
+
+    @fail_open
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._roots:
             self._optimizer_driven = True
             self.end_step()
 
     def _on_step_begin(self) -> None:
+        self._grad_parameters.clear()
         for reference, root_name in self._roots:
             module = reference()
             if module is None:
@@ -152,6 +172,9 @@ class TorchHook(BaseHook):
                 self.save_torch_tensor(f"{root_name}_{parameter_name}", parameter)
 
     def _on_step_end(self) -> None:
+        if self._optimizer_driven:
+            self._take_gradients()  # a step that ends without optimizer.step() (mode change, close)
+        self._grad_parameters.clear()
         held, self._held = self._held, {}
         for name, (raw, reduced, requested) in held.items():
             if raw is not None:
@@ -164,8 +187,12 @@ class TorchHook(BaseHook):
 
         @fail_open
         def hook(self: TorchHook, parameter: torch.Tensor) -> None:
-            if self.saving_this_step and parameter.grad is not None:
-                self.hold_torch_tensor(name, parameter.grad)
+            if self.saving_this_step and parameter.grad is not None and self.plan(name) is not None:
+                if not self._optimizer_driven:
+                    # No optimizer has stepped (there may be none, and the step may then end after
+                    # the gradients were zeroed): copy now; an optimizer.step() re-reads them.
+                    self.hold_torch_tensor(name, parameter.grad)
+                self._grad_parameters[name] = parameter
 
         return lambda parameter: hook(self, parameter)
 
