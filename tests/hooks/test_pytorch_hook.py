@@ -198,14 +198,7 @@ def test_collection_save_config_overrides_hook_schedule(make_hook, run_dir):
     assert trial.tensor("gradient/Net_fc1.weight").steps() == [0, 3, 6]
 
 
-PLAIN_COLLECTION_SAVE_CONFIG_BUG = (
-    "bug in config/save_config.py: SaveConfig.merged_with() takes only modes given in "
-    "mode_save_configs from the collection's config; a SaveConfig(save_interval=N) / (end_step=0) "
-    "on a collection, or a collection's plain save_interval in debughookconfig.json, is ignored"
-)
 
-
-@pytest.mark.xfail(strict=True, reason=PLAIN_COLLECTION_SAVE_CONFIG_BUG)
 def test_collection_end_step_zero_switches_it_off(make_hook, run_dir):
     model, criterion, optimizer, hook = _setup(make_hook, save_config=tg.SaveConfig(save_interval=1))
     hook.get_collection("biases").save_config = tg.SaveConfig(end_step=0)  # smdebug's documented way
@@ -216,7 +209,6 @@ def test_collection_end_step_zero_switches_it_off(make_hook, run_dir):
     assert not trial.has_tensor("Net_fc1.bias")
 
 
-@pytest.mark.xfail(strict=True, reason=PLAIN_COLLECTION_SAVE_CONFIG_BUG)
 def test_collection_save_config_with_plain_interval_applies_to_every_mode(make_hook, run_dir):
     """smdebug: ``SaveConfig(save_interval=3)`` on a collection sets every mode (the hook's config
     only fills modes the collection's config does not have, and a plain interval has them all)."""
@@ -428,11 +420,6 @@ def test_raw_and_reductions_together_and_per_collection(make_hook, run_dir):
     assert gradient.reduction_value(1, "max") == saved_reduction(trial, "gradient/Net_fc1.weight", 1, "max")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in trial/tensor.py Tensor.reduction_values: it matches saved names by endswith('/' + name), "
-    "so Net_fc1.weight also picks up gradient/Net_fc1.weight's reductions as ('max/gradient', False)",
-)
 def test_reduction_values_lists_only_the_tensors_own_reductions(make_hook, run_dir):
     model, criterion, optimizer, hook = _setup(
         make_hook, reduction_config=tg.ReductionConfig(norms=("l2",), save_raw_tensor=True)
@@ -592,7 +579,6 @@ def test_create_from_json_file(tmp_path, run_dir, monkeypatch):
             weight.value(step, mode=TRAIN)
 
 
-@pytest.mark.xfail(strict=True, reason=PLAIN_COLLECTION_SAVE_CONFIG_BUG)
 def test_json_collection_plain_save_interval(tmp_path, run_dir):
     """§9.1's own example: a collection with ``"save_interval": "500"`` saves on its own schedule."""
     config = {

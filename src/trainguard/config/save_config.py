@@ -104,7 +104,10 @@ class SaveConfig:
     ) -> None:
         default = SaveConfigMode(save_interval, start_step, end_step, tuple(_parse_steps(save_steps)))
         self._modes: dict[ModeKeys, SaveConfigMode] = {mode: default for mode in ModeKeys}
-        self._explicit: set[ModeKeys] = set()
+        # A schedule given as arguments applies to every mode; only modes left entirely to the
+        # defaults fall back to the hook's schedule when a collection's config is merged.
+        given = save_interval is not None or start_step != 0 or end_step is not None or bool(default.save_steps)
+        self._explicit: set[ModeKeys] = set(ModeKeys) if given else set()
         for mode, config in (mode_save_configs or {}).items():
             if config is not None:
                 parsed = ModeKeys.parse(mode)

@@ -65,8 +65,9 @@ class Tensor:
         """Every reduction saved for this step, keyed by (name, absolute)."""
         found = {}
         prefix = "smdebug/reductions/"
-        for name in self._trial.tensor_names(show_prefixed_tensors=True, step=step, mode=mode):
-            if name.startswith(prefix) and name.endswith("/" + self.name):
+        available = set(self._trial.tensor_names(show_prefixed_tensors=True, step=step, mode=mode))
+        for name in sorted(self._trial._state.reductions_of.get(self.name, ())):
+            if name in available:
                 reduction = name[len(prefix) : -len(self.name) - 1]
                 absolute = reduction.startswith("abs_")
                 key = (reduction[4:] if absolute else reduction, absolute)
