@@ -121,6 +121,7 @@ class BaseHook:
         self._due: frozenset[str] = frozenset()
         self._plan_cache: dict[tuple[str, frozenset[str]], SavePlan | None] = {}
         self._match_cache: dict[str, tuple[Collection, ...]] = {}
+        self._schedules: dict[str, tuple[SaveConfig, SaveConfig]] = {}
         self._writer: StepWriter | None = None
         self._worker: str | None = None
         self._num_workers = 1
@@ -245,13 +246,23 @@ class BaseHook:
     def _on_step_end(self) -> None:
         """Adapter: hand over what was held back during the step (gradients, losses)."""
 
+    def _schedule_of(self, collection: Collection) -> SaveConfig:
+        """The collection's schedule with the hook's filling its gaps; merged once, not per step."""
+        if collection.save_config is None:
+            return self.save_config
+        cached = self._schedules.get(collection.name)
+        if cached is None or cached[0] is not collection.save_config:
+            cached = (collection.save_config, collection.save_config.merged_with(self.save_config))
+            self._schedules[collection.name] = cached
+        return cached[1]
+
     def _due_collections(self, mode: ModeKeys, mode_step: int) -> frozenset[str]:
         due = set()
         for name in self.include_collections:
             collection = self.collection_manager.get(name)
             if name in _TRAINING_ONLY_COLLECTIONS and mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
                 continue
-            schedule = collection.save_config.merged_with(self.save_config) if collection.save_config else self.save_config
+            schedule = self._schedule_of(collection)
             if schedule.should_save_step(mode, mode_step):
                 due.add(name)
         return frozenset(due)

@@ -82,8 +82,8 @@ class RunState:
         parsed = [
             key for key in (parse_index_key(key) for key in keys) if key is not None and key.key not in self._seen
         ]
-        self._advance_token(keys)
         if not parsed:
+            self._advance_token(keys)
             return 0
 
         def load(index_key):  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ import numpy as np
 
 from trainguard.config.collections import Collection, CollectionManager
 from trainguard.errors import (
+    FormatError,
     InvalidWorker,
     MissingCollectionFiles,
     NoMoreData,
@@ -346,7 +347,11 @@ class Trial:
             chunks = self._read_event_ranges(event_file, ranges)
             for (name, location), chunk in zip(items, chunks):
                 path = f"{self.path}/{event_file}"
-                payload, _ = parse_record(chunk, 0, path) if len(chunk) == location.entry.length else _short(path, location)
+                if len(chunk) != location.entry.length:
+                    raise FormatError(
+                        path, location.entry.start, f"file ends before the {location.entry.length}-byte record the index names"
+                    )
+                payload, _ = parse_record(chunk, 0, path)
                 values[name] = decode_event(payload, path, location.entry.start).value
         return values
 
@@ -365,8 +370,3 @@ class Trial:
                     ) from None
                 time.sleep(0.2)
 
-
-def _short(path: str, location: Location) -> tuple[memoryview, int]:
-    from trainguard.errors import FormatError
-
-    raise FormatError(path, location.entry.start, f"file ends before the {location.entry.length}-byte record the index names")
