@@ -120,7 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
     board = commands.add_parser("tensorboard", help="export a run as TensorBoard event files")
     board.add_argument("run")
     board.add_argument("out_dir")
+    _register_command_modules(commands)
     return parser
+
+
+def _register_command_modules(commands: argparse._SubParsersAction) -> None:
+    """Add the verbs defined in trainguard.commands (see its docstring)."""
+    import importlib
+    import pkgutil
+
+    from trainguard import commands as package
+
+    for module_info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+        if not module_info.name.startswith("_"):
+            importlib.import_module(f"{package.__name__}.{module_info.name}").register(commands)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.verb == "tensorboard":
             return _tensorboard(args)
+        return int(args.func(args) or 0)
     except TrainguardError as error:
         print(f"trainguard: error: {error}", file=sys.stderr)
         return 2

@@ -1,0 +1,86 @@
+"""The launcher interface the control API drives. Back-ends implement :class:`Launcher`."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = ["ComponentSpec", "ComponentState", "ComponentStatus", "JobLaunch", "Launcher", "LauncherError"]
+
+
+class LauncherError(RuntimeError):
+    """The back-end could not do what was asked (engine unreachable, image missing...)."""
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One process/container of a job.
+
+    Attributes:
+        role: ``"training"``, ``"uploader"`` or ``"rule:<RuleConfigurationName>"``.
+        image: container image (ignored by the local-process launcher).
+        command: argv.
+        environment: extra environment variables.
+        cpus: CPU limit (cores, may be fractional); None = unlimited.
+        memory_mb: memory limit; None = unlimited.
+        volumes: host path -> container path (Docker); the local launcher ignores it.
+        working_dir: working directory inside the container / for the process.
+    """
+
+    role: str
+    image: str
+    command: tuple[str, ...]
+    environment: Mapping[str, str] = field(default_factory=dict)
+    cpus: float | None = None
+    memory_mb: int | None = None
+    volumes: Mapping[str, str] = field(default_factory=dict)
+    working_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class JobLaunch:
+    """Everything a launcher needs to start one job."""
+
+    job_name: str
+    components: tuple[ComponentSpec, ...]
+
+
+class ComponentState(str, enum.Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    EXITED = "Exited"
+    MISSING = "Missing"  # the launcher has no record of it (removed, or never started)
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    role: str
+    state: ComponentState
+    exit_code: int | None = None
+    reason: str = ""  # e.g. "OOMKilled", "killed by SIGKILL after 120 s grace"
+
+
+class Launcher(Protocol):
+    """What the control API needs from a back-end. Every method is idempotent."""
+
+    name: str
+
+    def start(self, job: JobLaunch) -> None:
+        """Start every component; raises LauncherError if the back-end cannot."""
+
+    def status(self, job_name: str) -> dict[str, ComponentStatus]:
+        """Each component's state by role (empty if the launcher knows no such job)."""
+
+    def stop(self, job_name: str, roles: tuple[str, ...] | None = None, grace_seconds: float = 120.0) -> None:
+        """SIGTERM the components (all, or ``roles``), SIGKILL those still alive after the grace."""
+
+    def logs(self, job_name: str, role: str = "training", tail: int | None = None) -> str:
+        """The component's combined stdout/stderr so far."""
+
+    def jobs(self) -> list[str]:
+        """Job names this back-end has components for: how a restarted API finds its jobs again."""
+
+    def remove(self, job_name: str) -> None:
+        """Delete the job's stopped components and their resources."""

@@ -1,0 +1,6 @@
+"""Extra ``trainguard`` verbs, one module each.
+
+A module here defines ``register(subparsers) -> None``, which adds its parser and sets
+``func=<callable(args) -> int>`` as its default; :mod:`trainguard.cli` picks it up. Keeping each
+verb in its own module keeps ``cli.py`` small and lets a verb import heavy things lazily.
+"""

@@ -1,0 +1,213 @@
+"""The rule framework: a rule declares what it needs and returns a result per evaluated step.
+
+Findings are return values, not exceptions. A rule subclass implements :meth:`Rule.check`, which
+looks at one global step of the trial and returns:
+
+* ``self.issue(step, message, **details)`` when the condition is met,
+* ``self.no_issue(step, **details)`` when it looked and found nothing,
+* ``None`` when the step has nothing for this rule (e.g. its tensors are not saved at that step),
+* ``self.missing(step, MissingTensor(...))`` when what it needs is not in the run at all.
+
+``TensorUnavailable``/``TensorUnavailableForStep``/``StepUnavailable`` raised inside ``check`` are
+turned into the same "missing" / "skipped" results by :meth:`Rule.evaluate`, so a rule never
+crashes its runner because a tensor is not there.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from trainguard.errors import ConfigError, StepUnavailable, TensorUnavailable, TensorUnavailableForStep
+from trainguard.modes import ModeKeys
+from trainguard.rules.params import Param
+
+__all__ = ["MissingTensor", "Rule", "RuleStatus", "StepResult"]
+
+
+class RuleStatus(str, enum.Enum):
+    """SageMaker's ``RuleEvaluationStatus`` values."""
+
+    IN_PROGRESS = "InProgress"
+    ISSUES_FOUND = "IssuesFound"
+    NO_ISSUES_FOUND = "NoIssuesFound"
+    ERROR = "Error"
+    STOPPING = "Stopping"
+    STOPPED = "Stopped"
+
+
+@dataclass(frozen=True)
+class MissingTensor:
+    """What a rule needed and did not find, and how to make the hook save it."""
+
+    what: str
+    collection: str | None = None
+
+    def describe(self) -> str:
+        if self.collection:
+            return f"{self.what} (save the collection {self.collection!r} in the hook config)"
+        return f"{self.what} (include it with include_regex in the hook config)"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One evaluation of one rule at one global step."""
+
+    rule: str
+    step: int
+    fired: bool
+    message: str = ""
+    fix_hint: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+    missing: tuple[MissingTensor, ...] = ()
+
+    @property
+    def evaluated(self) -> bool:
+        return not self.missing
+
+    def condition_met_details(self) -> str:
+        """SageMaker's StatusDetails text for a rule that fired at this step."""
+        return (
+            f"RuleEvaluationConditionMet: Evaluation of the rule {self.rule} at step {self.step} "
+            "resulted in the condition being met\n"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "step": self.step,
+            "fired": self.fired,
+            "message": self.message,
+            "fix_hint": self.fix_hint,
+            "details": dict(self.details),
+            "missing": [{"what": m.what, "collection": m.collection} for m in self.missing],
+        }
+
+
+_RESERVED_PARAMETERS = {"action_json", "rule_to_invoke", "base_trial", "other_trials"}
+
+
+class Rule:
+    """Base class of every rule, built-in or custom.
+
+    Class attributes a subclass sets:
+
+    * ``rule_name``: SageMaker's ``rule_to_invoke`` name (defaults to the class name).
+    * ``fix_hint``: what to change when the rule fires; a finding may give a more specific one.
+    * ``collections``: collections the hook must save for this rule (``trainguard rules`` uses it
+      to configure capture and to say what to enable when tensors are missing).
+    * ``kind``: ``"debugger"`` (reads tensors) or ``"profiler"`` (reads profiler data).
+    * parameters: class attributes of type :class:`~trainguard.rules.params.Param`.
+    """
+
+    rule_name: ClassVar[str] = ""
+    fix_hint: ClassVar[str] = ""
+    collections: ClassVar[tuple[str, ...]] = ()
+    kind: ClassVar[str] = "debugger"
+
+    def __init__(self, base_trial: Any, *, action_json: Any = None, other_trials: Sequence[Any] = (), **parameters: Any):
+        self.base_trial = base_trial
+        self.other_trials = list(other_trials)
+        self.action_json = action_json
+        declared = self.parameters()
+        unknown = sorted(set(parameters) - set(declared) - _RESERVED_PARAMETERS)
+        if unknown:
+            valid = ", ".join(sorted(declared)) or "(none)"
+            raise ConfigError(f"{self.name()}: unknown parameter(s) {', '.join(unknown)}; valid parameters: {valid}")
+        for key, param in declared.items():
+            raw = parameters.get(key, param.default)
+            self.__dict__[key] = param.parse(self.name(), raw) if key in parameters else raw
+        self.validate()
+
+    # -- what subclasses implement -------------------------------------------------------------
+    def validate(self) -> None:
+        """Cross-parameter checks; raise ConfigError naming the parameters."""
+
+    def check(self, step: int) -> StepResult | None:
+        raise NotImplementedError
+
+    # -- class-level facts ---------------------------------------------------------------------
+    @classmethod
+    def name(cls) -> str:
+        return cls.rule_name or cls.__name__
+
+    @classmethod
+    def parameters(cls) -> dict[str, Param]:
+        found: dict[str, Param] = {}
+        for klass in reversed(cls.__mro__):
+            for key, value in vars(klass).items():
+                if isinstance(value, Param):
+                    found[key] = value
+        return found
+
+    @classmethod
+    def describe(cls) -> str:
+        return (cls.__doc__ or "").strip().split("\n\n", 1)[0]
+
+    def parameter_values(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in self.parameters()}
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def evaluate(self, step: int) -> StepResult | None:
+        """``check`` with missing-data errors turned into results; None means skipped."""
+        try:
+            return self.check(step)
+        except TensorUnavailable as error:
+            return self.missing(step, MissingTensor(str(error), self.collections[0] if self.collections else None))
+        except (TensorUnavailableForStep, StepUnavailable):
+            return None
+
+    # -- result builders -----------------------------------------------------------------------
+    def issue(self, step: int, message: str, *, fix_hint: str | None = None, **details: Any) -> StepResult:
+        return StepResult(self.name(), step, True, message, fix_hint or self.fix_hint, details)
+
+    def no_issue(self, step: int, message: str = "", **details: Any) -> StepResult:
+        return StepResult(self.name(), step, False, message, "", details)
+
+    def missing(self, step: int, *missing: MissingTensor) -> StepResult:
+        text = "; ".join(item.describe() for item in missing)
+        return StepResult(self.name(), step, False, f"missing: {text}", "", {}, tuple(missing))
+
+    # -- helpers for tensor selection ----------------------------------------------------------
+    def select_tensors(
+        self,
+        *,
+        collection_names: Iterable[str] | None = None,
+        tensor_regex: str | Iterable[str] | None = None,
+        step: int | None = None,
+        mode: ModeKeys = ModeKeys.GLOBAL,
+        trial: Any = None,
+    ) -> list[str]:
+        """Names in the union of the collections and the regexes (SageMaker's semantics).
+
+        With neither given, every tensor. Unknown collections are skipped (a live run may not
+        have written them yet).
+        """
+        trial = trial or self.base_trial
+        names: set[str] = set()
+        if not collection_names and not tensor_regex:
+            return trial.tensor_names(step=step, mode=mode)
+        known = trial.collections()
+        for collection in collection_names or ():
+            if collection in known:
+                names.update(trial.tensor_names(step=step, mode=mode, collection=collection))
+        if tensor_regex:
+            patterns = [tensor_regex] if isinstance(tensor_regex, str) else list(tensor_regex)
+            names.update(trial.tensor_names(step=step, mode=mode, regex=patterns))
+        return sorted(names)
+
+    @staticmethod
+    def regex_list(value: str | Sequence[str] | None) -> list[str]:
+        if value is None:
+            return []
+        items = [value] if isinstance(value, str) else list(value)
+        for item in items:
+            re.compile(item)
+        return items
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{key}={value!r}" for key, value in self.parameter_values().items())
+        return f"{self.name()}({values})"
