@@ -129,6 +129,18 @@ class Rule:
     def check(self, step: int) -> StepResult | None:
         raise NotImplementedError
 
+    def check_idle(self, now: float) -> StepResult | None:
+        """Called by the runner on every poll without a new step (``now`` = ``time.time()``).
+
+        For conditions about time or about data other than steps (stalled training, profiler
+        metrics). The ``step`` of the result is the last step seen, or -1.
+        """
+        return None
+
+    def finish(self) -> StepResult | None:
+        """Called once after training ended and every step was checked: whole-run conditions."""
+        return None
+
     # -- class-level facts ---------------------------------------------------------------------
     @classmethod
     def name(cls) -> str:
