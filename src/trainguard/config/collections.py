@@ -29,6 +29,16 @@ DEFAULT_PYTORCH_COLLECTIONS: dict[str, list[str]] = {
     "inputs": [r"_input_\d+$"],
     "outputs": [r"_output_\d+$"],
     "scalars": [r"^scalar/"],
+    # Filled by module type (nn.ReLU, nn.Tanh, nn.Sigmoid, loss modules) as the hook meets them;
+    # the regexes are SageMaker's, for runs whose tensor names carry the activation's name.
+    "relu_input": [r"relu_input"],
+    "relu_output": [r"relu_output"],
+    "tanh_input": [r"tanh_input"],
+    "tanh_output": [r"tanh_output"],
+    "sigmoid_input": [r"sigmoid_input"],
+    "sigmoid_output": [r"sigmoid_output"],
+    "predictions": [],
+    "labels": [],
     "all": [],
     "default": [],
 }

@@ -120,6 +120,7 @@ class BaseHook:
         self.saving_this_step = False
         self._due: frozenset[str] = frozenset()
         self._plan_cache: dict[tuple[str, frozenset[str]], SavePlan | None] = {}
+        self._collections_dirty = False
         self._match_cache: dict[str, tuple[Collection, ...]] = {}
         self._schedules: dict[str, tuple[SaveConfig, SaveConfig]] = {}
         self._writer: StepWriter | None = None
@@ -231,6 +232,11 @@ class BaseHook:
             return
         if self.saving_this_step and self.enabled:
             self._on_step_end()
+            if self._collections_dirty:
+                # Before the step's index: a live reader that sees the step also sees which
+                # collections its new tensors belong to (rules select tensors by collection).
+                self._collections_dirty = False
+                self._write_collections()
             if self._writer is not None:
                 self._writer.end_step()
         self.step_open = False
@@ -312,7 +318,10 @@ class BaseHook:
     def add_to_collections(self, name: str, collections: Iterable[str] | str) -> list[str]:
         names = [collections] if isinstance(collections, str) else list(collections)
         for collection_name in names:
-            self.get_collection(collection_name).add_tensor_name(name)
+            collection = self.get_collection(collection_name)
+            if name not in collection.tensor_names:
+                collection.add_tensor_name(name)
+                self._collections_dirty = True
             if collection_name not in self.include_collections:
                 self.include_collections.append(collection_name)
                 if self.step_open and self.saving_this_step and self._due:

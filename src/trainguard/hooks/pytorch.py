@@ -39,6 +39,14 @@ def _flatten_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+# Activation modules whose inputs/outputs go to SageMaker's per-activation collections.
+_ACTIVATION_KINDS: tuple[tuple[tuple[type, ...], str], ...] = (
+    ((torch.nn.ReLU, torch.nn.ReLU6), "relu"),
+    ((torch.nn.Tanh,), "tanh"),
+    ((torch.nn.Sigmoid,), "sigmoid"),
+)
+
+
 def is_loss_module(module: torch.nn.Module) -> bool:
     # By class name, as smdebug's losses regex does: no private torch base class needed.
     return type(module).__name__.endswith("Loss")
@@ -53,6 +61,7 @@ class TorchHook(BaseHook):
         super().__init__(*args, **kwargs)
         self._handles: list[Any] = []
         self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self._typed_modules: weakref.WeakKeyDictionary[torch.nn.Module, None] = weakref.WeakKeyDictionary()
         self._roots: list[tuple[weakref.ref[torch.nn.Module], str]] = []
         self._hooked_parameters: set[int] = set()
         # name -> (raw snapshot, reductions snapshot, requested reductions), written at step end
@@ -211,12 +220,39 @@ class TorchHook(BaseHook):
 
     def capture_module_io(self, module: torch.nn.Module, inputs: Any, output: Any) -> list[torch.Tensor]:
         name = self.module_name(module)
+        if module not in self._typed_modules:
+            self._typed_modules[module] = None
+            self._add_typed_memberships(module, name)
         for index, tensor in enumerate(_flatten_tensors(inputs)):
             self.save_torch_tensor(f"{name}_input_{index}", tensor)
         outputs = _flatten_tensors(output)
         for index, tensor in enumerate(outputs):
             self.save_torch_tensor(f"{name}_output_{index}", tensor)
         return outputs
+
+    def _add_typed_memberships(self, module: torch.nn.Module, name: str) -> None:
+        """Put activation and loss I/O into the collections rules look for (relu_output, labels...).
+
+        Rules need to know which tensors are ReLU outputs or a loss's labels, and PyTorch's
+        tensor names do not say it (``features.1_output_0``); the module's type does.
+        """
+        kind = next((kind for types, kind in _ACTIVATION_KINDS if isinstance(module, types)), None)
+        if kind is not None:
+            self.add_membership(f"{name}_input_0", f"{kind}_input")
+            self.add_membership(f"{name}_output_0", f"{kind}_output")
+        elif is_loss_module(module):
+            self.add_membership(f"{name}_input_0", "predictions")
+            self.add_membership(f"{name}_input_1", "labels")
+
+    def add_membership(self, tensor_name: str, collection_name: str) -> None:
+        """Make ``tensor_name`` a member of a collection without including the collection."""
+        collection = self.collection_manager.get(collection_name)
+        if tensor_name in collection.tensor_names:
+            return
+        collection.add_tensor_name(tensor_name)
+        self._collections_dirty = True
+        self._match_cache.pop(tensor_name, None)
+        self._plan_cache.clear()
 
     def save_torch_tensor(self, name: str, tensor: torch.Tensor) -> None:
         """Save now, if ``name`` is due at this step."""

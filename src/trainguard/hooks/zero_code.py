@@ -101,16 +101,23 @@ class ZeroCodeHook(TorchHook):
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
             if hook.saving_this_step and not any(is_loss_module(parent) for parent in hook._stack):
-                hook._capture_functional_loss(tensor_name, result)
+                hook._capture_functional_loss(tensor_name, result, args)
             return result
 
         return wrapper
 
     @fail_open
-    def _capture_functional_loss(self, tensor_name: str, result: Any) -> None:
+    def _capture_functional_loss(self, tensor_name: str, result: Any, args: tuple[Any, ...]) -> None:
         if isinstance(result, torch.Tensor):
             self.hold_torch_tensor(tensor_name, result)
             self._loss_tensor_ids.add(id(result))
+        # (input, target) of F.cross_entropy & co: what ClassImbalance and Confusion read.
+        stem = tensor_name[: -len("_output_0")]
+        for index, collection in enumerate(("predictions", "labels")):
+            if index < len(args) and isinstance(args[index], torch.Tensor):
+                name = f"{stem}_input_{index}"
+                self.add_membership(name, collection)
+                self.hold_torch_tensor(name, args[index])
 
     def _backward_wrapper(self, original: Any) -> Any:
         hook = self

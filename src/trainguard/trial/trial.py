@@ -20,6 +20,7 @@ from trainguard.errors import (
     ObjectNotFound,
     StepNotYetAvailable,
     StepUnavailable,
+    StorageError,
     TensorUnavailable,
     TensorUnavailableForStep,
     TrialError,
@@ -65,6 +66,7 @@ class Trial:
         self._missing_event_wait = missing_event_wait
         self._last_refresh = 0.0
         self._collections, num_workers = self._load_collections(collection_wait_timeout)
+        self._collections_final = False
         self._state = RunState(store, num_workers, parallel_reads=parallel_reads)
         self.refresh(force=True)
 
@@ -106,7 +108,19 @@ class Trial:
         now = time.monotonic()
         if force or now - self._last_refresh >= self._refresh_interval:
             self._last_refresh = now
-            self._state.refresh()
+            if self._state.refresh():
+                # Hooks rewrite the collections file, before a step's index, when tensors join a
+                # collection mid-run (activations found by module type); rules select by it.
+                self._reload_collections()
+            elif self._state.training_ended and not self._collections_final:
+                self._reload_collections()
+                self._collections_final = True
+
+    def _reload_collections(self) -> None:
+        try:
+            self._collections, _ = self._load_collections(0.0)
+        except (MissingCollectionFiles, StorageError):
+            pass  # keep the ones we have; the next refresh tries again
 
     def maybe_refresh(self) -> None:
         self.refresh()

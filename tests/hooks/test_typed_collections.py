@@ -1,0 +1,84 @@
+"""Activation and loss I/O land in the collections rules select by (relu_output, labels...)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import trainguard.pytorch as tg  # noqa: E402
+from trainguard.trial import create_trial  # noqa: E402
+
+TYPED = ["relu_input", "relu_output", "tanh_input", "tanh_output", "sigmoid_input", "sigmoid_output", "labels", "predictions"]
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3), nn.Sigmoid())
+
+
+def test_module_types_decide_collections_and_a_live_reader_sees_them(tmp_path):
+    torch.manual_seed(0)
+    model, loss_fn = _model(), nn.CrossEntropyLoss()
+    hook = tg.Hook(str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=1), include_collections=TYPED + ["losses"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    labels_seen = []
+    for _ in range(3):
+        x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+        labels_seen.append(y.numpy().copy())
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    # Not closed: the run is live, and its collections file must already name the members.
+    trial = create_trial(str(tmp_path / "run"), collection_wait_timeout=10)
+    trial.wait_for_steps([1], timeout=30)
+    members = {name: trial.tensor_names(collection=name) for name in TYPED}
+    assert members["relu_input"] == ["1_input_0"] and members["relu_output"] == ["1_output_0"]
+    assert members["tanh_input"] == ["3_input_0"] and members["tanh_output"] == ["3_output_0"]
+    assert members["sigmoid_input"] == ["5_input_0"] and members["sigmoid_output"] == ["5_output_0"]
+    assert members["predictions"] == ["CrossEntropyLoss_input_0"]
+    assert members["labels"] == ["CrossEntropyLoss_input_1"]
+    assert (trial.tensor("CrossEntropyLoss_input_1").value(1) == labels_seen[1]).all()
+    hook.close()
+    # Membership does not include anything: without those collections, no activation is saved.
+    hook2 = tg.Hook(str(tmp_path / "run2"), save_config=tg.SaveConfig(save_interval=1), include_collections=["losses"])
+    hook2.register_module(model)
+    hook2.register_loss(loss_fn)
+    loss_fn(model(torch.randn(5, 4)), torch.randint(0, 3, (5,))).backward()
+    optimizer.step()
+    hook2.close()
+    assert create_trial(str(tmp_path / "run2")).tensor_names() == ["CrossEntropyLoss_output_0"]
+
+
+def test_zero_code_functional_loss_inputs_are_labels_and_predictions(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn.functional as F
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    """))
+    config = tmp_path / "hook.json"
+    config.write_text('{"LocalPath": "x", "CollectionConfigurations": [{"CollectionName": "labels"}, '
+                      '{"CollectionName": "predictions"}, {"CollectionName": "relu_output"}], '
+                      '"HookParameters": {"save_interval": "1"}}')
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "trainguard.cli", "run", "--out", str(out), "--config", str(config), "--",
+                    sys.executable, str(script)], check=True, capture_output=True, timeout=120)
+    trial = create_trial(str(out))
+    assert trial.tensor_names(collection="labels") == ["loss_cross_entropy_input_1"]
+    assert trial.tensor_names(collection="predictions") == ["loss_cross_entropy_input_0"]
+    assert trial.tensor_names(collection="relu_output") == ["1_output_0"]
+    assert trial.tensor("loss_cross_entropy_input_1").value(2).tolist() == [0, 1, 2, 0, 1, 2]
+    assert trial.tensor("loss_cross_entropy_input_0").value(2).shape == (6, 3)
