@@ -157,3 +157,19 @@ def test_golden_record_bytes() -> None:
         golden.parent.mkdir(exist_ok=True)
         golden.write_bytes(record)
     assert record == golden.read_bytes()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_batched_scalar_events_are_byte_identical_to_the_general_encoder(seed):
+    from trainguard.format.tensor_codec import encode_scalar_events
+
+    rng = np.random.default_rng(seed)
+    tags = [f"layer{i}/weight_{'x' * int(rng.integers(0, 200))}" for i in range(20)]
+    values = rng.normal(size=20) * 10.0 ** rng.integers(-300, 300, size=20)
+    values[0], values[1] = np.nan, -np.inf
+    mode = list(ModeKeys)[seed % 4]
+    step, mode_step = int(rng.integers(0, 2**40)), int(rng.integers(0, 1000))
+    batched = encode_scalar_events(tags, values, step=step, mode=mode, mode_step=mode_step, wall_time=1.25e9)
+    for tag, value, payload in zip(tags, values, batched, strict=True):
+        single = encode_tensor_event(tag, np.array(value), step=step, mode=mode, mode_step=mode_step, wall_time=1.25e9)
+        assert payload == bytes(single.prefix) + bytes(single.content)
