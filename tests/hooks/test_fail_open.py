@@ -166,6 +166,11 @@ def test_internal_error_disables_capture_once(run_dir, reference, caplog, monkey
         for step in trial.steps():
             trial.tensor("DropoutNet_fc1.weight").value(step)
             trial.tensor("gradient/DropoutNet_fc1.weight").value(step)
+        if where in ("snapshot", "gradient_hold"):  # the writer survived: it says why the run is short
+            stopped = trial.capture_stopped()
+            assert list(stopped) == ["worker_0"]
+            assert stopped["worker_0"]["step"] == first_failing_step
+            assert "injected failure" in stopped["worker_0"]["reason"]
 
 
 def test_error_in_close_is_logged_not_raised(run_dir, caplog, monkeypatch):

@@ -53,7 +53,9 @@ def test_module_types_decide_collections_and_a_live_reader_sees_them(tmp_path):
     loss_fn(model(torch.randn(5, 4)), torch.randint(0, 3, (5,))).backward()
     optimizer.step()
     hook2.close()
-    assert create_trial(str(tmp_path / "run2")).tensor_names() == ["CrossEntropyLoss_output_0"]
+    healthy = create_trial(str(tmp_path / "run2"))
+    assert healthy.tensor_names() == ["CrossEntropyLoss_output_0"]
+    assert healthy.capture_stopped() == {}  # only a run whose capture failed has the marker
 
 
 def test_zero_code_functional_loss_inputs_are_labels_and_predictions(tmp_path):

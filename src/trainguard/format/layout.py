@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "COLLECTIONS_PREFIX",
+    "CAPTURE_STOPPED_PREFIX",
     "END_OF_TRAINING",
     "EVENTS_PREFIX",
     "INDEX_PREFIX",
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 END_OF_TRAINING = "training_job_end.ts"
+# trainguard only (smdebug readers ignore it): why a worker stopped capturing before the end.
+CAPTURE_STOPPED_PREFIX = "capture_stopped/"
 EVENTS_PREFIX = "events/"
 INDEX_PREFIX = "index/"
 COLLECTIONS_PREFIX = "collections/000000000/"

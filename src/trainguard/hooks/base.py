@@ -11,8 +11,10 @@ are global and increase across modes; each mode also counts its own ``mode_step`
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
+import time
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from trainguard.config.collections import SCALAR_COLLECTIONS, Collection, Collec
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig
 from trainguard.errors import ConfigError, StorageError
-from trainguard.format.layout import END_OF_TRAINING, collections_key, worker_name
+from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, END_OF_TRAINING, collections_key, worker_name
 from trainguard.hooks.fail_open import log_disabled
 from trainguard.hooks.writer import StepWriter, TensorSource
 from trainguard.modes import ModeKeys
@@ -121,6 +123,7 @@ class BaseHook:
         self._due: frozenset[str] = frozenset()
         self._plan_cache: dict[tuple[str, frozenset[str]], SavePlan | None] = {}
         self._collections_dirty = False
+        self._stopped_because: dict[str, object] | None = None
         self._match_cache: dict[str, tuple[Collection, ...]] = {}
         self._schedules: dict[str, tuple[SaveConfig, SaveConfig]] = {}
         self._writer: StepWriter | None = None
@@ -171,6 +174,8 @@ class BaseHook:
         if not self.enabled:
             return
         self.enabled = False
+        self._stopped_because = {"step": self.step, "reason": f"{type(reason).__name__}: {reason}"
+                                 if isinstance(reason, BaseException) else str(reason), "time": time.time()}
         if self.saving_this_step and self._writer is not None:
             self._writer.abort_step()  # a half-written step must not leave its temp file behind
         self.saving_this_step = False
@@ -340,6 +345,11 @@ class BaseHook:
             if writer is None:
                 return
             self._write_collections()  # again: tensor names added during training
+            if self._stopped_because is not None and self._worker is not None:
+                # The end marker says "no more data"; this says the run is truncated, and why,
+                # so that readers and rules do not take a crippled capture for a full one.
+                document = json.dumps(self._stopped_because).encode()
+                writer.write_object(f"{CAPTURE_STOPPED_PREFIX}{self._worker}.json", document)
             if self._worker == worker_name(0) or self._num_workers == 1:
                 writer.write_object(END_OF_TRAINING, b"")
             if not writer.close():

@@ -4,6 +4,7 @@ every wait."""
 from __future__ import annotations
 
 import enum
+import json
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -26,7 +27,7 @@ from trainguard.errors import (
     TrialError,
     WaitTimeout,
 )
-from trainguard.format.layout import COLLECTIONS_PREFIX, END_OF_TRAINING, is_collections_key
+from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, COLLECTIONS_PREFIX, END_OF_TRAINING, is_collections_key
 from trainguard.format.record import parse_record
 from trainguard.format.tensor_codec import decode_event
 from trainguard.modes import ModeKeys
@@ -135,6 +136,21 @@ class Trial:
     def training_ended(self) -> bool:
         self.refresh()
         return self._state.training_ended
+
+    def capture_stopped(self) -> dict[str, dict[str, Any]]:
+        """Workers whose hook stopped capturing early (an internal error), with step and reason.
+
+        A run listed here ended normally for readers (its end marker is written) but holds no
+        steps after the given one for that worker.
+        """
+        stopped = {}
+        for key in self.store.list(CAPTURE_STOPPED_PREFIX):
+            worker = key[len(CAPTURE_STOPPED_PREFIX) :].removesuffix(".json")
+            try:
+                stopped[worker] = json.loads(self.store.read(key))
+            except (ValueError, StorageError) as error:
+                stopped[worker] = {"reason": f"unreadable marker: {error}"}
+        return stopped
 
     @property
     def num_workers(self) -> int:
