@@ -1,0 +1,113 @@
+"""A self-contained HTML report of a run: ``trainguard report PATH -o report.html``.
+
+>>> from trainguard.report import write_report
+>>> write_report("runs/mnist", "report.html")
+
+Sections: overview, rule findings (``<run>/rule-output/*.json``), losses and metrics per mode,
+weight/bias/gradient norms per layer, weight histograms at chosen steps, activation zero
+fractions, system metrics and step times (``<run>/profiler-output``). A section without data
+says so. The page embeds everything (inline SVG and CSS) and fetches nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import MissingCollectionFiles, TrialError
+from trainguard.report.findings import RuleOutcome, read_rule_outputs
+from trainguard.report.html import render_html
+from trainguard.report.profiler_data import ProfilerSections, gather_profiler_sections
+from trainguard.report.tensors import TensorSections, gather_tensor_sections
+from trainguard.storage import is_remote, open_store
+
+__all__ = ["ReportData", "gather_report", "render_html", "write_report"]
+
+
+@dataclass
+class ReportData:
+    """Everything a report shows, gathered before any HTML is written."""
+
+    path: str
+    name: str
+    overview: dict[str, Any] = field(default_factory=dict)
+    tensor_error: str = ""
+    tensors: TensorSections = field(default_factory=TensorSections)
+    rule_outcomes: list[RuleOutcome] = field(default_factory=list)
+    finding_problems: list[str] = field(default_factory=list)
+    profiler: ProfilerSections = field(default_factory=ProfilerSections)
+    generated_at: float = field(default_factory=time.time)
+    read_seconds: float = 0.0
+
+
+def _sidecar_root(path: str) -> str:
+    """Where rule-output/ and profiler-output/ live: the run itself, or for SageMaker's layout
+    (``<job>/debug-output``) the job folder next to it."""
+    trimmed = path.rstrip("/")
+    if trimmed.rsplit("/", 1)[-1] == "debug-output":
+        return posixpath.dirname(trimmed) if is_remote(trimmed) else os.path.dirname(trimmed)
+    return path
+
+
+def gather_report(
+    path: str | os.PathLike[str],
+    *,
+    steps: Sequence[int] | None = None,
+    endpoint_url: str | None = None,
+    max_points: int = 200,
+) -> ReportData:
+    """Read a run (local directory or ``s3://bucket/prefix``) into :class:`ReportData`.
+
+    Args:
+        path: the hook's ``out_dir``.
+        steps: global steps for the weight histograms (default: first, middle and last saved).
+        endpoint_url: an S3-compatible endpoint for ``s3://`` paths.
+        max_points: most steps read per norm / zero-fraction curve (long runs are subsampled).
+
+    Raises:
+        TrialError: the path holds no tensors, no rule results and no profiler data.
+    """
+    from trainguard.summary import describe_run
+    from trainguard.trial import create_trial
+
+    started = time.monotonic()
+    text = os.fspath(path)
+    options = {"endpoint_url": endpoint_url} if endpoint_url and is_remote(text) else {}
+    data = ReportData(path=text, name=text.rstrip("/").rsplit("/", 1)[-1] or text)
+    try:
+        trial = create_trial(text, collection_wait_timeout=0, **options)
+    except MissingCollectionFiles as error:
+        data.tensor_error = f"No tensors: {error}"
+    else:
+        data.overview = describe_run(trial)
+        data.tensors = gather_tensor_sections(trial, histogram_steps=steps, max_points=max_points)
+
+    sidecar = open_store(_sidecar_root(text), **options)
+    data.rule_outcomes, data.finding_problems = read_rule_outputs(sidecar)
+    data.profiler = gather_profiler_sections(sidecar)
+    if not data.overview and not data.rule_outcomes and not data.profiler.system_charts and not data.profiler.step_charts:
+        raise TrialError(f"nothing to report at {text}: {data.tensor_error or 'no tensors'}, no rule-output/*.json, no profiler-output/")
+    data.read_seconds = time.monotonic() - started
+    return data
+
+
+def write_report(
+    path: str | os.PathLike[str],
+    output: str | os.PathLike[str] = "report.html",
+    *,
+    steps: Sequence[int] | None = None,
+    endpoint_url: str | None = None,
+    max_points: int = 200,
+) -> ReportData:
+    """Gather the run at ``path`` and write its report to ``output`` (a local file)."""
+    data = gather_report(path, steps=steps, endpoint_url=endpoint_url, max_points=max_points)
+    target = Path(output)
+    if target.parent != Path(""):
+        target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_html(data), encoding="utf-8")
+    return data

@@ -1,0 +1,209 @@
+"""The report page: one self-contained HTML file (inline CSS and SVG, no scripts, no fetches).
+
+A Content-Security-Policy meta tag forbids every network source, so even a browser that would
+try to fetch something (a font, a favicon) is stopped: the file opens the same offline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from html import escape
+from typing import TYPE_CHECKING
+
+from trainguard.report.charts import Chart
+from trainguard.report.svg import render_chart
+from trainguard.summary import format_bytes
+
+if TYPE_CHECKING:
+    from trainguard.report import ReportData
+
+__all__ = ["render_html"]
+
+_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+
+_STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1b1f24; background: #f6f7f9; }
+header { background: #1f3b57; color: #fff; padding: 18px 28px; }
+header h1 { margin: 0 0 4px; font-size: 22px; }
+header p { margin: 0; opacity: .85; }
+nav { padding: 8px 28px; background: #e8ecf1; position: sticky; top: 0; z-index: 1; }
+nav a { margin-right: 14px; color: #1f3b57; text-decoration: none; font-weight: 600; }
+main { padding: 8px 28px 40px; }
+section { background: #fff; border: 1px solid #dde2e8; border-radius: 6px; margin: 16px 0; padding: 6px 18px 16px; }
+h2 { font-size: 18px; margin: 12px 0 8px; }
+table { border-collapse: collapse; margin: 6px 0 12px; }
+th, td { border-bottom: 1px solid #e3e7ec; padding: 4px 10px; text-align: left; vertical-align: top; }
+th { background: #f0f3f6; }
+.charts { display: flex; flex-wrap: wrap; gap: 10px; }
+figure { margin: 0; }
+.chart-title { font-weight: 600; margin: 6px 0 2px; }
+figcaption { font-size: 12px; color: #57606a; max-width: 620px; }
+svg.chart { background: #fff; max-width: 100%; height: auto; }
+svg .plot-area { fill: #fbfcfd; stroke: #c9d1d9; }
+svg .grid { stroke: #e6e9ed; }
+svg .axis { stroke: #8b949e; }
+svg .tick, svg .legend { font-size: 11px; fill: #424a53; }
+svg .axis-label { font-size: 12px; fill: #24292f; }
+svg .series { fill: none; stroke-width: 1.8; stroke-linejoin: round; }
+.empty { color: #6e7781; font-style: italic; }
+.note { color: #6e7781; margin: 4px 0; }
+.status { font-weight: 700; padding: 1px 6px; border-radius: 4px; }
+.status-IssuesFound { background: #ffebe9; color: #a40e26; }
+.status-NoIssuesFound { background: #dafbe1; color: #116329; }
+.status-Error { background: #fff1c2; color: #7d4e00; }
+.status-InProgress, .status-Stopping, .status-Stopped, .status-Unknown { background: #eaeef2; color: #424a53; }
+.hint { color: #0b5cad; }
+code { font-size: 12.5px; }
+"""
+
+SECTIONS = (
+    ("overview", "Overview"),
+    ("findings", "Rule findings"),
+    ("scalars", "Losses and metrics"),
+    ("norms", "Weight and gradient norms"),
+    ("histograms", "Weight distributions"),
+    ("activations", "Activations"),
+    ("system", "System metrics"),
+    ("steps", "Step times"),
+)
+
+
+def _notes(lines: Sequence[str]) -> str:
+    return "".join(f'<p class="note">{escape(line)}</p>' for line in lines)
+
+
+def _figures(charts: Sequence[Chart]) -> str:
+    items = []
+    for chart in charts:
+        caption = f"<figcaption>{escape(chart.note)}</figcaption>" if chart.note else ""
+        items.append(f'<figure><div class="chart-title">{escape(chart.title)}</div>{render_chart(chart)}{caption}</figure>')
+    return f'<div class="charts">{"".join(items)}</div>'
+
+
+def _charts_or_empty(charts: Sequence[Chart], empty: str) -> str:
+    drawable = [chart for chart in charts if not chart.is_empty()]
+    return _figures(drawable) if drawable else f'<p class="empty">{escape(empty)}</p>'
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], css: str = "") -> str:
+    head = "".join(f"<th>{escape(cell)}</th>" for cell in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
+    return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _overview(data: ReportData) -> str:
+    facts = data.overview
+    if not facts:
+        return f'<p class="empty">{escape(data.tensor_error or "No tensors were read.")}</p>'
+    modes = ", ".join(f"{mode}: {count}" for mode, count in facts["steps_per_mode"].items()) or "none"
+    collections = ", ".join(f"{name} {count}" for name, count in facts["tensors_per_collection"].items()) or "none"
+    rows = [
+        ("Run", f"<code>{escape(str(facts['path']))}</code>"),
+        ("Workers", escape(", ".join(facts["workers"]) or "none")),
+        ("Steps saved", f"{facts['steps']} (global steps {facts['first_step']}..{facts['last_step']})"),
+        ("Steps per mode", escape(modes)),
+        ("Tensors", f"{facts['tensors']} ({escape(collections)})"
+         + (f" + {facts['reduction_tensors']} saved reductions" if facts["reduction_tensors"] else "")),
+        ("Data", escape(format_bytes(int(facts["bytes"])))),
+        ("Training ended", "yes" if facts["ended"] else "no (live or crashed run)"),
+    ]
+    if len(facts["workers"]) > 1:
+        rows.append(("Plots show", f"worker {escape(facts['workers'][0])} (the first one)"))
+    return _table(("", ""), [(f"<b>{escape(k)}</b>", v) for k, v in rows], "overview")
+
+
+def _findings(data: ReportData) -> str:
+    parts = [_notes(data.finding_problems)]
+    if not data.rule_outcomes:
+        parts.append('<p class="empty">No rule results: no rule-output/*.json files in this run.</p>')
+        return "".join(parts)
+    status_rows = [
+        (
+            escape(outcome.configuration_name),
+            escape(outcome.rule),
+            f'<span class="status status-{escape(outcome.status)}">{escape(outcome.status)}</span>',
+            escape("" if outcome.last_evaluated_step is None else str(outcome.last_evaluated_step)),
+            str(len(outcome.fired)),
+            escape(outcome.status_details.strip()),
+        )
+        for outcome in data.rule_outcomes
+    ]
+    parts.append(_table(("Rule configuration", "Rule", "Status", "Last step", "Findings", "Details"), status_rows, "rules"))
+    finding_rows = []
+    for outcome in data.rule_outcomes:
+        for finding in outcome.fired:
+            finding_rows.append(
+                (
+                    escape(finding.get("rule") or outcome.rule),
+                    f'<span class="status status-{escape(outcome.status)}">{escape(outcome.status)}</span>',
+                    escape(str(finding.get("step", ""))),
+                    escape(str(finding.get("message", ""))),
+                    f'<span class="hint">{escape(str(finding.get("fix_hint", "")))}</span>',
+                )
+            )
+    if finding_rows:
+        parts.append(f"<h3>Findings ({len(finding_rows)})</h3>")
+        parts.append(_table(("Rule", "Status", "Step", "What was found", "How to fix"), finding_rows, "findings"))
+    else:
+        parts.append('<p class="empty">No rule fired.</p>')
+    missing_rows = [
+        (escape(outcome.configuration_name), escape(str(item.get("what", ""))), escape(str(item.get("collection") or "")))
+        for outcome in data.rule_outcomes
+        for item in outcome.missing
+    ]
+    if missing_rows:
+        parts.append("<h3>Data the rules needed and did not find</h3>")
+        parts.append(_table(("Rule configuration", "Missing", "Collection to save"), missing_rows, "missing"))
+    return "".join(parts)
+
+
+def _step_stats(data: ReportData) -> str:
+    if not data.profiler.step_stats:
+        return ""
+    rows = [
+        (escape(str(s["series"])), str(s["steps"]), f"{s['median_ms']:.1f}", f"{s['p95_ms']:.1f}", f"{s['max_ms']:.1f}")
+        for s in data.profiler.step_stats
+    ]
+    return _table(("Series", "Steps", "Median ms", "p95 ms", "Max ms"), rows, "step-stats")
+
+
+def render_html(data: ReportData) -> str:
+    """The whole report page."""
+    tensors, profiler = data.tensors, data.profiler
+    norm_charts = tensors.weight_norm_charts + tensors.bias_norm_charts + tensors.gradient_norm_charts
+    histogram_steps = ", ".join(str(step) for step in tensors.histogram_steps)
+    bodies = {
+        "overview": _overview(data),
+        "findings": _findings(data),
+        "scalars": _notes(tensors.notes.get("scalars", []))
+        + _charts_or_empty(tensors.scalar_charts, "No losses or metrics to plot."),
+        "norms": _notes(tensors.notes.get("norms", []))
+        + _charts_or_empty(norm_charts, "No weights, biases or gradients to plot."),
+        "histograms": (f'<p class="note">At global steps {escape(histogram_steps)}.</p>' if histogram_steps else "")
+        + _notes(tensors.notes.get("histograms", []))
+        + _charts_or_empty(tensors.histogram_charts, "No weight distributions to plot."),
+        "activations": _notes(tensors.notes.get("activations", []))
+        + _charts_or_empty(tensors.activation_charts, "No activation zero fractions to plot."),
+        "system": _notes(profiler.notes.get("system", []))
+        + _charts_or_empty(profiler.system_charts, "No system metrics to plot."),
+        "steps": _notes(profiler.notes.get("steps", []))
+        + _step_stats(data)
+        + _charts_or_empty(profiler.step_charts, "No step timings to plot."),
+    }
+    nav = "".join(f'<a href="#{key}">{escape(title)}</a>' for key, title in SECTIONS)
+    sections = "".join(
+        f'<section id="{key}"><h2>{escape(title)}</h2>{bodies[key]}</section>' for key, title in SECTIONS
+    )
+    generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data.generated_at))
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>trainguard report: {escape(data.name)}</title>"
+        f"<style>{_STYLE}</style></head><body>"
+        f"<header><h1>trainguard report: {escape(data.name)}</h1>"
+        f"<p><code>{escape(data.path)}</code> · generated {generated} · read in {data.read_seconds:.2f} s</p></header>"
+        f"<nav>{nav}</nav><main>{sections}</main></body></html>\n"
+    )
