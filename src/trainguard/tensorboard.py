@@ -255,7 +255,11 @@ def export_run(
     """
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
         raise ConfigError(f"bins must be a positive integer, got {bins!r}")
-    trial = run_path if isinstance(run_path, Trial) else create_trial(run_path, endpoint_url=endpoint_url)
+    # An export reads what is there now: a wrong path fails at once instead of waiting for a
+    # run to appear (create_trial's default, meant for readers started before training).
+    trial = run_path if isinstance(run_path, Trial) else create_trial(
+        run_path, endpoint_url=endpoint_url, collection_wait_timeout=0
+    )
     want_histograms = histograms and not scalar_only
     collections = list(trial.collections().values())
     histogram_wanted: dict[str, bool] = {}

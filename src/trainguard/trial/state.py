@@ -25,6 +25,10 @@ REDUCTION_PREFIX = "smdebug/reductions/"
 logger = logging.getLogger("trainguard")
 
 
+# Forget listed index keys behind the listing token once this many are remembered.
+_SEEN_PRUNE_AT = 4096
+
+
 @dataclass(frozen=True)
 class Location:
     """Where one tensor's value for one (step, worker) lives."""
@@ -131,6 +135,9 @@ class RunState:
             self._token = f"{INDEX_PREFIX}{oldest // 1000:09d}/{oldest:012d}"
         else:
             self._token = max(keys[-1], self._token or "")
+        if len(self._seen) > _SEEN_PRUNE_AT:
+            # Keys at or before the token are never listed again: forget them (bounded memory).
+            self._seen = {key for key in self._seen if key > self._token}
 
     def _add(self, index: StepIndex) -> None:
         record = self.steps.get(index.step)
