@@ -1,0 +1,86 @@
+"""The FastAPI application factory. Settings are read when the app is built, never at import."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from services.api.db import make_engine, make_session_factory
+from services.api.jobs import JobService
+from services.api.reconciler import Reconciler
+from services.api.routes_native import native_router
+from services.api.routes_sagemaker import sagemaker_router
+from services.api.settings import Settings
+from services.launchers.base import Launcher
+
+__all__ = ["create_app", "make_launcher"]
+
+log = logging.getLogger("trainguard.api")
+
+
+def _docker_launcher(settings: Settings) -> Launcher:
+    from services.launchers import docker as docker_module  # lazy: the Docker SDK is optional
+
+    launcher_class = docker_module.DockerLauncher
+    if hasattr(launcher_class, "from_env"):
+        return launcher_class.from_env()
+    return launcher_class()
+
+
+def make_launcher(settings: Settings) -> Launcher:
+    """TRAINGUARD_LAUNCHER=local|docker; unset: docker if the engine answers, else local."""
+    from services.launchers.local import LocalLauncher
+
+    if settings.launcher == "local":
+        return LocalLauncher(settings.data_dir / "local")
+    if settings.launcher == "docker":
+        return _docker_launcher(settings)
+    try:
+        launcher = _docker_launcher(settings)
+        launcher.jobs()  # answers only if the engine does
+        return launcher
+    except Exception as error:  # noqa: BLE001 - any failure means: no usable Docker here
+        log.info("no usable Docker engine (%s): using the local-process launcher", error)
+        return LocalLauncher(settings.data_dir / "local")
+
+
+def create_app(settings: Settings | None = None, launcher: Launcher | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    launcher = launcher or make_launcher(settings)
+    sessions = make_session_factory(make_engine(settings.database_url))
+    service = JobService(sessions, launcher, settings)
+    reconciler = Reconciler(service, settings.reconcile_interval)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        reconciler.start()  # its first tick re-attaches to every unsettled job in the database
+        try:
+            yield
+        finally:
+            reconciler.close()
+            service.close()
+
+    app = FastAPI(
+        title="trainguard control API",
+        version="0.1.0",
+        description=(
+            "Submit training jobs with rules, follow their status and findings, stop them. "
+            "Native REST under /v1 (Bearer token); SageMaker-compatible awsJson 1.1 on POST /."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.service = service
+    app.state.reconciler = reconciler
+
+    @app.get("/health", tags=["health"], summary="Liveness; the only route without authentication")
+    def health() -> dict[str, str]:
+        return {"status": "ok", "launcher": launcher.name}
+
+    app.include_router(native_router)
+    app.include_router(sagemaker_router)
+    return app

@@ -1,0 +1,156 @@
+"""State in SQL through SQLAlchemy: SQLite by default, any SQLAlchemy URL (postgresql://...) works.
+
+Everything the API knows lives here, so a restarted API (new process, same database) carries on:
+jobs, their secondary-status transitions, components, rule evaluations, metric datapoints,
+alarms and the actions they ran.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+__all__ = [
+    "ActionRow",
+    "AlarmRow",
+    "Base",
+    "ComponentRow",
+    "JobRow",
+    "MetricRow",
+    "RuleRow",
+    "TransitionRow",
+    "make_engine",
+    "make_session_factory",
+]
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    arn: Mapped[str] = mapped_column(String(256))
+    source: Mapped[str] = mapped_column(String(16))  # "native" | "sagemaker"
+    spec: Mapped[dict] = mapped_column(JSON)  # the normalised job spec (services.api.schemas.JobSpec)
+    request: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # SageMaker request, echoed by Describe
+    launcher: Mapped[str] = mapped_column(String(16))
+    runner_token: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    secondary_status: Mapped[str] = mapped_column(String(32))
+    failure_reason: Mapped[str] = mapped_column(Text, default="")
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    creation_time: Mapped[float] = mapped_column(Float, index=True)
+    training_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    training_end_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_modified_time: Mapped[float] = mapped_column(Float)
+    stop_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    stop_status: Mapped[str] = mapped_column(String(32), default="")  # "Stopped" | "MaxRuntimeExceeded"
+    stop_cause: Mapped[str] = mapped_column(Text, default="")
+    settled: Mapped[bool] = mapped_column(Boolean, default=False)  # terminal and every component exited
+
+
+class TransitionRow(Base):
+    __tablename__ = "secondary_transitions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_name: Mapped[str] = mapped_column(ForeignKey("jobs.name", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(32))
+    start_time: Mapped[float] = mapped_column(Float)
+    end_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class ComponentRow(Base):
+    __tablename__ = "components"
+
+    job_name: Mapped[str] = mapped_column(ForeignKey("jobs.name", ondelete="CASCADE"), primary_key=True)
+    role: Mapped[str] = mapped_column(String(300), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    updated: Mapped[float] = mapped_column(Float)
+
+
+class RuleRow(Base):
+    __tablename__ = "rule_evaluations"
+
+    job_name: Mapped[str] = mapped_column(ForeignKey("jobs.name", ondelete="CASCADE"), primary_key=True)
+    configuration_name: Mapped[str] = mapped_column(String(256), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # "debug" | "profiler"
+    rule: Mapped[str] = mapped_column(String(512))
+    evaluation_job_arn: Mapped[str] = mapped_column(String(256))
+    launched: Mapped[bool] = mapped_column(Boolean, default=True)
+    status: Mapped[str] = mapped_column(String(16))
+    status_details: Mapped[str] = mapped_column(Text, default="")
+    last_modified_time: Mapped[float] = mapped_column(Float)
+    last_evaluated_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    findings: Mapped[list] = mapped_column(JSON, default=list)  # fired StepResult dicts (last 50)
+    missing: Mapped[list] = mapped_column(JSON, default=list)
+    fix_hint: Mapped[str] = mapped_column(Text, default="")
+    actions: Mapped[list] = mapped_column(JSON, default=list)
+
+
+class MetricRow(Base):
+    __tablename__ = "metric_data"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_name: Mapped[str] = mapped_column(ForeignKey("jobs.name", ondelete="CASCADE"), index=True)
+    configuration_name: Mapped[str] = mapped_column(String(256))
+    metric_name: Mapped[str] = mapped_column(String(128))
+    value: Mapped[float] = mapped_column(Float)
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    timestamp: Mapped[float] = mapped_column(Float)
+
+
+class AlarmRow(Base):
+    __tablename__ = "alarms"
+
+    job_name: Mapped[str] = mapped_column(ForeignKey("jobs.name", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(256), primary_key=True)
+    spec: Mapped[dict] = mapped_column(JSON)  # services.alarms.AlarmSpec.to_dict()
+    state: Mapped[str] = mapped_column(String(20), default="INSUFFICIENT_DATA")
+    state_reason: Mapped[str] = mapped_column(Text, default="")
+    updated: Mapped[float] = mapped_column(Float)
+
+
+class ActionRow(Base):
+    __tablename__ = "action_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_name: Mapped[str] = mapped_column(ForeignKey("jobs.name", ondelete="CASCADE"), index=True)
+    alarm_name: Mapped[str] = mapped_column(String(256))
+    action_name: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))  # "Running" | "Succeeded" | "Failed"
+    detail: Mapped[str] = mapped_column(Text, default="")
+    created: Mapped[float] = mapped_column(Float)
+    finished: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite files get their folder, WAL mode and a busy timeout."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[1] if "///" in url else ""
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(connection, _record) -> None:  # noqa: ANN001 - DBAPI connection
+            cursor = connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def make_session_factory(engine: Engine) -> sessionmaker:
+    Base.metadata.create_all(engine)
+    return sessionmaker(engine, expire_on_commit=False)

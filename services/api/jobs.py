@@ -1,0 +1,371 @@
+"""The job service: creates jobs, records what rule runners report, evaluates alarms, runs actions.
+
+Every state change goes through here and into the database, so the API process itself holds no
+state a restart could lose. The reconciler (services.api.reconciler) drives the lifecycle from
+what the launcher reports; this module owns the transitions.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.actions import ActionContext, build_event, get_handler
+from services.alarms import AlarmSpec, AlarmState, evaluate_alarm, implicit_rule_alarm
+from services.api.db import ActionRow, AlarmRow, ComponentRow, JobRow, MetricRow, RuleRow, TransitionRow
+from services.api.planner import plan_job
+from services.api.schemas import JobSpec
+from services.api.settings import Settings
+from services.api.views import native_description, sagemaker_description, sagemaker_summary
+from services.launchers.base import Launcher, LauncherError
+
+__all__ = ["JobExists", "JobNotFound", "JobService", "TERMINAL", "RULE_TERMINAL"]
+
+log = logging.getLogger("trainguard.api")
+
+TERMINAL = ("Completed", "Failed", "Stopped")
+RULE_TERMINAL = ("IssuesFound", "NoIssuesFound", "Error", "Stopped")
+MAX_FINDINGS = 50
+
+
+class JobNotFound(KeyError):
+    pass
+
+
+class JobExists(ValueError):
+    pass
+
+
+def _processing_job_arn(settings: Settings, job: str, configuration: str) -> str:
+    slug = re.sub(r"[^a-z0-9-]", "-", configuration.lower()).strip("-") or "rule"
+    name = f"{job[:26]}-{slug}"[:54].strip("-") + f"-{secrets.token_hex(4)}"
+    return f"arn:aws:sagemaker:{settings.region}:{settings.account_id}:processing-job/{name}"
+
+
+class JobService:
+    def __init__(self, sessions: sessionmaker, launcher: Launcher, settings: Settings) -> None:
+        self.sessions = sessions
+        self.launcher = launcher
+        self.settings = settings
+        self.lock = threading.RLock()
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainguard-action")
+        self._pending: list[tuple[str, str, list[dict[str, Any]], dict[str, Any]]] = []
+        self._changed: set[str] = set()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=False)
+
+    # -- creation ---------------------------------------------------------------------------------
+    def create(
+        self,
+        spec: JobSpec,
+        *,
+        source: str = "native",
+        request: dict[str, Any] | None = None,
+        unavailable_rules: list[dict[str, str]] = (),
+    ) -> dict[str, Any]:
+        """Record and start a job. Raises JobExists, ValueError (bad spec for this launcher)."""
+        token = secrets.token_urlsafe(24)
+        now = time.time()
+        with self.lock, self.sessions() as session:
+            if session.get(JobRow, spec.name) is not None:
+                raise JobExists(spec.name)
+            launch = plan_job(spec, self.settings, self.launcher.name, token)
+            arn = f"arn:aws:sagemaker:{self.settings.region}:{self.settings.account_id}:training-job/{spec.name}"
+            session.add(
+                JobRow(
+                    name=spec.name, arn=arn, source=source, spec=spec.model_dump(mode="json"), request=request,
+                    launcher=self.launcher.name, runner_token=token, status="InProgress", secondary_status="Starting",
+                    failure_reason="", creation_time=now, last_modified_time=now, stop_status="", stop_cause="",
+                    settled=False,
+                )
+            )  # fmt: skip
+            session.flush()
+            session.add(TransitionRow(job_name=spec.name, status="Starting", start_time=now, message="Launching the job's components"))
+            for rule in spec.rules:
+                session.add(
+                    RuleRow(
+                        job_name=spec.name, configuration_name=rule.configuration_name, kind=rule.kind, rule=rule.rule,
+                        evaluation_job_arn=_processing_job_arn(self.settings, spec.name, rule.configuration_name),
+                        launched=True, status="InProgress", status_details="", last_modified_time=now, findings=[],
+                        missing=[], fix_hint=self._class_fix_hint(rule.rule), actions=list(rule.actions),
+                    )
+                )  # fmt: skip
+                if rule.actions:
+                    alarm = implicit_rule_alarm(rule.configuration_name, rule.actions)
+                    session.add(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
+            for unavailable in unavailable_rules:
+                session.add(
+                    RuleRow(
+                        job_name=spec.name, configuration_name=unavailable["name"], kind=unavailable["kind"],
+                        rule=unavailable["rule"], launched=False, status="Error", status_details=unavailable["reason"],
+                        evaluation_job_arn=_processing_job_arn(self.settings, spec.name, unavailable["name"]),
+                        last_modified_time=now, findings=[], missing=[], fix_hint="", actions=[],
+                    )
+                )  # fmt: skip
+            for alarm_config in spec.alarms:
+                alarm = AlarmSpec.from_dict(alarm_config.model_dump())
+                session.add(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
+            for component in launch.components:
+                session.add(ComponentRow(job_name=spec.name, role=component.role, state="Pending", updated=now, reason=""))
+            session.commit()
+        try:
+            self.launcher.start(launch)
+        except (LauncherError, OSError) as error:
+            with self.lock, self.sessions() as session:
+                job = session.get(JobRow, spec.name)
+                self._finish(session, job, "Failed", "Failed", f"InternalServerError: the launcher could not start the job: {error}")
+                session.commit()
+        self.flush_notifications()
+        return self.describe(spec.name)
+
+    @staticmethod
+    def _class_fix_hint(rule: str) -> str:
+        try:
+            from trainguard.rules import get_rule_class
+
+            return str(getattr(get_rule_class(rule), "fix_hint", "") or "")
+        except Exception:  # noqa: BLE001 - a hint is optional; the rule is validated elsewhere
+            return ""
+
+    # -- reading ----------------------------------------------------------------------------------
+    def _job(self, session: Session, name: str) -> JobRow:
+        job = session.get(JobRow, name)
+        if job is None:
+            raise JobNotFound(name)
+        return job
+
+    def _rows(self, session: Session, model: type, name: str, order: Any) -> list[Any]:
+        return list(session.scalars(select(model).where(model.job_name == name).order_by(order)))
+
+    def describe(self, name: str) -> dict[str, Any]:
+        with self.sessions() as session:
+            job = self._job(session, name)
+            return native_description(
+                job,
+                self._rows(session, TransitionRow, name, TransitionRow.id),
+                self._rows(session, ComponentRow, name, ComponentRow.role),
+                self._rows(session, RuleRow, name, RuleRow.configuration_name),
+                self._rows(session, AlarmRow, name, AlarmRow.name),
+                self._rows(session, ActionRow, name, ActionRow.id),
+            )
+
+    def describe_sagemaker(self, name: str) -> dict[str, Any]:
+        with self.sessions() as session:
+            job = self._job(session, name)
+            return sagemaker_description(
+                job,
+                self._rows(session, TransitionRow, name, TransitionRow.id),
+                self._rows(session, RuleRow, name, RuleRow.configuration_name),
+                self.settings.service_image,
+            )
+
+    def list_jobs(self, *, status: str | None = None, name_contains: str | None = None) -> list[JobRow]:
+        with self.sessions() as session:
+            query = select(JobRow).order_by(JobRow.creation_time.desc())
+            if status:
+                query = query.where(JobRow.status == status)
+            jobs = list(session.scalars(query))
+        if name_contains:
+            jobs = [job for job in jobs if name_contains in job.name]
+        return jobs
+
+    def summaries(self, jobs: list[JobRow]) -> list[dict[str, Any]]:
+        return [sagemaker_summary(job) for job in jobs]
+
+    def runner_token(self, name: str) -> str:
+        with self.sessions() as session:
+            return self._job(session, name).runner_token
+
+    # -- transitions ------------------------------------------------------------------------------
+    def _transition(self, session: Session, job: JobRow, secondary: str, message: str = "") -> None:
+        if job.secondary_status == secondary:
+            return
+        now = time.time()
+        last = session.scalars(
+            select(TransitionRow).where(TransitionRow.job_name == job.name).order_by(TransitionRow.id.desc())
+        ).first()
+        if last is not None and last.end_time is None:
+            last.end_time = now
+        session.add(TransitionRow(job_name=job.name, status=secondary, start_time=now, message=message))
+        job.secondary_status = secondary
+        job.last_modified_time = now
+        self._changed.add(job.name)
+
+    def _finish(self, session: Session, job: JobRow, status: str, secondary: str, reason: str = "") -> None:
+        self._transition(session, job, secondary, reason)
+        now = time.time()
+        last = session.scalars(
+            select(TransitionRow).where(TransitionRow.job_name == job.name).order_by(TransitionRow.id.desc())
+        ).first()
+        if last is not None and last.end_time is None:
+            last.end_time = max(now, last.start_time)
+        job.status = status
+        if status == "Failed":
+            job.failure_reason = reason
+        if job.training_end_time is None:
+            job.training_end_time = now
+        job.last_modified_time = now
+        self._changed.add(job.name)
+
+    def set_rule_status(self, session: Session, job: JobRow, rule: RuleRow, status: str, details: str = "") -> None:
+        if rule.status == status and (not details or rule.status_details == details):
+            return
+        rule.status = status
+        rule.status_details = details
+        rule.last_modified_time = time.time()
+        job.last_modified_time = rule.last_modified_time
+        self._changed.add(job.name)
+
+    # -- stopping ---------------------------------------------------------------------------------
+    def stop(self, name: str, grace_seconds: float | None = None, cause: str = "StopTrainingJob", status: str = "Stopped") -> bool:
+        """Ask the job to stop: Stopping now, Stopped when its training process is gone.
+
+        Returns False when the job had already ended (SageMaker's StopTrainingJob is then a no-op).
+        """
+        grace = self.settings.stop_grace_seconds if grace_seconds is None else grace_seconds
+        with self.lock, self.sessions() as session:
+            job = self._job(session, name)
+            if job.status != "InProgress":
+                return False
+            job.status = "Stopping"
+            job.stop_requested_at = time.time()
+            job.stop_status = status
+            job.stop_cause = cause
+            self._transition(session, job, "Stopping", cause)
+            for rule in self._rows(session, RuleRow, name, RuleRow.configuration_name):
+                if rule.status == "InProgress":
+                    self.set_rule_status(session, job, rule, "Stopping")
+            session.commit()
+        # Docker's stop blocks for the grace period: never on the request thread.
+        threading.Thread(target=self._launcher_stop, args=(name, None, grace), daemon=True).start()
+        self.flush_notifications()
+        return True
+
+    def _launcher_stop(self, name: str, roles: tuple[str, ...] | None, grace: float) -> None:
+        try:
+            self.launcher.stop(name, roles, grace)
+        except Exception as error:  # noqa: BLE001 - logged; the reconciler retries on the next tick
+            log.warning("stopping %s %s failed: %s", name, roles or "(all)", error)
+
+    # -- rule runner reports ----------------------------------------------------------------------
+    def report_rule_status(self, name: str, configuration: str, update: dict[str, Any]) -> dict[str, Any]:
+        """Apply one StatusUpdate.to_dict() from a rule runner."""
+        status = str(update.get("status") or "InProgress")
+        with self.lock, self.sessions() as session:
+            job = self._job(session, name)
+            rule = session.get(RuleRow, (name, configuration))
+            if rule is None:
+                raise JobNotFound(f"{name}/{configuration}")
+            if update.get("last_evaluated_step") is not None:
+                rule.last_evaluated_step = int(update["last_evaluated_step"])
+            result = update.get("result") or None
+            if result:
+                if result.get("fired"):
+                    rule.findings = [*(rule.findings or []), result][-MAX_FINDINGS:]
+                if result.get("missing"):
+                    known = {(m.get("what"), m.get("collection")) for m in rule.missing or []}
+                    fresh = [m for m in result["missing"] if (m.get("what"), m.get("collection")) not in known]
+                    rule.missing = [*(rule.missing or []), *fresh]
+                elif result.get("step") is not None:
+                    self.add_datapoint(session, job, configuration, "RuleIssuesFound", 1.0 if result.get("fired") else 0.0, result.get("step"))
+            if "latency_seconds" in update:
+                self.add_datapoint(session, job, configuration, "RuleEvaluationLatency", float(update["latency_seconds"]), update.get("step"))
+            if rule.status in ("Stopping", "Stopped") and status in ("InProgress", "NoIssuesFound", "Stopped", "Stopping"):
+                pass  # a stop is under way: the runner's own end is reported as Stopped by the reconciler
+            elif rule.status in RULE_TERMINAL and status == "InProgress":
+                pass  # late duplicate
+            else:
+                self.set_rule_status(session, job, rule, status, str(update.get("status_details") or ""))
+            if status == "IssuesFound" and not (result and result.get("fired")):
+                self.add_datapoint(session, job, configuration, "RuleIssuesFound", 1.0, update.get("step"))
+            session.commit()
+        self.flush_notifications()
+        return {"accepted": True}
+
+    # -- metrics, alarms, actions -----------------------------------------------------------------
+    def add_datapoint(self, session: Session, job: JobRow, configuration: str, metric: str, value: float, step: Any) -> None:
+        session.add(
+            MetricRow(
+                job_name=job.name, configuration_name=configuration, metric_name=metric, value=value,
+                step=int(step) if step is not None else None, timestamp=time.time(),
+            )
+        )  # fmt: skip
+        session.flush()
+        for alarm in self._rows(session, AlarmRow, job.name, AlarmRow.name):
+            spec = AlarmSpec.from_dict(alarm.spec)
+            if spec.metric_name != metric or (spec.rule is not None and spec.rule != configuration):
+                continue
+            query = (
+                select(MetricRow.value)
+                .where(MetricRow.job_name == job.name, MetricRow.metric_name == metric)
+                .order_by(MetricRow.id.desc())
+                .limit(spec.evaluation_periods)
+            )
+            if spec.rule is not None:
+                query = query.where(MetricRow.configuration_name == spec.rule)
+            values = list(reversed(list(session.scalars(query))))
+            state, reason = evaluate_alarm(spec, values)
+            if state.value == alarm.state:
+                continue
+            alarm.state, alarm.state_reason, alarm.updated = state.value, reason, time.time()
+            if state is AlarmState.ALARM and spec.actions:
+                rule = session.get(RuleRow, (job.name, configuration))
+                finding = (rule.findings or [None])[-1] if rule is not None else None
+                extra = {"alarm": alarm.name, "rule": configuration, "reason": reason, "finding": finding}
+                self._pending.append((job.name, alarm.name, [dict(a) for a in spec.actions], extra))
+
+    def flush_notifications(self) -> None:
+        """Run actions scheduled by committed alarm transitions; emit state-change events."""
+        with self.lock:
+            pending, self._pending = self._pending, []
+            changed, self._changed = self._changed, set()
+        for job_name, alarm_name, actions, extra in pending:
+            for action in actions:
+                self._executor.submit(self._run_action, job_name, alarm_name, action, extra)
+        if self.settings.event_webhook_url:
+            for job_name in changed:
+                action = {"name": "webhook", "url": self.settings.event_webhook_url, "retries": 2}
+                self._executor.submit(self._run_action, job_name, "state-change", action, {"reason": "state change"}, False)
+
+    def _context(self, job_name: str) -> ActionContext:
+        def in_progress() -> list[str]:
+            return [job.name for job in self.list_jobs(status="InProgress")]
+
+        def stop_job(name: str, grace: float | None, cause: str) -> None:
+            self.stop(name, grace, cause)
+
+        return ActionContext(
+            job_name=job_name, stop_job=stop_job, in_progress_jobs=in_progress, smtp=dict(self.settings.smtp),
+            sns_endpoint_url=self.settings.sns_endpoint_url, region=self.settings.region,
+        )  # fmt: skip
+
+    def _run_action(self, job_name: str, alarm_name: str, action: dict[str, Any], extra: dict[str, Any], record: bool = True) -> None:
+        run_id = None
+        if record:
+            with self.lock, self.sessions() as session:
+                row = ActionRow(job_name=job_name, alarm_name=alarm_name, action_name=str(action.get("name")), status="Running", created=time.time())
+                session.add(row)
+                session.commit()
+                run_id = row.id
+        try:
+            event = build_event(self.describe_sagemaker(job_name), account=self.settings.account_id, region=self.settings.region, extra={**extra, "event_id": str(uuid.uuid4())})
+            detail = get_handler(str(action.get("name")))(event, action, self._context(job_name))
+            status = "Succeeded"
+        except Exception as error:  # noqa: BLE001 - an action failure is recorded, never crashes the API
+            log.warning("action %s for %s failed: %s", action.get("name"), job_name, error)
+            status, detail = "Failed", f"{type(error).__name__}: {error}"
+        if run_id is not None:
+            with self.lock, self.sessions() as session:
+                row = session.get(ActionRow, run_id)
+                row.status, row.detail, row.finished = status, str(detail)[:2000], time.time()
+                session.commit()

@@ -1,0 +1,170 @@
+"""Job spec -> JobLaunch: the components a launcher starts for one job.
+
+Local launcher: the training command runs under ``trainguard run`` writing to
+``<data dir>/jobs/<job>/debug-output``; each rule runner reads that directory.
+Docker launcher: the training image's entrypoint does the capture into the named volume
+``tg-<job>-tensors``; an uploader copies it to ``<S3OutputPath>/<job>/debug-output``, which the
+rule-runner containers read (the service contract in the helper notes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from services.api.schemas import JobSpec, RuleConfig
+from services.api.settings import Settings
+from services.launchers.base import ComponentSpec, JobLaunch
+
+__all__ = ["RULE_ROLE_PREFIX", "job_dir", "plan_job", "rule_role", "tensors_location"]
+
+RULE_ROLE_PREFIX = "rule:"
+CONTAINER_TENSORS = "/opt/ml/output/tensors"
+_PASSED_AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def rule_role(configuration_name: str) -> str:
+    return f"{RULE_ROLE_PREFIX}{configuration_name}"
+
+
+def job_dir(settings: Settings, job_name: str) -> Path:
+    return settings.data_dir / "jobs" / job_name
+
+
+def tensors_location(settings: Settings, spec: JobSpec, launcher: str) -> str:
+    """Where the job's tensors end up: what rule runners read as BASE_TRIAL."""
+    if launcher == "local":
+        return str(job_dir(settings, spec.name) / "debug-output")
+    base = ((spec.hook_config or {}).get("S3OutputPath") or settings.s3_output or "").rstrip("/")
+    if not base.startswith("s3://"):
+        raise ValueError(
+            "hook_config.S3OutputPath: the docker launcher needs an s3:// output path "
+            "(give DebugHookConfig.S3OutputPath or set TRAINGUARD_S3_OUTPUT)"
+        )
+    return f"{base}/{spec.name}/debug-output"
+
+
+def _hook_document(spec: JobSpec, local_path: str) -> dict[str, Any]:
+    document = dict(spec.hook_config or {})
+    document["LocalPath"] = local_path
+    return document
+
+
+def _rule_environment(
+    spec: JobSpec, rule: RuleConfig, settings: Settings, base_trial: str, runner_token: str, run_dir: str | None
+) -> dict[str, str]:
+    parameters = {k: v if isinstance(v, str) else json.dumps(v) for k, v in rule.parameters.items()}
+    environment = {
+        "TRAINING_JOB_NAME": spec.name,
+        "RULE_CONFIGURATION_NAME": rule.configuration_name,
+        "RULE_TO_INVOKE": rule.rule,
+        "RULE_PARAMETERS_JSON": json.dumps(parameters),
+        "RULE_KIND": rule.kind,
+        "BASE_TRIAL": base_trial,
+        "AWS_REGION": settings.region,
+        "TRAINGUARD_API_URL": settings.public_url,
+        "TRAINGUARD_API_TOKEN": runner_token,
+    }
+    if rule.source_uri:
+        environment["RULE_SOURCE_URI"] = rule.source_uri
+    if settings.s3_endpoint_url:
+        environment["S3_ENDPOINT_URL"] = settings.s3_endpoint_url
+    if settings.cloudwatch_endpoint_url:
+        environment["CLOUDWATCH_ENDPOINT_URL"] = settings.cloudwatch_endpoint_url
+    if run_dir:
+        environment["RULE_OUTPUT_DIR"] = run_dir
+        environment["RULE_PROGRESS_FILE"] = str(Path(run_dir) / "rule-progress" / f"{rule.configuration_name}.json")
+    return environment
+
+
+def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str) -> JobLaunch:
+    """The components of ``spec`` for ``launcher`` ("local" or "docker")."""
+    base_trial = tensors_location(settings, spec, launcher)
+    hook_json = json.dumps(_hook_document(spec, base_trial if launcher == "local" else CONTAINER_TENSORS))
+    training_environment = {
+        **spec.environment,
+        "TRAINING_JOB_NAME": spec.name,
+        "TRAINGUARD_HOOK_CONFIG_JSON": hook_json,
+    }
+    if spec.profiler_config is not None:
+        training_environment["TRAINGUARD_PROFILER_CONFIG_JSON"] = json.dumps(spec.profiler_config)
+    components: list[ComponentSpec] = []
+    if launcher == "local":
+        if not spec.command:
+            raise ValueError("command: the local launcher runs a command, not an image: give the training command")
+        directory = job_dir(settings, spec.name)
+        directory.mkdir(parents=True, exist_ok=True)
+        config_file = directory / "debughookconfig.json"
+        config_file.write_text(hook_json)
+        working_dir = spec.working_dir or os.getcwd()
+        command = (
+            sys.executable, "-m", "trainguard.cli", "run", "--out", base_trial, "--config", str(config_file),
+            "--", *spec.command,
+        )  # fmt: skip
+        components.append(
+            ComponentSpec(
+                role="training",
+                image=spec.image or "",
+                command=command,
+                environment=training_environment,
+                cpus=spec.resources.cpus,
+                memory_mb=spec.resources.memory_mb,
+                working_dir=working_dir,
+            )
+        )
+        for rule in spec.rules:
+            components.append(
+                ComponentSpec(
+                    role=rule_role(rule.configuration_name),
+                    image=settings.service_image,
+                    command=(sys.executable, "-m", "services.rule_runner"),
+                    environment=_rule_environment(spec, rule, settings, base_trial, runner_token, str(directory)),
+                    working_dir=working_dir,
+                )
+            )
+        return JobLaunch(spec.name, tuple(components))
+
+    volume = f"tg-{spec.name}-tensors"
+    aws = {key: os.environ[key] for key in _PASSED_AWS_VARIABLES if os.environ.get(key)}
+    training_environment.setdefault("TRAINGUARD_OUT_DIR", CONTAINER_TENSORS)
+    components.append(
+        ComponentSpec(
+            role="training",
+            image=spec.image or settings.training_image,
+            command=tuple(spec.command),
+            environment=training_environment,
+            cpus=spec.resources.cpus,
+            memory_mb=spec.resources.memory_mb,
+            volumes={volume: CONTAINER_TENSORS},
+            working_dir=spec.working_dir,
+        )
+    )
+    uploader = ["python", "-m", "services.uploader", "--source", CONTAINER_TENSORS, "--dest", base_trial]
+    if settings.s3_endpoint_url:
+        uploader += ["--endpoint-url", settings.s3_endpoint_url]
+    components.append(
+        ComponentSpec(
+            role="uploader",
+            image=settings.service_image,
+            command=tuple(uploader),
+            environment={**aws, "AWS_REGION": settings.region},
+            cpus=settings.rule_cpus,
+            memory_mb=settings.rule_memory_mb,
+            volumes={volume: CONTAINER_TENSORS},
+        )
+    )
+    for rule in spec.rules:
+        components.append(
+            ComponentSpec(
+                role=rule_role(rule.configuration_name),
+                image=settings.service_image,
+                command=("python", "-m", "services.rule_runner"),
+                environment={**aws, **_rule_environment(spec, rule, settings, base_trial, runner_token, None)},
+                cpus=settings.rule_cpus,
+                memory_mb=settings.rule_memory_mb,
+            )
+        )
+    return JobLaunch(spec.name, tuple(components))

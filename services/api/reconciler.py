@@ -1,0 +1,195 @@
+"""A thread that follows the launcher and moves jobs through SageMaker's lifecycle.
+
+InProgress (Starting -> Training -> Uploading) -> Completed; Failed with the exit code and the
+reason; Stopping -> Stopped (or MaxRuntimeExceeded). Rule runners that exit are mapped to rule
+statuses by their exit code (0 NoIssuesFound, 1 IssuesFound, other Error) unless they reported
+a final status themselves; when a job stops or fails, its rule runners are stopped too.
+
+Everything is read back from the database and the launcher on each tick, so a restarted API
+re-attaches to running jobs with no extra step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sqlalchemy import select
+
+from services.api.db import ComponentRow, JobRow, RuleRow
+from services.api.jobs import RULE_TERMINAL, JobService
+from services.api.planner import RULE_ROLE_PREFIX, rule_role
+from services.launchers.base import ComponentState, ComponentStatus
+
+__all__ = ["Reconciler"]
+
+log = logging.getLogger("trainguard.reconciler")
+_ACTIVE = (ComponentState.RUNNING, ComponentState.PENDING)
+_RULE_STOP_GRACE = 10.0
+
+
+class Reconciler:
+    def __init__(self, service: JobService, interval: float) -> None:
+        self.service = service
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="trainguard-reconciler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - keep following jobs whatever one tick hit
+                log.exception("reconcile tick failed")
+            self._stop.wait(self.interval)
+
+    def tick(self) -> None:
+        with self.service.sessions() as session:
+            names = list(session.scalars(select(JobRow.name).where(JobRow.settled.is_(False))))
+        for name in names:
+            try:
+                statuses = self.service.launcher.status(name)
+            except Exception as error:  # noqa: BLE001 - the engine may be briefly unreachable
+                log.warning("launcher status of %s failed: %s", name, error)
+                continue
+            self.reconcile_job(name, statuses)
+        self.service.flush_notifications()
+
+    def reconcile_job(self, name: str, statuses: dict[str, ComponentStatus]) -> None:
+        service = self.service
+        stop_rules: list[str] = []
+        stop_all = False
+        with service.lock, service.sessions() as session:
+            job = session.get(JobRow, name)
+            if job is None or job.settled:
+                return
+            now = time.time()
+            for role, status in statuses.items():
+                row = session.get(ComponentRow, (name, role))
+                if row is None:
+                    row = ComponentRow(job_name=name, role=role, state="", updated=now, reason="")
+                    session.add(row)
+                if (row.state, row.exit_code, row.reason) != (status.state.value, status.exit_code, status.reason):
+                    row.state, row.exit_code, row.reason, row.updated = status.state.value, status.exit_code, status.reason, now
+            training = statuses.get("training")
+            uploader = statuses.get("uploader")
+            max_runtime = (job.spec.get("stopping_condition") or {}).get("max_runtime_seconds")
+
+            if job.status == "InProgress":
+                if max_runtime and now - job.creation_time > float(max_runtime):
+                    session.commit()
+                    service.stop(name, cause=f"MaxRuntimeInSeconds ({max_runtime}) exceeded", status="MaxRuntimeExceeded")
+                    return
+                if training is None or training.state is ComponentState.MISSING:
+                    if now - job.creation_time > 30:
+                        service._finish(session, job, "Failed", "Failed", "InternalServerError: the launcher has no training component for this job")
+                        stop_all = True
+                elif training.state is ComponentState.RUNNING and job.secondary_status == "Starting":
+                    job.training_start_time = now
+                    service._transition(session, job, "Training", "Training job running")
+                elif training.state is ComponentState.EXITED:
+                    if job.training_start_time is None:
+                        job.training_start_time = now
+                        service._transition(session, job, "Training", "Training job running")
+                    job.exit_code = training.exit_code
+                    if training.exit_code == 0:
+                        service._transition(session, job, "Uploading", "Uploading generated training model")
+                        if uploader is None or uploader.state not in _ACTIVE:
+                            if uploader is not None and uploader.exit_code not in (0, None):
+                                service._finish(session, job, "Failed", "Failed", f"InternalServerError: the uploader exited with code {uploader.exit_code}: {uploader.reason}".rstrip(": "))
+                            else:
+                                service._finish(session, job, "Completed", "Completed", "Training job completed")
+                    else:
+                        service._finish(session, job, "Failed", "Failed", self._failure_reason(name, training))
+                        stop_all = True
+            elif job.status == "Stopping":
+                if training is None or training.state not in _ACTIVE:
+                    if training is not None:
+                        job.exit_code = training.exit_code
+                    secondary = job.stop_status or "Stopped"
+                    service._finish(session, job, "Stopped", secondary, job.stop_cause or "Training job stopped")
+                    stop_all = True
+
+            # Rule runners, whatever the job's status.
+            active = False
+            for rule in session.scalars(select(RuleRow).where(RuleRow.job_name == name)):
+                if not rule.launched:
+                    continue
+                component = statuses.get(rule_role(rule.configuration_name))
+                running = component is not None and component.state in _ACTIVE
+                active = active or running
+                if running:
+                    if job.status in ("Failed", "Stopped", "Stopping") and rule.status == "InProgress":
+                        service.set_rule_status(session, job, rule, "Stopping")
+                        stop_rules.append(rule_role(rule.configuration_name))
+                    elif (
+                        job.status == "Completed"
+                        and job.training_end_time
+                        and now - job.training_end_time > service.settings.rule_finish_timeout
+                        and rule.status == "InProgress"
+                    ):
+                        service.set_rule_status(session, job, rule, "Error", "ClientError: the rule did not finish within TRAINGUARD_RULE_FINISH_TIMEOUT after training ended")
+                        stop_rules.append(rule_role(rule.configuration_name))
+                    continue
+                if rule.status in RULE_TERMINAL:
+                    continue
+                if rule.status == "Stopping":
+                    service.set_rule_status(session, job, rule, "Stopped")
+                    continue
+                self._rule_exited(session, job, rule, component)
+            others_active = any(
+                status.state in _ACTIVE for role, status in statuses.items() if not role.startswith(RULE_ROLE_PREFIX)
+            )
+            if job.status in ("Completed", "Failed", "Stopped") and not active and not others_active:
+                job.settled = True
+            elif job.status in ("Failed", "Stopped") and others_active:
+                stop_all = True
+            session.commit()
+        if stop_all:
+            service._launcher_stop(name, None, service.settings.stop_grace_seconds)
+        elif stop_rules:
+            threading.Thread(target=service._launcher_stop, args=(name, tuple(stop_rules), _RULE_STOP_GRACE), daemon=True).start()
+
+    def _rule_exited(self, session, job: JobRow, rule: RuleRow, component: ComponentStatus | None) -> None:  # noqa: ANN001
+        service = self.service
+        code = component.exit_code if component is not None else None
+        if code == 0:
+            service.set_rule_status(session, job, rule, "NoIssuesFound")
+        elif code == 1:
+            step = rule.last_evaluated_step
+            details = (
+                f"RuleEvaluationConditionMet: Evaluation of the rule {rule.configuration_name} at step {step} "
+                "resulted in the condition being met\n"
+            )
+            service.set_rule_status(session, job, rule, "IssuesFound", details)
+            service.add_datapoint(session, job, rule.configuration_name, "RuleIssuesFound", 1.0, step)
+        else:
+            tail = self._log_tail(job.name, rule_role(rule.configuration_name))
+            reason = component.reason if component is not None else "the rule runner is gone"
+            service.set_rule_status(
+                session, job, rule, "Error", f"ClientError: the rule runner exited with code {code} ({reason}): {tail}"[:1024]
+            )
+
+    def _log_tail(self, name: str, role: str) -> str:
+        try:
+            lines = [line for line in self.service.launcher.logs(name, role, tail=20).splitlines() if line.strip()]
+        except Exception:  # noqa: BLE001 - logs are a courtesy in the message
+            return ""
+        return lines[-1][:500] if lines else ""
+
+    def _failure_reason(self, name: str, training: ComponentStatus) -> str:
+        reason = f"AlgorithmError: training exited with code {training.exit_code}"
+        if training.reason:
+            reason += f" ({training.reason})"
+        tail = self._log_tail(name, "training")
+        return f"{reason}: {tail}" if tail else reason

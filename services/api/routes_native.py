@@ -1,0 +1,133 @@
+"""Native REST API (documented at /docs and /openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from services.api.auth import check_bearer
+from services.api.jobs import JobExists, JobNotFound, JobService
+from services.api.schemas import JobSpec
+
+__all__ = ["native_router"]
+
+
+def _service(request: Request) -> JobService:
+    return request.app.state.service
+
+
+def _authenticated(request: Request) -> None:
+    check_bearer(request, request.app.state.settings)
+
+
+def _not_found(name: str) -> HTTPException:
+    return HTTPException(status_code=404, detail=f"no training job named {name!r}")
+
+
+native_router = APIRouter(prefix="/v1")
+jobs_router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(_authenticated)])
+
+
+@jobs_router.post("", status_code=201, summary="Create and start a training job")
+def create_job(spec: JobSpec, request: Request) -> Any:
+    service = _service(request)
+    try:
+        return service.create(spec)
+    except JobExists:
+        raise HTTPException(status_code=409, detail=f"a training job named {spec.name!r} already exists") from None
+    except ValueError as error:
+        field, _, message = str(error).partition(": ")
+        return JSONResponse(
+            status_code=422,
+            content={"detail": [{"loc": ["body", *field.split(".")], "msg": message or str(error), "type": "value_error"}]},
+        )
+
+
+@jobs_router.get("", summary="List training jobs, newest first")
+def list_jobs(
+    request: Request,
+    status: str | None = Query(None, description="InProgress, Completed, Failed, Stopping or Stopped"),
+    name_contains: str | None = Query(None),
+) -> dict[str, Any]:
+    service = _service(request)
+    jobs = service.list_jobs(status=status, name_contains=name_contains)
+    return {
+        "jobs": [
+            {
+                "name": job.name,
+                "status": job.status,
+                "secondary_status": job.secondary_status,
+                "creation_time": job.creation_time,
+                "last_modified_time": job.last_modified_time,
+                "training_end_time": job.training_end_time,
+            }
+            for job in jobs
+        ]
+    }
+
+
+@jobs_router.get("/{name}", summary="Describe a job: status, transitions, rule statuses with findings and fix hints")
+def describe_job(name: str, request: Request) -> dict[str, Any]:
+    try:
+        return _service(request).describe(name)
+    except JobNotFound:
+        raise _not_found(name) from None
+
+
+@jobs_router.post("/{name}/stop", status_code=202, summary="Stop a job: SIGTERM, grace period, then SIGKILL")
+def stop_job(
+    name: str,
+    request: Request,
+    grace_seconds: float | None = Query(None, ge=0, description="default TRAINGUARD_STOP_GRACE_SECONDS (120)"),
+) -> dict[str, Any]:
+    service = _service(request)
+    try:
+        stopping = service.stop(name, grace_seconds, cause="stopped by request")
+        return {"name": name, "stopping": stopping, "status": service.describe(name)["status"]}
+    except JobNotFound:
+        raise _not_found(name) from None
+
+
+@jobs_router.get("/{name}/logs", response_class=PlainTextResponse, summary="A component's stdout/stderr")
+def job_logs(
+    name: str,
+    request: Request,
+    component: str = Query("training", description="training, uploader or rule:<RuleConfigurationName>"),
+    tail: int | None = Query(None, ge=0),
+) -> str:
+    service = _service(request)
+    try:
+        description = service.describe(name)
+    except JobNotFound:
+        raise _not_found(name) from None
+    roles = [c["role"] for c in description["components"]]
+    if component not in roles:
+        raise HTTPException(status_code=404, detail=f"job {name} has no component {component!r}; components: {', '.join(roles)}")
+    return service.launcher.logs(name, component, tail)
+
+
+internal_router = APIRouter(prefix="/internal", tags=["internal"])
+
+
+@internal_router.post(
+    "/jobs/{name}/rules/{configuration}/status",
+    summary="Rule runners report status transitions and findings (API token or the job's runner token)",
+)
+def report_rule_status(name: str, configuration: str, request: Request, update: dict[str, Any] = Body(...)) -> Any:
+    service = _service(request)
+    try:
+        token = service.runner_token(name)
+    except JobNotFound:
+        check_bearer(request, request.app.state.settings)
+        raise _not_found(name) from None
+    check_bearer(request, request.app.state.settings, token)
+    try:
+        return service.report_rule_status(name, configuration, update)
+    except JobNotFound:
+        raise HTTPException(status_code=404, detail=f"job {name} has no rule configuration {configuration!r}") from None
+
+
+native_router.include_router(jobs_router)
+native_router.include_router(internal_router)

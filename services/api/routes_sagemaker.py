@@ -1,0 +1,141 @@
+"""SageMaker-compatible endpoint: awsJson 1.1 on ``POST /`` with ``X-Amz-Target: SageMaker.<Op>``.
+
+Point boto3 at it with ``boto3.client("sagemaker", endpoint_url=...)``. Supported operations:
+CreateTrainingJob, DescribeTrainingJob, StopTrainingJob, ListTrainingJobs. Errors are HTTP 400
+with ``{"__type": <code>, "message": <text>}`` (ValidationException, ResourceNotFound,
+ResourceInUse); an unknown operation is ``UnknownOperationException``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from services.api.auth import sagemaker_allowed
+from services.api.jobs import JobExists, JobNotFound, JobService
+from services.api.sagemaker import SageMakerError, job_spec_from_request
+
+__all__ = ["sagemaker_router"]
+
+CONTENT_TYPE = "application/x-amz-json-1.1"
+_SORT_KEYS = {"Name": lambda j: j.name, "CreationTime": lambda j: j.creation_time, "Status": lambda j: j.status}
+
+sagemaker_router = APIRouter(tags=["sagemaker"])
+
+
+def _answer(body: dict[str, Any], status: int = 200) -> Response:
+    return Response(content=json.dumps(body), status_code=status, media_type=CONTENT_TYPE)
+
+
+def _error(error: SageMakerError) -> Response:
+    return _answer({"__type": error.code, "message": error.message}, error.status)
+
+
+def _name(body: dict[str, Any]) -> str:
+    name = body.get("TrainingJobName")
+    if not isinstance(name, str) or not name:
+        raise SageMakerError("ValidationException", "TrainingJobName is required")
+    return name
+
+
+def _create(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
+    spec, unavailable, _ = job_spec_from_request(body)
+    try:
+        description = service.create(spec, source="sagemaker", request=body, unavailable_rules=unavailable)
+    except JobExists:
+        raise SageMakerError("ResourceInUse", f"Training job names must be unique within an AWS account and region, and a training job with this name already exists ({spec.name})") from None
+    except ValueError as error:
+        raise SageMakerError("ValidationException", str(error)) from None
+    return {"TrainingJobArn": description["arn"]}
+
+
+def _describe(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
+    name = _name(body)
+    try:
+        return service.describe_sagemaker(name)
+    except JobNotFound:
+        raise SageMakerError("ResourceNotFound", f"Requested resource not found: training job {name} does not exist") from None
+
+
+def _stop(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
+    name = _name(body)
+    try:
+        service.stop(name, cause="StopTrainingJob")
+    except JobNotFound:
+        raise SageMakerError("ResourceNotFound", f"Requested resource not found: training job {name} does not exist") from None
+    return {}
+
+
+def _list(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
+    jobs = service.list_jobs(status=body.get("StatusEquals"), name_contains=body.get("NameContains"))
+    for key, attribute, before in (
+        ("CreationTimeAfter", "creation_time", False),
+        ("CreationTimeBefore", "creation_time", True),
+        ("LastModifiedTimeAfter", "last_modified_time", False),
+        ("LastModifiedTimeBefore", "last_modified_time", True),
+    ):
+        if body.get(key) is not None:
+            limit = float(body[key])
+            jobs = [j for j in jobs if (getattr(j, attribute) < limit if before else getattr(j, attribute) > limit)]
+    sort_by = body.get("SortBy") or "CreationTime"
+    if sort_by not in _SORT_KEYS:
+        raise SageMakerError("ValidationException", f"SortBy={sort_by!r}: use Name, CreationTime or Status")
+    jobs.sort(key=_SORT_KEYS[sort_by], reverse=(body.get("SortOrder") or "Descending") == "Descending")
+    max_results = int(body.get("MaxResults") or 10)
+    if not 1 <= max_results <= 100:
+        raise SageMakerError("ValidationException", f"MaxResults={max_results}: must be between 1 and 100")
+    try:
+        start = int(body.get("NextToken") or 0)
+    except ValueError:
+        raise SageMakerError("ValidationException", "NextToken is not one this server returned") from None
+    page = jobs[start : start + max_results]
+    answer: dict[str, Any] = {"TrainingJobSummaries": service.summaries(page)}
+    if start + max_results < len(jobs):
+        answer["NextToken"] = str(start + max_results)
+    return answer
+
+
+_OPERATIONS = {
+    "CreateTrainingJob": _create,
+    "DescribeTrainingJob": _describe,
+    "StopTrainingJob": _stop,
+    "ListTrainingJobs": _list,
+}
+
+
+@sagemaker_router.post("/", summary="SageMaker API (awsJson 1.1, X-Amz-Target: SageMaker.<Operation>)")
+async def sagemaker_endpoint(request: Request) -> Response:
+    settings = request.app.state.settings
+    target = request.headers.get("x-amz-target", "")
+    prefix, _, operation = target.partition(".")
+    if prefix != "SageMaker" or not operation:
+        return _error(SageMakerError("UnknownOperationException", f"X-Amz-Target {target!r}: expected SageMaker.<Operation>"))
+    if not sagemaker_allowed(request, settings):
+        return _error(
+            SageMakerError(
+                "UnrecognizedClientException",
+                "The security token included in the request is invalid: use AWS_ACCESS_KEY_ID=<TRAINGUARD_API_TOKEN> "
+                "(or a key listed in TRAINGUARD_SAGEMAKER_ACCESS_KEYS)",
+                403,
+            )
+        )
+    handler = _OPERATIONS.get(operation)
+    if handler is None:
+        return _error(SageMakerError("UnknownOperationException", f"trainguard does not implement SageMaker.{operation}; supported: {', '.join(_OPERATIONS)}"))
+    try:
+        body = json.loads(await request.body() or b"{}")
+        if not isinstance(body, dict):
+            raise ValueError("the body is not a JSON object")
+    except ValueError as error:
+        return _error(SageMakerError("SerializationException", f"request body: {error}"))
+    service: JobService = request.app.state.service
+    try:
+        # The handlers touch the database and the launcher: keep them off the event loop.
+        from starlette.concurrency import run_in_threadpool
+
+        return _answer(await run_in_threadpool(handler, service, body))
+    except SageMakerError as error:
+        return _error(error)

@@ -1,0 +1,162 @@
+"""SageMaker CreateTrainingJob request -> trainguard job spec, accepting the SDK's quirks.
+
+* ``RuleParameters`` are all strings; ``rule_to_invoke`` names the rule (default: the
+  configuration name); ``action_json`` arrives with escaped quotes (parsed both ways).
+* AWS rule images (``sagemaker-debugger-rules``, ``sagemaker-debugger-rule-evaluator``,
+  ``detailed-profiler-processing``) and any other RuleEvaluatorImage run on trainguard's rule
+  runner; custom rules come as ``source_s3_uri`` + ``rule_to_invoke``.
+* Repeated ``CollectionName`` entries are merged by the hook config parser (last value wins,
+  ``include_regex`` accumulates), as smdebug does.
+* Profiler rules trainguard does not have (``ProfilerReport``, ``DetailedProfilerProcessing``
+  auto-added by the SDK) are accepted and reported as ``Error`` with the reason, not rejected.
+* ``other_trial_N`` parameters are dropped with a warning (no multi-trial rules yet).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from services.actions import parse_action_json
+from services.api.schemas import JobSpec
+
+__all__ = ["SageMakerError", "job_spec_from_request", "validation_message"]
+
+log = logging.getLogger("trainguard.sagemaker")
+AWS_RULE_IMAGES = re.compile(r"(sagemaker-debugger-rules|sagemaker-debugger-rule-evaluator|detailed-profiler-processing)")
+_DROPPED_PARAMETERS = re.compile(r"^other_trial(s|_\d+)$")
+
+
+class SageMakerError(Exception):
+    """An awsJson error: ``code`` goes to ``__type``."""
+
+    def __init__(self, code: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+def _rule_entry(config: dict[str, Any], kind: str, label: str) -> dict[str, Any]:
+    name = config.get("RuleConfigurationName")
+    if not name:
+        raise SageMakerError("ValidationException", f"{label}.RuleConfigurationName is required")
+    parameters = {str(k): str(v) for k, v in (config.get("RuleParameters") or {}).items()}
+    rule = parameters.pop("rule_to_invoke", "") or name
+    actions: list[dict[str, Any]] = []
+    if "action_json" in parameters:
+        try:
+            actions = parse_action_json(parameters.pop("action_json"))
+        except ValueError as error:
+            raise SageMakerError("ValidationException", f"{label}.RuleParameters.action_json: {error}") from None
+    for key in [k for k in parameters if _DROPPED_PARAMETERS.match(k)]:
+        log.warning("%s: parameter %s ignored (trainguard has no multi-trial rules yet)", label, key)
+        parameters.pop(key)
+    source = parameters.pop("source_s3_uri", None)
+    image = str(config.get("RuleEvaluatorImage") or "")
+    if image and not AWS_RULE_IMAGES.search(image):
+        log.info("%s: RuleEvaluatorImage %s runs on trainguard's rule runner", label, image)
+    entry: dict[str, Any] = {"rule": rule, "name": name, "parameters": parameters, "actions": actions, "kind": kind}
+    if source:
+        entry["source_uri"] = source
+    return entry
+
+
+def _rule_available(rule: str) -> str:
+    """'' when trainguard can run ``rule``, else the reason it cannot."""
+    from trainguard.errors import ConfigError
+    from trainguard.rules import get_rule_class
+
+    try:
+        get_rule_class(rule)
+    except ConfigError as error:
+        return str(error)
+    return ""
+
+
+def job_spec_from_request(request: dict[str, Any]) -> tuple[JobSpec, list[dict[str, str]], dict[int, str]]:
+    """(spec, profiler rules trainguard cannot run, rule index -> request member label)."""
+    name = request.get("TrainingJobName")
+    if not name:
+        raise SageMakerError("ValidationException", "TrainingJobName is required")
+    algorithm = request.get("AlgorithmSpecification") or {}
+    command = [*(algorithm.get("ContainerEntrypoint") or []), *(algorithm.get("ContainerArguments") or [])]
+    environment = {str(k): str(v) for k, v in (request.get("Environment") or {}).items()}
+    hyperparameters = request.get("HyperParameters") or {}
+    if hyperparameters:
+        environment.setdefault("SM_HPS", json.dumps(hyperparameters))
+        for key, value in hyperparameters.items():
+            environment.setdefault(f"SM_HP_{re.sub(r'[^A-Za-z0-9]', '_', key).upper()}", str(value))
+    rules: list[dict[str, Any]] = []
+    labels: dict[int, str] = {}
+    unavailable: list[dict[str, str]] = []
+    for index, config in enumerate(request.get("DebugRuleConfigurations") or []):
+        labels[len(rules)] = f"DebugRuleConfigurations[{index}]"
+        rules.append(_rule_entry(config, "debug", labels[len(rules)]))
+    for index, config in enumerate(request.get("ProfilerRuleConfigurations") or []):
+        label = f"ProfilerRuleConfigurations[{index}]"
+        entry = _rule_entry(config, "profiler", label)
+        reason = "" if entry.get("source_uri") else _rule_available(entry["rule"])
+        if reason:
+            unavailable.append(
+                {"name": entry["name"], "rule": entry["rule"], "kind": "profiler",
+                 "reason": f"RuleNotAvailable: trainguard cannot run this profiler rule: {reason}"[:1024]}
+            )  # fmt: skip
+            continue
+        labels[len(rules)] = label
+        rules.append(entry)
+    hook_config = request.get("DebugHookConfig")
+    max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
+    document = {
+        "name": name,
+        "image": algorithm.get("TrainingImage"),
+        "command": command,
+        "environment": environment,
+        "hook_config": hook_config,
+        "rules": rules,
+        "profiler_config": request.get("ProfilerConfig"),
+        "stopping_condition": {"max_runtime_seconds": max_runtime},
+    }
+    try:
+        spec = JobSpec.model_validate(document)
+    except ValidationError as error:
+        raise SageMakerError("ValidationException", validation_message(error, labels)) from None
+    return spec, unavailable, labels
+
+
+_MEMBERS = {
+    "name": "TrainingJobName",
+    "hook_config": "DebugHookConfig",
+    "command": "AlgorithmSpecification.ContainerEntrypoint",
+    "image": "AlgorithmSpecification.TrainingImage",
+    "profiler_config": "ProfilerConfig",
+    "stopping_condition": "StoppingCondition",
+    "max_runtime_seconds": "MaxRuntimeInSeconds",
+    "parameters": "RuleParameters",
+    "actions": "RuleParameters.action_json",
+    "rule": "RuleParameters.rule_to_invoke",
+}
+
+
+def validation_message(error: ValidationError, labels: dict[int, str]) -> str:
+    """Pydantic errors in SageMaker's member names: 'DebugRuleConfigurations[0]: rule: unknown rule...'."""
+    parts = []
+    for item in error.errors():
+        location = list(item.get("loc", ()))
+        words: list[str] = []
+        index = 0
+        while index < len(location):
+            part = location[index]
+            if part == "rules" and index + 1 < len(location) and isinstance(location[index + 1], int):
+                words.append(labels.get(location[index + 1], f"DebugRuleConfigurations[{location[index + 1]}]"))
+                index += 2
+                continue
+            words.append(_MEMBERS.get(str(part), str(part)))
+            index += 1
+        message = str(item.get("msg", "")).removeprefix("Value error, ")
+        parts.append(f"{'.'.join(words) or 'request'}: {message}")
+    return "; ".join(parts)

@@ -1,0 +1,147 @@
+"""API settings, read from the environment when the app is built (never at import).
+
+Every variable is listed in :data:`ENVIRONMENT` with its meaning; ``python -m services.api
+--help`` prints them. The API token has no default on purpose: the server refuses to start
+without one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainguard.errors import ConfigError
+
+__all__ = ["ENVIRONMENT", "Settings"]
+
+ENVIRONMENT: dict[str, str] = {
+    "TRAINGUARD_API_TOKEN": "required: the bearer token every request (but GET /health) must carry",
+    "TRAINGUARD_DATABASE_URL": "SQLAlchemy URL of the state database (default sqlite:///<data dir>/trainguard.db)",
+    "TRAINGUARD_DATA_DIR": "where jobs' local files live (default ./trainguard-service)",
+    "TRAINGUARD_LAUNCHER": "local | docker (default: docker if the engine answers, else local)",
+    "TRAINGUARD_HOST": "bind address of `python -m services.api` (default 127.0.0.1)",
+    "TRAINGUARD_PORT": "port of `python -m services.api` (default 8080)",
+    "TRAINGUARD_PUBLIC_URL": "the API's URL as rule runners reach it (default http://127.0.0.1:<port>)",
+    "TRAINGUARD_STOP_GRACE_SECONDS": "SIGTERM-to-SIGKILL grace of a stop (default 120, as SageMaker)",
+    "TRAINGUARD_RECONCILE_INTERVAL": "seconds between launcher polls (default 1.0)",
+    "TRAINGUARD_RULE_FINISH_TIMEOUT": "seconds rule runners may run on after training ended (default 600)",
+    "TRAINGUARD_SAGEMAKER_ACCESS_KEYS": "comma-separated AWS access key ids accepted on the SageMaker endpoint",
+    "TRAINGUARD_SAGEMAKER_ALLOW_ANY_SIGNATURE": "1 = accept any SigV4-signed SageMaker request (local use only)",
+    "TRAINGUARD_ACCOUNT_ID": "12-digit account id used in ARNs (default 000000000000)",
+    "AWS_REGION": "region used in ARNs, SNS and CloudWatch (default us-east-1)",
+    "TRAINGUARD_S3_OUTPUT": "default DebugHookConfig.S3OutputPath for the docker launcher (s3://bucket/prefix)",
+    "S3_ENDPOINT_URL": "S3 endpoint passed to uploaders and rule runners (docker launcher)",
+    "CLOUDWATCH_ENDPOINT_URL": "CloudWatch endpoint rule runners put their metrics to (optional)",
+    "TRAINGUARD_TRAINING_IMAGE": "default training image (default trainguard-training:local)",
+    "TRAINGUARD_SERVICE_IMAGE": "image of uploaders and rule runners (default trainguard-service:local)",
+    "TRAINGUARD_RULE_CPUS": "CPU limit of each rule runner (default 0.5)",
+    "TRAINGUARD_RULE_MEMORY_MB": "memory limit of each rule runner (default 1024)",
+    "TRAINGUARD_DOCKER_NETWORK": "docker network the components join (passed to the docker launcher)",
+    "TRAINGUARD_SMTP_HOST": "SMTP server for the email action (if unset, email goes through SNS)",
+    "TRAINGUARD_SMTP_PORT": "SMTP port (default 25)",
+    "TRAINGUARD_SMTP_FROM": "sender address (default trainguard@localhost)",
+    "TRAINGUARD_SMTP_USER": "SMTP login (optional; needs TRAINGUARD_SMTP_PASSWORD)",
+    "TRAINGUARD_SMTP_PASSWORD": "SMTP password (optional)",
+    "TRAINGUARD_SMTP_STARTTLS": "1 = STARTTLS before login",
+    "TRAINGUARD_SNS_ENDPOINT_URL": "SNS endpoint for email/sms/sns actions (default: AWS)",
+    "TRAINGUARD_EVENT_WEBHOOK_URL": "optional URL that receives every job/rule state-change event (POST)",
+}
+
+
+def _float(environ: Mapping[str, str], key: str, default: float) -> float:
+    raw = environ.get(key)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not a number") from None
+    if value < 0:
+        raise ConfigError(f"{key}={raw!r} must not be negative")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    api_token: str
+    database_url: str
+    data_dir: Path
+    launcher: str = ""
+    host: str = "127.0.0.1"
+    port: int = 8080
+    public_url: str = ""
+    stop_grace_seconds: float = 120.0
+    reconcile_interval: float = 1.0
+    rule_finish_timeout: float = 600.0
+    sagemaker_access_keys: frozenset[str] = frozenset()
+    sagemaker_allow_any_signature: bool = False
+    account_id: str = "000000000000"
+    region: str = "us-east-1"
+    s3_output: str = ""
+    s3_endpoint_url: str = ""
+    cloudwatch_endpoint_url: str = ""
+    training_image: str = "trainguard-training:local"
+    service_image: str = "trainguard-service:local"
+    rule_cpus: float = 0.5
+    rule_memory_mb: int = 1024
+    docker_network: str = ""
+    smtp: dict[str, str] = field(default_factory=dict)
+    sns_endpoint_url: str = ""
+    event_webhook_url: str = ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        environ = os.environ if environ is None else environ
+        token = environ.get("TRAINGUARD_API_TOKEN", "")
+        if not token.strip():
+            raise ConfigError(
+                "TRAINGUARD_API_TOKEN is not set: the API has no default secret. "
+                "Set it, e.g. export TRAINGUARD_API_TOKEN=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        if len(token.strip()) < 8:
+            raise ConfigError("TRAINGUARD_API_TOKEN is shorter than 8 characters: use a longer random secret")
+        data_dir = Path(environ.get("TRAINGUARD_DATA_DIR") or "trainguard-service").resolve()
+        database_url = environ.get("TRAINGUARD_DATABASE_URL") or f"sqlite:///{data_dir / 'trainguard.db'}"
+        launcher = (environ.get("TRAINGUARD_LAUNCHER") or "").strip().lower()
+        if launcher not in ("", "local", "docker"):
+            raise ConfigError(f"TRAINGUARD_LAUNCHER={launcher!r}: use local or docker")
+        port_text = environ.get("TRAINGUARD_PORT") or "8080"
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise ConfigError(f"TRAINGUARD_PORT={port_text!r} is not a port number") from None
+        keys = frozenset(k.strip() for k in (environ.get("TRAINGUARD_SAGEMAKER_ACCESS_KEYS") or "").split(",") if k.strip())
+        smtp = {
+            key: environ[f"TRAINGUARD_SMTP_{key.upper()}"]
+            for key in ("host", "port", "from", "user", "password", "starttls")
+            if environ.get(f"TRAINGUARD_SMTP_{key.upper()}")
+        }
+        return cls(
+            api_token=token.strip(),
+            database_url=database_url,
+            data_dir=data_dir,
+            launcher=launcher,
+            host=environ.get("TRAINGUARD_HOST") or "127.0.0.1",
+            port=port,
+            public_url=(environ.get("TRAINGUARD_PUBLIC_URL") or f"http://127.0.0.1:{port}").rstrip("/"),
+            stop_grace_seconds=_float(environ, "TRAINGUARD_STOP_GRACE_SECONDS", 120.0),
+            reconcile_interval=max(0.05, _float(environ, "TRAINGUARD_RECONCILE_INTERVAL", 1.0)),
+            rule_finish_timeout=_float(environ, "TRAINGUARD_RULE_FINISH_TIMEOUT", 600.0),
+            sagemaker_access_keys=keys,
+            sagemaker_allow_any_signature=environ.get("TRAINGUARD_SAGEMAKER_ALLOW_ANY_SIGNATURE") == "1",
+            account_id=environ.get("TRAINGUARD_ACCOUNT_ID") or "000000000000",
+            region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            s3_output=environ.get("TRAINGUARD_S3_OUTPUT", ""),
+            s3_endpoint_url=environ.get("S3_ENDPOINT_URL", ""),
+            cloudwatch_endpoint_url=environ.get("CLOUDWATCH_ENDPOINT_URL", ""),
+            training_image=environ.get("TRAINGUARD_TRAINING_IMAGE") or "trainguard-training:local",
+            service_image=environ.get("TRAINGUARD_SERVICE_IMAGE") or "trainguard-service:local",
+            rule_cpus=_float(environ, "TRAINGUARD_RULE_CPUS", 0.5),
+            rule_memory_mb=int(_float(environ, "TRAINGUARD_RULE_MEMORY_MB", 1024)),
+            docker_network=environ.get("TRAINGUARD_DOCKER_NETWORK", ""),
+            smtp=smtp,
+            sns_endpoint_url=environ.get("TRAINGUARD_SNS_ENDPOINT_URL", ""),
+            event_webhook_url=environ.get("TRAINGUARD_EVENT_WEBHOOK_URL", ""),
+        )

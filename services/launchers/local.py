@@ -1,0 +1,285 @@
+"""Local-process launcher: each component is a subprocess in its own process group.
+
+Layout under ``root`` (one directory per job, one per component)::
+
+    <root>/<job>/<component dir>/spec.json     the ComponentSpec (role, command, environment...)
+                                 output.log    stdout + stderr
+                                 pid           the wrapper's pid and its /proc start time
+                                 exit_code     written by the wrapper when the command ends
+                                 kill_at       SIGKILL deadline of a pending stop (epoch seconds)
+                                 reason        why it ended, when the launcher knows better
+
+Every command runs under a tiny wrapper (``python -c _WRAPPER``) that is the group leader: it
+starts the command, waits for it and writes the exit code to a file. So an exit that happens
+while the API is down is not lost, and a restarted API finds everything again from the files
+(``jobs()``/``status()``). The wrapper ignores SIGTERM itself (the command in its group receives
+it) so it lives to record the exit code; a SIGKILL of the group is recorded by the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from services.launchers.base import ComponentSpec, ComponentState, ComponentStatus, JobLaunch, LauncherError
+
+__all__ = ["LocalLauncher"]
+
+# The wrapper: argv = [dir, command...]. A no-op Python handler (not SIG_IGN, which the command
+# would inherit through exec) keeps the wrapper alive through the group's SIGTERM.
+_WRAPPER = r"""
+import os, signal, subprocess, sys
+directory, command = sys.argv[1], sys.argv[2:]
+signal.signal(signal.SIGTERM, lambda *_: None)
+signal.signal(signal.SIGINT, lambda *_: None)
+try:
+    child = subprocess.Popen(command)
+except OSError as error:
+    print(f"trainguard launcher: cannot start {command[0]!r}: {error}", flush=True)
+    code, reason = 127, f"cannot start {command[0]!r}: {error.strerror or error}"
+else:
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:
+            continue
+    reason = ""
+    if code < 0:
+        reason = f"killed by {signal.Signals(-code).name}"
+        code = 128 - code
+temporary = os.path.join(directory, "exit_code.tmp")
+with open(temporary, "w") as handle:
+    handle.write(f"{code}\n{reason}\n")
+os.replace(temporary, os.path.join(directory, "exit_code"))
+"""
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _component_dir_name(role: str) -> str:
+    return _SAFE.sub("_", role.replace(":", "--"))
+
+
+def _process_start_time(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat: distinguishes our process from a later one with its pid."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _alive(pid: int, start_time: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+        state = state[state.rfind(")") + 2 :].split()[0]
+        if state in ("Z", "X"):
+            return False
+    except OSError:
+        pass
+    current = _process_start_time(pid)
+    return start_time is None or current is None or current == start_time
+
+
+class LocalLauncher:
+    """Runs components as local processes; state lives in files under ``root``."""
+
+    name = "local"
+
+    def __init__(self, root: str | os.PathLike[str], *, python: str | None = None) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.python = python or sys.executable
+        self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped on status() to avoid zombies
+        self._lock = threading.Lock()
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _job_dir(self, job_name: str) -> Path:
+        if not job_name or _SAFE.search(job_name):
+            raise LauncherError(f"job name {job_name!r} is not usable as a directory name")
+        return self.root / job_name
+
+    def _component_dirs(self, job_name: str) -> dict[str, Path]:
+        found: dict[str, Path] = {}
+        job_dir = self._job_dir(job_name)
+        if not job_dir.is_dir():
+            return found
+        for directory in sorted(job_dir.iterdir()):
+            spec_file = directory / "spec.json"
+            try:
+                role = json.loads(spec_file.read_text())["role"]
+            except (OSError, ValueError, KeyError):
+                continue
+            found[role] = directory
+        return found
+
+    def _read_pid(self, directory: Path) -> tuple[int, str | None] | None:
+        try:
+            pid_text, _, start = (directory / "pid").read_text().partition("\n")
+            return int(pid_text), start.strip() or None
+        except (OSError, ValueError):
+            return None
+
+    def _reap(self) -> None:
+        with self._lock:
+            for pid, child in list(self._children.items()):
+                if child.poll() is not None:
+                    del self._children[pid]
+
+    # -- Launcher interface ---------------------------------------------------------------------
+    def start(self, job: JobLaunch) -> None:
+        job_dir = self._job_dir(job.job_name)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        for component in job.components:
+            self._start_component(job_dir, component)
+
+    def _start_component(self, job_dir: Path, component: ComponentSpec) -> None:
+        directory = job_dir / _component_dir_name(component.role)
+        if (directory / "pid").exists():
+            return  # already started: start() is idempotent
+        if not component.command:
+            raise LauncherError(f"component {component.role!r} has no command (the local launcher runs no images)")
+        directory.mkdir(parents=True, exist_ok=True)
+        spec = {
+            "role": component.role,
+            "command": list(component.command),
+            "environment": dict(component.environment),
+            "working_dir": component.working_dir,
+            "started_at": time.time(),
+        }
+        (directory / "spec.json").write_text(json.dumps(spec, indent=2))
+        environment = {**os.environ, **component.environment}
+        working_dir = component.working_dir or None
+        if working_dir:
+            Path(working_dir).mkdir(parents=True, exist_ok=True)
+        with open(directory / "output.log", "ab") as log:
+            try:
+                child = subprocess.Popen(
+                    [self.python, "-c", _WRAPPER, str(directory), *component.command],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=environment,
+                    cwd=working_dir,
+                    start_new_session=True,  # own process group: stop() signals the whole tree
+                )
+            except OSError as error:
+                raise LauncherError(f"cannot start {component.role}: {error}") from error
+        start_time = _process_start_time(child.pid)
+        (directory / "pid").write_text(f"{child.pid}\n{start_time or ''}\n")
+        with self._lock:
+            self._children[child.pid] = child
+
+    def status(self, job_name: str) -> dict[str, ComponentStatus]:
+        self._reap()
+        statuses: dict[str, ComponentStatus] = {}
+        for role, directory in self._component_dirs(job_name).items():
+            statuses[role] = self._component_status(role, directory)
+        return statuses
+
+    def _component_status(self, role: str, directory: Path) -> ComponentStatus:
+        exit_file = directory / "exit_code"
+        pid_info = self._read_pid(directory)
+        if pid_info is None:
+            return ComponentStatus(role, ComponentState.PENDING)
+        pid, start_time = pid_info
+        if not exit_file.exists() and _alive(pid, start_time):
+            self._enforce_kill_deadline(directory, pid)
+            return ComponentStatus(role, ComponentState.RUNNING)
+        if exit_file.exists():
+            code_text, _, reason = exit_file.read_text().partition("\n")
+            known_reason = self._read_text(directory / "reason")
+            return ComponentStatus(role, ComponentState.EXITED, int(code_text), known_reason or reason.strip())
+        # The wrapper is gone without writing its exit code: killed with its group.
+        known_reason = self._read_text(directory / "reason")
+        return ComponentStatus(
+            role, ComponentState.EXITED, 137, known_reason or "the process group was killed (no exit code recorded)"
+        )
+
+    @staticmethod
+    def _read_text(path: Path) -> str:
+        try:
+            return path.read_text().strip()
+        except OSError:
+            return ""
+
+    def _enforce_kill_deadline(self, directory: Path, pid: int) -> None:
+        """SIGKILL a group whose stop grace is over (also after an API restart)."""
+        deadline_text = self._read_text(directory / "kill_at")
+        if not deadline_text:
+            return
+        deadline, _, grace = deadline_text.partition(" ")
+        if time.time() < float(deadline):
+            return
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        (directory / "reason").write_text(f"killed by SIGKILL after {float(grace or 0):g} s grace\n")
+
+    def stop(self, job_name: str, roles: tuple[str, ...] | None = None, grace_seconds: float = 120.0) -> None:
+        targets = []
+        for role, directory in self._component_dirs(job_name).items():
+            if roles is not None and role not in roles:
+                continue
+            status = self._component_status(role, directory)
+            if status.state is not ComponentState.RUNNING:
+                continue
+            pid_info = self._read_pid(directory)
+            if pid_info is None:
+                continue
+            if not (directory / "kill_at").exists():
+                (directory / "kill_at").write_text(f"{time.time() + grace_seconds} {grace_seconds}\n")
+            try:
+                os.killpg(pid_info[0], signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                continue
+            targets.append(directory)
+        if targets:
+            # Enforce the deadline from a timer too, so a stop completes even if nobody polls.
+            timer = threading.Timer(grace_seconds + 0.05, self._kill_overdue, args=(targets,))
+            timer.daemon = True
+            timer.start()
+
+    def _kill_overdue(self, directories: list[Path]) -> None:
+        for directory in directories:
+            pid_info = self._read_pid(directory)
+            if pid_info and not (directory / "exit_code").exists() and _alive(*pid_info):
+                self._enforce_kill_deadline(directory, pid_info[0])
+        self._reap()
+
+    def logs(self, job_name: str, role: str = "training", tail: int | None = None) -> str:
+        directory = self._component_dirs(job_name).get(role)
+        if directory is None:
+            return ""
+        text = (directory / "output.log").read_text(errors="replace") if (directory / "output.log").exists() else ""
+        if tail is not None:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-tail:]) if tail > 0 else ""
+        return text
+
+    def jobs(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and self._component_dirs(p.name))
+
+    def remove(self, job_name: str) -> None:
+        statuses = self.status(job_name)
+        running = [role for role, status in statuses.items() if status.state is ComponentState.RUNNING]
+        if running:
+            raise LauncherError(f"job {job_name} still has running components: {', '.join(running)}; stop it first")
+        shutil.rmtree(self._job_dir(job_name), ignore_errors=True)
