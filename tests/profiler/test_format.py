@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from trainguard.profiler import (
 from trainguard.profiler.output import LocalOutput, SystemMetricsWriter
 from trainguard.storage import MemoryStore
 
+DATA = Path(__file__).parent / "data"
 SAGEMAKER_FIELDS = {"Type", "Name", "Dimension", "Value", "NodeId", "Timestamp"}
 SYSTEM_NAME = re.compile(r"^system/incremental/(\d{10})/(\d+)\.node-a\.json$")
 FRAMEWORK_NAME = re.compile(r"^framework/pevents/(\d{10})/(\d+)_0-node-a_pythontimeline\.json$")
@@ -73,7 +75,7 @@ def test_profiled_loop_writes_sagemaker_layout(tmp_path: Path) -> None:
         assert parts <= s.duration + 2e-6, s
         assert s.dataloader_workers == 0
     # steps follow each other: each starts where the previous one ended
-    for before, after in zip(train_steps, train_steps[1:]):
+    for before, after in zip(train_steps, train_steps[1:], strict=False):
         assert after.start == pytest.approx(before.end, abs=2e-6)
 
 
@@ -88,19 +90,8 @@ def test_slow_dataset_shows_as_data_time(tmp_path: Path) -> None:
 
 def test_reads_sagemaker_files(tmp_path: Path) -> None:
     """Files as SageMaker wrote them: string step numbers, no phase split, an unclosed trace."""
+    shutil.copytree(DATA / "sagemaker_run", tmp_path, dirs_exist_ok=True)
     root = tmp_path / "profiler-output"
-    system = root / "system/incremental/2020060306/1591160640.algo-1.json"
-    system.parent.mkdir(parents=True)
-    system.write_text(
-        '{"Type": "cpu", "Name": "cpu0", "Dimension": "CPUUtilization", "Value": 4.76, "NodeId": "algo-1", "Timestamp": 1591160699.457}\n'
-        '{"Type": "gpu", "Name": "gpu0", "Dimension": "GPUUtilization", "Value": 90.0, "NodeId": "algo-1", "Timestamp": 1591160699.457}\n'
-    )
-    timeline = root / "framework/pevents/2020060306/1591160700000000_1-algo-1_pythontimeline.json"
-    timeline.parent.mkdir(parents=True)
-    timeline.write_text(
-        '[\n{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": 1591160600000000}},\n'
-        '{"name": "Step:ModeKeys.TRAIN", "ph": "X", "ts": 1000, "dur": 250000, "pid": 1, "tid": 7, "args": {"step_num": "12"}},\n'
-    )
     metrics = read_system_metrics(root)  # the profiler-output folder works as well as the run
     assert [(m.name, m.dimension, m.value, m.node) for m in metrics] == [
         ("cpu0", "CPUUtilization", 4.76, "algo-1"),
