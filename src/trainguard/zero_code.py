@@ -20,6 +20,7 @@ __all__ = ["arm_from_environment", "zero_code_hook_kwargs"]
 logger = logging.getLogger("trainguard")
 _DEFAULT_COLLECTIONS = ["weights", "biases", "gradients", "losses", "outputs", "scalars", "default"]
 _installed: list[Any] = []
+_profilers: list[Any] = []
 
 
 def zero_code_hook_kwargs(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
@@ -79,6 +80,8 @@ class _InstallAfterTorchImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             original_exec(module)
+            for profiler in _profilers:
+                profiler.attach_framework()  # fail-open inside
             try:
                 install_now()
             except Exception as error:  # noqa: BLE001 - fail open: the script must still run
@@ -90,6 +93,20 @@ class _InstallAfterTorchImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _start_profiler() -> None:
+    """TRAINGUARD_PROFILER=1: system metrics from now on, PyTorch step timings once torch is
+    imported; under ``<TRAINGUARD_OUT_DIR>/profiler-output``. Fails open."""
+    try:
+        from trainguard.profiler import start_from_environment
+
+        profiler = start_from_environment()
+    except Exception as error:  # noqa: BLE001 - fail open: the script must still run
+        logger.warning("trainguard: profiler not started (%s: %s); training continues", type(error).__name__, error)
+        return
+    if profiler is not None:
+        _profilers.append(profiler)
+
+
 def arm_from_environment() -> None:
     if os.environ.get("TRAINGUARD_ZERO_CODE") != "1":
         return
@@ -98,6 +115,7 @@ def arm_from_environment() -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+    _start_profiler()
     if "torch" in sys.modules:
         install_now()
     else:
