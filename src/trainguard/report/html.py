@@ -86,10 +86,10 @@ def _charts_or_empty(charts: Sequence[Chart], empty: str) -> str:
     return _figures(drawable) if drawable else f'<p class="empty">{escape(empty)}</p>'
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], css: str = "") -> str:
-    head = "".join(f"<th>{escape(cell)}</th>" for cell in header)
+def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], css: str = "") -> str:
+    head = "<thead><tr>" + "".join(f"<th>{escape(cell)}</th>" for cell in header) + "</tr></thead>" if header else ""
     body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
-    return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<table class="{css}">{head}<tbody>{body}</tbody></table>'
 
 
 def _overview(data: ReportData) -> str:
@@ -110,7 +110,7 @@ def _overview(data: ReportData) -> str:
     ]
     if len(facts["workers"]) > 1:
         rows.append(("Plots show", f"worker {escape(facts['workers'][0])} (the first one)"))
-    return _table(("", ""), [(f"<b>{escape(k)}</b>", v) for k, v in rows], "overview")
+    return _table(None, [(f"<b>{escape(k)}</b>", v) for k, v in rows], "overview")
 
 
 def _findings(data: ReportData) -> str:

@@ -17,6 +17,7 @@ PALETTE = (
 
 WIDTH, HEIGHT = 620, 270
 LEFT, RIGHT, TOP, BOTTOM = 64, 160, 12, 42
+MAX_MARKED_POINTS = 40
 PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
 
@@ -110,7 +111,7 @@ def render_chart(chart: Chart) -> str:
     x_scale = _Scale(min(xs), max(xs), LEFT, PLOT_W, log=False, flip=False)
     y_scale = _Scale(y_low, y_high, TOP, PLOT_H, log=chart.log_y, flip=True)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart chart-{chart.kind}" id="{chart.chart_id}" '
+        f'<svg class="chart chart-{chart.kind}" id="{chart.chart_id}" '
         f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" '
         f'data-points="{chart.point_count()}" data-series="{len(chart.series)}">',
         f"<title>{escape(chart.title)}</title>",
@@ -142,12 +143,16 @@ def render_chart(chart: Chart) -> str:
                 f'<path d="{_path(points, x_scale, y_scale)}" class="series" stroke="{colour}" '
                 f'data-label="{escape(series.label)}" data-points="{len(points)}"><title>{escape(series.label)}</title></path>'
             )
-            if len(points) == 1:  # a single point draws no line: mark it
-                x, y = points[0]
-                parts.append(f'<circle cx="{x_scale(x):.1f}" cy="{y_scale(y):.1f}" r="3" fill="{colour}"/>')
+            if chart.kind == "line" and len(points) <= MAX_MARKED_POINTS:
+                # Few points: mark each, so gaps (steps of another mode) do not read as data.
+                parts.append(
+                    f'<g class="markers" fill="{colour}">'
+                    + "".join(f'<circle cx="{x_scale(x):.1f}" cy="{y_scale(y):.1f}" r="2.2"/>' for x, y in points)
+                    + "</g>"
+                )
         legend_y = TOP + 10 + index * 16
         if legend_y < HEIGHT - 10:
-            label = series.label if len(series.label) <= 24 else series.label[:11] + "…" + series.label[-12:]
+            label = series.label if len(series.label) <= 20 else series.label[:8] + "…" + series.label[-11:]
             parts.append(
                 f'<line x1="{LEFT + PLOT_W + 10}" x2="{LEFT + PLOT_W + 26}" y1="{legend_y}" y2="{legend_y}" '
                 f'stroke="{colour}" stroke-width="3"/>'

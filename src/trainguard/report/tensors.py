@@ -207,7 +207,9 @@ def _histogram_charts(
             continue
         if high <= low:
             low, high = low - 0.5, high + 0.5
-        edges = np.linspace(low, high, bins + 1)
+        # Fewer bins for small tensors: 40 bins over 64 values would be mostly noise.
+        largest = max(array.size for array in arrays.values())
+        edges = np.linspace(low, high, int(min(bins, max(10, math.sqrt(largest)))) + 1)
         series = [
             Series(f"step {step}", edges.tolist(), np.histogram(array, bins=edges)[0].astype(float).tolist())
             for step, array in arrays.items()
