@@ -145,6 +145,9 @@ def test_internal_error_disables_capture_once(run_dir, reference, caplog, monkey
 
     def on_step(step):
         if step == first_failing_step:
+            # optimizer.step() leaves its step open until the next forward (so a save_scalar
+            # after it still lands there): end it now, so that the steps before are on disk.
+            hooks[0].end_step()
             if hooks[0]._writer is not None:
                 hooks[0]._writer.flush(10)  # the steps before are on disk, whole
             INJECTIONS[where](monkeypatch, hooks[0])
@@ -242,6 +245,7 @@ def test_disk_failure_during_training_disables_capture(run_dir, reference, caplo
 
     def on_step(step):
         if step == fail_at_step:
+            hooks[0].end_step()  # the step optimizer.step() left open goes to disk before the failure
             if hooks[0]._writer is not None:
                 hooks[0]._writer.flush(10)
             reason.append(_make_disk_fail(monkeypatch, run_dir))

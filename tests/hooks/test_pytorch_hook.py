@@ -655,12 +655,6 @@ def test_saved_gradient_is_the_clipped_one_the_optimizer_used(make_hook, run_dir
         np.testing.assert_array_equal(trial.tensor("gradient/Net_fc1.weight").value(step), as_numpy(grad))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in hooks/pytorch.py: save_scalar()/save_tensor() after optimizer.step() call ensure_step(), "
-    "which opens the NEXT step: the value lands one step late and the last one makes an extra step "
-    "(smdebug writes it into the step of the preceding forward)",
-)
 def test_save_scalar_after_optimizer_step_belongs_to_that_step(make_hook, run_dir):
     model, criterion, optimizer, hook = _setup(make_hook)
     expected = []

@@ -1,8 +1,10 @@
 """The PyTorch hook, with smdebug's API: an smdebug script ports by changing its import.
 
-Step boundaries: once an optimizer has stepped, a TRAIN step ends at ``optimizer.step()``
+Step boundaries: once an optimizer has stepped, a TRAIN step ends with ``optimizer.step()``
 (global optimizer hooks), so gradient accumulation and several forwards per step stay one
-step. Before that, and in EVAL/PREDICT, every root forward begins a step (smdebug's rule).
+step. It is written out at the next forward, mode change or ``close()``, so that values saved
+right after ``optimizer.step()`` (``hook.save_scalar("loss", loss)``) still belong to it.
+Before that, and in EVAL/PREDICT, every root forward begins a step (smdebug's rule).
 Weights are saved when a step begins (the values the forward uses), gradients as the
 optimizer steps (a global step pre-hook reads ``.grad`` of the parameters whose
 ``register_post_accumulate_grad_hook`` fired): the gradient the optimizer applies, after DDP's
@@ -68,6 +70,9 @@ class TorchHook(BaseHook):
         self._held: dict[str, tuple[HostSnapshot | None, HostSnapshot | None, tuple[tuple[str, bool], ...]]] = {}
         self._explicit_mode = False
         self._optimizer_driven = False
+        # optimizer.step() ran: the step ends at the next forward (or mode change, or close), so
+        # save_scalar("loss", ...) written after optimizer.step() still lands in this step.
+        self._end_pending = False
         # gradient name -> its parameter, whose .grad is read when final: at optimizer.step()
         self._grad_parameters: dict[str, torch.Tensor] = {}
         self._handles.append(register_optimizer_step_pre_hook(self._before_optimizer_step))
@@ -144,6 +149,8 @@ class TorchHook(BaseHook):
         self.root_forward(module)
 
     def root_forward(self, module: torch.nn.Module) -> None:
+        if self._end_pending:
+            self.end_step()
         mode = self._mode_of(module)
         if mode != self.mode:
             BaseHook.set_mode(self, mode)
@@ -169,7 +176,7 @@ class TorchHook(BaseHook):
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._roots:
             self._optimizer_driven = True
-            self.end_step()
+            self._end_pending = True
 
     def _on_step_begin(self) -> None:
         self._grad_parameters.clear()
@@ -179,6 +186,10 @@ class TorchHook(BaseHook):
                 continue
             for parameter_name, parameter in module.named_parameters():
                 self.save_torch_tensor(f"{root_name}_{parameter_name}", parameter)
+
+    def end_step(self) -> None:
+        self._end_pending = False
+        super().end_step()
 
     def _on_step_end(self) -> None:
         if self._optimizer_driven:
