@@ -260,7 +260,7 @@ class JobService:
     # -- rule runner reports ----------------------------------------------------------------------
     def report_rule_status(self, name: str, configuration: str, update: dict[str, Any]) -> dict[str, Any]:
         """Apply one StatusUpdate.to_dict() from a rule runner."""
-        status = str(update.get("status") or "InProgress")
+        status = str(update.get("status") or "")
         with self.lock, self.sessions() as session:
             job = self._job(session, name)
             rule = session.get(RuleRow, (name, configuration))
@@ -276,17 +276,19 @@ class JobService:
                     known = {(m.get("what"), m.get("collection")) for m in rule.missing or []}
                     fresh = [m for m in result["missing"] if (m.get("what"), m.get("collection")) not in known]
                     rule.missing = [*(rule.missing or []), *fresh]
-                elif result.get("step") is not None:
+                elif result.get("step") is not None and "datapoints" not in update:
                     self.add_datapoint(session, job, configuration, "RuleIssuesFound", 1.0 if result.get("fired") else 0.0, result.get("step"))
-            if "latency_seconds" in update:
-                self.add_datapoint(session, job, configuration, "RuleEvaluationLatency", float(update["latency_seconds"]), update.get("step"))
-            if rule.status in ("Stopping", "Stopped") and status in ("InProgress", "NoIssuesFound", "Stopped", "Stopping"):
+            for point in update.get("datapoints") or []:
+                self.add_datapoint(session, job, configuration, str(point.get("metric") or "RuleIssuesFound"), float(point["value"]), point.get("step"))
+            if not status:
+                pass  # datapoints only
+            elif rule.status in ("Stopping", "Stopped") and status in ("InProgress", "NoIssuesFound", "Stopped", "Stopping"):
                 pass  # a stop is under way: the runner's own end is reported as Stopped by the reconciler
             elif rule.status in RULE_TERMINAL and status == "InProgress":
                 pass  # late duplicate
             else:
                 self.set_rule_status(session, job, rule, status, str(update.get("status_details") or ""))
-            if status == "IssuesFound" and not (result and result.get("fired")):
+            if status == "IssuesFound" and not (result and result.get("fired")) and "datapoints" not in update:
                 self.add_datapoint(session, job, configuration, "RuleIssuesFound", 1.0, update.get("step"))
             session.commit()
         self.flush_notifications()

@@ -63,6 +63,7 @@ def _rule_environment(
         "RULE_TO_INVOKE": rule.rule,
         "RULE_PARAMETERS_JSON": json.dumps(parameters),
         "RULE_KIND": rule.kind,
+        "RULE_ACTIONS_JSON": json.dumps(rule.actions),
         "BASE_TRIAL": base_trial,
         "AWS_REGION": settings.region,
         "TRAINGUARD_API_URL": settings.public_url,

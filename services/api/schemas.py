@@ -109,7 +109,7 @@ class AlarmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=256)
-    metric_name: Literal["RuleIssuesFound", "RuleEvaluationLatency"] = "RuleIssuesFound"
+    metric_name: Literal["RuleIssuesFound"] = "RuleIssuesFound"
     rule: str | None = Field(None, description="RuleConfigurationName the alarm watches (default: every rule)")
     threshold: float = 1.0
     comparison: Literal[COMPARISONS] = "GreaterThanOrEqualToThreshold"  # type: ignore[valid-type]
