@@ -31,7 +31,11 @@ X_VAL, Y_VAL = X[:8] + 0.5, Y[:8]
 def build_model() -> keras.Model:
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
-        [keras.Input((3,)), keras.layers.Dense(5, activation="relu", name="hidden"), keras.layers.Dense(2, name="head")],
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(5, activation="relu", name="hidden"),
+            keras.layers.Dense(2, name="head"),
+        ],
         name="net",
     )
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
@@ -68,7 +72,16 @@ def full(out_dir: str, record: str) -> None:
         include_collections=["weights", "biases", "gradients", "losses", "metrics", "outputs"],
         reduction_config=tg.ReductionConfig(norms=["l2"], save_raw_tensor=True),
     )
-    model.fit(X, Y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, validation_data=(X_VAL, Y_VAL), callbacks=[recorder, hook])
+    model.fit(
+        X,
+        Y,
+        batch_size=BATCH,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        validation_data=(X_VAL, Y_VAL),
+        callbacks=[recorder, hook],
+    )
     model.evaluate(X_VAL, Y_VAL, batch_size=BATCH, verbose=0, callbacks=[recorder, hook])
     predictions = model.predict(X, batch_size=8, verbose=0, callbacks=[recorder, hook])
     hook.close()
@@ -106,8 +119,14 @@ def failopen(out_dir: str, record: str) -> None:
 
     results = {}
     hooks = {
-        "late": lambda: FailingLate(f"{out_dir}/late", save_config=tg.SaveConfig(save_interval=1), include_collections=["gradients", "outputs"]),
-        "variant": lambda: tg.KerasHook(f"{out_dir}/variant", save_config=tg.SaveConfig(save_interval=1), include_collections=["gradients", "outputs"]),
+        "late": lambda: FailingLate(
+            f"{out_dir}/late", save_config=tg.SaveConfig(save_interval=1), include_collections=["gradients", "outputs"]
+        ),
+        "variant": lambda: tg.KerasHook(
+            f"{out_dir}/variant",
+            save_config=tg.SaveConfig(save_interval=1),
+            include_collections=["gradients", "outputs"],
+        ),
     }
     real_variant = hook_module.jax_capture_variant
     for label, make in (("plain", None), *hooks.items()):

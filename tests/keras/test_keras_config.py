@@ -16,7 +16,9 @@ def test_hook_is_a_keras_callback_with_smdebugs_api(tmp_path):
     hook = tg.KerasHook(str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=5))
     assert isinstance(hook, keras.callbacks.Callback)
     assert tg.Hook is tg.KerasHook and tg.modes.TRAIN == tg.ModeKeys.TRAIN
-    assert {"weights", "biases", "gradients", "losses", "metrics", "sm_metrics", "scalars"} <= set(hook.include_collections)
+    assert {"weights", "biases", "gradients", "losses", "metrics", "sm_metrics", "scalars"} <= set(
+        hook.include_collections
+    )
     assert hook.get_collection("gradients").include_regex == ["^gradients/"]
     hook.close()
 
@@ -43,7 +45,10 @@ def test_create_from_json_file_keeps_keras_naming(tmp_path, monkeypatch):
         "LocalPath": str(tmp_path / "run"),
         "HookParameters": {"save_interval": "3", "include_regex": "hidden_output_0"},
         "CollectionConfigurations": [
-            {"CollectionName": "gradients", "CollectionParameters": {"include_regex": "extra", "reductions": "l2_norm"}},
+            {
+                "CollectionName": "gradients",
+                "CollectionParameters": {"include_regex": "extra", "reductions": "l2_norm"},
+            },
             {"CollectionName": "outputs"},
         ],
     }

@@ -25,16 +25,26 @@ BATCH, EPOCH_BATCHES = 4, 4
 
 BACKENDS = [
     "torch",
-    pytest.param("jax", marks=pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")),
+    pytest.param(
+        "jax", marks=pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+    ),
 ]
 
 
 def run_job(backend: str, scenario: str, tmp: Path) -> tuple[Path, dict[str, np.ndarray]]:
     out, record = tmp / "run", tmp / "record.npz"
-    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": backend,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     env.setdefault("JAX_PLATFORMS", "cpu")
     result = subprocess.run(
-        [sys.executable, str(JOB), scenario, str(out), str(record)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(JOB), scenario, str(out), str(record)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     with np.load(record) as data:
@@ -61,7 +71,12 @@ def reference(w1, b1, w2, b2, x, y):
     out = hidden @ w2 + b2
     d_out = 2 * (out - y) / out.size
     d_hidden = (d_out @ w2.T) * (z > 0)
-    gradients = {"hidden/kernel": x.T @ d_hidden, "hidden/bias": d_hidden.sum(0), "head/kernel": hidden.T @ d_out, "head/bias": d_out.sum(0)}
+    gradients = {
+        "hidden/kernel": x.T @ d_hidden,
+        "hidden/bias": d_hidden.sum(0),
+        "head/kernel": hidden.T @ d_out,
+        "head/bias": d_out.sum(0),
+    }
     return hidden, out, gradients
 
 
@@ -120,7 +135,9 @@ def test_gradients_match_a_numpy_reference(full_run):
             np.testing.assert_allclose(l2, np.linalg.norm(saved.ravel()), rtol=1e-6)
         np.testing.assert_allclose(trial.tensor("hidden_output_0").value(step), hidden, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(trial.tensor("head_output_0").value(step), out, rtol=1e-5, atol=1e-6)
-        np.testing.assert_array_equal(trial.tensor("net_output_0").value(step), trial.tensor("head_output_0").value(step))
+        np.testing.assert_array_equal(
+            trial.tensor("net_output_0").value(step), trial.tensor("head_output_0").value(step)
+        )
     assert trial.tensor("gradients/head/kernel").steps() == TRAIN_STEPS  # never in EVAL/PREDICT
 
 

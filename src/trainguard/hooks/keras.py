@@ -138,7 +138,7 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
         )  # fmt: skip
         self._named_model: Any = None
         self._weights: list[tuple[str, Any]] = []
-        self._gradient_names: list[str] = []
+        self._gradient_names: list[str | None] = []  # one per model.trainable_variables
         self._layers: list[tuple[str, Any]] = []
         self._spies: LayerSpies | None = None
         self._swapped: tuple[str, Any, Any] | None = None  # (model attribute, original, replacement)
@@ -174,8 +174,11 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
             name = _unique(path, taken)
             self._weights.append((name, variable))
             self.add_membership(name, "biases" if variable.name.endswith("bias") else "weights")
-        trainable = {id(variable) for variable in model.trainable_variables}
-        self._gradient_names = [f"gradients/{name}" for name, variable in self._weights if id(variable) in trainable]
+        names = {id(variable): name for name, variable in self._weights}
+        self._gradient_names = [
+            f"gradients/{names[id(variable)]}" if id(variable) in names else None
+            for variable in model.trainable_variables
+        ]
         layer_names: set[str] = set()
         self._layers = []
         pending = [(model, "")]
@@ -277,7 +280,9 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
 
     def _start_capture(self, model: Any) -> None:
         assert self._spies is not None
-        wants_layers = any(self._wanted_now(f"{name}_{kind}_0") for name, _ in self._layers for kind in ("input", "output"))
+        wants_layers = any(
+            self._wanted_now(f"{name}_{kind}_0") for name, _ in self._layers for kind in ("input", "output")
+        )
         if BACKEND == "torch":
             if wants_layers and not model.jit_compile:
                 self._spies.install(self._receive_eager)
@@ -288,7 +293,9 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
             if wants_layers or (self.mode == ModeKeys.TRAIN and self._gradient_names):
                 self._warn_once("backend", f"gradients and layer tensors are not captured with the {BACKEND} backend")
             return
-        wants_gradients = self.mode == ModeKeys.TRAIN and any(self._wanted_now(name) for name in self._gradient_names)
+        wants_gradients = self.mode == ModeKeys.TRAIN and any(
+            self._wanted_now(name) for name in self._gradient_names if name
+        )
         if wants_layers or wants_gradients:
             self._swap(model, _KINDS.get(self.mode, "train"))
 
@@ -356,14 +363,15 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
         model = self._model
         if self.mode == ModeKeys.TRAIN and model is not None and BACKEND == "torch":
             # Keras's torch train_step leaves the gradients in .grad until the next step.
-            for name, variable in zip(self._gradient_names, model.trainable_variables):
+            for name, variable in zip(self._gradient_names, model.trainable_variables, strict=False):
                 gradient = variable.value.grad
-                if gradient is not None:
+                if name is not None and gradient is not None:
                     self.capture(name, gradient)
         gradients, self._pending_gradients = self._pending_gradients, None
         if gradients is not None:
-            for name, gradient in zip(self._gradient_names, gradients):
-                self.capture(name, gradient)
+            for name, gradient in zip(self._gradient_names, gradients, strict=False):
+                if name is not None and gradient is not None:
+                    self.capture(name, gradient)
         if self._swapped is not None and BACKEND == "jax":
             import jax
 
@@ -405,7 +413,9 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
             if raw is not None:
                 self.write_tensor(name, raw[0], nbytes=raw[1], proto_dtype=raw[2])
             if reduced is not None and reduced[0] is not None and self._writer is not None:
-                names = [reduction_tensor_name(name, reduction, absolute=absolute) for reduction, absolute in plan.reductions]
+                names = [
+                    reduction_tensor_name(name, reduction, absolute=absolute) for reduction, absolute in plan.reductions
+                ]
                 self._writer.add_reductions(names, reduced[0])
 
     # -- user API -----------------------------------------------------------------------------------

@@ -29,7 +29,15 @@ import numpy as np
 
 from trainguard.format.tensor_codec import DT_BFLOAT16
 
-__all__ = ["HostArray", "LayerSpies", "emit_with_jax_callback", "host_array", "is_torch_tensor", "jax_capture_variant", "tensors_in"]
+__all__ = [
+    "HostArray",
+    "LayerSpies",
+    "emit_with_jax_callback",
+    "host_array",
+    "is_torch_tensor",
+    "jax_capture_variant",
+    "tensors_in",
+]
 
 BACKEND = keras.backend.backend()
 
@@ -68,7 +76,9 @@ Emit = Callable[[str, str, int, Any], None]
 class LayerSpies:
     """Wraps ``call`` of the given layers while active; ``remove()`` restores them."""
 
-    def __init__(self, layers: list[tuple[str, Any]], wanted: Callable[[str], bool], on_error: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self, layers: list[tuple[str, Any]], wanted: Callable[[str], bool], on_error: Callable[[BaseException], None]
+    ) -> None:
         self._layers = layers
         self._wanted = wanted  # tensor name -> whether to capture it
         self._on_error = on_error
@@ -84,7 +94,9 @@ class LayerSpies:
             object.__setattr__(layer, "call", self._spy(name, original, emit, want_inputs, want_outputs))
             self._installed.append(layer)
 
-    def _spy(self, name: str, original: Callable[..., Any], emit: Emit, want_inputs: bool, want_outputs: bool) -> Callable[..., Any]:
+    def _spy(
+        self, name: str, original: Callable[..., Any], emit: Emit, want_inputs: bool, want_outputs: bool
+    ) -> Callable[..., Any]:
         @functools.wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
             outputs = original(*args, **kwargs)
