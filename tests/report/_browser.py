@@ -104,7 +104,9 @@ class WebDriver:
 
     def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, method=method, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
                 return json.loads(response.read())["value"]

@@ -37,7 +37,9 @@ def rule_output_files(run_dir: Path) -> dict[str, dict]:
         rule.issue(12, "gradient/Net_fc2.weight mean |g| 2.0e-08 < threshold 1e-07", tensor="gradient/Net_fc2.weight"),
     ]
     quiet = rule.no_issue(2)
-    overfit = StepResult("Overfit", 30, True, "validation loss 0.91 rose 25% above training loss 0.73", OVERFIT_HINT, {"ratio": 1.25})
+    overfit = StepResult(
+        "Overfit", 30, True, "validation loss 0.91 rose 25% above training loss 0.73", OVERFIT_HINT, {"ratio": 1.25}
+    )
     missing = rule.missing(0, MissingTensor("tensors of collection 'relu_output'", "relu_output"))
     outputs = {
         "VanishingGradient": {
@@ -105,20 +107,42 @@ def system_samples() -> list[dict]:
         ]
         for kind, name, dimension, value in values:
             records.append(
-                {"Type": kind, "Name": name, "Dimension": dimension, "Value": round(value, 3), "NodeId": "algo-1", "Timestamp": timestamp}
+                {
+                    "Type": kind,
+                    "Name": name,
+                    "Dimension": dimension,
+                    "Value": round(value, 3),
+                    "NodeId": "algo-1",
+                    "Timestamp": timestamp,
+                }
             )
     return records
 
 
 def step_events(start_us: int) -> list[dict]:
     """Chrome-trace events: 30 TRAIN steps then 12 EVAL steps, durations that vary by step."""
-    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "Step:ModeKeys.TRAIN", "start_time_since_epoch_in_micros": start_us}}]
+    events = [
+        {
+            "name": "process_name",
+            "ph": "M",
+            "pid": 0,
+            "args": {"name": "Step:ModeKeys.TRAIN", "start_time_since_epoch_in_micros": start_us},
+        }
+    ]
     ts = 0
     for mode, count, base_us in (("TRAIN", 30, 40_000), ("EVAL", 12, 15_000)):
         for step in range(count):
             duration = base_us + (step % 5) * 2_000 + (25_000 if step == 7 else 0)
             events.append(
-                {"name": f"Step:ModeKeys.{mode}", "ph": "X", "ts": ts, "dur": duration, "pid": 0, "tid": 1, "args": {"step_num": step}}
+                {
+                    "name": f"Step:ModeKeys.{mode}",
+                    "ph": "X",
+                    "ts": ts,
+                    "dur": duration,
+                    "pid": 0,
+                    "tid": 1,
+                    "args": {"step_num": step},
+                }
             )
             ts += duration + 500
     return events

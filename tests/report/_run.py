@@ -50,7 +50,9 @@ def train_run(
     kwargs = {}
     if reductions_only:
         kwargs["reduction_config"] = tg.ReductionConfig(reductions=["zero_fraction"], norms=["l2"])
-    hook = tg.Hook(str(out_dir), save_config=tg.SaveConfig(save_interval=save_interval), include_collections=collections, **kwargs)
+    hook = tg.Hook(
+        str(out_dir), save_config=tg.SaveConfig(save_interval=save_interval), include_collections=collections, **kwargs
+    )
     if reductions_only:
         hook.get_collection("losses").reduction_config = tg.ReductionConfig(save_raw_tensor=True)
     hook.register_module(model)

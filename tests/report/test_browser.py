@@ -57,7 +57,8 @@ def rendered(full_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
                 "Array.from(r.cells).map(c => c.innerText));"
             ),
             "csp": driver.run_script(
-                "const m = document.querySelector('meta[http-equiv=\"Content-Security-Policy\"]'); return m && m.content;"
+                "const m = document.querySelector('meta[http-equiv=\"Content-Security-Policy\"]');"
+                "return m && m.content;"
             ),
             "urls": driver.requested_urls(),
         }
@@ -80,7 +81,7 @@ def test_every_expected_chart_is_drawn_with_its_points(rendered: dict) -> None:
         on_screen = shown[chart.chart_id]
         assert on_screen["width"] > 300 and on_screen["height"] > 100, chart.title
         assert [path["label"] for path in on_screen["paths"]] == [series.label for series in chart.series], chart.title
-        for path, series in zip(on_screen["paths"], chart.series):
+        for path, series in zip(on_screen["paths"], chart.series, strict=True):
             # a histogram outline has 2 points per bin plus the two ends on the axis
             want = 2 * len(series.y) + 2 if chart.kind == "histogram" else len(series.finite_points())
             assert path["points"] == want, (chart.title, series.label)

@@ -10,7 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.report._fixtures import OVERFIT_HINT, VANISHING_HINT, profiler_output_files, rule_output_files, system_samples
+from tests.report._fixtures import (
+    OVERFIT_HINT,
+    VANISHING_HINT,
+    profiler_output_files,
+    rule_output_files,
+    system_samples,
+)
 from trainguard.errors import TrialError
 from trainguard.modes import ModeKeys
 from trainguard.report import gather_report, render_html
@@ -31,7 +37,7 @@ def _chart(charts: list[Chart], title: str) -> Chart:
 def _points(chart: Chart, label: str) -> dict[int, float]:
     series = [series for series in chart.series if series.label == label]
     assert series, f"no series {label!r} in {chart.title}: {[s.label for s in chart.series]}"
-    return {int(x): y for x, y in zip(series[0].x, series[0].y)}
+    return {int(x): y for x, y in zip(series[0].x, series[0].y, strict=True)}
 
 
 def test_loss_and_metric_curves_per_mode_equal_the_trial(plain_run: Path) -> None:
@@ -80,9 +86,9 @@ def test_weight_histograms_count_every_value_at_first_middle_last_step(plain_run
     saved = trial.tensor("Net_fc1.weight").steps()
     assert data.tensors.histogram_steps == [saved[0], saved[len(saved) // 2], saved[-1]]
     assert [chart.title for chart in data.tensors.histogram_charts] == [f"{name} distribution" for name in WEIGHTS]
-    for name, chart in zip(WEIGHTS, data.tensors.histogram_charts):
+    for name, chart in zip(WEIGHTS, data.tensors.histogram_charts, strict=True):
         assert [series.label for series in chart.series] == [f"step {step}" for step in data.tensors.histogram_steps]
-        for series, step in zip(chart.series, data.tensors.histogram_steps):
+        for series, step in zip(chart.series, data.tensors.histogram_steps, strict=True):
             value = trial.tensor(name).value(step).astype(np.float64).ravel()
             assert sum(series.y) == value.size
             expected, _ = np.histogram(value, bins=np.asarray(series.x))
@@ -162,7 +168,14 @@ def test_rule_findings_statuses_and_hints(full_run: Path) -> None:
     assert by_name["DeadRelu"].status == "Error" and by_name["DeadRelu"].missing[0]["collection"] == "relu_output"
     assert data.finding_problems == []
     page = render_html(data)
-    for text in (VANISHING_HINT, OVERFIT_HINT, "IssuesFound", "NoIssuesFound", "InsufficientInformation", "relu_output"):
+    for text in (
+        VANISHING_HINT,
+        OVERFIT_HINT,
+        "IssuesFound",
+        "NoIssuesFound",
+        "InsufficientInformation",
+        "relu_output",
+    ):
         assert text.replace("'", "&#x27;") in page
 
 
@@ -194,7 +207,7 @@ def test_system_metric_and_step_time_charts_equal_the_profiler_files(full_run: P
 
     def shown(chart: Chart) -> dict[float, float]:
         (series,) = chart.series
-        return dict(zip(series.x, series.y))
+        return dict(zip(series.x, series.y, strict=True))
 
     assert shown(charts["CPU utilization"]) == pytest.approx(expected("CPUUtilization"))
     assert shown(charts["I/O wait"]) == pytest.approx(expected("I/OWaitPercentage"))
@@ -203,7 +216,7 @@ def test_system_metric_and_step_time_charts_equal_the_profiler_files(full_run: P
     assert len(shown(charts["CPU utilization"])) == 150  # both minute files were read
 
     (steps_chart,) = data.profiler.step_charts
-    train = {int(x): y for x, y in zip(*[(s.x, s.y) for s in steps_chart.series if s.label == "TRAIN"][0])}
+    train = {int(x): y for x, y in zip(*[(s.x, s.y) for s in steps_chart.series if s.label == "TRAIN"][0], strict=True)}
     assert len(train) == 30
     assert train[7] == pytest.approx(40 + 2 * 2 + 25)  # ms: base 40, (7 % 5) * 2, the outlier's 25
     stats = {row["series"]: row for row in data.profiler.step_stats}

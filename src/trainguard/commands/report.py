@@ -22,7 +22,9 @@ def parse_steps(text: str | None) -> list[int] | None:
         try:
             step = int(item)
         except ValueError:
-            raise ConfigError(f"--steps {text!r}: {item!r} is not a step number; give global steps like 0,50,100") from None
+            raise ConfigError(
+                f"--steps {text!r}: {item!r} is not a step number; give global steps like 0,50,100"
+            ) from None
         if step < 0:
             raise ConfigError(f"--steps {text!r}: step {step} is negative; steps start at 0")
         steps.append(step)
@@ -50,7 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("report", help="write a self-contained HTML report of a run")
     parser.add_argument("run", help="the run: the hook's out_dir, a local directory or s3://bucket/prefix")
     parser.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
-    parser.add_argument("--steps", help="global steps for the weight histograms, e.g. 0,50,100 (default first, middle, last)")
+    parser.add_argument(
+        "--steps", help="global steps for the weight histograms, e.g. 0,50,100 (default first, middle, last)"
+    )
     parser.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// runs (MinIO, moto ...)")
     parser.add_argument("--max-points", type=int, default=200, help="most steps read per norm curve (default 200)")
     parser.set_defaults(func=_report)

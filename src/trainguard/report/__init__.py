@@ -90,8 +90,16 @@ def gather_report(
     sidecar = open_store(_sidecar_root(text), **options)
     data.rule_outcomes, data.finding_problems = read_rule_outputs(sidecar)
     data.profiler = gather_profiler_sections(sidecar)
-    if not data.overview and not data.rule_outcomes and not data.profiler.system_charts and not data.profiler.step_charts:
-        raise TrialError(f"nothing to report at {text}: {data.tensor_error or 'no tensors'}, no rule-output/*.json, no profiler-output/")
+    if (
+        not data.overview
+        and not data.rule_outcomes
+        and not data.profiler.system_charts
+        and not data.profiler.step_charts
+    ):
+        raise TrialError(
+            f"nothing to report at {text}: {data.tensor_error or 'no tensors'}, "
+            "no rule-output/*.json, no profiler-output/"
+        )
     data.read_seconds = time.monotonic() - started
     return data
 

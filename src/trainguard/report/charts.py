@@ -21,7 +21,7 @@ class Series:
     y: list[float]
 
     def finite_points(self) -> list[tuple[float, float]]:
-        return [(x, y) for x, y in zip(self.x, self.y) if math.isfinite(x) and math.isfinite(y)]
+        return [(x, y) for x, y in zip(self.x, self.y, strict=False) if math.isfinite(x) and math.isfinite(y)]
 
 
 @dataclass

@@ -30,7 +30,9 @@ class RuleOutcome:
     @property
     def fired(self) -> list[dict[str, Any]]:
         """Findings where the rule's condition was met, in step order."""
-        return sorted((f for f in self.findings if f.get("fired")), key=lambda f: (f.get("step") is None, f.get("step")))
+        return sorted(
+            (f for f in self.findings if f.get("fired")), key=lambda f: (f.get("step") is None, f.get("step"))
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], key: str) -> RuleOutcome:
@@ -64,7 +66,11 @@ def read_rule_outputs(store: Store) -> tuple[list[RuleOutcome], list[str]]:
     """
     outcomes, problems = [], []
     try:
-        keys = [key for key in store.list(RULE_OUTPUT_PREFIX) if key.endswith(".json") and "/" not in key[len(RULE_OUTPUT_PREFIX) :]]
+        keys = [
+            key
+            for key in store.list(RULE_OUTPUT_PREFIX)
+            if key.endswith(".json") and "/" not in key[len(RULE_OUTPUT_PREFIX) :]
+        ]
     except StorageError as error:
         return [], [f"could not list {store.url}/{RULE_OUTPUT_PREFIX}: {error}"]
     for key in sorted(keys):

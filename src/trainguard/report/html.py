@@ -23,7 +23,8 @@ __all__ = ["render_html"]
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
 _STYLE = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1b1f24; background: #f6f7f9; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0;
+       color: #1b1f24; background: #f6f7f9; }
 header { background: #1f3b57; color: #fff; padding: 18px 28px; }
 header h1 { margin: 0 0 4px; font-size: 22px; }
 header p { margin: 0; opacity: .85; }
@@ -77,7 +78,9 @@ def _figures(charts: Sequence[Chart]) -> str:
     items = []
     for chart in charts:
         caption = f"<figcaption>{escape(chart.note)}</figcaption>" if chart.note else ""
-        items.append(f'<figure><div class="chart-title">{escape(chart.title)}</div>{render_chart(chart)}{caption}</figure>')
+        items.append(
+            f'<figure><div class="chart-title">{escape(chart.title)}</div>{render_chart(chart)}{caption}</figure>'
+        )
     return f'<div class="charts">{"".join(items)}</div>'
 
 
@@ -103,8 +106,11 @@ def _overview(data: ReportData) -> str:
         ("Workers", escape(", ".join(facts["workers"]) or "none")),
         ("Steps saved", f"{facts['steps']} (global steps {facts['first_step']}..{facts['last_step']})"),
         ("Steps per mode", escape(modes)),
-        ("Tensors", f"{facts['tensors']} ({escape(collections)})"
-         + (f" + {facts['reduction_tensors']} saved reductions" if facts["reduction_tensors"] else "")),
+        (
+            "Tensors",
+            f"{facts['tensors']} ({escape(collections)})"
+            + (f" + {facts['reduction_tensors']} saved reductions" if facts["reduction_tensors"] else ""),
+        ),
         ("Data", escape(format_bytes(int(facts["bytes"])))),
         ("Training ended", "yes" if facts["ended"] else "no (live or crashed run)"),
     ]
@@ -129,7 +135,9 @@ def _findings(data: ReportData) -> str:
         )
         for outcome in data.rule_outcomes
     ]
-    parts.append(_table(("Rule configuration", "Rule", "Status", "Last step", "Findings", "Details"), status_rows, "rules"))
+    parts.append(
+        _table(("Rule configuration", "Rule", "Status", "Last step", "Findings", "Details"), status_rows, "rules")
+    )
     finding_rows = []
     for outcome in data.rule_outcomes:
         for finding in outcome.fired:
@@ -148,7 +156,11 @@ def _findings(data: ReportData) -> str:
     else:
         parts.append('<p class="empty">No rule fired.</p>')
     missing_rows = [
-        (escape(outcome.configuration_name), escape(str(item.get("what", ""))), escape(str(item.get("collection") or "")))
+        (
+            escape(outcome.configuration_name),
+            escape(str(item.get("what", ""))),
+            escape(str(item.get("collection") or "")),
+        )
         for outcome in data.rule_outcomes
         for item in outcome.missing
     ]

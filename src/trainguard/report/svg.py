@@ -66,7 +66,7 @@ class _Scale:
         if self.log:
             exponents = range(math.floor(self.low), math.ceil(self.high) + 1)
             ticks = [10.0**e for e in exponents if self.low - 1e-9 <= e <= self.high + 1e-9]
-            return ticks or [10 ** self.low]
+            return ticks or [10**self.low]
         return _nice_ticks(self.low, self.high)
 
 
@@ -87,7 +87,7 @@ def _histogram_outline(series: Series) -> list[tuple[float, float]]:
     if len(edges) != len(counts) + 1 or not counts:
         return []
     outline = [(edges[0], 0.0)]
-    for left, right, count in zip(edges, edges[1:], counts):
+    for left, right, count in zip(edges, edges[1:], counts, strict=False):
         outline += [(left, float(count)), (right, float(count))]
     outline.append((edges[-1], 0.0))
     return outline
@@ -126,7 +126,9 @@ def render_chart(chart: Chart) -> str:
         x = x_scale(tick)
         if LEFT - 0.5 <= x <= LEFT + PLOT_W + 0.5:
             parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP + PLOT_H}" y2="{TOP + PLOT_H + 5}" class="axis"/>')
-            parts.append(f'<text x="{x:.1f}" y="{TOP + PLOT_H + 18}" class="tick" text-anchor="middle">{_fmt(tick)}</text>')
+            parts.append(
+                f'<text x="{x:.1f}" y="{TOP + PLOT_H + 18}" class="tick" text-anchor="middle">{_fmt(tick)}</text>'
+            )
     parts.append(
         f'<text x="{LEFT + PLOT_W / 2:.0f}" y="{HEIGHT - 6}" class="axis-label" text-anchor="middle">'
         f"{escape(chart.x_label)}</text>"
@@ -136,12 +138,13 @@ def render_chart(chart: Chart) -> str:
         f'<text transform="translate(14 {TOP + PLOT_H / 2:.0f}) rotate(-90)" class="axis-label" '
         f'text-anchor="middle">{escape(y_label)}</text>'
     )
-    for index, (series, points) in enumerate(zip(chart.series, drawn)):
+    for index, (series, points) in enumerate(zip(chart.series, drawn, strict=True)):
         colour = PALETTE[index % len(PALETTE)]
         if points:
             parts.append(
                 f'<path d="{_path(points, x_scale, y_scale)}" class="series" stroke="{colour}" '
-                f'data-label="{escape(series.label)}" data-points="{len(points)}"><title>{escape(series.label)}</title></path>'
+                f'data-label="{escape(series.label)}" data-points="{len(points)}">'
+                f"<title>{escape(series.label)}</title></path>"
             )
             if chart.kind == "line" and len(points) <= MAX_MARKED_POINTS:
                 # Few points: mark each, so gaps (steps of another mode) do not read as data.

@@ -153,7 +153,14 @@ def _chunked_charts(title: str, y_label: str, series: Sequence[Series], *, note:
         spread = max(positive) / min(positive) if positive else 1.0
         has_non_positive = any(y <= 0 for line in group for _, y in line.finite_points())
         charts.append(
-            Chart(title + suffix, "global step", y_label, list(group), log_y=spread > 100 and not has_non_positive, note=note)
+            Chart(
+                title + suffix,
+                "global step",
+                y_label,
+                list(group),
+                log_y=spread > 100 and not has_non_positive,
+                note=note,
+            )
         )
     return charts
 
@@ -273,7 +280,9 @@ def gather_tensor_sections(
     activations = [name for name in _names_in(trial, ACTIVATION_COLLECTIONS) if name not in losses]
     curves = _curves(reader, activations, _saved_steps(trial, activations), "zero_fraction", max_points)
     sections.activation_charts = _chunked_charts(
-        "Activation zero fraction per layer", "fraction of zeros", list(curves.values()),
+        "Activation zero fraction per layer",
+        "fraction of zeros",
+        list(curves.values()),
         note="A layer near 1.0 for many steps is a dead ReLU.",
     )
     for chart in sections.activation_charts:
