@@ -1,0 +1,269 @@
+"""Docker back-end: one container per job component, through the Docker SDK (``docker`` 7.x).
+
+Every container and volume carries the labels ``trainguard.job=<job>`` and ``trainguard.role=<role>``,
+so everything a job owns is found again from the engine alone: a restarted control API calls
+:meth:`DockerLauncher.jobs` and :meth:`DockerLauncher.status` and picks up where it left off.
+
+Configuration (read at construction, never at import):
+    TRAINGUARD_DOCKER_NETWORK   network the job containers join (the compose stack's network, so
+                                they reach S3 and the API by service name); unset = engine default.
+    DOCKER_HOST                 the engine (default: /var/run/docker.sock), as for the docker CLI.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from services.launchers.base import ComponentSpec, ComponentState, ComponentStatus, JobLaunch, LauncherError
+
+__all__ = ["DockerLauncher", "JOB_LABEL", "ROLE_LABEL", "container_name", "docker_available"]
+
+JOB_LABEL = "trainguard.job"
+ROLE_LABEL = "trainguard.role"
+_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
+# Container states as the engine reports them (State.Status).
+_RUNNING_STATES = {"running", "restarting", "paused", "removing"}
+_EXITED_STATES = {"exited", "dead"}
+_CONNECT_TIMEOUT_S = 30
+
+
+def container_name(job_name: str, role: str) -> str:
+    """``tg-<job>-<role>`` with anything Docker rejects in a name replaced by ``-``."""
+    return _NAME_UNSAFE.sub("-", f"tg-{job_name}-{role}").strip("-")
+
+
+def docker_available(timeout_s: float = 3.0) -> bool:
+    """True when the Docker SDK is installed and the engine answers a ping."""
+    try:
+        import docker
+    except ImportError:
+        return False
+    try:
+        client = docker.from_env(timeout=max(1, int(timeout_s)))
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - any failure to reach the engine means "not available"
+        return False
+
+
+def _exit_reason(state: dict[str, Any]) -> str:
+    """Why a container ended, in words: OOM, a signal, or the engine's own error."""
+    if state.get("OOMKilled"):
+        return "OOMKilled"
+    error = state.get("Error") or ""
+    if error:
+        return error
+    code = state.get("ExitCode")
+    if isinstance(code, int) and code > 128:
+        try:
+            return f"killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            return f"exit code {code}"
+    return ""
+
+
+class DockerLauncher:
+    """:class:`services.launchers.base.Launcher` on a Docker engine. Every method is idempotent."""
+
+    name = "docker"
+
+    def __init__(self, client: Any | None = None, *, network: str | None = None, init: bool = True) -> None:
+        """
+        Args:
+            client: a ``docker.DockerClient``; default ``docker.from_env()`` (DOCKER_HOST or the socket).
+            network: network for job containers; default env TRAINGUARD_DOCKER_NETWORK (unset: engine default).
+            init: run an init process as PID 1 in each container (reaps zombies, forwards signals).
+        """
+        if client is None:
+            try:
+                import docker
+            except ImportError as error:
+                raise LauncherError("the Docker launcher needs the Docker SDK: pip install 'docker>=7,<8'") from error
+            try:
+                client = docker.from_env(timeout=_CONNECT_TIMEOUT_S)
+                client.ping()
+            except Exception as error:  # noqa: BLE001 - DockerException, requests errors, socket errors
+                raise LauncherError(
+                    f"cannot reach the Docker engine ({error}); start dockerd (bash infra/setup_docker.sh) "
+                    "or set TRAINGUARD_LAUNCHER=local"
+                ) from error
+        self._client = client
+        self._network = network if network is not None else (os.environ.get("TRAINGUARD_DOCKER_NETWORK") or None)
+        self._init = init
+        self._lock = threading.Lock()  # start/remove of one job must not interleave
+
+    # -- Launcher -----------------------------------------------------------------------------
+    def start(self, job: JobLaunch) -> None:
+        import docker.errors
+
+        with self._lock:
+            existing = {self._role(c): c for c in self._containers(job.job_name)}
+            self._check_network()
+            created = []
+            try:
+                for component in job.components:
+                    if component.role in existing:
+                        continue  # already started (idempotent start after an API restart)
+                    self._ensure_volumes(job.job_name, component)
+                    created.append(self._run(job.job_name, component))
+            except docker.errors.ImageNotFound as error:
+                self._discard(created)
+                raise LauncherError(
+                    f"image not found for job {job.job_name!r}: {error.explanation}; "
+                    "build the images with `bash infra/build_images.sh`"
+                ) from error
+            except docker.errors.APIError as error:
+                self._discard(created)
+                raise LauncherError(f"docker could not start job {job.job_name!r}: {error.explanation}") from error
+
+    def status(self, job_name: str) -> dict[str, ComponentStatus]:
+        statuses: dict[str, ComponentStatus] = {}
+        for container in self._containers(job_name):
+            role = self._role(container)
+            state = container.attrs.get("State", {})
+            engine_status = state.get("Status", "")
+            if engine_status in _RUNNING_STATES:
+                statuses[role] = ComponentStatus(role, ComponentState.RUNNING)
+            elif engine_status in _EXITED_STATES:
+                code = state.get("ExitCode")
+                statuses[role] = ComponentStatus(
+                    role, ComponentState.EXITED, exit_code=code if isinstance(code, int) else None,
+                    reason=_exit_reason(state),
+                )
+            else:  # "created": not started yet
+                statuses[role] = ComponentStatus(role, ComponentState.PENDING)
+        return statuses
+
+    def stop(self, job_name: str, roles: tuple[str, ...] | None = None, grace_seconds: float = 120.0) -> None:
+        """SIGTERM, then SIGKILL after the grace (docker's own stop); all components at once."""
+        import docker.errors
+
+        targets = [
+            c for c in self._containers(job_name)
+            if (roles is None or self._role(c) in roles) and c.attrs.get("State", {}).get("Status") in _RUNNING_STATES
+        ]
+        # Docker takes whole seconds; round up so the process never gets less than asked.
+        timeout = max(0, math.ceil(grace_seconds))
+        errors: list[str] = []
+
+        def stop_one(container: Any) -> None:
+            try:
+                container.stop(timeout=timeout)
+            except docker.errors.NotFound:
+                pass  # removed meanwhile: stopped is what was wanted
+            except docker.errors.APIError as error:
+                errors.append(f"{container.name}: {error.explanation}")
+
+        threads = [threading.Thread(target=stop_one, args=(c,), daemon=True) for c in targets]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise LauncherError(f"could not stop job {job_name!r}: " + "; ".join(errors))
+
+    def logs(self, job_name: str, role: str = "training", tail: int | None = None) -> str:
+        for container in self._containers(job_name):
+            if self._role(container) == role:
+                raw = container.logs(stdout=True, stderr=True, tail="all" if tail is None else int(tail))
+                return raw.decode("utf-8", errors="replace")
+        return ""
+
+    def jobs(self) -> list[str]:
+        containers = self._client.containers.list(all=True, filters={"label": JOB_LABEL})
+        return sorted({c.labels.get(JOB_LABEL, "") for c in containers} - {""})
+
+    def remove(self, job_name: str) -> None:
+        """Stop what still runs (10 s grace), then delete the containers and the job's volumes."""
+        import docker.errors
+
+        with self._lock:
+            self.stop(job_name, grace_seconds=10)
+            for container in self._containers(job_name):
+                try:
+                    container.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
+            for volume in self._client.volumes.list(filters={"label": f"{JOB_LABEL}={job_name}"}):
+                try:
+                    volume.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
+                except docker.errors.APIError as error:
+                    raise LauncherError(f"could not remove volume {volume.name}: {error.explanation}") from error
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _containers(self, job_name: str) -> list[Any]:
+        try:
+            containers = self._client.containers.list(all=True, filters={"label": f"{JOB_LABEL}={job_name}"})
+        except Exception as error:  # noqa: BLE001 - engine gone: say so in the launcher's terms
+            raise LauncherError(f"cannot list containers of job {job_name!r}: {error}") from error
+        # Newest first, so a role that was somehow started twice reports its latest container.
+        return sorted(containers, key=lambda c: c.attrs.get("Created", ""), reverse=True)
+
+    @staticmethod
+    def _role(container: Any) -> str:
+        return container.labels.get(ROLE_LABEL, container.name)
+
+    def _check_network(self) -> None:
+        if self._network is None:
+            return
+        import docker.errors
+
+        try:
+            self._client.networks.get(self._network)
+        except docker.errors.NotFound:
+            raise LauncherError(
+                f"docker network {self._network!r} (TRAINGUARD_DOCKER_NETWORK) does not exist; "
+                "start the compose stack or create it with `docker network create`"
+            ) from None
+
+    def _ensure_volumes(self, job_name: str, component: ComponentSpec) -> None:
+        import docker.errors
+
+        for source in component.volumes:
+            if "/" in source:
+                continue  # a host path, bind-mounted as is
+            try:
+                self._client.volumes.get(source)
+            except docker.errors.NotFound:
+                self._client.volumes.create(name=source, labels={JOB_LABEL: job_name})
+
+    def _run(self, job_name: str, component: ComponentSpec) -> Any:
+        options: dict[str, Any] = {
+            "name": container_name(job_name, component.role),
+            "command": list(component.command),
+            "environment": dict(component.environment),
+            "labels": {JOB_LABEL: job_name, ROLE_LABEL: component.role},
+            "volumes": {source: {"bind": target, "mode": "rw"} for source, target in component.volumes.items()},
+            "init": self._init,
+        }
+        if component.cpus is not None:
+            options["nano_cpus"] = int(component.cpus * 1e9)
+        if component.memory_mb is not None:
+            options["mem_limit"] = f"{int(component.memory_mb)}m"
+        if component.working_dir:
+            options["working_dir"] = component.working_dir
+        if self._network:
+            options["network"] = self._network
+        # create + start, not run: run() would try to pull a missing image from a registry.
+        container = self._client.containers.create(component.image, **options)
+        container.start()
+        return container
+
+    @staticmethod
+    def _discard(containers: Iterable[Any]) -> None:
+        """Remove containers a failed start created, so a retry starts clean."""
+        for container in containers:
+            try:
+                container.remove(force=True)
+            except Exception:  # noqa: BLE001 - best effort: the original error is what matters
+                pass
