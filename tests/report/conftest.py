@@ -34,3 +34,14 @@ def full_run(plain_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def reductions_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Only l2 norms and zero fractions saved for weights, gradients and activations."""
     return train_run(tmp_path_factory.mktemp("report") / "reductions-run", epochs=1, reductions_only=True)
+
+
+@pytest.fixture(scope="session")
+def profiled_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One epoch trained under trainguard's own Profiler (system metrics every 100 ms, step timings)."""
+    from trainguard.profiler import Profiler
+
+    run = tmp_path_factory.mktemp("report") / "profiled-run"
+    with Profiler(str(run), interval_ms=100):
+        train_run(run, epochs=2)
+    return run
