@@ -1,0 +1,283 @@
+"""``trainguard rules``: run rules on a run (live or finished), list and describe them.
+
+    trainguard rules run PATH --rule NAME[:key=value,...] ... [--start-step N] [--end-step N]
+                          [--json] [--progress FILE] [--endpoint-url URL] [--output-dir DIR]
+    trainguard rules list [--json]
+    trainguard rules describe NAME
+
+``rules run`` exits 0 when no rule found an issue, 1 when one did, 2 on an error (a rule that
+could not run, a run that did not appear, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from typing import Any, TextIO
+
+from trainguard.errors import ConfigError, TrainguardError
+
+__all__ = ["add_run_arguments", "exit_code", "module_main", "parse_rule_list", "register", "run_rules"]
+
+EXIT_NO_ISSUES, EXIT_ISSUES, EXIT_ERROR = 0, 1, 2
+
+
+def parse_rule_list(text: str) -> list[Any]:
+    """``A,B:key=v,key2=v2,pkg.mod:Class`` → RuleSpecs.
+
+    A comma-separated item without ``=`` (or with a ``:`` before its ``=``) starts a new rule;
+    ``key=value`` items belong to the rule before them.
+    """
+    from trainguard.rules.spec import RuleSpec
+
+    groups: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        colon, equals = item.find(":"), item.find("=")
+        starts_rule = equals < 0 or (0 <= colon < equals)
+        if starts_rule:
+            groups.append(item)
+        elif groups:
+            groups[-1] += "," + item
+        else:
+            raise ConfigError(f"--rules {text!r}: {item!r} comes before any rule name; write NAME:{item}")
+    return [RuleSpec.parse(group) for group in groups]
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", help="the run: the hook's out_dir (directory or s3://bucket/prefix)")
+    parser.add_argument(
+        "--rule", action="append", default=[], metavar="NAME[:key=value,...]",
+        help="a rule to run (repeatable); NAME is a built-in, a plug-in, or package.module:Class",
+    )  # fmt: skip
+    parser.add_argument("--specs-json", help=argparse.SUPPRESS)  # full RuleSpecs (with actions), for trainguard run
+    parser.add_argument("--start-step", type=int, help="first global step to evaluate")
+    parser.add_argument("--end-step", type=int, help="evaluate steps before this one (exclusive)")
+    parser.add_argument("--json", action="store_true", help="print one JSON StatusUpdate per line")
+    parser.add_argument("--progress", help="progress file: resume from it and keep it up to date")
+    parser.add_argument("--output-dir", help="write rule-output/<name>.json here (default: the run dir if local)")
+    parser.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// runs")
+    parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between polls (default 0.5)")
+    parser.add_argument(
+        "--wait-timeout", type=float, default=120.0, help="seconds to wait for the run to appear (default 120)"
+    )
+    parser.add_argument("--end-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)
+
+
+def _specs_from_args(args: argparse.Namespace) -> list[Any]:
+    from trainguard.rules.spec import RuleSpec
+
+    specs = [RuleSpec.parse(text) for text in args.rule]
+    if args.specs_json:
+        for item in json.loads(args.specs_json):
+            specs.append(
+                RuleSpec(
+                    rule=item["rule"],
+                    parameters=item.get("parameters") or {},
+                    configuration_name=item.get("configuration_name") or "",
+                    actions=tuple(item.get("actions") or ()),
+                )
+            )
+    if not specs:
+        raise ConfigError("no rules given: add --rule NAME (trainguard rules list shows the names)")
+    return specs
+
+
+def exit_code(final: dict[str, Any]) -> int:
+    statuses = {getattr(update.status, "value", update.status) for update in final.values()}
+    if "Error" in statuses or not final:
+        return EXIT_ERROR
+    if "IssuesFound" in statuses:
+        return EXIT_ISSUES
+    if "Stopped" in statuses:
+        return EXIT_ERROR
+    return EXIT_NO_ISSUES
+
+
+def format_update(update: Any) -> str:
+    """One human line (two with a fix hint) for a StatusUpdate."""
+    status = getattr(update.status, "value", update.status)
+    head = f"trainguard rules: {update.configuration_name}: {status}"
+    result = update.result
+    if result is not None and result.fired:
+        text = f"{head} at step {result.step}: {result.message}"
+        return text + (f"\n    fix: {result.fix_hint}" if result.fix_hint else "")
+    details = (update.status_details or "").strip()
+    if status == "InProgress" and not details:
+        return f"{head} (from step {update.last_evaluated_step + 1})" if update.last_evaluated_step is not None else head
+    return f"{head}" + (f": {details}" if details else "")
+
+
+def run_rules(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from trainguard.rules.runner import RuleRunner
+
+    out = out or sys.stdout
+    lock = threading.Lock()
+
+    reported: set[str] = set()
+
+    def on_update(update: Any) -> None:
+        if args.json:
+            text = json.dumps(update.to_dict(), default=str)
+        elif update.result is not None and update.result.fired and update.configuration_name in reported:
+            # The first finding of a rule is shown in full; later ones take one line each.
+            text = f"trainguard rules: {update.configuration_name}: also at step {update.result.step}: {update.result.message}"
+        else:
+            text = format_update(update)
+            if update.result is not None and update.result.fired:
+                reported.add(update.configuration_name)
+        with lock:
+            print(text, file=out, flush=True)
+
+    stop_event = threading.Event()
+    training_done = threading.Event()
+    runner = RuleRunner(
+        args.path,
+        _specs_from_args(args),
+        progress_file=args.progress,
+        output_dir=args.output_dir,
+        start_step=args.start_step,
+        end_step=args.end_step,
+        endpoint_url=args.endpoint_url,
+        poll_interval=args.poll_interval,
+        on_update=on_update,
+        stop_event=stop_event,
+        training_done=training_done,
+        wait_timeout=args.wait_timeout,
+    )
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop_event.set())
+    if args.end_on_stdin_eof:
+        # trainguard run keeps our stdin open while training runs: EOF means the training
+        # process is gone (finished, crashed or stopped), with or without an end marker.
+        def watch_stdin() -> None:
+            try:
+                while sys.stdin.buffer.read(4096):
+                    pass
+            except (OSError, ValueError):
+                pass
+            training_done.set()
+
+        threading.Thread(target=watch_stdin, daemon=True, name="trainguard-stdin-eof").start()
+    final = runner.run()
+    if not args.json:
+        with lock:
+            print(_final_table(final), file=out, flush=True)
+    return exit_code(final)
+
+
+def _final_table(final: dict[str, Any]) -> str:
+    lines = ["trainguard rules: final status"]
+    width = max((len(name) for name in final), default=0)
+    for name, update in final.items():
+        status = getattr(update.status, "value", update.status)
+        details = (update.status_details or "").strip().replace("\n", " ")
+        lines.append(f"  {name:<{width}}  {status:<13} {details}".rstrip())
+    return "\n".join(lines)
+
+
+def _rule_classes() -> dict[str, type]:
+    from importlib import metadata
+
+    from trainguard.rules import builtin_rules
+    from trainguard.rules.compat import resolve_rule_class
+    from trainguard.rules.registry import ENTRY_POINT_GROUP
+
+    classes: dict[str, type] = dict(builtin_rules())
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            classes[entry.name] = resolve_rule_class(entry.name)
+        except Exception as error:  # noqa: BLE001 - a broken plug-in must not hide the others
+            print(f"trainguard: plug-in rule {entry.name!r} cannot be loaded: {error}", file=sys.stderr)
+    return classes
+
+
+def _parameter_rows(rule_class: type) -> list[tuple[str, str, str]]:
+    """(name, default, doc) per parameter, for list and describe."""
+    from trainguard.rules.compat import SmdebugRuleAdapter
+
+    if issubclass(rule_class, SmdebugRuleAdapter):
+        return [(key, repr(value), "") for key, value in rule_class.constructor_parameters().items()]
+    rows = []
+    for key, param in rule_class.parameters().items():
+        default = repr(param.default)
+        if param.documented_default is not None and param.documented_default != param.default:
+            default += f" (SageMaker documents {param.documented_default!r})"
+        rows.append((key, default, param.doc))
+    return rows
+
+
+def _list(args: argparse.Namespace) -> int:
+    classes = _rule_classes()
+    if args.json:
+        document = [
+            {
+                "name": name,
+                "kind": getattr(cls, "kind", "debugger"),
+                "description": cls.describe(),
+                "collections": list(getattr(cls, "collections", ())),
+                "parameters": {key: default for key, default, _ in _parameter_rows(cls)},
+            }
+            for name, cls in classes.items()
+        ]
+        print(json.dumps(document, indent=2))
+        return 0
+    for name, cls in classes.items():
+        print(f"{name}  [{getattr(cls, 'kind', 'debugger')}]  {cls.describe()}")
+        params = ", ".join(f"{key}={default}" for key, default, _ in _parameter_rows(cls))
+        if params:
+            print(f"    parameters: {params}")
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from trainguard.rules.compat import resolve_rule_class
+
+    cls = resolve_rule_class(args.name)
+    print(f"{cls.name()}  [{getattr(cls, 'kind', 'debugger')}]")
+    doc = (cls.__doc__ or "").strip()
+    module_doc = (sys.modules.get(cls.__module__).__doc__ or "").strip() if cls.__module__ in sys.modules else ""
+    if doc:
+        print(f"\n{doc}")
+    if module_doc and module_doc != doc:
+        print(f"\n{module_doc}")
+    if getattr(cls, "collections", ()):
+        print(f"\ncollections it needs saved: {', '.join(cls.collections)}")
+    if getattr(cls, "fix_hint", ""):
+        print(f"fix hint when it fires: {cls.fix_hint}")
+    rows = _parameter_rows(cls)
+    print("\nparameters:" if rows else "\nparameters: none")
+    for key, default, text in rows:
+        print(f"  {key} = {default}" + (f"  -- {text}" if text else ""))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("rules", help="run, list and describe rules")
+    verbs = parser.add_subparsers(dest="rules_verb", required=True)
+    run = verbs.add_parser("run", help="evaluate rules on a run, following it while it trains")
+    add_run_arguments(run)
+    run.set_defaults(func=run_rules)
+    listing = verbs.add_parser("list", help="every available rule with its parameters")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=_list)
+    describe = verbs.add_parser("describe", help="a rule's condition, collections and parameters")
+    describe.add_argument("name")
+    describe.set_defaults(func=_describe)
+
+
+def module_main(argv: list[str] | None = None) -> int:
+    """``python -m trainguard.rules.runner``: ``trainguard rules run`` as its own process."""
+    parser = argparse.ArgumentParser(prog="python -m trainguard.rules.runner", description="Evaluate rules on a run.")
+    add_run_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_rules(args)
+    except TrainguardError as error:
+        print(f"trainguard: error: {error}", file=sys.stderr)
+        return EXIT_ERROR

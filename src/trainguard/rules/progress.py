@@ -1,0 +1,181 @@
+"""What a rule runner has done so far, kept on disk so a restarted runner resumes exactly.
+
+Two kinds of files, both written atomically (temp file + ``os.replace``) so a reader or a
+restarted runner never sees half a file:
+
+* the progress file (``--progress FILE``): per rule configuration, the last evaluated global
+  step, the status, the findings and whether ``finish()`` already ran. A runner that restarts
+  with the same file evaluates only later steps and never records a finding twice.
+* ``<output_dir>/rule-output/<RuleConfigurationName>.json``: the per-rule result file the report
+  and ``trainguard summary`` read (format in the project's common contract).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import ConfigError
+
+__all__ = ["RuleProgress", "load_progress", "write_json_atomic", "write_progress", "write_rule_output"]
+
+PROGRESS_VERSION = 1
+RULE_OUTPUT_DIR = "rule-output"
+# A rule that fires on every step of a long run would otherwise make every progress write bigger;
+# the first findings are the ones that matter, and the count of the rest is kept.
+MAX_KEPT_FINDINGS = 1000
+MAX_KEPT_MISSING = 20
+
+
+@dataclass
+class RuleProgress:
+    """The runner's state for one rule configuration."""
+
+    configuration_name: str
+    rule: str
+    status: str = "InProgress"
+    status_details: str = ""
+    last_evaluated_step: int | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    dropped_findings: int = 0
+    missing: list[dict[str, Any]] = field(default_factory=list)
+    finished: bool = False  # finish() ran, or the rule stopped for good (stop action, error)
+    error: bool = False
+
+    @property
+    def fired_steps(self) -> set[int]:
+        return {int(finding["step"]) for finding in self.findings if finding.get("fired")}
+
+    def add_finding(self, finding: dict[str, Any]) -> bool:
+        """Record a finding unless one for the same step is already there; True when added."""
+        step = finding.get("step")
+        if any(existing.get("step") == step and existing.get("message") == finding.get("message") for existing in self.findings):
+            return False
+        if len(self.findings) >= MAX_KEPT_FINDINGS:
+            self.dropped_findings += 1
+            return True
+        self.findings.append(finding)
+        return True
+
+    def add_missing(self, what: str, collection: str | None) -> bool:
+        entry = {"what": what, "collection": collection}
+        if entry in self.missing or len(self.missing) >= MAX_KEPT_MISSING:
+            return False
+        # The same collection missing at every step is one problem, not one per step.
+        if collection is not None and any(item.get("collection") == collection for item in self.missing):
+            return False
+        self.missing.append(entry)
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "configuration_name": self.configuration_name,
+            "rule": self.rule,
+            "status": self.status,
+            "status_details": self.status_details,
+            "last_evaluated_step": self.last_evaluated_step,
+            "findings": self.findings,
+            "dropped_findings": self.dropped_findings,
+            "missing": self.missing,
+            "finished": self.finished,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RuleProgress:
+        step = data.get("last_evaluated_step")
+        return cls(
+            configuration_name=str(data["configuration_name"]),
+            rule=str(data.get("rule") or data["configuration_name"]),
+            status=str(data.get("status") or "InProgress"),
+            status_details=str(data.get("status_details") or ""),
+            last_evaluated_step=None if step is None else int(step),
+            findings=list(data.get("findings") or []),
+            dropped_findings=int(data.get("dropped_findings") or 0),
+            missing=list(data.get("missing") or []),
+            finished=bool(data.get("finished")),
+            error=bool(data.get("error")),
+        )
+
+
+def write_json_atomic(path: str | os.PathLike[str], document: Any) -> None:
+    """Write JSON so that readers see the old file or the new one, never a partial one."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump(document, file, indent=1, default=str)
+        os.replace(temp, target)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+def load_progress(path: str | os.PathLike[str], trial_path: str) -> dict[str, RuleProgress]:
+    """The saved state per configuration name; empty when the file does not exist yet.
+
+    Raises:
+        ConfigError: the file is not a progress file, or belongs to another run.
+    """
+    try:
+        with open(path, encoding="utf-8") as file:
+            document = json.load(file)
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError(f"progress file {path} is unreadable ({error}); delete it to start over") from None
+    if not isinstance(document, dict) or document.get("version") != PROGRESS_VERSION:
+        raise ConfigError(f"progress file {path} is not a trainguard rule progress file (version {PROGRESS_VERSION})")
+    saved_trial = document.get("trial")
+    if saved_trial and saved_trial.rstrip("/") != trial_path.rstrip("/"):
+        raise ConfigError(
+            f"progress file {path} belongs to the run {saved_trial}, not {trial_path}: use another --progress file"
+        )
+    try:
+        return {name: RuleProgress.from_dict(data) for name, data in (document.get("rules") or {}).items()}
+    except (KeyError, TypeError, ValueError) as error:
+        raise ConfigError(f"progress file {path} is corrupt ({error}); delete it to start over") from None
+
+
+def write_progress(path: str | os.PathLike[str], trial_path: str, rules: dict[str, RuleProgress]) -> None:
+    write_json_atomic(
+        path,
+        {
+            "version": PROGRESS_VERSION,
+            "trial": trial_path,
+            "updated_at": time.time(),
+            "rules": {name: progress.to_dict() for name, progress in rules.items()},
+        },
+    )
+
+
+def write_rule_output(output_dir: str | os.PathLike[str], progress: RuleProgress) -> Path:
+    """``<output_dir>/rule-output/<RuleConfigurationName>.json`` in the shared format."""
+    name = progress.configuration_name
+    if "/" in name or name in {"", ".", ".."}:
+        raise ConfigError(f"rule configuration name {name!r} cannot be a file name: use letters, digits and dashes")
+    path = Path(output_dir) / RULE_OUTPUT_DIR / f"{name}.json"
+    write_json_atomic(
+        path,
+        {
+            "configuration_name": name,
+            "rule": progress.rule,
+            "status": progress.status,
+            "status_details": progress.status_details,
+            "last_evaluated_step": progress.last_evaluated_step,
+            "findings": progress.findings,
+            "dropped_findings": progress.dropped_findings,
+            "missing": progress.missing,
+            "updated_at": time.time(),
+        },
+    )
+    return path

@@ -1,0 +1,539 @@
+"""The live rule runner: follow a run (finished or still training) and evaluate rules on it.
+
+    from trainguard.rules.runner import RuleRunner, StatusUpdate
+    runner = RuleRunner("s3://bucket/job/debug-output", [RuleSpec("VanishingGradient")],
+                        endpoint_url="http://minio:9000", on_update=print)
+    final = runner.run()        # {configuration name: StatusUpdate}, once training has ended
+
+What it does, in order:
+
+1. waits (up to ``wait_timeout``) for the run to appear (its collections file);
+2. on every poll, evaluates each rule on each new *complete* global step within
+   ``[start_step, end_step)``, in step order; a poll without a new step calls
+   ``rule.check_idle(now)`` instead (profiler rules get ``check_idle`` on every poll, since
+   their data is not in steps);
+3. when training has ended (end marker, or ``training_done`` set by a caller that knows the
+   process is gone) and every step was evaluated, calls ``rule.finish()`` and ends with
+   ``NoIssuesFound`` / ``IssuesFound`` / ``Error`` per rule; ``stop_event`` ends it early with
+   ``Stopped``.
+
+A rule that fires keeps running (later findings are recorded) unless its actions say
+``stoptraining``. A rule that raises is isolated: it gets ``Error`` with the exception text and
+the others go on. Missing tensors are reported in the status details, never raised.
+
+With ``progress_file`` the runner's state is saved after every evaluated step (throttled to
+``progress_interval``; at once on every finding and transition), so a restarted runner carries on
+after the last saved step and records no finding twice. With ``output_dir`` (default: the run
+directory when it is local) it keeps ``<output_dir>/rule-output/<RuleConfigurationName>.json``.
+
+Run as a process: ``python -m trainguard.rules.runner RUN --rule NAME ...`` (same options as
+``trainguard rules run``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.errors import (
+    ConfigError,
+    MissingCollectionFiles,
+    NoMoreData,
+    StepNotYetAvailable,
+    StorageError,
+    TrialError,
+    WaitTimeout,
+)
+from trainguard.rules.actions import spec_actions, stops_training
+from trainguard.rules.base import Rule, RuleStatus, StepResult
+from trainguard.rules.compat import SmdebugRuleAdapter, make_rule, resolve_rule_class
+from trainguard.rules.progress import (
+    RuleProgress,
+    load_progress,
+    write_progress,
+    write_rule_output,
+)
+from trainguard.rules.spec import RuleSpec
+
+__all__ = ["RuleRunner", "StatusUpdate", "validate_specs"]
+
+logger = logging.getLogger("trainguard.rules")
+
+_RESERVED = {"action_json", "rule_to_invoke", "base_trial", "other_trials"}
+# Consecutive failed polls of the store (network, permissions) before every rule gets Error.
+_MAX_STORE_FAILURES = 30
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """One status transition or finding of one rule configuration."""
+
+    configuration_name: str
+    rule: str
+    status: RuleStatus
+    status_details: str = ""
+    step: int | None = None
+    result: StepResult | None = None
+    last_evaluated_step: int | None = None
+    timestamp: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "configuration_name": self.configuration_name,
+            "rule": self.rule,
+            "status": RuleStatus(self.status).value,
+            "status_details": self.status_details,
+            "step": self.step,
+            "result": self.result.to_dict() if self.result is not None else None,
+            "last_evaluated_step": self.last_evaluated_step,
+            "timestamp": self.timestamp,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StatusUpdate:
+        """The inverse of :meth:`to_dict` (for a parent reading a runner's JSON lines)."""
+        from trainguard.rules.base import MissingTensor
+
+        raw = data.get("result")
+        result = None
+        if raw:
+            result = StepResult(
+                rule=raw["rule"],
+                step=int(raw["step"]),
+                fired=bool(raw["fired"]),
+                message=raw.get("message", ""),
+                fix_hint=raw.get("fix_hint", ""),
+                details=raw.get("details") or {},
+                missing=tuple(MissingTensor(m["what"], m.get("collection")) for m in raw.get("missing") or ()),
+            )
+        return cls(
+            configuration_name=data["configuration_name"],
+            rule=data["rule"],
+            status=RuleStatus(data["status"]),
+            status_details=data.get("status_details") or "",
+            step=data.get("step"),
+            result=result,
+            last_evaluated_step=data.get("last_evaluated_step"),
+            timestamp=float(data.get("timestamp") or time.time()),
+        )
+
+
+def validate_specs(specs: Sequence[RuleSpec]) -> dict[str, type[Rule]]:
+    """Resolve every spec's class and check its parameters, before anything runs.
+
+    Returns:
+        {configuration name: rule class}.
+
+    Raises:
+        ConfigError: no rules, duplicate configuration names, unknown rule (the message lists the
+            valid ones), unknown or invalid parameters, unparsable action_json.
+    """
+    if not specs:
+        raise ConfigError("no rules given: name at least one rule (trainguard rules list shows them)")
+    classes: dict[str, type[Rule]] = {}
+    for spec in specs:
+        if not isinstance(spec, RuleSpec):
+            raise ConfigError(f"expected a RuleSpec, got {spec!r}")
+        if spec.name in classes:
+            raise ConfigError(
+                f"two rule configurations are named {spec.name!r}: give each a distinct configuration_name"
+            )
+        rule_class = resolve_rule_class(spec.rule)
+        spec_actions(spec)
+        if not issubclass(rule_class, SmdebugRuleAdapter):
+            declared = rule_class.parameters()
+            unknown = sorted(set(spec.parameters) - set(declared) - _RESERVED)
+            if unknown:
+                valid = ", ".join(sorted(declared)) or "(none)"
+                raise ConfigError(f"{rule_class.name()}: unknown parameter(s) {', '.join(unknown)}; valid parameters: {valid}")
+            for key, value in spec.parameters.items():
+                if key in declared:
+                    declared[key].parse(rule_class.name(), value)
+        classes[spec.name] = rule_class
+    return classes
+
+
+def _overrides(rule: Rule, method: str) -> bool:
+    """Whether the rule implements ``method`` itself (a profiler rule may have no ``check``)."""
+    return getattr(type(rule), method) is not getattr(Rule, method)
+
+
+class RuleRunner:
+    """Evaluates rule configurations on one run as it is written. See the module docstring.
+
+    Args:
+        trial_path: the run (hook ``out_dir``): a directory or ``s3://bucket/prefix``.
+        specs: the rule configurations; names must be unique.
+        progress_file: JSON file to resume from and save progress to.
+        output_dir: where ``rule-output/<name>.json`` goes; default the run directory if local.
+        start_step, end_step: evaluate global steps ``start_step <= s < end_step`` only.
+        endpoint_url: S3-compatible endpoint for ``s3://`` runs.
+        poll_interval: seconds between polls of the run.
+        on_update: called with a :class:`StatusUpdate` on every transition and finding.
+        stop_event: set it to end the run early (rules still in progress become ``Stopped``).
+        training_done: set it when the training process is known to be gone without an end
+            marker; the runner then evaluates what is there, calls ``finish()`` and ends.
+        wait_timeout: seconds to wait for the run to appear.
+        progress_interval: at most this often (seconds) the progress file is rewritten for
+            steps without findings.
+
+    Raises:
+        ConfigError: see :func:`validate_specs`; bad step range or poll interval.
+    """
+
+    def __init__(
+        self,
+        trial_path: str,
+        specs: list[RuleSpec],
+        *,
+        progress_file: str | None = None,
+        output_dir: str | None = None,
+        start_step: int | None = None,
+        end_step: int | None = None,
+        endpoint_url: str | None = None,
+        poll_interval: float = 0.5,
+        on_update: Callable[[StatusUpdate], None] | None = None,
+        stop_event: threading.Event | None = None,
+        training_done: threading.Event | None = None,
+        wait_timeout: float = 1800.0,
+        progress_interval: float = 0.05,
+        other_trials: Sequence[Any] = (),
+    ) -> None:
+        from trainguard.storage import is_remote
+
+        self.trial_path = str(trial_path)
+        self.specs = list(specs)
+        self.classes = validate_specs(self.specs)
+        if poll_interval <= 0:
+            raise ConfigError(f"poll_interval={poll_interval!r} must be a positive number of seconds")
+        if start_step is not None and end_step is not None and end_step <= start_step:
+            raise ConfigError(f"end_step={end_step} must be greater than start_step={start_step} (end is exclusive)")
+        self.progress_file = progress_file
+        self.output_dir = output_dir if output_dir is not None else (None if is_remote(self.trial_path) else self.trial_path)
+        self.start_step = start_step
+        self.end_step = end_step
+        self.endpoint_url = endpoint_url
+        self.poll_interval = float(poll_interval)
+        self.on_update = on_update
+        self.stop_event = stop_event or threading.Event()
+        self.training_done = training_done or threading.Event()
+        self.wait_timeout = float(wait_timeout)
+        self.progress_interval = float(progress_interval)
+        self.other_trials = list(other_trials)
+        self.trial: Any = None
+        self.rules: dict[str, Rule] = {}
+        self.progress: dict[str, RuleProgress] = {}
+        self.latest: dict[str, StatusUpdate] = {}
+        self._stop_on_fire = {spec.name: stops_training(spec_actions(spec)) for spec in self.specs}
+        self._rule_names = {spec.name: cls.name() for spec, cls in zip(self.specs, self.classes.values())}
+        self._last_save = 0.0
+        self._dirty: set[str] = set()
+
+    # -- public --------------------------------------------------------------------------------
+    def run(self) -> dict[str, StatusUpdate]:
+        """Evaluate until training ends (or ``stop_event``); the final update per configuration."""
+        self._load_progress()
+        try:
+            self.trial = self._open_trial()
+        except TrialError as error:
+            for name in self.progress:
+                self._set_error(name, f"TrialUnavailable: {error}")
+            self._save(force=True)
+            return dict(self.latest)
+        if self.trial is None:  # stopped while waiting
+            self._stop_all("rule evaluation was stopped before the run appeared")
+            return dict(self.latest)
+        self._create_rules()
+        self._loop()
+        return dict(self.latest)
+
+    @property
+    def active(self) -> list[str]:
+        return [name for name in self.rules if not self.progress[name].finished]
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _load_progress(self) -> None:
+        saved = load_progress(self.progress_file, self.trial_path) if self.progress_file else {}
+        for spec in self.specs:
+            state = saved.get(spec.name) or RuleProgress(spec.name, self._rule_names[spec.name])
+            if not state.finished and state.status in (RuleStatus.ERROR.value, RuleStatus.STOPPED.value):
+                # A restart retries a rule that errored or was stopped, from its last saved step.
+                state.status, state.status_details, state.error = RuleStatus.IN_PROGRESS.value, "", False
+            if not state.finished and state.status == RuleStatus.NO_ISSUES_FOUND.value:
+                state.status = RuleStatus.IN_PROGRESS.value
+            self.progress[spec.name] = state
+
+    def _open_trial(self) -> Any:
+        from trainguard.trial import create_trial
+
+        deadline = time.monotonic() + self.wait_timeout
+        last_error: Exception | None = None
+        while not self.stop_event.is_set():
+            try:
+                return create_trial(self.trial_path, endpoint_url=self.endpoint_url, collection_wait_timeout=0)
+            except (MissingCollectionFiles, StorageError) as error:
+                last_error = error
+            if time.monotonic() >= deadline:
+                raise TrialError(
+                    f"the run at {self.trial_path} did not appear within {self.wait_timeout:.0f} s ({last_error}). "
+                    "Check that the path is the training job's tensor output (the hook's out_dir), or wait longer "
+                    "(--wait-timeout)"
+                )
+            self.stop_event.wait(min(self.poll_interval, 1.0))
+        return None
+
+    def _create_rules(self) -> None:
+        for spec in self.specs:
+            state = self.progress[spec.name]
+            try:
+                self.rules[spec.name] = make_rule(self.trial, spec, self.other_trials)
+            except Exception as error:  # noqa: BLE001 - one bad rule must not stop the others
+                self.rules[spec.name] = None  # type: ignore[assignment]
+                state.finished = True
+                self._set_error(spec.name, f"{type(error).__name__}: {error}")
+                continue
+            if state.finished:
+                self._emit(spec.name, RuleStatus(state.status), state.status_details)
+            else:
+                status = RuleStatus.ISSUES_FOUND if state.fired_steps else RuleStatus.IN_PROGRESS
+                state.status = status.value
+                self._emit(spec.name, status, state.status_details if state.fired_steps else "")
+        self.rules = {name: rule for name, rule in self.rules.items() if rule is not None}
+        self._save(force=True)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        store_failures = 0
+        while True:
+            if self.stop_event.is_set():
+                self._stop_all("rule evaluation was stopped before training ended")
+                return
+            try:
+                done_signal = self.training_done.is_set()
+                if done_signal:
+                    self.trial.refresh(force=True)
+                ended = self.trial.training_ended or done_signal
+                steps = self._ready_steps(ended)
+                store_failures = 0
+            except (StorageError, TrialError) as error:
+                store_failures += 1
+                logger.warning("trainguard rules: reading %s failed (%s); retrying", self.trial_path, error)
+                if store_failures >= _MAX_STORE_FAILURES:
+                    for name in self.active:
+                        self._set_error(name, f"{type(error).__name__}: reading the run failed {store_failures} times: {error}")
+                    self._save(force=True)
+                    return
+                self.stop_event.wait(self.poll_interval)
+                continue
+            for step in steps:
+                if self.stop_event.is_set():
+                    break
+                self._evaluate_step(step)
+            if self.stop_event.is_set():
+                continue
+            self._idle_checks(had_steps=bool(steps))
+            past_end = self.end_step is not None and self._last_seen_step() is not None and self._last_seen_step() >= self.end_step - 1
+            if ended or past_end or not self.active:
+                self._finish_all()
+                return
+            self._save()
+            self.stop_event.wait(self.poll_interval)
+
+    def _cursor(self) -> int | None:
+        cursors = [self.progress[name].last_evaluated_step for name in self.active]
+        if any(cursor is None for cursor in cursors):
+            return None
+        return min(cursors, default=None)  # type: ignore[type-var]
+
+    def _last_seen_step(self) -> int | None:
+        return self.trial.last_complete_step
+
+    def _ready_steps(self, ended: bool) -> list[int]:
+        """New complete global steps in range, in order. Reads the trial's listing directly:
+        ``trial.steps()`` re-checks completeness of every step, which is quadratic on long runs."""
+        state = self.trial._state
+        last = max(state.steps, default=None) if ended else self.trial.last_complete_step
+        if last is None:
+            return []
+        cursor = self._cursor()
+        low = -1 if cursor is None else cursor
+        if self.start_step is not None:
+            low = max(low, self.start_step - 1)
+        high = last if self.end_step is None else min(last, self.end_step - 1)
+        return sorted(step for step in list(state.steps) if low < step <= high)
+
+    def _evaluate_step(self, step: int) -> None:
+        for name in self.active:
+            state = self.progress[name]
+            if state.last_evaluated_step is not None and step <= state.last_evaluated_step:
+                continue
+            rule = self.rules[name]
+            if _overrides(rule, "check"):
+                try:
+                    result = rule.evaluate(step)
+                except (StepNotYetAvailable, NoMoreData, WaitTimeout):
+                    result = None
+                except Exception as error:  # noqa: BLE001 - isolate the rule
+                    self._rule_failed(name, error, f"while evaluating step {step}")
+                    continue
+                self._record(name, result)
+            state.last_evaluated_step = step
+            self._dirty.add(name)
+        self._save()
+
+    def _idle_checks(self, had_steps: bool) -> None:
+        now = time.time()
+        for name in self.active:
+            rule = self.rules[name]
+            if not _overrides(rule, "check_idle") or (had_steps and rule.kind != "profiler"):
+                continue
+            try:
+                result = rule.check_idle(now)
+            except Exception as error:  # noqa: BLE001
+                self._rule_failed(name, error, "in check_idle")
+                continue
+            self._record(name, result)
+
+    def _finish_all(self) -> None:
+        for name in self.active:
+            rule = self.rules[name]
+            try:
+                result = rule.finish()
+            except Exception as error:  # noqa: BLE001
+                self._rule_failed(name, error, "in finish() after training ended")
+                continue
+            self._record(name, result)
+            state = self.progress[name]
+            if state.finished:  # a stop action after the final finding
+                continue
+            state.finished = True
+            if state.fired_steps:
+                self._set_status(name, RuleStatus.ISSUES_FOUND, self._first_fired_details(name))
+            else:
+                details = ""
+                if state.missing:
+                    details = "Missing data: " + "; ".join(_describe_missing(item) for item in state.missing)
+                self._set_status(name, RuleStatus.NO_ISSUES_FOUND, details)
+        self._save(force=True)
+
+    def _stop_all(self, why: str) -> None:
+        for name, state in self.progress.items():
+            if state.finished or state.status in (RuleStatus.ERROR.value,):
+                continue
+            if state.fired_steps:
+                self._set_status(name, RuleStatus.ISSUES_FOUND, self._first_fired_details(name))
+            else:
+                step = state.last_evaluated_step
+                self._set_status(name, RuleStatus.STOPPED, f"{why} (last evaluated step: {step})")
+        self._save(force=True)
+
+    # -- results -------------------------------------------------------------------------------
+    def _record(self, name: str, result: StepResult | None) -> None:
+        if result is None:
+            return
+        state = self.progress[name]
+        if result.missing:
+            new = [m for m in result.missing if state.add_missing(m.what, m.collection)]
+            if new:
+                details = "Missing data: " + "; ".join(m.describe() for m in new)
+                if not state.fired_steps:
+                    state.status_details = details
+                self._emit(name, RuleStatus(state.status), details, result)
+                self._save(force=True)
+            return
+        if not result.fired:
+            return
+        if not state.add_finding(result.to_dict()):
+            return  # already recorded before a restart
+        details = result.condition_met_details()
+        if state.status != RuleStatus.ISSUES_FOUND.value:
+            state.status_details = details
+        state.status = RuleStatus.ISSUES_FOUND.value
+        if self._stop_on_fire.get(name):
+            state.finished = True  # its action stops training: nothing more to evaluate
+        self._emit(name, RuleStatus.ISSUES_FOUND, details, result)
+        self._save(force=True)
+
+    def _first_fired_details(self, name: str) -> str:
+        state = self.progress[name]
+        first = min(state.fired_steps)
+        return (
+            f"RuleEvaluationConditionMet: Evaluation of the rule {state.rule} at step {first} "
+            "resulted in the condition being met\n"
+        )
+
+    def _rule_failed(self, name: str, error: BaseException, where: str) -> None:
+        logger.warning("trainguard rules: %s raised %s %s", name, type(error).__name__, where, exc_info=error)
+        self.progress[name].finished = True
+        self._set_error(name, f"{type(error).__name__}: {error} ({where})")
+
+    def _set_error(self, name: str, details: str) -> None:
+        state = self.progress[name]
+        state.error = True
+        state.finished = True
+        self._set_status(name, RuleStatus.ERROR, details[:1024])
+
+    def _set_status(self, name: str, status: RuleStatus, details: str) -> None:
+        state = self.progress[name]
+        latest = self.latest.get(name)
+        changed = latest is None or latest.status != status or latest.status_details != details
+        state.status, state.status_details = status.value, details
+        self._dirty.add(name)
+        if changed:
+            self._emit(name, status, details)
+
+    def _emit(self, name: str, status: RuleStatus, details: str, result: StepResult | None = None) -> None:
+        state = self.progress[name]
+        state.status = status.value
+        update = StatusUpdate(
+            configuration_name=name,
+            rule=state.rule,
+            status=status,
+            status_details=details,
+            step=result.step if result is not None else state.last_evaluated_step,
+            result=result,
+            last_evaluated_step=state.last_evaluated_step,
+        )
+        self.latest[name] = update
+        self._dirty.add(name)
+        if self.on_update is not None:
+            try:
+                self.on_update(update)
+            except Exception:  # noqa: BLE001 - a broken callback must not stop rule evaluation
+                logger.exception("trainguard rules: on_update callback failed for %s", name)
+
+    # -- persistence ---------------------------------------------------------------------------
+    def _save(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_save < self.progress_interval:
+            return
+        self._last_save = now
+        try:
+            if self.progress_file:
+                write_progress(self.progress_file, self.trial_path, self.progress)
+            if self.output_dir:
+                for name in sorted(self._dirty) if not force else list(self.progress):
+                    write_rule_output(self.output_dir, self.progress[name])
+            self._dirty.clear()
+        except OSError as error:
+            logger.warning("trainguard rules: cannot save rule progress: %s", error)
+
+
+def _describe_missing(item: dict[str, Any]) -> str:
+    collection = item.get("collection")
+    what = item.get("what", "")
+    if collection:
+        return f"{what} (save the collection {collection!r} in the hook config)"
+    return str(what)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from trainguard.commands.rules import module_main
+
+    sys.exit(module_main())
