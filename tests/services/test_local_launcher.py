@@ -1,0 +1,99 @@
+"""LocalLauncher with real processes: groups, logs, stop with grace then SIGKILL, recovery from files."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from services.launchers.base import ComponentSpec, ComponentState, JobLaunch
+from services.launchers.local import LocalLauncher
+from tests.services.conftest import wait_for
+
+
+def _python(code: str) -> tuple[str, ...]:
+    return (sys.executable, "-c", code)
+
+
+def _job(name: str, *components: ComponentSpec) -> JobLaunch:
+    return JobLaunch(name, components)
+
+
+def test_exit_codes_logs_and_environment(tmp_path: Path) -> None:
+    launcher = LocalLauncher(tmp_path)
+    launcher.start(
+        _job(
+            "job-a",
+            ComponentSpec("training", "", _python("import os; print('hello', os.environ['GREETING']); raise SystemExit(3)"),
+                          environment={"GREETING": "world"}),  # fmt: skip
+            ComponentSpec("rule:R1", "", _python("print('rule ok')")),
+        )
+    )
+    statuses = wait_for(
+        lambda: (s := launcher.status("job-a")) and all(c.state is ComponentState.EXITED for c in s.values()) and s,
+        30, "both components to exit",
+    )  # fmt: skip
+    assert statuses["training"].exit_code == 3
+    assert statuses["rule:R1"].exit_code == 0
+    assert "hello world" in launcher.logs("job-a", "training")
+    assert launcher.logs("job-a", "rule:R1", tail=1) == "rule ok\n"
+    assert launcher.jobs() == ["job-a"]
+    launcher.start(_job("job-a", ComponentSpec("training", "", _python("raise SystemExit(9)"))))  # idempotent
+    assert launcher.status("job-a")["training"].exit_code == 3
+    launcher.remove("job-a")
+    assert launcher.jobs() == [] and launcher.status("job-a") == {}
+
+
+def test_stop_sigterms_the_group_then_kills_after_the_grace(tmp_path: Path) -> None:
+    launcher = LocalLauncher(tmp_path)
+    # A child that ignores SIGTERM, started by the component: the whole group must go.
+    stubborn = "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
+               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print('up', flush=True); time.sleep(60)"  # fmt: skip
+    polite = "import time; print('up', flush=True); time.sleep(60)"
+    launcher.start(_job("job-b", ComponentSpec("training", "", _python(stubborn)), ComponentSpec("rule:R", "", _python(polite))))
+    wait_for(lambda: launcher.logs("job-b", "training").startswith("up") and launcher.logs("job-b", "rule:R"), 20, "start")
+    pid = int((tmp_path / "job-b" / "training" / "pid").read_text().split()[0])
+    assert os.getpgid(pid) == pid  # its own process group
+    started = time.monotonic()
+    launcher.stop("job-b", grace_seconds=1.0)
+    rule = wait_for(lambda: (s := launcher.status("job-b")["rule:R"]).state is ComponentState.EXITED and s, 10, "the rule to exit")
+    assert rule.exit_code == 143 and rule.reason == "killed by SIGTERM"
+    training = wait_for(
+        lambda: (s := launcher.status("job-b")["training"]).state is ComponentState.EXITED and s, 20, "the SIGKILL"
+    )
+    assert time.monotonic() - started >= 1.0
+    assert training.exit_code == 137
+    assert training.reason == "killed by SIGKILL after 1 s grace"
+    # The grandchild went with its group.
+    wait_for(lambda: not any(_is_sleeper(p) for p in Path("/proc").glob("[0-9]*")), 10, "the grandchild to be gone")
+
+
+def _is_sleeper(proc: Path) -> bool:
+    try:
+        return b"time.sleep(60)" in (proc / "cmdline").read_bytes() and b"signal" not in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def test_a_new_launcher_recovers_jobs_and_exits_that_happened_while_nobody_watched(tmp_path: Path) -> None:
+    first = LocalLauncher(tmp_path)
+    first.start(_job("job-c", ComponentSpec("training", "", _python("import time; time.sleep(1.0); raise SystemExit(5)"))))
+    assert first.status("job-c")["training"].state is ComponentState.RUNNING
+    del first  # the API process that started it is gone; the wrapper records the exit anyway
+    time.sleep(1.5)
+    second = LocalLauncher(tmp_path)
+    assert second.jobs() == ["job-c"]
+    status = wait_for(lambda: (s := second.status("job-c")["training"]).state is ComponentState.EXITED and s, 20, "exit")
+    assert status.exit_code == 5
+
+
+def test_a_pending_stop_deadline_survives_a_launcher_restart(tmp_path: Path) -> None:
+    first = LocalLauncher(tmp_path)
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    first.start(_job("job-d", ComponentSpec("training", "", _python(stubborn))))
+    wait_for(lambda: first.logs("job-d", "training"), 20, "start")
+    first.stop("job-d", grace_seconds=0.5)
+    second = LocalLauncher(tmp_path)  # a restarted API enforces the deadline from the kill_at file
+    status = wait_for(lambda: (s := second.status("job-d")["training"]).state is ComponentState.EXITED and s, 20, "the kill")
+    assert status.exit_code == 137
