@@ -266,3 +266,13 @@ def test_every_drawn_path_has_finite_coordinates(full_run: Path) -> None:
     for d in paths:
         assert re.fullmatch(r"M[-0-9.]+,[-0-9.]+( L[-0-9.]+,[-0-9.]+)*", d), d[:80]
         assert all(math.isfinite(float(number)) for number in re.findall(r"-?[0-9.]+", d))
+
+
+def test_big_runs_read_fewer_steps_within_the_byte_budget(plain_run: Path) -> None:
+    overview = gather_report(plain_run).overview
+    per_step = overview["bytes"] / overview["steps"]
+    data = gather_report(plain_run, read_budget_bytes=int(per_step * 12) + 1)
+    trial = create_trial(plain_run)
+    steps = sorted(_points(data.tensors.weight_norm_charts[0], "Net_fc1.weight"))
+    assert len(steps) == 12 and len(trial.tensor("Net_fc1.weight").steps()) == 21
+    assert "Curves read 12 of the saved steps" in " ".join(data.tensors.notes["norms"])

@@ -25,6 +25,7 @@ from trainguard.report.html import render_html
 from trainguard.report.profiler_data import ProfilerSections, gather_profiler_sections
 from trainguard.report.tensors import TensorSections, gather_tensor_sections
 from trainguard.storage import is_remote, open_store
+from trainguard.summary import format_bytes
 
 __all__ = ["ReportData", "gather_report", "render_html", "write_report"]
 
@@ -54,12 +55,20 @@ def _sidecar_root(path: str) -> str:
     return path
 
 
+def _points_within_budget(overview: dict[str, Any], max_points: int, budget: int) -> int:
+    per_step = int(overview["bytes"]) / max(1, int(overview["steps"]))
+    if per_step * max_points <= budget:
+        return max_points
+    return max(10, int(budget // per_step))
+
+
 def gather_report(
     path: str | os.PathLike[str],
     *,
     steps: Sequence[int] | None = None,
     endpoint_url: str | None = None,
     max_points: int = 200,
+    read_budget_bytes: int = 2 * 2**30,
 ) -> ReportData:
     """Read a run (local directory or ``s3://bucket/prefix``) into :class:`ReportData`.
 
@@ -68,6 +77,8 @@ def gather_report(
         steps: global steps for the weight histograms (default: first, middle and last saved).
         endpoint_url: an S3-compatible endpoint for ``s3://`` paths.
         max_points: most steps read per norm / zero-fraction curve (long runs are subsampled).
+        read_budget_bytes: fewer steps than ``max_points`` are read when the run's average bytes
+            per step times ``max_points`` would exceed this (big models saving raw tensors).
 
     Raises:
         TrialError: the path holds no tensors, no rule results and no profiler data.
@@ -85,7 +96,15 @@ def gather_report(
         data.tensor_error = f"No tensors: {error}"
     else:
         data.overview = describe_run(trial)
-        data.tensors = gather_tensor_sections(trial, histogram_steps=steps, max_points=max_points)
+        points = _points_within_budget(data.overview, max_points, read_budget_bytes)
+        data.tensors = gather_tensor_sections(trial, histogram_steps=steps, max_points=points)
+        if points < max_points:
+            data.tensors.note(
+                "norms",
+                f"Curves read {points} of the saved steps: the run averages "
+                f"{format_bytes(int(data.overview['bytes']) // max(1, int(data.overview['steps'])))} per step "
+                f"and the report reads at most {format_bytes(read_budget_bytes)}.",
+            )
 
     sidecar = open_store(_sidecar_root(text), **options)
     data.rule_outcomes, data.finding_problems = read_rule_outputs(sidecar)

@@ -91,6 +91,14 @@ class _StepReader:
 
     def __init__(self, trial: Trial) -> None:
         self.trial = trial
+        self._steps: dict[str, list[int]] = {}
+
+    def saved_steps(self, names: Sequence[str]) -> dict[str, list[int]]:
+        """Global steps of each name (raw or reductions), listed once per name per report."""
+        for name in names:
+            if name not in self._steps:
+                self._steps[name] = self.trial.tensor(name).steps()
+        return {name: self._steps[name] for name in names}
 
     def raw(self, names: Sequence[str], step: int) -> dict[str, np.ndarray]:
         """Raw values of ``names`` at ``step``; names saved only as reductions are left out."""
@@ -120,10 +128,6 @@ class _StepReader:
             except (TensorUnavailable, TensorUnavailableForStep):
                 continue
         return result
-
-
-def _saved_steps(trial: Trial, names: Sequence[str]) -> dict[str, list[int]]:
-    return {name: trial.tensor(name).steps() for name in names}
 
 
 def _curves(
@@ -167,7 +171,7 @@ def _chunked_charts(title: str, y_label: str, series: Sequence[Series], *, note:
 
 def _scalar_charts(trial: Trial, reader: _StepReader, names: Sequence[str], max_points: int) -> list[Chart]:
     """One chart per scalar (loss or metric), one series per mode, x = global step."""
-    steps_of = _saved_steps(trial, names)
+    steps_of = reader.saved_steps(names)
     wanted = subsample(sorted({step for name in names for step in steps_of[name]}), max_points)
     by_name: dict[str, dict[str, Series]] = {name: {} for name in names}
     for step in wanted:
@@ -256,13 +260,13 @@ def gather_tensor_sections(
         ("gradient_norm_charts", "gradients", "Gradient L2 norm per layer", "gradients"),
     ):
         names = _names_in(trial, [collection])
-        curves = _curves(reader, names, _saved_steps(trial, names), "l2", max_points)
+        curves = _curves(reader, names, reader.saved_steps(names), "l2", max_points)
         setattr(sections, attribute, _chunked_charts(title, "L2 norm", list(curves.values())))
         if not curves:
             sections.note("norms", f"No {collection} were saved: include the {hint!r} collection.")
 
     weights = _names_in(trial, ["weights"])
-    available = sorted({step for steps in _saved_steps(trial, weights).values() for step in steps})
+    available = sorted({step for steps in reader.saved_steps(weights).values() for step in steps})
     sections.histogram_steps, notes = pick_histogram_steps(available, histogram_steps)
     for text in notes:
         sections.note("histograms", text)
@@ -278,7 +282,7 @@ def gather_tensor_sections(
 
     losses = set(_names_in(trial, ["losses"]))
     activations = [name for name in _names_in(trial, ACTIVATION_COLLECTIONS) if name not in losses]
-    curves = _curves(reader, activations, _saved_steps(trial, activations), "zero_fraction", max_points)
+    curves = _curves(reader, activations, reader.saved_steps(activations), "zero_fraction", max_points)
     sections.activation_charts = _chunked_charts(
         "Activation zero fraction per layer",
         "fraction of zeros",
