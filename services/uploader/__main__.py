@@ -1,0 +1,66 @@
+"""``python -m services.uploader --source DIR --dest s3://bucket/prefix [--endpoint-url URL]
+[--state-file PATH] [--poll-interval 0.5]``; env fallbacks UPLOADER_SOURCE, UPLOADER_DEST,
+S3_ENDPOINT_URL, UPLOADER_STATE_FILE, UPLOADER_POLL_INTERVAL, UPLOADER_GIVE_UP_AFTER_S.
+
+Exits 0 once the end marker is uploaded (at once if a previous run already finished), and after a
+last pass on SIGTERM/SIGINT; 2 on bad arguments; 1 when S3 kept failing past the give-up time.
+The last line printed is a JSON summary (files, bytes, PUTs, upload lag percentiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+
+from services.uploader.uploader import Uploader, UploaderError
+
+
+def _parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="python -m services.uploader", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--source", default=env("UPLOADER_SOURCE"), help="local run directory to follow")
+    parser.add_argument("--dest", default=env("UPLOADER_DEST"), help="s3://bucket/prefix")
+    parser.add_argument("--endpoint-url", default=env("S3_ENDPOINT_URL"), help="S3-compatible endpoint")
+    parser.add_argument("--state-file", default=env("UPLOADER_STATE_FILE"), help="default <source>/.uploader-state.json")
+    parser.add_argument("--poll-interval", type=float, default=float(env("UPLOADER_POLL_INTERVAL", "0.5")))
+    parser.add_argument("--give-up-after", type=float, default=float(env("UPLOADER_GIVE_UP_AFTER_S", "600")),
+                        help="seconds of continuous S3 failure before exiting 1")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="uploader: %(levelname)s %(message)s")
+    args = _parser().parse_args(argv)
+    for name, value in (("--source (or UPLOADER_SOURCE)", args.source), ("--dest (or UPLOADER_DEST)", args.dest)):
+        if not value:
+            print(f"uploader: {name} is required", file=sys.stderr)
+            return 2
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        uploader = Uploader(
+            args.source, args.dest, endpoint_url=args.endpoint_url, state_file=args.state_file,
+            poll_interval=args.poll_interval, give_up_after_s=args.give_up_after, stop_event=stop,
+        )
+    except UploaderError as error:
+        print(f"uploader: {error}", file=sys.stderr)
+        return 2
+    print(f"uploader: following {args.source} -> {args.dest}", flush=True)
+    try:
+        stats = uploader.run()
+    except UploaderError as error:
+        print(f"uploader: {error}", file=sys.stderr)
+        print(json.dumps({"uploader": "failed", **uploader.stats.summary()}), flush=True)
+        return 1
+    print(json.dumps({"uploader": "stopped" if stop.is_set() else "done", **stats.summary()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

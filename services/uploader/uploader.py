@@ -1,0 +1,270 @@
+"""The upload loop: scan the source, upload what is new in reader-safe order, remember it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.uploader.state import UploadState
+from trainguard.format.layout import END_OF_TRAINING, event_key, is_collections_key, parse_index_key
+
+__all__ = ["UploadStats", "Uploader", "UploaderError", "parse_s3_url"]
+
+log = logging.getLogger("trainguard.uploader")
+
+# Files other than events/index/collections (profiler JSON lines, TensorBoard, rule output) may be
+# appended in place; they go up once they have been quiet this long (again whenever they change).
+_QUIET_S = 1.0
+_MULTIPART_THRESHOLD = 64 * 1024 * 1024
+
+
+class UploaderError(RuntimeError):
+    """Bad configuration, or S3 kept failing past the give-up time."""
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` -> (bucket, prefix without trailing slash)."""
+    if not url.startswith("s3://") or len(url) <= 5:
+        raise UploaderError(f"destination must look like s3://bucket/prefix, got {url!r}")
+    bucket, _, prefix = url[5:].partition("/")
+    if len(bucket) < 3:
+        raise UploaderError(f"S3 bucket name {bucket!r} in {url!r} is too short (3 characters at least)")
+    return bucket, prefix.strip("/")
+
+
+@dataclass
+class UploadStats:
+    files: int = 0
+    bytes: int = 0
+    puts: int = 0
+    skipped_existing: int = 0  # found already on S3 after a restart (HEAD matched), not re-sent
+    lags_s: list[float] = field(default_factory=list)  # upload done - file mtime
+
+    def summary(self) -> dict[str, Any]:
+        lags = sorted(self.lags_s)
+
+        def pct(q: float) -> float | None:
+            return round(lags[min(len(lags) - 1, int(q * len(lags)))], 3) if lags else None
+
+        return {
+            "files": self.files, "bytes": self.bytes, "puts": self.puts,
+            "skipped_existing": self.skipped_existing,
+            "lag_p50_s": pct(0.5), "lag_p95_s": pct(0.95), "lag_max_s": round(lags[-1], 3) if lags else None,
+        }
+
+
+@dataclass(frozen=True)
+class _LocalFile:
+    key: str  # relative to the source root, '/'-separated
+    path: Path
+    size: int
+    mtime_ns: int
+
+
+class Uploader:
+    """Upload one run directory to ``s3://bucket/prefix``; resumable through ``state_file``."""
+
+    def __init__(
+        self,
+        source: str | Path,
+        destination: str,
+        *,
+        endpoint_url: str | None = None,
+        state_file: str | Path | None = None,
+        poll_interval: float = 0.5,
+        give_up_after_s: float = 600.0,
+        create_bucket: bool = True,
+        client: Any | None = None,
+        stop_event: threading.Event | None = None,
+    ) -> None:
+        if poll_interval <= 0:
+            raise UploaderError(f"poll interval must be > 0 seconds, got {poll_interval}")
+        self.source = Path(source)
+        self.destination = destination
+        self.bucket, self.prefix = parse_s3_url(destination)
+        self.poll_interval = poll_interval
+        self.give_up_after_s = give_up_after_s
+        self.stop_event = stop_event or threading.Event()
+        self.stats = UploadStats()
+        state_path = Path(state_file) if state_file else self.source / ".uploader-state.json"
+        self.state = UploadState(state_path, destination)
+        self._client = client or _make_client(endpoint_url)
+        self._create_bucket = create_bucket
+        self._verify_before_put = True  # first scan after a (re)start: HEAD before PUT
+        self._index_targets: dict[str, str] = {}
+
+    # -- public ---------------------------------------------------------------------------------
+    def run(self) -> UploadStats:
+        """Upload until the end marker is up (or ``stop_event`` is set: then one last pass)."""
+        self._with_retries("check bucket", self._ensure_bucket)
+        while True:
+            finished = self.scan_once()
+            if finished:
+                return self.stats
+            if self.stop_event.wait(self.poll_interval):
+                self.scan_once(final=True)
+                return self.stats
+
+    def scan_once(self, final: bool = False) -> bool:
+        """One round; True once the end marker is uploaded and nothing else is pending."""
+        files = self._list()
+        end_marker = files.pop(END_OF_TRAINING, None)
+        training_over = end_marker is not None or final
+        pending = [f for f in files.values() if not self.state.is_current(f.key, f.size, f.mtime_ns)]
+        plain, collections, indexes = [], [], []
+        for item in pending:
+            if parse_index_key(item.key) is not None:
+                indexes.append(item)
+            elif is_collections_key(item.key):
+                collections.append(item)
+            elif item.key.startswith("events/") or training_over or time.time() - item.mtime_ns / 1e9 >= _QUIET_S:
+                plain.append(item)
+        waiting = len(pending) - len(plain) - len(collections) - len(indexes)
+        for item in sorted(plain, key=lambda f: f.key) + sorted(collections, key=lambda f: f.key):
+            self._upload(item)
+        for item in sorted(indexes, key=lambda f: f.key):
+            target = self._index_target(item)
+            if target is None or self.state.is_current(target, *_stat(files.get(target))) or (
+                training_over and target not in files
+            ):
+                self._upload(item)
+            else:
+                waiting += 1  # its event file is not up yet (written after this round's listing)
+        self._verify_before_put = False
+        if end_marker is None or waiting:
+            return False
+        if not self.state.is_current(end_marker.key, end_marker.size, end_marker.mtime_ns):
+            self._upload(end_marker)
+        return True
+
+    # -- internals ------------------------------------------------------------------------------
+    def _list(self) -> dict[str, _LocalFile]:
+        files: dict[str, _LocalFile] = {}
+        if not self.source.is_dir():
+            return files
+        for directory, subdirectories, names in os.walk(self.source):
+            # Hidden entries are writers' temp files and this uploader's own state.
+            subdirectories[:] = [d for d in subdirectories if not d.startswith(".")]
+            for name in names:
+                if name.startswith("."):
+                    continue
+                path = Path(directory) / name
+                try:
+                    info = path.stat()
+                except FileNotFoundError:
+                    continue  # renamed or removed between listing and stat
+                key = path.relative_to(self.source).as_posix()
+                files[key] = _LocalFile(key, path, info.st_size, info.st_mtime_ns)
+        return files
+
+    def _index_target(self, item: _LocalFile) -> str | None:
+        """The event file an index points at (meta.event_file_name, else the layout's name)."""
+        if item.key in self._index_targets:
+            return self._index_targets[item.key]
+        parsed = parse_index_key(item.key)
+        target: str | None = event_key(parsed.step, parsed.worker) if parsed else None
+        try:
+            meta = json.loads(item.path.read_bytes()).get("meta", {})
+            name = meta.get("event_file_name")
+            if isinstance(name, str) and name and not name.startswith("/"):
+                target = name
+            elif "event_file_name" not in meta:
+                target = None  # reduction-only step: no event file to wait for
+        except (OSError, ValueError, AttributeError):
+            pass  # unreadable index: fall back to the layout's event file name
+        self._index_targets[item.key] = target
+        return target
+
+    def _s3_key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _upload(self, item: _LocalFile) -> None:
+        s3_key = self._s3_key(item.key)
+        if self._verify_before_put and item.key not in self.state and self._already_there(item, s3_key):
+            self.state.record(item.key, item.size, item.mtime_ns)
+            self.stats.skipped_existing += 1
+            return
+        if item.size >= _MULTIPART_THRESHOLD:
+            self._with_retries(item.key, lambda: self._client.upload_file(str(item.path), self.bucket, s3_key))
+        else:
+            try:
+                body = item.path.read_bytes()
+            except FileNotFoundError:
+                return  # removed since the listing; nothing to upload
+            self._with_retries(item.key, lambda: self._client.put_object(Bucket=self.bucket, Key=s3_key, Body=body))
+        self.stats.puts += 1
+        self.state.record(item.key, item.size, item.mtime_ns)
+        self.stats.files += 1
+        self.stats.bytes += item.size
+        self.stats.lags_s.append(max(0.0, time.time() - item.mtime_ns / 1e9))
+
+    def _already_there(self, item: _LocalFile, s3_key: str) -> bool:
+        """After a restart: a file PUT just before the kill is on S3 but not in the state."""
+        import botocore.exceptions
+
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=s3_key)
+        except botocore.exceptions.ClientError:
+            return False
+        if head.get("ContentLength") != item.size:
+            return False
+        etag = str(head.get("ETag", "")).strip('"')
+        if "-" in etag:  # multipart ETag is not an MD5 of the content
+            return False
+        return etag == hashlib.md5(item.path.read_bytes(), usedforsecurity=False).hexdigest()
+
+    def _ensure_bucket(self) -> None:
+        import botocore.exceptions
+
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except botocore.exceptions.ClientError as error:
+            code = str(error.response.get("Error", {}).get("Code", ""))
+            if code not in ("404", "NoSuchBucket", "NotFound") or not self._create_bucket:
+                raise
+            self._client.create_bucket(Bucket=self.bucket)
+
+    def _with_retries(self, what: str, action: Any) -> Any:
+        """Retry S3 failures with exponential backoff (0.2 s doubling to 10 s) up to the give-up time."""
+        import botocore.exceptions
+
+        deadline = time.monotonic() + self.give_up_after_s
+        delay = 0.2
+        while True:
+            try:
+                return action()
+            except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+                if time.monotonic() + delay > deadline:
+                    raise UploaderError(
+                        f"S3 kept failing for {self.give_up_after_s:.0f} s on {what} "
+                        f"(s3://{self.bucket}/{self.prefix}): {error}"
+                    ) from error
+                log.warning("S3 error on %s (%s); retrying in %.1f s", what, error, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+
+def _stat(item: _LocalFile | None) -> tuple[int, int]:
+    return (item.size, item.mtime_ns) if item else (-1, -1)
+
+
+def _make_client(endpoint_url: str | None) -> Any:
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as error:
+        raise UploaderError("the uploader needs boto3: pip install 'trainguard[s3]'") from error
+    config = Config(
+        retries={"max_attempts": 2, "mode": "standard"},  # our own backoff does the long waits
+        connect_timeout=5,
+        read_timeout=30,
+        s3={"addressing_style": "path"},  # S3-compatible endpoints (moto, MinIO) by service name
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url or None, config=config)
