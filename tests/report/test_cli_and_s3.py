@@ -79,3 +79,10 @@ def test_cli_writes_the_default_file_name(plain_run: Path, tmp_path: Path, monke
     assert main(["report", str(plain_run)]) == 0
     page = (tmp_path / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and 'id="chart-net-fc1-weight-distribution"' in page
+
+
+def test_an_unwritable_output_path_is_a_clear_error(plain_run: Path, tmp_path: Path, capsys) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["report", str(plain_run), "-o", str(blocker / "report.html")]) == 2
+    assert f"-o {blocker / 'report.html'}: cannot write the report" in capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainguard.errors import ConfigError
+from trainguard.errors import ConfigError, TrainguardError
 
 __all__ = ["parse_steps", "register"]
 
@@ -36,9 +36,20 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.max_points < 2:
         raise ConfigError(f"--max-points {args.max_points}: give at least 2")
-    data = write_report(
-        args.run, args.output, steps=parse_steps(args.steps), endpoint_url=args.endpoint_url, max_points=args.max_points
-    )
+    try:
+        data = write_report(
+            args.run,
+            args.output,
+            steps=parse_steps(args.steps),
+            endpoint_url=args.endpoint_url,
+            max_points=args.max_points,
+        )
+    except OSError as error:  # the output file, not the run: storage errors are TrainguardErrors
+        if isinstance(error, TrainguardError):
+            raise
+        raise ConfigError(
+            f"-o {args.output}: cannot write the report ({error.strerror or error}); choose another path"
+        ) from None
     fired = sum(len(outcome.fired) for outcome in data.rule_outcomes)
     print(
         f"trainguard: wrote {args.output} ({len(data.rule_outcomes)} rule result(s), {fired} finding(s); "
