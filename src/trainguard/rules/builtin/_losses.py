@@ -1,0 +1,205 @@
+"""Shared pieces of the loss rules (LossNotDecreasing, Overfit, Underfitting, Overtraining).
+
+Losses are scalar tensors: collection ``losses`` in PyTorch runs (``CrossEntropyLoss_output_0``,
+``loss_backward_output_0``...), ``metrics`` in XGBoost runs (``train-rmse``). A saved loss that
+is not a single number (``reduction='none'``) counts as its mean. Values are read once and
+cached: a live rule evaluates every step and looks back at earlier ones.
+
+Evaluation "blocks": a validation pass saves a run of consecutive EVAL steps between TRAIN
+steps. Overfit and Overtraining compare per *block* (one value per validation pass, the mean
+of its losses), so their patience counts validation passes, not batches.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trainguard.errors import StepUnavailable, TensorUnavailable, TensorUnavailableForStep, TrialError
+from trainguard.modes import ModeKeys
+
+__all__ = ["Block", "LossHistory", "fmt", "is_complete", "parse_mode", "read_values"]
+
+
+def is_complete(trial: Any, step: int) -> bool:
+    """True when every worker finished writing global ``step`` (never read a step mid-write)."""
+    try:
+        return step in trial._state.steps and trial._state.is_complete(step)
+    except AttributeError:  # another trial implementation: the public API lists complete steps
+        return step in trial.steps()
+
+
+def read_values(trial: Any, names: Sequence[str], step: int) -> dict[str, np.ndarray]:
+    """Values of ``names`` at global ``step``, one batched read; names not saved there are left out."""
+    if not names:
+        return {}
+    try:
+        return trial.tensor_values(list(names), step)
+    except (TensorUnavailable, TensorUnavailableForStep, StepUnavailable):
+        pass
+    values: dict[str, np.ndarray] = {}
+    for name in names:
+        try:
+            values.update(trial.tensor_values([name], step))
+        except (TensorUnavailable, TensorUnavailableForStep, StepUnavailable):
+            continue
+    return values
+
+
+def fmt(value: float | None) -> str:
+    if value is None:
+        return "None"
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def parse_mode(value: Any) -> ModeKeys | None:
+    return None if value is None else ModeKeys.parse(value)
+
+
+def scalar(value: Any) -> float | None:
+    """A saved loss as one float (the mean of a non-scalar loss); None for non-numeric or empty."""
+    array = np.asarray(value)
+    if array.size == 0 or array.dtype.kind not in "fiub":
+        return None
+    with np.errstate(all="ignore"):
+        return float(np.mean(array.astype(np.float64)))
+
+
+@dataclass(frozen=True)
+class Block:
+    """A run of consecutive saved steps of one mode (a validation pass, or the training between)."""
+
+    mode: ModeKeys
+    steps: tuple[int, ...]  # global steps, ascending
+
+    @property
+    def first(self) -> int:
+        return self.steps[0]
+
+    @property
+    def last(self) -> int:
+        return self.steps[-1]
+
+
+class LossHistory:
+    """The loss tensors of a run and their values, cached, for complete steps only."""
+
+    def __init__(
+        self,
+        rule: Any,
+        *,
+        collection_names: Iterable[str] | None = None,
+        tensor_regex: str | Sequence[str] | None = None,
+        use_losses_collection: bool = True,
+    ) -> None:
+        self.rule = rule
+        self.trial = rule.base_trial
+        self.collections = list(collection_names or [])
+        if use_losses_collection and "losses" not in self.collections:
+            self.collections.append("losses")
+        self.regexes = [tensor_regex] if isinstance(tensor_regex, str) else list(tensor_regex or [])
+        self._values: dict[int, dict[str, float]] = {}
+        self._loss_steps: list[tuple[int, ModeKeys | None]] = []
+        self._scanned_upto = -1
+
+    def names(self, step: int | None = None) -> list[str]:
+        """Loss tensor names saved so far (or at global ``step``)."""
+        trial = self.trial
+        names: set[str] = set()
+        known = trial.collections()
+        for collection in self.collections:
+            if collection in known:
+                names.update(trial.tensor_names(step=step, collection=collection))
+        if self.regexes:
+            names.update(trial.tensor_names(step=step, regex=self.regexes))
+        return sorted(names)
+
+    def values_at(self, step: int) -> dict[str, float]:
+        """{loss name: value} at global ``step`` (complete steps only; cached)."""
+        cached = self._values.get(step)
+        if cached is not None:
+            return cached
+        if not is_complete(self.trial, step):
+            return {}
+        raw = read_values(self.trial, self.names(), step)
+        values = {name: number for name, value in raw.items() if (number := scalar(value)) is not None}
+        self._values[step] = values
+        return values
+
+    def _scan(self) -> None:
+        """Extend the list of loss steps with complete steps not looked at yet (incremental)."""
+        steps = self.trial.steps()
+        start = bisect.bisect_right(steps, self._scanned_upto)
+        for step in steps[start:]:
+            if self.values_at(step):
+                self._loss_steps.append((step, _mode_of(self.trial, step)))
+        if steps:
+            self._scanned_upto = max(self._scanned_upto, steps[-1])
+
+    def loss_steps(self, mode: ModeKeys, upto: int | None = None) -> list[int]:
+        """Complete global steps of ``mode`` (any mode for GLOBAL) at which some loss was saved."""
+        self._scan()
+        return [
+            step
+            for step, step_mode in self._loss_steps
+            if (upto is None or step <= upto) and (mode == ModeKeys.GLOBAL or step_mode == mode)
+        ]
+
+    def modes_with_losses(self) -> set[ModeKeys]:
+        self._scan()
+        return {mode for _, mode in self._loss_steps if mode is not None}
+
+    def blocks(self, upto: int | None = None) -> list[Block]:
+        """TRAIN and EVAL blocks of saved loss steps up to global ``upto`` (PREDICT is ignored)."""
+        self._scan()
+        blocks: list[Block] = []
+        current: list[int] = []
+        current_mode: ModeKeys | None = None
+        for step, mode in self._loss_steps:
+            if upto is not None and step > upto:
+                break
+            if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL):
+                continue
+            if mode != current_mode and current:
+                blocks.append(Block(current_mode, tuple(current)))  # type: ignore[arg-type]
+                current = []
+            current_mode = mode
+            current.append(step)
+        if current:
+            blocks.append(Block(current_mode, tuple(current)))  # type: ignore[arg-type]
+        return blocks
+
+    def mode_names(self, mode: ModeKeys) -> set[str]:
+        """Loss names saved at some step of ``mode``."""
+        self._scan()
+        steps = [step for step, step_mode in self._loss_steps if step_mode == mode]
+        return {name for step in steps for name in self._values.get(step, {})}
+
+    def mean(self, steps: Iterable[int], names: set[str] | None = None) -> float | None:
+        """Mean over ``steps`` of the mean of the losses in ``names`` (all when None) at each step.
+
+        NaN when any value is NaN (never raises); None when none of the steps has those losses.
+        """
+        per_step = []
+        for step in steps:
+            values = [value for name, value in self.values_at(step).items() if names is None or name in names]
+            if values:
+                per_step.append(sum(values) / len(values))
+        if not per_step:
+            return None
+        with np.errstate(all="ignore"):
+            return float(np.mean(per_step))
+
+
+def _mode_of(trial: Any, step: int) -> ModeKeys | None:
+    try:
+        return trial.mode(step)
+    except TrialError:
+        return None

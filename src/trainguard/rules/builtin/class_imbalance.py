@@ -1,0 +1,168 @@
+"""ClassImbalance: some classes are far rarer than others, or one class is mostly mispredicted.
+
+Formula. Labels ``y`` and predicted classes ``ŷ`` are accumulated over the evaluated steps
+(each step once). With ``n_c`` the number of labels of class c seen so far (classes that
+occurred at least once), once ``Σ n_c >= samples``:
+
+    imbalance:      max_c n_c / min_c n_c > threshold_imbalance
+    misprediction:  ∃ c with >= 10 samples in the window:
+                    |{i in window: y_i = c, ŷ_i != c}| / |{i in window: y_i = c}| > threshold_misprediction
+
+where the window is the last ``samples`` labels saved at global steps >= ``misprediction_start_step``
+(the misprediction check waits until the window is full). Class ids: see ``_classification``
+(logits are argmaxed over the class axis; ``argmax=True`` forces it).
+
+Tensors: ``labels_regex`` ∪ collection ``labels`` and ``predictions_regex`` ∪ collection
+``predictions`` (the PyTorch hook files a loss module's target and input there).
+
+Calibrated default: ``misprediction_start_step`` (trainguard only) 100, and mispredictions
+over a sliding window instead of since the start. SageMaker counts mispredictions from the
+first step, when an untrained model mispredicts almost every class, so the documented rule
+fires on every healthy run; the imbalance check is unchanged (label counts do not depend on
+training progress). ``threshold_misprediction`` keeps its documented 0.7.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.builtin._classification import class_ids, label_prediction_pairs
+from trainguard.rules.builtin._losses import fmt, is_complete, read_values
+from trainguard.rules.params import Param
+
+_MIN_CLASS_SAMPLES = 10  # a class seen twice and missed twice is not a 100 % misprediction rate
+_REWEIGHT_HINT = (
+    "reweight classes: CrossEntropyLoss(weight=1/class_frequency) or sample with a "
+    "torch.utils.data.WeightedRandomSampler; or over-/under-sample the data set"
+)
+
+
+def _regex(value: str) -> str | None:
+    import re
+
+    try:
+        re.compile(value)
+    except re.error as error:
+        return f"not a valid regular expression: {error}"
+    return None
+
+
+class ClassImbalance(Rule):
+    """Rare classes, or a class the model keeps getting wrong."""
+
+    rule_name = "ClassImbalance"
+    collections = ("labels", "predictions")
+    fix_hint = _REWEIGHT_HINT
+
+    threshold_imbalance = Param(float, 10.0, "fire when the most/least frequent class ratio exceeds this",
+                                check=lambda value: None if value >= 1 else "must be >= 1")
+    threshold_misprediction = Param(float, 0.7, "fire when a class's misprediction fraction exceeds this",
+                                    check=lambda value: None if 0 <= value <= 1 else "must be in [0, 1]")
+    samples = Param(int, 500, "labels needed before judging (and the misprediction window)",
+                    check=lambda value: None if value > 0 else "must be > 0")
+    argmax = Param(bool, False, "argmax the predictions (automatic for logits with a class axis)")
+    labels_regex = Param(str, ".*labels", "regex of the label tensors (the 'labels' collection is also used)",
+                         check=_regex)
+    predictions_regex = Param(str, ".*predictions", "regex of the prediction tensors (also 'predictions')",
+                              check=_regex)
+    misprediction_start_step = Param(int, 100, "global step from which predictions count for mispredictions",
+                                     check=lambda value: None if value >= 0 else "must be >= 0",
+                                     documented_default=0)
+
+    def validate(self) -> None:
+        self._counts: dict[int, int] = {}
+        self._window: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self._window_size = 0
+        self._seen: set[int] = set()
+
+    def _pairs(self, step: int) -> list[tuple[str, str]]:
+        return label_prediction_pairs(
+            self.base_trial, step,
+            label_regexes=[self.labels_regex], prediction_regexes=[self.predictions_regex],
+            label_collections=["labels"], prediction_collections=["predictions"],
+        )
+
+    def check(self, step: int) -> StepResult | None:
+        trial = self.base_trial
+        if not is_complete(trial, step):
+            return None
+        pairs = self._pairs(step)
+        if not pairs:
+            if trial.training_ended and not self._counts and not self._has_any_labels():
+                return self.missing(step, MissingTensor("labels and predictions (loss inputs)", "labels"),
+                                    MissingTensor("predictions", "predictions"))
+            return None
+        if step not in self._seen:
+            self._seen.add(step)
+            self._add(step, pairs)
+        total = sum(self._counts.values())
+        details: dict[str, Any] = {"samples_seen": total, "class_counts": dict(sorted(self._counts.items()))}
+        if total < self.samples:
+            return self.no_issue(step, f"waiting for {self.samples} labels ({total} so far)", **details)
+        counts = np.array([count for count in self._counts.values() if count > 0])
+        ratio = float(counts.max() / counts.min()) if counts.size >= 2 else 1.0
+        details["imbalance_ratio"] = ratio
+        rates = self._misprediction_rates()
+        details["misprediction_rates"] = rates
+        if ratio > self.threshold_imbalance:
+            rare = min(self._counts, key=lambda c: self._counts[c])
+            common = max(self._counts, key=lambda c: self._counts[c])
+            return self.issue(
+                step,
+                f"class {common} has {fmt(ratio)}x as many labels as class {rare} "
+                f"({self._counts[common]} vs {self._counts[rare]}; "
+                f"threshold_imbalance {fmt(self.threshold_imbalance)})",
+                **details,
+            )
+        bad = {c: rate for c, rate in rates.items() if rate > self.threshold_misprediction}
+        if bad:
+            worst = max(bad, key=lambda c: bad[c])
+            return self.issue(
+                step,
+                f"class {worst} is mispredicted {fmt(100 * bad[worst])} % of the time in the last {self._window_size} "
+                f"labels (threshold_misprediction {fmt(self.threshold_misprediction)}); "
+                f"{len(bad)} class(es) above the threshold",
+                fix_hint=f"class {worst} is mostly predicted wrong: check its labels, add examples of it, or weight "
+                "it up in the loss (CrossEntropyLoss(weight=...)) or a WeightedRandomSampler",
+                **details,
+            )
+        return self.no_issue(step, **details)
+
+    def _has_any_labels(self) -> bool:
+        trial = self.base_trial
+        if "labels" in trial.collections() and trial.tensor_names(collection="labels"):
+            return True
+        return bool(trial.tensor_names(regex=[self.labels_regex]))
+
+    def _add(self, step: int, pairs: list[tuple[str, str]]) -> None:
+        names = sorted({name for pair in pairs for name in pair})
+        values = read_values(self.base_trial, names, step)
+        for label_name, prediction_name in pairs:
+            if label_name not in values or prediction_name not in values:
+                continue
+            ids = class_ids(values[label_name], values[prediction_name], argmax=self.argmax)
+            if ids is None:
+                continue
+            y, predicted = ids
+            for cls, count in zip(*np.unique(y, return_counts=True), strict=False):
+                self._counts[int(cls)] = self._counts.get(int(cls), 0) + int(count)
+            if step >= self.misprediction_start_step and y.size:
+                self._window.append((y, predicted))
+                self._window_size += y.size
+                while self._window and self._window_size - self._window[0][0].size >= self.samples:
+                    self._window_size -= self._window.popleft()[0].size
+
+    def _misprediction_rates(self) -> dict[int, float]:
+        if self._window_size < self.samples:
+            return {}
+        y = np.concatenate([item[0] for item in self._window])
+        predicted = np.concatenate([item[1] for item in self._window])
+        rates = {}
+        for cls, count in zip(*np.unique(y, return_counts=True), strict=False):
+            if count >= _MIN_CLASS_SAMPLES:
+                rates[int(cls)] = float(np.mean(predicted[y == cls] != cls))
+        return rates

@@ -1,0 +1,135 @@
+"""Confusion: the confusion matrix shows a predicted class that is often another class.
+
+Formula. ``C[label][prediction] += 1`` over the last ``samples`` labels (a sliding window of
+whole steps, the current step included) saved at global steps >= ``start_step``; K =
+``category_no`` (default: 1 + the largest class id seen in labels or predictions; ids >= K are
+dropped). For every column i (a predicted class) with ``S_i = Σ_j C[j][i] > 0``:
+
+    fire if C[i][i] / S_i < min_diag   or   ∃ j != i: C[j][i] / S_i > max_off_diag
+
+(SageMaker's documentation garbles this formula; this is its reconstruction in rules.md.)
+Tensors: regex ``labels`` ∪ collection ``labels_collection``, regex ``predictions`` ∪
+collection ``predictions_collection``. Class ids as in ClassImbalance (logits are argmaxed).
+
+Calibrated defaults (trainguard-only parameters; the thresholds keep their documented values):
+
+* ``start_step`` 100 (SageMaker: every step from 0): an untrained model's matrix is all
+  confusion, so the documented rule fires at the first step of every healthy run.
+* ``samples`` 500 (SageMaker: the current step only): one batch has a handful of samples per
+  class, and a column with one wrong prediction out of two is noise, not confusion.
+  ``samples=1`` restores SageMaker's per-step matrix.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.builtin._classification import class_ids, label_prediction_pairs
+from trainguard.rules.builtin._losses import fmt, is_complete, read_values
+from trainguard.rules.builtin.class_imbalance import _regex
+from trainguard.rules.params import Param
+
+
+def _fraction(value: float) -> str | None:
+    return None if 0 <= value <= 1 else "must be in [0, 1]"
+
+
+class Confusion(Rule):
+    """Predictions of a class are too often some other class."""
+
+    rule_name = "Confusion"
+    collections = ("labels", "predictions")
+    fix_hint = (
+        "check the labels of the confused classes (swapped or noisy labels), add examples that separate "
+        "them, or weight them up in the loss (CrossEntropyLoss(weight=...))"
+    )
+
+    category_no = Param(int, None, "number of classes (default: inferred)", optional=True,
+                        check=lambda value: None if value >= 2 else "must be >= 2")
+    labels = Param(str, "labels", "regex of the label tensors", check=_regex)
+    predictions = Param(str, "predictions", "regex of the prediction tensors", check=_regex)
+    labels_collection = Param(str, "labels", "collection of the label tensors")
+    predictions_collection = Param(str, "predictions", "collection of the prediction tensors")
+    min_diag = Param(float, 0.9, "minimum share of a predicted class that is really that class", check=_fraction)
+    max_off_diag = Param(float, 0.1, "maximum share of a predicted class that is one other class", check=_fraction)
+    start_step = Param(int, 100, "first global step judged", documented_default=0,
+                       check=lambda value: None if value >= 0 else "must be >= 0")
+    samples = Param(int, 500, "labels in the sliding window the matrix is built from",
+                    documented_default="the current step only",
+                    check=lambda value: None if value > 0 else "must be > 0")
+
+    def validate(self) -> None:
+        self._window: deque[tuple[int, np.ndarray, np.ndarray]] = deque()
+        self._seen: set[int] = set()
+
+    def check(self, step: int) -> StepResult | None:
+        trial = self.base_trial
+        if not is_complete(trial, step):
+            return None
+        pairs = label_prediction_pairs(
+            trial, step,
+            label_regexes=[self.labels], prediction_regexes=[self.predictions],
+            label_collections=[self.labels_collection], prediction_collections=[self.predictions_collection],
+        )
+        if not pairs:
+            if trial.training_ended and not self._window and not self._seen:
+                return self.missing(step, MissingTensor("labels", self.labels_collection),
+                                    MissingTensor("predictions", self.predictions_collection))
+            return None
+        if step < self.start_step:
+            return None
+        if step not in self._seen:
+            self._seen.add(step)
+            self._add(step, pairs)
+        if not self._window:
+            return None
+        y = np.concatenate([item[1] for item in self._window])
+        predicted = np.concatenate([item[2] for item in self._window])
+        size = self.category_no or int(max(y.max(initial=0), predicted.max(initial=0))) + 1
+        keep = (y < size) & (predicted < size)
+        matrix = np.zeros((size, size), dtype=np.int64)
+        np.add.at(matrix, (y[keep], predicted[keep]), 1)
+        return self._judge(step, matrix)
+
+    def _add(self, step: int, pairs: list[tuple[str, str]]) -> None:
+        values = read_values(self.base_trial, sorted({name for pair in pairs for name in pair}), step)
+        for label_name, prediction_name in pairs:
+            if label_name in values and prediction_name in values:
+                ids = class_ids(values[label_name], values[prediction_name])
+                if ids is not None and ids[0].size:
+                    self._window.append((step, ids[0], ids[1]))
+        # keep whole steps: drop the oldest while the rest still holds `samples` labels
+        total = sum(item[1].size for item in self._window)
+        while len(self._window) > 1 and total - self._window[0][1].size >= self.samples:
+            total -= self._window.popleft()[1].size
+
+    def _judge(self, step: int, matrix: np.ndarray) -> StepResult:
+        column_sums = matrix.sum(axis=0)
+        problems: list[dict[str, Any]] = []
+        for column in np.nonzero(column_sums)[0]:
+            total = column_sums[column]
+            diag = matrix[column, column] / total
+            if diag < self.min_diag:
+                problems.append({"predicted": int(column), "kind": "diag", "share": float(diag)})
+            for row in np.nonzero(matrix[:, column])[0]:
+                share = matrix[row, column] / total
+                if row != column and share > self.max_off_diag:
+                    problems.append({"predicted": int(column), "label": int(row), "kind": "off_diag",
+                                     "share": float(share)})
+        details = {"confusion": matrix.tolist(), "samples": int(matrix.sum())}
+        if not problems:
+            return self.no_issue(step, **details)
+        off = [item for item in problems if item["kind"] == "off_diag"]
+        if off:
+            worst = max(off, key=lambda item: item["share"])
+            message = (f"{fmt(100 * worst['share'])} % of the predictions of class {worst['predicted']} are class "
+                       f"{worst['label']} (max_off_diag {fmt(self.max_off_diag)})")
+        else:
+            worst = min(problems, key=lambda item: item["share"])
+            message = (f"only {fmt(100 * worst['share'])} % of the predictions of class {worst['predicted']} are "
+                       f"right (min_diag {fmt(self.min_diag)})")
+        return self.issue(step, f"{message}; {len(problems)} finding(s)", problems=problems, **details)

@@ -1,0 +1,244 @@
+"""ClassImbalance, Confusion and StalledTrainingRule: deleted smdebug vectors, numpy oracles on
+random labels/predictions (class ids and logits, PyTorch loss-input names), live runs."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tests.rules.synthetic import evaluate_rule, first_firing, open_trial, write_run
+from trainguard.errors import ConfigError
+from trainguard.rules import RuleSpec, create_rule
+from trainguard.rules.builtin._classification import class_ids
+
+LOSS_INPUTS = {"predictions": ["CrossEntropyLoss_input_0"], "labels": ["CrossEntropyLoss_input_1"]}
+
+# -- ClassImbalance ------------------------------------------------------------------------------
+
+
+def test_class_imbalance_deleted_vector_fires_at_step_3(tmp_path):
+    labels = np.concatenate([np.zeros(990), np.ones(10)])
+    run = write_run(tmp_path / "run", {3: {"labels_0": labels}})
+    spec = RuleSpec("ClassImbalance", {"labels_regex": "labels_0", "predictions_regex": "labels_0"})
+    results = evaluate_rule(run, spec)
+    assert first_firing(results) == 3
+    assert results[0].details["imbalance_ratio"] == pytest.approx(99.0)
+    assert "WeightedRandomSampler" in results[0].fix_hint
+
+
+def _imbalance_oracle(batches, threshold_imbalance, threshold_misprediction, samples, start):
+    counts: dict[int, int] = {}
+    window: list[tuple[np.ndarray, np.ndarray]] = []
+    for step, (y, predicted) in enumerate(batches):
+        for cls in y:
+            counts[int(cls)] = counts.get(int(cls), 0) + 1
+        if step >= start:
+            window.append((y, predicted))
+            while sum(len(item[0]) for item in window) - len(window[0][0]) >= samples:
+                window.pop(0)
+        if sum(counts.values()) < samples:
+            continue
+        if max(counts.values()) / min(counts.values()) > threshold_imbalance:
+            return step
+        if sum(len(item[0]) for item in window) >= samples:
+            wy = np.concatenate([item[0] for item in window])
+            wp = np.concatenate([item[1] for item in window])
+            for cls in np.unique(wy):
+                if (wy == cls).sum() >= 10 and np.mean(wp[wy == cls] != cls) > threshold_misprediction:
+                    return step
+    return None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_class_imbalance_matches_oracle_on_logits(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    classes, batch, count = int(rng.integers(2, 6)), int(rng.integers(16, 64)), int(rng.integers(10, 40))
+    weights = rng.dirichlet(np.full(classes, float(rng.choice([0.3, 5.0]))))
+    accuracy = np.linspace(float(rng.uniform(0, 0.3)), float(rng.uniform(0.2, 1.0)), count)
+    batches, steps = [], {}
+    for step in range(count):
+        y = rng.choice(classes, size=batch, p=weights)
+        logits = rng.normal(0, 1, (batch, classes))
+        right = rng.random(batch) < accuracy[step]
+        logits[right, y[right]] += 10  # these samples are predicted right
+        batches.append((y, np.argmax(logits, axis=1)))
+        steps[step] = {"CrossEntropyLoss_input_0": logits.astype(np.float32), "CrossEntropyLoss_input_1": y}
+    run = write_run(tmp_path / "run", steps, collections=LOSS_INPUTS)
+    params = {"threshold_imbalance": str(float(rng.choice([3, 10, 50]))),
+              "threshold_misprediction": str(float(rng.choice([0.3, 0.5, 0.7]))),
+              "samples": str(int(rng.integers(50, 400))), "misprediction_start_step": str(int(rng.integers(0, 10)))}
+    expected = _imbalance_oracle(batches, float(params["threshold_imbalance"]),
+                                 float(params["threshold_misprediction"]), int(params["samples"]),
+                                 int(params["misprediction_start_step"]))
+    assert first_firing(evaluate_rule(run, RuleSpec("ClassImbalance", params))) == expected
+
+
+def test_class_imbalance_waits_for_training_before_judging_mispredictions(tmp_path):
+    # balanced labels; the model predicts class 0 for everything for 120 steps, then learns
+    rng = np.random.default_rng(0)
+    steps = {}
+    for step in range(200):
+        y = rng.integers(0, 4, 32)
+        predicted = np.zeros(32, dtype=np.int64) if step < 120 else y.copy()
+        steps[step] = {"labels": y, "predictions": predicted}
+    run = write_run(tmp_path / "run", steps)
+    # documented behaviour (from step 0): fires while the model is still untrained
+    assert first_firing(evaluate_rule(run, "ClassImbalance:misprediction_start_step=0")) == 15
+    # calibrated: counted from step 100, the window (500 samples) still sees the untrained phase
+    results = evaluate_rule(run, "ClassImbalance")
+    fired = next(result for result in results if result.fired)
+    assert fired.step == 115 and "mispredicted" in fired.message and "class" in fired.fix_hint
+    # ...and stops firing once the window holds only trained predictions
+    assert not results[-1].fired
+
+
+def test_class_imbalance_live_run_missing_tensors_and_bad_parameters(tmp_path):
+    live = write_run(tmp_path / "live", {0: {"labels": np.zeros(10), "predictions": np.zeros(10)}}, finished=False)
+    rule = create_rule(open_trial(live), "ClassImbalance")
+    assert rule.evaluate(5) is None
+    assert not rule.evaluate(0).fired  # waiting for 500 labels
+    none = write_run(tmp_path / "none", {0: {"fc.weight": np.ones(2)}})
+    result = evaluate_rule(none, "ClassImbalance")[0]
+    assert {item.collection for item in result.missing} == {"labels", "predictions"}
+    with pytest.raises(ConfigError, match="threshold_misprediction"):
+        create_rule(open_trial(none), RuleSpec("ClassImbalance", {"threshold_misprediction": "1.5"}))
+    with pytest.raises(ConfigError, match="labels_regex"):
+        create_rule(open_trial(none), RuleSpec("ClassImbalance", {"labels_regex": "(["}))
+    rule = create_rule(open_trial(none), RuleSpec("ClassImbalance", {"argmax": "True", "samples": "100"}))
+    assert rule.argmax is True and rule.samples == 100
+
+
+@pytest.mark.parametrize(
+    "labels, predictions, expected_y, expected_p",
+    [
+        ([0, 2, 1], [[9, 0, 0], [0, 0, 9], [0, 9, 0]], [0, 2, 1], [0, 2, 1]),  # logits N×C
+        ([[0, 1], [1, 0]], np.moveaxis(np.eye(2)[[[1, 1], [0, 0]]], -1, 1), [0, 1, 1, 0], [1, 1, 0, 0]),  # N×C×H
+        ([[0, 1.0], [1.0, 0]], [[0.2, 0.8], [0.3, 0.7]], [1, 0], [1, 1]),  # one-hot targets
+        ([0, 1, 1], [-2.0, 3.0, -0.5], [0, 1, 1], [0, 1, 0]),  # binary logits
+        ([0, 1, 1], [0.2, 0.9, 0.4], [0, 1, 1], [0, 1, 0]),  # binary probabilities
+        ([0, -100, 2], [0, 1, 1], [0, 2], [0, 1]),  # ignore_index dropped with its prediction
+        ([0, 1], [[np.nan, 1.0], [np.nan, np.nan]], [0], [1]),  # NaN scores: no crash, dropped
+    ],
+)
+def test_class_ids_from_saved_tensors(labels, predictions, expected_y, expected_p):
+    y, p = class_ids(np.asarray(labels, dtype=np.float64), np.asarray(predictions, dtype=np.float64))
+    assert y.tolist() == expected_y and p.tolist() == expected_p
+
+
+# -- Confusion -----------------------------------------------------------------------------------
+
+DOCUMENTED = {"start_step": "0", "samples": "1"}  # SageMaker: every step, that step's matrix
+
+
+def test_confusion_deleted_vectors(tmp_path):
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 10, 100)
+    identity = write_run(tmp_path / "identity", {0: {"labels": y, "predictions": y.copy()}})
+    assert first_firing(evaluate_rule(identity, RuleSpec("Confusion", DOCUMENTED))) is None
+    assert first_firing(evaluate_rule(identity, "Confusion")) is None  # step 0 < start_step: not judged
+    y = np.arange(10)
+    y_hat = y.copy()
+    y_hat[4] = 7
+    run = write_run(tmp_path / "confused", {0: {"labels": y, "predictions": y_hat}})
+    assert first_firing(evaluate_rule(run, RuleSpec("Confusion", DOCUMENTED))) == 0
+    spec = RuleSpec("Confusion", {**DOCUMENTED, "min_diag": "0.0", "max_off_diag": "0.01"})
+    results = evaluate_rule(run, spec)
+    assert first_firing(results) == 0
+    assert results[0].details["problems"] == [{"predicted": 7, "label": 4, "kind": "off_diag", "share": 0.5}]
+
+
+def _confusion_oracle(batches, min_diag, max_off_diag, start, samples, category_no):
+    window: list[tuple[np.ndarray, np.ndarray]] = []
+    for step, (y, predicted) in enumerate(batches):
+        if step < start:
+            continue
+        window.append((y, predicted))
+        while len(window) > 1 and sum(len(item[0]) for item in window) - len(window[0][0]) >= samples:
+            window.pop(0)
+        wy = np.concatenate([item[0] for item in window])
+        wp = np.concatenate([item[1] for item in window])
+        size = category_no or int(max(wy.max(), wp.max())) + 1
+        matrix = np.zeros((size, size))
+        for label, guess in zip(wy, wp, strict=False):
+            if label < size and guess < size:
+                matrix[label, guess] += 1
+        for column in range(size):
+            total = matrix[:, column].sum()
+            if total == 0:
+                continue
+            if matrix[column, column] / total < min_diag:
+                return step
+            if any(matrix[row, column] / total > max_off_diag for row in range(size) if row != column):
+                return step
+    return None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_confusion_matches_oracle(tmp_path, seed):
+    rng = np.random.default_rng(50 + seed)
+    classes, batch, count = int(rng.integers(2, 6)), int(rng.integers(8, 40)), int(rng.integers(5, 25))
+    accuracy = float(rng.uniform(0.6, 1.0))
+    swap = rng.random() < 0.5  # confuse class 0 with class 1 in part of the predictions
+    batches, steps = [], {}
+    for step in range(count):
+        y = rng.integers(0, classes, batch)
+        predicted = np.where(rng.random(batch) < accuracy, y, rng.integers(0, classes, batch))
+        if swap:
+            predicted = np.where((y == 0) & (rng.random(batch) < 0.3), 1, predicted)
+        batches.append((y, predicted))
+        steps[step] = {"CrossEntropyLoss_input_1": y, "CrossEntropyLoss_input_0": np.eye(classes)[predicted] * 5}
+    run = write_run(tmp_path / "run", steps, collections=LOSS_INPUTS)
+    min_diag, max_off = float(rng.choice([0.5, 0.7, 0.9])), float(rng.choice([0.1, 0.2, 0.4]))
+    start, samples = int(rng.integers(0, 5)), int(rng.integers(1, 200))
+    category_no = int(classes + 1) if seed % 3 == 0 else None
+    params = {"min_diag": str(min_diag), "max_off_diag": str(max_off), "start_step": str(start),
+              "samples": str(samples), "category_no": str(category_no)}
+    expected = _confusion_oracle(batches, min_diag, max_off, start, samples, category_no)
+    assert first_firing(evaluate_rule(run, RuleSpec("Confusion", params))) == expected
+
+
+# -- StalledTrainingRule ---------------------------------------------------------------------------
+
+
+def test_stalled_training_fires_after_threshold_seconds_without_a_new_step(tmp_path):
+    steps = {0: {"CrossEntropyLoss_output_0": 1.0}}
+    live = write_run(tmp_path / "live", steps, finished=False)
+    trial = open_trial(live)
+    rule = create_rule(trial, RuleSpec("StalledTrainingRule", {"threshold": "60", "stop_training_on_fire": "True"}))
+    now = time.time()
+    assert rule.check(0) is None
+    assert rule.check_idle(now + 30) is None
+    result = rule.check_idle(now + 61)
+    assert result is not None and result.fired and result.step == 0
+    assert result.details["stop_training"] is True and "py-spy" in result.fix_hint
+    assert rule.check_idle(now + 70) is None  # reported once per threshold of stall
+    assert rule.check_idle(now + 122).fired
+    # a new step resets the clock (written by a second writer session into the same live run)
+    from trainguard.format.layout import worker_name
+    from trainguard.hooks.writer import StepWriter
+    from trainguard.modes import ModeKeys
+    from trainguard.storage import open_store
+
+    writer = StepWriter(open_store(live), worker_name(0))
+    writer.begin_step(1, ModeKeys.TRAIN, 1)
+    writer.add_tensor("CrossEntropyLoss_output_0", np.ones(1), nbytes=8)
+    writer.end_step()
+    assert writer.close(timeout=30)
+    assert rule.check_idle(now + 130) is None
+    assert rule.check_idle(now + 189) is None  # 59 s since step 1 appeared
+    assert rule.check_idle(now + 191).fired
+    # training ended: never stalled
+    from trainguard.format.layout import END_OF_TRAINING
+
+    open_store(live).write(END_OF_TRAINING, b"")
+    assert rule.check_idle(now + 10_000) is None
+
+
+def test_stalled_training_counts_from_rule_start_when_no_step_appears(tmp_path):
+    live = write_run(tmp_path / "live", {}, finished=False)
+    rule = create_rule(open_trial(live), "StalledTrainingRule:threshold=5")
+    assert rule.check_idle(time.time()) is None
+    result = rule.check_idle(time.time() + 6)
+    assert result.fired and result.step == -1 and "no step yet" in result.message
