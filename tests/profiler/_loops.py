@@ -26,8 +26,11 @@ class SlowDataset(Dataset):
         return self.x[index], self.y[index]
 
 
-def small_model() -> nn.Module:
+def small_model(kind: str = "conv") -> nn.Module:
+    """``conv``: compute clearly dominates an in-memory batch; ``tiny``: ~1 ms steps."""
     torch.manual_seed(0)
+    if kind == "tiny":
+        return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10))
     return nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 13 * 13, 10))
 
 
@@ -38,9 +41,10 @@ def train(
     item_delay_s: float = 0.0,
     slow_steps: frozenset[int] = frozenset(),
     slow_step_s: float = 0.0,
+    model_kind: str = "conv",
 ) -> None:
     """``steps`` SGD steps; ``item_delay_s`` slows the Dataset, ``slow_steps`` sleep inside the step."""
-    model = small_model()
+    model = small_model(model_kind)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     if item_delay_s:
         dataset: Dataset = SlowDataset(steps * batch, item_delay_s)
