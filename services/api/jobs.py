@@ -267,7 +267,7 @@ class JobService:
             if rule is None:
                 raise JobNotFound(f"{name}/{configuration}")
             if update.get("last_evaluated_step") is not None:
-                rule.last_evaluated_step = int(update["last_evaluated_step"])
+                rule.last_evaluated_step = max(int(update["last_evaluated_step"]), rule.last_evaluated_step or -1)
             result = update.get("result") or None
             if result:
                 if result.get("fired"):

@@ -113,6 +113,9 @@ def main() -> int:
         with lock:
             document["datapoints"] = list(datapoints)
             datapoints.clear()
+        steps = [point["step"] for point in document["datapoints"]]
+        if steps and document.get("last_evaluated_step") is None:
+            document["last_evaluated_step"] = max(steps)  # progress is visible between findings too
         if reporter is not None:
             reporter.send(document)
 
