@@ -85,6 +85,10 @@ def full(out_dir: str, record: str) -> None:
     model.evaluate(X_VAL, Y_VAL, batch_size=BATCH, verbose=0, callbacks=[recorder, hook])
     predictions = model.predict(X, batch_size=8, verbose=0, callbacks=[recorder, hook])
     hook.close()
+    # nothing of the hook stays in the model between saved steps: no spies, Keras's own steps
+    functions = [model.train_function, model.test_function, model.predict_function]
+    leftovers = sum("call" in vars(layer) for layer in [model, *model.layers])
+    leftovers += sum("KerasHook" in getattr(function, "__qualname__", "") for function in functions)
     np.savez(
         record,
         weight_names=np.array([w.path for w in model.weights]),
@@ -92,6 +96,7 @@ def full(out_dir: str, record: str) -> None:
         losses=np.array([logs.get("loss", np.nan) for _, logs in recorder.logs]),
         maes=np.array([logs.get("mae", np.nan) for _, logs in recorder.logs]),
         predictions=predictions,
+        leftovers=np.array(leftovers),
         x=X,
         y=Y,
         **{f"weights_{i}": np.stack([step[i] for step in recorder.weights]) for i in range(len(model.weights))},

@@ -89,7 +89,8 @@ WEIGHTS = ["hidden/kernel", "hidden/bias", "head/kernel", "head/bias"]
 
 
 def test_steps_modes_and_end_marker(full_run):
-    trial, _, out = full_run
+    trial, record, out = full_run
+    assert record["leftovers"] == 0
     assert trial.steps() == sorted(SAVED)
     for step, (mode, mode_step) in SAVED.items():
         assert (trial.mode(step), trial.mode_step(step)) == (mode, mode_step)

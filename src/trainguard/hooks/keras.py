@@ -150,6 +150,18 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
         self._pending_scalars: dict[str, float] = {}
         self._warned: set[str] = set()
 
+    def _rank_and_world(self) -> tuple[int, int]:
+        if BACKEND == "jax":
+            import jax
+
+            return jax.process_index(), jax.process_count()
+        if BACKEND == "torch":
+            import torch.distributed as distributed
+
+            if distributed.is_available() and distributed.is_initialized():
+                return distributed.get_rank(), distributed.get_world_size()
+        return 0, 1
+
     # -- model and names ----------------------------------------------------------------------
     def disable(self, reason: BaseException | str) -> None:
         self._held.clear()
@@ -261,9 +273,7 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
     @fail_open
     def _finish(self) -> None:
         self._restore()
-        self.end_step()
-        if self._writer is not None:
-            self._writer.flush(timeout=60.0)
+        self.end_step()  # written in the background: training does not wait for it
 
     # -- a saved step -----------------------------------------------------------------------------
     def _on_step_begin(self) -> None:
