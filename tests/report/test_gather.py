@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -276,3 +277,23 @@ def test_big_runs_read_fewer_steps_within_the_byte_budget(plain_run: Path) -> No
     steps = sorted(_points(data.tensors.weight_norm_charts[0], "Net_fc1.weight"))
     assert len(steps) == 12 and len(trial.tensor("Net_fc1.weight").steps()) == 21
     assert "Curves read 12 of the saved steps" in " ".join(data.tensors.notes["norms"])
+
+
+def test_long_finding_lists_are_cut_with_a_count_of_what_is_left_out(tmp_path: Path) -> None:
+    from trainguard.rules.base import StepResult
+
+    findings = [
+        StepResult("StepOutlier", step, True, f"step {step} took 9 s", "check the data loader").to_dict()
+        for step in range(30)
+    ]
+    (tmp_path / "rule-output").mkdir()
+    content = {
+        "configuration_name": "StepOutlier",
+        "rule": "StepOutlier",
+        "status": "IssuesFound",
+        "findings": findings,
+    }
+    (tmp_path / "rule-output" / "StepOutlier.json").write_text(json.dumps({**content, "dropped_findings": 5}))
+    page = render_html(gather_report(tmp_path))
+    assert page.count("took 9 s") == 25 and "step 24 took 9 s" in page and "step 25 took 9 s" not in page
+    assert "StepOutlier: 10 more finding(s) not listed" in page

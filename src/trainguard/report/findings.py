@@ -26,6 +26,7 @@ class RuleOutcome:
     findings: list[dict[str, Any]] = field(default_factory=list)
     missing: list[dict[str, Any]] = field(default_factory=list)
     updated_at: float | None = None
+    dropped_findings: int = 0  # findings the runner left out of the file to bound its size
 
     @property
     def fired(self) -> list[dict[str, Any]]:
@@ -47,6 +48,7 @@ class RuleOutcome:
             raise ValueError("'missing' must be a list")
         step = data.get("last_evaluated_step")
         updated = data.get("updated_at")
+        dropped = data.get("dropped_findings")
         return cls(
             configuration_name=name,
             rule=str(data.get("rule") or name),
@@ -56,6 +58,7 @@ class RuleOutcome:
             findings=findings,
             missing=[m if isinstance(m, dict) else {"what": str(m)} for m in missing],
             updated_at=float(updated) if isinstance(updated, (int, float)) else None,
+            dropped_findings=int(dropped) if isinstance(dropped, (int, float)) else 0,
         )
 
 

@@ -58,6 +58,8 @@ svg .series { fill: none; stroke-width: 1.8; stroke-linejoin: round; }
 code { font-size: 12.5px; }
 """
 
+MAX_FINDINGS_PER_RULE = 25  # the first ones of each rule; the status table has the counts
+
 SECTIONS = (
     ("overview", "Overview"),
     ("findings", "Rule findings"),
@@ -138,9 +140,13 @@ def _findings(data: ReportData) -> str:
     parts.append(
         _table(("Rule configuration", "Rule", "Status", "Last step", "Findings", "Details"), status_rows, "rules")
     )
-    finding_rows = []
+    finding_rows, left_out = [], []
     for outcome in data.rule_outcomes:
-        for finding in outcome.fired:
+        fired = outcome.fired
+        hidden = len(fired) - MAX_FINDINGS_PER_RULE + outcome.dropped_findings
+        if hidden > 0:
+            left_out.append(f"{outcome.configuration_name}: {hidden} more finding(s) not listed")
+        for finding in fired[:MAX_FINDINGS_PER_RULE]:
             finding_rows.append(
                 (
                     escape(finding.get("rule") or outcome.rule),
@@ -153,6 +159,7 @@ def _findings(data: ReportData) -> str:
     if finding_rows:
         parts.append(f"<h3>Findings ({len(finding_rows)})</h3>")
         parts.append(_table(("Rule", "Status", "Step", "What was found", "How to fix"), finding_rows, "findings"))
+        parts.append(_notes(left_out))
     else:
         parts.append('<p class="empty">No rule fired.</p>')
     missing_rows = [
