@@ -60,6 +60,9 @@ class RunState:
         # reductions alone were saved under its own name too)
         self.reductions_of: dict[str, set[str]] = {}
         self.training_ended = False
+        # last_complete_step() is asked for per step by readers: cache it until the state changes
+        self._version = 0
+        self._last_complete: tuple[int, int | None] = (-1, None)
         self.loaded_all_steps = False
         self.corrupt_index_files: list[str] = []
         self._token: str | None = None
@@ -78,6 +81,7 @@ class RunState:
             added = self._read_new_indexes()
             if ended:
                 self.training_ended = True
+                self._version += 1
                 self.loaded_all_steps = True
             return added
 
@@ -140,6 +144,7 @@ class RunState:
             self._seen = {key for key in self._seen if key > self._token}
 
     def _add(self, index: StepIndex) -> None:
+        self._version += 1
         record = self.steps.get(index.step)
         if record is None:
             record = self.steps[index.step] = StepRecord(index.step, index.mode, index.mode_step)
@@ -163,12 +168,18 @@ class RunState:
     def last_complete_step(self) -> int | None:
         """A step is complete when every worker wrote it, when training ended, or when a later
         step is complete (a worker that skipped a step will not come back to it)."""
+        version, cached = self._last_complete
+        if version == self._version:
+            return cached
         if not self.steps:
-            return None
-        if self.training_ended:
-            return max(self.steps)
-        complete = [step for step, record in self.steps.items() if len(record.workers) >= self.num_workers]
-        return max(complete) if complete else None
+            result = None
+        elif self.training_ended:
+            result = max(self.steps)
+        else:
+            complete = [step for step, record in self.steps.items() if len(record.workers) >= self.num_workers]
+            result = max(complete) if complete else None
+        self._last_complete = (self._version, result)
+        return result
 
     def is_complete(self, step: int) -> bool:
         last = self.last_complete_step()
