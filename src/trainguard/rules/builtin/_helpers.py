@@ -1,0 +1,231 @@
+"""Shared pieces of the tensor rules: which steps are ready, which tensors to read, safe statistics.
+
+Every rule here runs on live runs too, so each helper tolerates what a live run can show: a
+step still being written, a tensor saved at some steps only, empty or non-finite values.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from trainguard.errors import StepUnavailable, TensorUnavailable, TensorUnavailableForStep, TrialError
+from trainguard.modes import ModeKeys
+
+__all__ = [
+    "activation_axes",
+    "as_float",
+    "fmt",
+    "is_complete",
+    "model_inputs",
+    "read_values",
+    "select",
+    "training_mode",
+]
+
+
+def is_complete(trial: Any, step: int) -> bool:
+    """True when every worker finished writing global ``step`` (never read a step mid-write)."""
+    try:
+        return step in trial._state.steps and trial._state.is_complete(step)
+    except AttributeError:  # another trial implementation: fall back to the public API
+        return step in trial.steps()
+
+
+def training_mode(trial: Any) -> ModeKeys:
+    """TRAIN when the run has TRAIN steps, else GLOBAL (SageMaker's WeightUpdateRatio rule)."""
+    return ModeKeys.TRAIN if trial.steps(mode=ModeKeys.TRAIN) else ModeKeys.GLOBAL
+
+
+def step_in_mode(trial: Any, step: int, mode: ModeKeys) -> bool:
+    return mode == ModeKeys.GLOBAL or trial.mode(step) == mode
+
+
+def select(
+    rule: Any,
+    step: int,
+    *,
+    collections: Iterable[str] | None = None,
+    regex: str | Sequence[str] | None = None,
+) -> list[str]:
+    """Tensor names saved at ``step`` in the union of ``collections`` and ``regex``.
+
+    Unlike :meth:`Rule.select_tensors`, an empty selection is empty (not "every tensor").
+    """
+    trial = rule.base_trial
+    names: set[str] = set()
+    known = trial.collections()
+    for collection in collections or ():
+        if collection in known:
+            names.update(trial.tensor_names(step=step, collection=collection))
+    patterns = [regex] if isinstance(regex, str) else list(regex or ())
+    if patterns:
+        names.update(trial.tensor_names(step=step, regex=patterns))
+    return sorted(names)
+
+
+def read_values(trial: Any, names: Sequence[str], step: int) -> dict[str, np.ndarray]:
+    """Values of ``names`` at global ``step`` in one batched read; tensors missing there are left out."""
+    if not names:
+        return {}
+    try:
+        return trial.tensor_values(list(names), step)
+    except (TensorUnavailable, TensorUnavailableForStep, StepUnavailable):
+        pass
+    values = {}
+    for name in names:  # some of them are not at this step: read one by one, skipping those
+        try:
+            values.update(trial.tensor_values([name], step))
+        except (TensorUnavailable, TensorUnavailableForStep, StepUnavailable):
+            continue
+    return values
+
+
+def as_float(value: Any) -> np.ndarray | None:
+    """``value`` as float64, or None for non-numeric (strings, objects) values."""
+    array = np.asarray(value)
+    if array.dtype.kind in "fiub":
+        return array.astype(np.float64, copy=False)
+    if array.dtype.kind == "c":
+        return np.abs(array).astype(np.float64)
+    return None
+
+
+def is_integer(value: Any) -> bool:
+    return np.asarray(value).dtype.kind in "iub"
+
+
+def activation_axes(array: np.ndarray) -> np.ndarray:
+    """Reshape an activation to (samples, nodes).
+
+    Nodes are features (2-D ``N×F``, last axis of 3-D ``N×T×F`` sequences) or channels (4-D/5-D
+    ``N×C×…``, PyTorch's layout: a convolution's node is its channel, its samples are every
+    position of every example). A 1-D tensor is one sample of nodes.
+    """
+    if array.ndim <= 1:
+        return array.reshape(1, -1)
+    if array.ndim in (4, 5):
+        moved = np.moveaxis(array, 1, -1)
+        return moved.reshape(-1, array.shape[1])
+    return array.reshape(-1, array.shape[-1])
+
+
+def model_inputs(trial: Any, step: int) -> list[str]:
+    """The model's input tensors saved at ``step``: ``<root module>_input_N`` of registered roots.
+
+    The PyTorch hook names a root module's parameters ``<Root>_<param path>`` and its inputs
+    ``<Root>_input_N``; a root is therefore an input prefix that also prefixes a saved weight,
+    bias or gradient name. Without saved parameters, roots are told by their name: a class name
+    (``Net``, ``Sequential``) starts with a capital letter, child paths (``fc1``, ``0``) do not.
+    Loss-module inputs (predictions/labels) are never model inputs.
+    """
+    inputs = [name for name in trial.tensor_names(step=step) if re.search(r"_input_\d+$", name)]
+    known = trial.collections()
+    parameters: set[str] = set()
+    for collection in ("weights", "biases", "gradients"):
+        if collection in known:
+            parameters.update(name.removeprefix("gradient/") for name in trial.tensor_names(collection=collection))
+    excluded: set[str] = set()
+    for collection in ("labels", "predictions"):
+        if collection in known:
+            excluded.update(trial.tensor_names(collection=collection))
+    found = []
+    for name in inputs:
+        root = re.sub(r"_input_\d+$", "", name)
+        if name in excluded or root.endswith("Loss") or "." in root:
+            continue
+        if parameters:
+            if any(parameter.startswith(root + "_") for parameter in parameters):
+                found.append(name)
+        elif root[:1].isupper():
+            found.append(name)
+    return sorted(found)
+
+
+def fmt(value: float) -> str:
+    """A number for a finding's message: short, exact enough to compare with a threshold."""
+    if value is None:
+        return "None"
+    if not np.isfinite(value):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def safe_mode(trial: Any, step: int) -> ModeKeys | None:
+    try:
+        return trial.mode(step)
+    except TrialError:
+        return None
+
+
+def mode_steps(trial: Any, mode: ModeKeys) -> list[int]:
+    """Complete global steps of ``mode`` (all complete steps for GLOBAL), sorted."""
+    if mode == ModeKeys.GLOBAL:
+        return trial.steps()
+    return sorted(trial.global_step(mode, mode_step) for mode_step in trial.steps(mode=mode))
+
+
+def saved_steps(trial: Any, name: str) -> list[int]:
+    """Complete global steps at which ``name`` was saved."""
+    try:
+        return trial.tensor(name).steps()
+    except TrialError:
+        return []
+
+
+class ChannelStats:
+    """Running per-channel mean/std of a tensor over steps (finite values only).
+
+    ``channel`` is the axis holding channels/features; every other axis is pooled.
+    """
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.count: np.ndarray | None = None
+        self.total: np.ndarray | None = None
+        self.squares: np.ndarray | None = None
+
+    def add(self, array: np.ndarray, channel: int) -> bool:
+        """Add one batch; False (and nothing added) when its channel count differs from earlier ones."""
+        if array.ndim == 0 or array.size == 0:
+            return False
+        moved = np.moveaxis(array, channel, -1).reshape(-1, array.shape[channel])
+        finite = np.isfinite(moved)
+        values = np.where(finite, moved, 0.0)
+        if self.count is not None and self.count.shape[0] != moved.shape[1]:
+            return False
+        count, total, squares = finite.sum(axis=0), values.sum(axis=0), (values * values).sum(axis=0)
+        if self.count is None:
+            self.count, self.total, self.squares = count, total, squares
+        else:
+            self.count, self.total, self.squares = self.count + count, self.total + total, self.squares + squares
+        self.samples += array.shape[0] if channel != 0 else 1
+        return True
+
+    def means(self) -> np.ndarray:
+        assert self.count is not None and self.total is not None
+        return self.total / np.maximum(self.count, 1)
+
+    def stds(self) -> np.ndarray:
+        assert self.count is not None and self.squares is not None
+        mean = self.means()
+        return np.sqrt(np.maximum(self.squares / np.maximum(self.count, 1) - mean * mean, 0.0))
+
+    def pooled_std(self) -> float:
+        assert self.count is not None and self.total is not None and self.squares is not None
+        n = max(float(self.count.sum()), 1.0)
+        mean = float(self.total.sum()) / n
+        return float(np.sqrt(max(float(self.squares.sum()) / n - mean * mean, 0.0)))
+
+
+def channel_axis(array: np.ndarray, channel: int | None) -> int:
+    """The channel axis: ``channel`` if given (negative counts from the end), else axis 1 of
+    2-D/4-D/5-D tensors (features; NCHW) and the last axis of 3-D sequences."""
+    if channel is not None:
+        return channel if channel >= 0 else array.ndim + channel
+    if array.ndim == 1:
+        return 0
+    return array.ndim - 1 if array.ndim == 3 else 1

@@ -1,0 +1,66 @@
+"""ExplodingTensor: ``fire at step s if ∃ t: any(isnan(t_s))`` or, unless ``only_nan``, ``any(isinf(t_s))``.
+
+SageMaker ``rule_to_invoke``: ``ExplodingTensor``; parameters ``collection_names``,
+``tensor_regex`` (union of both; every saved tensor when neither is given) and ``only_nan``
+(default False), all as documented. Integer and boolean tensors cannot hold NaN and are skipped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainguard.rules.base import Rule, StepResult
+from trainguard.rules.builtin._helpers import is_complete, read_values, select
+from trainguard.rules.params import Param
+
+
+class ExplodingTensor(Rule):
+    """NaN or infinite values in any inspected tensor."""
+
+    rule_name = "ExplodingTensor"
+    fix_hint = (
+        "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_); check for "
+        "log(0), division by zero and unnormalised inputs"
+    )
+
+    collection_names = Param(list, None, "collections to inspect (comma-separated)")
+    tensor_regex = Param(list, None, "regexes of tensor names to inspect (comma-separated)")
+    only_nan = Param(bool, False, "only NaN counts, not +/-inf")
+
+    def validate(self) -> None:
+        self.regex_list(self.tensor_regex)
+
+    def check(self, step: int) -> StepResult | None:
+        trial = self.base_trial
+        if not is_complete(trial, step):
+            return None
+        if self.collection_names or self.tensor_regex:
+            names = select(self, step, collections=self.collection_names, regex=self.tensor_regex)
+        else:
+            names = trial.tensor_names(step=step)
+        if not names:
+            return None
+        bad: dict[str, dict[str, int]] = {}
+        for name, value in read_values(trial, names, step).items():
+            array = np.asarray(value)
+            if array.dtype.kind not in "fc" or array.size == 0:
+                continue
+            nan = int(np.count_nonzero(np.isnan(array)))
+            inf = 0 if self.only_nan else int(np.count_nonzero(np.isinf(array)))
+            if nan or inf:
+                bad[name] = {"nan": nan, "inf": inf, "size": int(array.size)}
+        if not bad:
+            return self.no_issue(step, tensors_checked=len(names))
+        first = sorted(bad)[0]
+        what = "NaN" if self.only_nan else "NaN/inf"
+        hint = self.fix_hint
+        if any(name.startswith("gradient/") for name in bad) or any("oss" in name for name in bad):
+            hint = "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_)"
+        return self.issue(
+            step,
+            f"{len(bad)} tensor(s) hold {what} values, e.g. {first} ({bad[first]['nan']} NaN, {bad[first]['inf']} inf "
+            f"of {bad[first]['size']})",
+            fix_hint=hint,
+            tensor=first,
+            tensors=bad,
+        )

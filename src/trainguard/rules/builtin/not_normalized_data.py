@@ -1,0 +1,112 @@
+"""NotNormalizedData (trainguard; not a SageMaker rule): over the model's input batches accumulated since
+the start, with per-channel mean μ_c and standard deviation σ_c (channels: axis 1 of N×C×H×W images
+and N×F tables, the last axis of N×T×F sequences, or ``channel``) and the pooled σ of all values,
+once ≥ ``threshold_samples`` samples were seen: fire if ``∃c: |μ_c| > threshold_mean`` or
+``∃c: σ_c > threshold_std`` or ``σ_pooled < 1/threshold_std``.
+
+Defaults are deliberately loose (threshold_mean 1.0, threshold_std 5.0, 100 samples): inputs
+min-max scaled to [0, 1] (μ ≈ 0.5, σ ≈ 0.3) count as normalised, features in the tens or
+thousands and data squashed to σ < 0.2 do not. A single binary or rare feature has a small σ
+of its own, so the lower bound uses the pooled σ. CheckInputImages is the SageMaker-named,
+stricter, mean-only check for images.
+
+Tensors: ``tensor_regex`` ∪ ``collection_names``; with neither, the model's inputs
+(``<root module>_input_N`` of the PyTorch hook, saved by the ``inputs`` collection). Integer
+and boolean inputs (token ids, indices) are not features and are skipped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.builtin._helpers import ChannelStats, channel_axis, fmt, is_complete, model_inputs, read_values, select
+from trainguard.rules.params import Param
+
+
+class NotNormalizedData(Rule):
+    """Model inputs far from zero mean / unit variance."""
+
+    rule_name = "NotNormalizedData"
+    collections = ("inputs",)
+    fix_hint = (
+        "normalise the inputs: torchvision.transforms.Normalize(mean, std) for images, "
+        "sklearn.preprocessing.StandardScaler for tables"
+    )
+
+    tensor_regex = Param(list, None, "regexes of input tensor names (default: the model's inputs)")
+    collection_names = Param(list, None, "collections of input tensors")
+    threshold_mean = Param(float, 1.0, "fire when a channel's |mean| is above this",
+                           check=lambda value: None if value > 0 else "must be > 0")
+    threshold_std = Param(float, 5.0, "fire when a channel's std is above this or the pooled std below its inverse",
+                          check=lambda value: None if value > 1 else "must be > 1")
+    threshold_samples = Param(int, 100, "samples to accumulate before judging",
+                              check=lambda value: None if value >= 1 else "must be >= 1")
+    channel = Param(int, None, "axis of the channels/features (default: 1, or the last axis of 3-D inputs)")
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._stats: dict[str, ChannelStats] = {}
+        self._seen: set[int] = set()  # a step is counted once, however often it is evaluated
+
+    def validate(self) -> None:
+        self.regex_list(self.tensor_regex)
+
+    def _names(self, step: int) -> list[str]:
+        if self.collection_names or self.tensor_regex:
+            return select(self, step, collections=self.collection_names, regex=self.tensor_regex)
+        return model_inputs(self.base_trial, step)
+
+    def accumulate(self, step: int) -> list[str] | None:
+        """Add this step's batches; the names read, or None when the step is not ready."""
+        trial = self.base_trial
+        if not is_complete(trial, step):
+            return None
+        names = self._names(step)
+        if step in self._seen:
+            return names
+        self._seen.add(step)
+        for name, value in read_values(trial, names, step).items():
+            array = np.asarray(value)
+            if array.dtype.kind not in "f" or array.ndim == 0:
+                continue
+            axis = channel_axis(array, self.channel)
+            if not 0 <= axis < array.ndim:
+                continue
+            self._stats.setdefault(name, ChannelStats()).add(array.astype(np.float64), axis)
+        return names
+
+    def check(self, step: int) -> StepResult | None:
+        names = self.accumulate(step)
+        if names is None:
+            return None
+        if not self._stats:
+            if not names and self.base_trial.training_ended and not self._names_anywhere():
+                return self.missing(step, MissingTensor("model inputs", "inputs"))
+            return None
+        judged = {name: stats for name, stats in self._stats.items() if stats.samples >= self.threshold_samples}
+        if not judged:
+            return None
+        for name, stats in sorted(judged.items()):
+            means, stds, pooled = stats.means(), stats.stds(), stats.pooled_std()
+            worst_mean = int(np.argmax(np.abs(means)))
+            worst_std = int(np.argmax(stds))
+            details = dict(tensor=name, samples=stats.samples, means=means.tolist()[:64], stds=stds.tolist()[:64],
+                           pooled_std=pooled)
+            if abs(means[worst_mean]) > self.threshold_mean:
+                return self.issue(step, f"input {name}: channel {worst_mean} has mean {fmt(means[worst_mean])} "
+                                  f"(|mean| > threshold_mean {fmt(self.threshold_mean)}) over {stats.samples} samples",
+                                  channel=worst_mean, **details)
+            if stds[worst_std] > self.threshold_std:
+                return self.issue(step, f"input {name}: channel {worst_std} has std {fmt(stds[worst_std])} "
+                                  f"(> threshold_std {fmt(self.threshold_std)}) over {stats.samples} samples",
+                                  channel=worst_std, **details)
+            if pooled < 1.0 / self.threshold_std:
+                return self.issue(step, f"input {name}: std of all values is {fmt(pooled)} "
+                                  f"(< 1/threshold_std = {fmt(1.0 / self.threshold_std)}) over {stats.samples} samples",
+                                  channel=None, **details)
+        return self.no_issue(step, tensors=sorted(judged))
+
+    def _names_anywhere(self) -> bool:
+        trial = self.base_trial
+        return any(self._names(step) for step in trial.steps()[-1:])

@@ -1,0 +1,142 @@
+"""PoorWeightInitialization: only at training steps with mode step ≤ ``steps``, fire if
+
+* ``max_l Var(x_l) / min_l Var(x_l) > threshold`` over the activation inputs x_l (one tensor per
+  layer, ≥ 2 layers), or
+* ``min_g (p95(g) − p5(g)) < distribution_range`` over the gradient tensors g, or
+* the training loss is stuck: its last ``patience`` saved values differ by less than
+  ``loss_tolerance`` (trainguard, 0.1 %) of their mean — what a model whose output does not
+  depend on its input (zero/constant init, every unit identical) produces.
+
+SageMaker ``rule_to_invoke``: ``PoorWeightInitialization``; parameters
+``activation_inputs_regex`` (``".*relu_input"``), ``threshold`` (10.0), ``distribution_range``
+(0.001), ``patience`` (5), ``steps`` (10). Tensors: ``relu_input`` collection (the PyTorch hook's
+``nn.ReLU`` inputs) ∪ ``activation_inputs_regex``; ``gradients``; ``losses``.
+
+Calibration (documented defaults fire on healthy PyTorch runs, rules.md "Measured"):
+
+* ``distribution_range`` 1e-8 instead of 0.001: a healthy gradient's 5–95 % spread scales with the
+  loss and the layer and is routinely below 0.001 (a one-element bias gradient's spread is 0
+  always); what poor initialisation produces is a spread of exactly zero (zero or constant
+  init: every unit gets the same gradient). Gradients with fewer than ``min_gradient_size``
+  (trainguard, 16) elements are not judged.
+* ``threshold`` 1000 instead of 10: PyTorch's default init (kaiming_uniform with a=√5) shrinks
+  the ReLU-input variance about 6× per layer, so three healthy ReLU layers already differ by
+  ~36×. Zero init (variance 0 → ratio ∞) and large init (×fan_in/2 per layer) stay far above 1000.
+* the loss condition is "stuck" instead of SageMaker's "no longer decreasing": a healthy
+  mini-batch loss routinely goes 5 saved steps without a new minimum, and a healthy CNN's
+  loss often does not decrease at all in its first 10 SGD steps; both fired on healthy runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.builtin._helpers import as_float, fmt, is_complete, read_values, select, training_mode
+from trainguard.modes import ModeKeys
+from trainguard.rules.params import Param
+
+
+class PoorWeightInitialization(Rule):
+    """Signs of a bad initialisation in the first training steps."""
+
+    rule_name = "PoorWeightInitialization"
+    collections = ("relu_input", "gradients", "losses")
+    fix_hint = (
+        "use the layer's default or Xavier/He initialisation (torch.nn.init.kaiming_normal_ for ReLU, "
+        "xavier_uniform_ for tanh/sigmoid); never constant or zero weights"
+    )
+
+    activation_inputs_regex = Param(list, [".*relu_input"], "regexes of activation input names", optional=True)
+    threshold = Param(float, 1000.0, "fire when max/min activation-input variance across layers is above this",
+                      documented_default=10.0)
+    distribution_range = Param(float, 1e-8, "fire when a gradient's p95 - p5 is below this", documented_default=0.001)
+    patience = Param(int, 5, "saved loss values that must all be (nearly) equal to fire",
+                     check=lambda value: None if value >= 1 else "must be >= 1")
+    steps = Param(int, 10, "how many initial training steps are analysed",
+                  check=lambda value: None if value >= 1 else "must be >= 1")
+    loss_tolerance = Param(float, 1e-3, "relative spread below which the loss counts as stuck (trainguard)")
+    min_gradient_size = Param(int, 16, "gradients with fewer elements are not judged (trainguard)")
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._losses: dict[int, float] = {}
+
+    def validate(self) -> None:
+        self.regex_list(self.activation_inputs_regex)
+
+    def check(self, step: int) -> StepResult | None:
+        trial = self.base_trial
+        if not is_complete(trial, step):
+            return None
+        mode = training_mode(trial)
+        if mode != ModeKeys.GLOBAL and trial.mode(step) != mode:
+            return None
+        if trial.mode_step(step) > self.steps:
+            return None
+        activations = select(self, step, collections=["relu_input"], regex=self.activation_inputs_regex)
+        gradients = select(self, step, collections=["gradients"])
+        losses = select(self, step, collections=["losses"])
+        if not (activations or gradients or losses):
+            if trial.training_ended and step == trial.steps()[0]:
+                return self.missing(step, MissingTensor("ReLU inputs, gradients or losses", "relu_input"))
+            return None
+        values = read_values(trial, activations + gradients + losses, step)
+        details: dict[str, object] = {}
+        problem = self._variance(activations, values, details) or self._gradients(gradients, values, details)
+        problem = problem or self._loss(step, losses, values, details)
+        if problem:
+            return self.issue(step, problem, **details)
+        return self.no_issue(step, **details)
+
+    def _variance(self, names: list[str], values: dict, details: dict) -> str | None:
+        variances = {}
+        for name in names:
+            array = as_float(values.get(name)) if name in values else None
+            if array is not None and array.size >= 2 and np.all(np.isfinite(array)):
+                variances[name] = float(np.var(array))
+        if len(variances) < 2:
+            return None
+        high = max(variances, key=lambda key: variances[key])
+        low = min(variances, key=lambda key: variances[key])
+        ratio = variances[high] / variances[low] if variances[low] > 0 else float("inf")
+        details.update(variance_ratio=ratio, variances=variances)
+        if ratio > self.threshold:
+            return (f"activation-input variance differs {fmt(ratio)}× across layers ({high}: {fmt(variances[high])}, "
+                    f"{low}: {fmt(variances[low])}); threshold {fmt(self.threshold)}")
+        return None
+
+    def _gradients(self, names: list[str], values: dict, details: dict) -> str | None:
+        spreads = {}
+        for name in names:
+            array = as_float(values.get(name)) if name in values else None
+            if array is None or array.size < max(self.min_gradient_size, 2) or not np.all(np.isfinite(array)):
+                continue
+            p5, p95 = np.percentile(array, [5, 95])
+            spreads[name] = float(p95 - p5)
+        if not spreads:
+            return None
+        narrowest = min(spreads, key=lambda key: spreads[key])
+        details.update(min_gradient_spread=spreads[narrowest], gradient=narrowest)
+        if spreads[narrowest] < self.distribution_range:
+            return (f"gradient {narrowest} has a 5th-95th percentile spread of {fmt(spreads[narrowest])} "
+                    f"< distribution_range {fmt(self.distribution_range)} (units receive identical updates)")
+        return None
+
+    def _loss(self, step: int, names: list[str], values: dict, details: dict) -> str | None:
+        losses = [float(np.mean(values[name])) for name in names if name in values and np.size(values[name])]
+        if not losses:
+            return None
+        loss = float(np.mean(losses))
+        if not np.isfinite(loss):
+            return None
+        self._losses[step] = loss
+        history = [self._losses[key] for key in sorted(self._losses)][-self.patience :]
+        if len(history) < self.patience:
+            return None
+        spread = (max(history) - min(history)) / max(abs(float(np.mean(history))), 1e-12)
+        details.update(loss=loss, loss_spread=spread)
+        if spread < self.loss_tolerance:
+            return (f"the loss is stuck at {fmt(loss)}: its last {self.patience} saved values differ by "
+                    f"{fmt(100 * spread)}% < loss_tolerance {fmt(100 * self.loss_tolerance)}% (the output ignores the input)")
+        return None

@@ -1,0 +1,106 @@
+"""SaturatedActivation: for each tanh/sigmoid INPUT tensor x (samples × nodes), node j's activity is
+``a_j = 100 · mean_over_samples[min < x_ij < max]`` with (min, max) the activation's bounds; a node
+is saturated if ``a_j < threshold_inactivity``; fire if ``100 · #saturated / #nodes > threshold_layer``.
+
+SageMaker ``rule_to_invoke``: ``SaturatedActivation``; parameters ``collection_names``,
+``tensor_regex`` (default ``".*tanh_input|.*sigmoid_input"``), ``threshold_tanh_min/max``
+(-9.4999/9.4999), ``threshold_sigmoid_min/max`` (-23/16.99999), ``threshold_inactivity`` (1.0 %),
+``threshold_layer`` (50.0 %), all as documented (final docs; the bounds are where the
+activation's derivative falls below 1e-7). Tensors: collections ``tanh_input`` and
+``sigmoid_input`` (filled by the PyTorch hook from ``nn.Tanh``/``nn.Sigmoid`` modules) ∪
+``tensor_regex`` ∪ ``collection_names``. A tensor uses the sigmoid bounds when it is in
+``sigmoid_input`` or its name contains "sigmoid", else the tanh bounds. Nodes as in DeadRelu:
+features (2-D), last axis (3-D), channels (4-D/5-D).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.builtin._helpers import activation_axes, as_float, fmt, is_complete, read_values, select
+from trainguard.rules.params import Param
+
+
+def _percent(value: float) -> str | None:
+    return None if 0 <= value <= 100 else "must be a percentage between 0 and 100"
+
+
+class SaturatedActivation(Rule):
+    """tanh/sigmoid layers whose inputs sit where the activation is flat."""
+
+    rule_name = "SaturatedActivation"
+    collections = ("tanh_input", "sigmoid_input")
+    fix_hint = (
+        "scale down the initial weights (Xavier init: torch.nn.init.xavier_uniform_), normalise the "
+        "inputs, add BatchNorm before the activation, or use ReLU"
+    )
+
+    collection_names = Param(list, None, "extra collections of tanh/sigmoid inputs")
+    tensor_regex = Param(list, [".*tanh_input|.*sigmoid_input"], "regexes of activation input names", optional=True)
+    threshold_tanh_min = Param(float, -9.4999, "tanh input below this is saturated")
+    threshold_tanh_max = Param(float, 9.4999, "tanh input above this is saturated")
+    threshold_sigmoid_min = Param(float, -23.0, "sigmoid input below this is saturated")
+    threshold_sigmoid_max = Param(float, 16.99999, "sigmoid input above this is saturated")
+    threshold_inactivity = Param(float, 1.0, "a node active in less than this percent of samples is saturated", check=_percent)
+    threshold_layer = Param(float, 50.0, "fire when more than this percent of a layer's nodes are saturated", check=_percent)
+
+    def validate(self) -> None:
+        from trainguard.errors import ConfigError
+
+        self.regex_list(self.tensor_regex)
+        if self.threshold_tanh_min >= self.threshold_tanh_max:
+            raise ConfigError(f"{self.name()}: threshold_tanh_min must be < threshold_tanh_max")
+        if self.threshold_sigmoid_min >= self.threshold_sigmoid_max:
+            raise ConfigError(f"{self.name()}: threshold_sigmoid_min must be < threshold_sigmoid_max")
+
+    def _bounds(self, name: str) -> tuple[str, float, float]:
+        trial = self.base_trial
+        is_sigmoid = "sigmoid" in name.lower() or (
+            "sigmoid_input" in trial.collections() and trial.collection("sigmoid_input").matches(name)
+        )
+        if is_sigmoid:
+            return "sigmoid", self.threshold_sigmoid_min, self.threshold_sigmoid_max
+        return "tanh", self.threshold_tanh_min, self.threshold_tanh_max
+
+    def check(self, step: int) -> StepResult | None:
+        trial = self.base_trial
+        if not is_complete(trial, step):
+            return None
+        names = select(self, step, collections=["tanh_input", "sigmoid_input", *(self.collection_names or ())],
+                       regex=self.tensor_regex)
+        if not names:
+            if trial.training_ended and not any(trial.tensor_names(collection=c) for c in self.collections
+                                                if c in trial.collections()):
+                return self.missing(step, MissingTensor("tanh/sigmoid inputs", "tanh_input"))
+            return None
+        worst: tuple[float, str] = (-1.0, "")
+        fired: dict[str, dict[str, float | str]] = {}
+        for name, value in read_values(trial, names, step).items():
+            array = as_float(value)
+            if array is None or array.size == 0:
+                continue
+            kind, low, high = self._bounds(name)
+            nodes = activation_axes(array)
+            with np.errstate(invalid="ignore"):
+                inside = (nodes > low) & (nodes < high)  # NaN is outside: a NaN node does nothing
+            activity = 100.0 * np.mean(inside, axis=0)
+            saturated = 100.0 * float(np.mean(activity < self.threshold_inactivity))
+            worst = max(worst, (saturated, name))
+            if saturated > self.threshold_layer:
+                fired[name] = {"saturated_percent": saturated, "activation": kind, "min": low, "max": high}
+        if not worst[1]:
+            return None
+        if fired:
+            name = max(fired, key=lambda key: float(fired[key]["saturated_percent"]))
+            info = fired[name]
+            return self.issue(
+                step,
+                f"{fmt(float(info['saturated_percent']))}% of the nodes of {info['activation']} input {name} are saturated "
+                f"(outside ({fmt(float(info['min']))}, {fmt(float(info['max']))}) in > {fmt(100 - self.threshold_inactivity)}% "
+                f"of samples); threshold_layer {fmt(self.threshold_layer)}%",
+                tensor=name,
+                saturated_percent=info["saturated_percent"],
+                layers=fired,
+            )
+        return self.no_issue(step, tensor=worst[1], max_saturated_percent=worst[0])

@@ -1,0 +1,131 @@
+"""WeightUpdateRatio: ``r = ‖W_s − W_prev‖₂ / (‖W_prev‖₂ + epsilon)`` per weight tensor; fire if
+``r > large_threshold`` or ``r < small_threshold``.
+
+SageMaker ``rule_to_invoke``: ``WeightUpdateRatio``; parameters ``num_steps`` (None),
+``large_threshold`` (10.0), ``small_threshold`` (1e-8), ``epsilon`` (1e-9), as documented.
+Tensors: the ``weights`` collection (PyTorch ``*.weight``; biases are excluded because a
+zero-initialised bias makes any first update "infinitely" large). Only TRAIN steps are used
+when the run has any (weights do not move during evaluation), else every step. W_prev is the
+tensor's previous saved step in that mode; with ``num_steps`` it is the earliest saved step
+whose mode step is ≥ s − num_steps (the window must hold at least one earlier step).
+Non-finite weights or updates count as an infinitely large update.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.builtin._helpers import as_float, fmt, is_complete, mode_steps, read_values, saved_steps, select, training_mode
+from trainguard.rules.params import Param
+
+
+class WeightUpdateRatio(Rule):
+    """Weight updates far too large or far too small for the weights they change."""
+
+    rule_name = "WeightUpdateRatio"
+    collections = ("weights",)
+    fix_hint = "check the learning rate"
+    large_hint = "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_)"
+    small_hint = (
+        "raise the learning rate, lower weight decay, and check that the parameters are given to the "
+        "optimizer and have requires_grad=True"
+    )
+
+    num_steps = Param(int, None, "compare with the weights at most this many steps earlier",
+                      check=lambda value: None if value >= 1 else "must be >= 1")
+    large_threshold = Param(float, 10.0, "fire when update/weight norm ratio is above this")
+    small_threshold = Param(float, 1e-8, "fire when update/weight norm ratio is below this")
+    epsilon = Param(float, 1e-9, "added to the weight norm against division by zero")
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._cache: dict[str, tuple[int, np.ndarray]] = {}
+
+    def validate(self) -> None:
+        from trainguard.errors import ConfigError
+
+        if self.small_threshold >= self.large_threshold:
+            raise ConfigError(f"{self.name()}: small_threshold must be < large_threshold")
+
+    def _previous(self, name: str, step: int, in_mode: set[int]) -> int | None:
+        trial = self.base_trial
+        earlier = [p for p in saved_steps(trial, name) if p < step and p in in_mode]
+        if not earlier:
+            return None
+        if self.num_steps is None:
+            return earlier[-1]
+        current = trial.mode_step(step)
+        window = [p for p in earlier if trial.mode_step(p) >= current - self.num_steps]
+        return window[0] if window else None
+
+    def check(self, step: int) -> StepResult | None:
+        trial = self.base_trial
+        if not is_complete(trial, step):
+            return None
+        mode = training_mode(trial)
+        in_mode = set(mode_steps(trial, mode))
+        if step not in in_mode:
+            return None
+        names = select(self, step, collections=["weights"])
+        if not names:
+            if trial.training_ended and not trial.tensor_names(collection="weights"):
+                return self.missing(step, MissingTensor("weights", "weights"))
+            return None
+        current = read_values(trial, names, step)
+        previous_steps = {name: self._previous(name, step, in_mode) for name in current}
+        to_read: dict[int, list[str]] = {}
+        previous: dict[str, np.ndarray] = {}
+        for name, prev in previous_steps.items():
+            if prev is None:
+                continue
+            cached = self._cache.get(name)
+            if cached is not None and cached[0] == prev:
+                previous[name] = cached[1]
+            else:
+                to_read.setdefault(prev, []).append(name)
+        for prev, group in to_read.items():
+            previous.update(read_values(trial, group, prev))
+        ratios: dict[str, float] = {}
+        for name, value in current.items():
+            array = as_float(value)
+            if array is None:
+                continue
+            self._cache[name] = (step, array)
+            if name not in previous or previous[name].shape != array.shape or array.size == 0:
+                continue
+            before = as_float(previous[name])
+            with np.errstate(all="ignore"):
+                ratio = float(np.linalg.norm((array - before).ravel()) / (np.linalg.norm(before.ravel()) + self.epsilon))
+            ratios[name] = ratio if np.isfinite(ratio) else float("inf")
+        if not ratios:
+            return None
+        large = {name: r for name, r in ratios.items() if r > self.large_threshold}
+        small = {name: r for name, r in ratios.items() if r < self.small_threshold}
+        if large:
+            name = max(large, key=lambda key: large[key])
+            return self.issue(
+                step,
+                f"update of {name} is {fmt(large[name])} times its norm (step {previous_steps[name]} → {step}); "
+                f"large_threshold {fmt(self.large_threshold)}",
+                fix_hint=self.large_hint,
+                tensor=name,
+                ratio=large[name],
+                direction="large",
+                previous_step=previous_steps[name],
+                ratios=ratios,
+            )
+        if small:
+            name = min(small, key=lambda key: small[key])
+            return self.issue(
+                step,
+                f"update of {name} is only {fmt(small[name])} of its norm (step {previous_steps[name]} → {step}); "
+                f"small_threshold {fmt(self.small_threshold)}",
+                fix_hint=self.small_hint,
+                tensor=name,
+                ratio=small[name],
+                direction="small",
+                previous_step=previous_steps[name],
+                ratios=ratios,
+            )
+        return self.no_issue(step, min_ratio=min(ratios.values()), max_ratio=max(ratios.values()))
