@@ -1,6 +1,8 @@
 """The ``trainguard`` command.
 
-    trainguard run [--out DIR] [--config hook.json] [--save-interval N] -- python train.py ...
+    trainguard run [--out DIR] [--config hook.json] [--save-interval N]
+                   [--rules [A,B:key=v,...]] [--stop-on-issue] [--stop-grace S]
+                   [--profile] [--profile-interval-ms MS] -- python train.py ...
     trainguard summary RUN [--json]
     trainguard tensorboard RUN OUT_DIR
 """
@@ -8,19 +10,24 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from trainguard.errors import ConfigError, TrainguardError
 
 __all__ = ["main"]
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
+EXIT_STOPPED_BY_RULE = 3
 
 
 def _default_out_dir() -> str:
@@ -40,7 +47,53 @@ def _child_environment(args: argparse.Namespace, out_dir: str) -> dict[str, str]
         environment["TRAINGUARD_CONFIG"] = str(Path(args.config).resolve())
     if args.save_interval is not None:
         environment["TRAINGUARD_SAVE_INTERVAL"] = str(args.save_interval)
+    if args.profile:
+        environment["TRAINGUARD_PROFILER"] = "1"
+    if args.profile_interval_ms is not None:
+        if args.profile_interval_ms <= 0:
+            raise ConfigError(f"--profile-interval-ms {args.profile_interval_ms} must be a positive number of milliseconds")
+        environment["TRAINGUARD_PROFILER"] = "1"
+        environment["TRAINGUARD_PROFILER_INTERVAL_MS"] = str(args.profile_interval_ms)
     return environment
+
+
+def _rule_specs(args: argparse.Namespace) -> list[Any]:
+    """The rules of ``--rules`` (``default`` = the default set); with ``--stop-on-issue`` each
+    gets the stoptraining action. Later configurations of the same name replace earlier ones."""
+    from trainguard.commands.rules import parse_rule_list
+    from trainguard.rules.defaults import default_rule_specs
+
+    values = list(args.rules or [])
+    if args.stop_on_issue and not values:
+        values = ["default"]
+    specs: dict[str, Any] = {}
+    for value in values:
+        for spec in parse_rule_list(value):
+            for one in default_rule_specs() if spec.rule.lower() == "default" and not spec.parameters else [spec]:
+                specs.pop(one.name, None)
+                specs[one.name] = one
+    if args.stop_on_issue:
+        stop = ({"name": "stoptraining"},)
+        specs = {name: dataclasses.replace(spec, actions=tuple(spec.actions) + stop) for name, spec in specs.items()}
+    return list(specs.values())
+
+
+def _configure_capture_for_rules(args: argparse.Namespace, specs: list[Any], environment: dict[str, str]) -> str:
+    """Write the hook config the rules need (their collections on top of the user's); returns
+    the temporary directory holding it."""
+    from trainguard.rules.defaults import hook_config_for_rules, rule_collections
+    from trainguard.rules.runner import validate_specs
+
+    classes = validate_specs(specs)
+    document = hook_config_for_rules(
+        rule_collections(classes.values()), base_config=args.config, save_interval=args.save_interval
+    )
+    directory = tempfile.mkdtemp(prefix="trainguard-run-")
+    path = os.path.join(directory, "debughookconfig.json")
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(document, file, indent=1)
+    environment["TRAINGUARD_CONFIG"] = path
+    return directory
 
 
 def _validate(environment: dict[str, str], out_dir: str) -> None:
@@ -69,32 +122,78 @@ def _run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ConfigError("nothing to run: trainguard run [options] -- python train.py ...")
+    if args.stop_grace < 0:
+        raise ConfigError(f"--stop-grace {args.stop_grace} must be zero or more seconds")
     out_dir = args.out or _default_out_dir()
     environment = _child_environment(args, out_dir)
-    _validate(environment, out_dir)
+    specs = _rule_specs(args)
+    config_dir = _configure_capture_for_rules(args, specs, environment) if specs else None
+    try:
+        _validate(environment, out_dir)
+        return _supervise(args, command, environment, out_dir, specs)
+    finally:
+        if config_dir:
+            shutil.rmtree(config_dir, ignore_errors=True)
+
+
+def _supervise(args: argparse.Namespace, command: list[str], environment: dict[str, str], out_dir: str, specs: list[Any]) -> int:
+    """Run training in its own process group, with the rules beside it when asked."""
     print(f"trainguard: capturing to {out_dir}", file=sys.stderr, flush=True)
-    child = subprocess.Popen(command, env=environment)
+    watch = None
+    if specs:
+        from trainguard.rules.autostop import RuleWatch
+
+        names = ", ".join(spec.name for spec in specs)
+        action = "; training stops when one fires" if args.stop_on_issue else ""
+        print(f"trainguard: rules {names}{action}", file=sys.stderr, flush=True)
+        watch = RuleWatch(
+            out_dir, specs, grace=args.stop_grace, echo=lambda line: print(line, file=sys.stderr, flush=True)
+        )
+        watch.start()
+    # Own process group: stopping it reaches the script's children (data-loader workers) too.
+    child = subprocess.Popen(command, env=environment, process_group=0)
+    if watch is not None:
+        watch.attach(child)
 
     def forward(signum: int, frame: object) -> None:
-        child.send_signal(signum)
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            pass
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, forward)
     returncode = child.wait()
-    _print_summary(out_dir)
+    rules = None
+    if watch is not None:
+        latest = watch.training_finished()
+        from trainguard.summary import rule_results_from_updates
+
+        rules = rule_results_from_updates(latest, watch.findings)
+    _print_summary(out_dir, rules=rules, stopped=watch.stop_record if watch is not None else None)
+    if watch is not None and watch.stopped:
+        return EXIT_STOPPED_BY_RULE
     return returncode
 
 
-def _print_summary(path: str, as_json: bool = False) -> None:
-    from trainguard.summary import describe_run, render_summary
+def _print_summary(
+    path: str, as_json: bool = False, rules: list[dict[str, Any]] | None = None, stopped: dict[str, Any] | None = None
+) -> None:
+    from trainguard.summary import describe_run, render_rule_results, render_summary
     from trainguard.trial import create_trial
 
     try:
         trial = create_trial(path, collection_wait_timeout=0)
     except TrainguardError as error:
         print(f"trainguard: nothing captured at {path}: {error}", file=sys.stderr)
+        if rules:
+            print(render_rule_results(rules, stopped), flush=True)
         return
     facts = describe_run(trial)
+    if rules is not None:  # what the runner reported beats files (an s3:// run has none locally)
+        facts["rules"] = rules
+    if stopped is not None:
+        facts["stopped"] = dict(stopped)
     print(json.dumps(facts, indent=2, default=str) if as_json else render_summary(facts), flush=True)
 
 
@@ -113,6 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="where to write the run (directory or s3://); default trainguard-runs/<time>")
     run.add_argument("--config", help="hook config: SageMaker DebugHookConfig JSON (debughookconfig.json)")
     run.add_argument("--save-interval", type=int, help="save every N steps (default 10; the config file wins)")
+    run.add_argument(
+        "--rules", action="append", nargs="?", const="default", metavar="A,B:key=v",
+        help="run rules beside training (no value: the default set; 'trainguard rules list' shows all)",
+    )  # fmt: skip
+    run.add_argument("--stop-on-issue", action="store_true", help="stop training when a rule fires (implies --rules)")
+    run.add_argument("--stop-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
+    run.add_argument("--profile", action="store_true", help="also record system and framework metrics")
+    run.add_argument("--profile-interval-ms", type=int, help="profiler sampling interval (implies --profile)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- followed by the training command")
     summary = commands.add_parser("summary", help="summarise a captured run")
     summary.add_argument("run")

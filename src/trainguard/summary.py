@@ -1,12 +1,20 @@
-"""A short human summary of a run: steps, tensors, sizes, where."""
+"""A short human summary of a run: steps, tensors, sizes, where, and what the rules found."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from trainguard.format.layout import EVENTS_PREFIX
 from trainguard.modes import ModeKeys
 from trainguard.trial import Trial
 
-__all__ = ["describe_run", "format_bytes"]
+__all__ = ["describe_run", "format_bytes", "read_rule_results", "render_rule_results", "rule_results_from_updates"]
+
+RULE_OUTPUT_PREFIX = "rule-output/"
+STOP_RECORD = "trainguard-stop.json"
+_FINDINGS_SHOWN = 3
 
 
 def format_bytes(count: int) -> str:
@@ -46,7 +54,76 @@ def describe_run(trial: Trial) -> dict[str, object]:
         "last_step": max(trial.steps(), default=None),
         "loss_names": trial.tensor_names(collection="losses") if "losses" in trial.collections() else [],
         "modes": [mode.name for mode in trial.modes() if mode != ModeKeys.GLOBAL],
+        "rules": read_rule_results(trial.store),
+        "stopped": _read_json(trial.store, STOP_RECORD),
     }
+
+
+def _read_json(store: Any, key: str) -> Any:
+    try:
+        return json.loads(store.read(key))
+    except Exception:  # noqa: BLE001 - a summary shows what it can read
+        return None
+
+
+def read_rule_results(store: Any) -> list[dict[str, Any]]:
+    """The ``rule-output/<name>.json`` files rule runners wrote into the run, by name."""
+    try:
+        keys = [key for key in store.list(RULE_OUTPUT_PREFIX) if key.endswith(".json") and key.count("/") == 1]
+    except Exception:  # noqa: BLE001
+        return []
+    results = [data for key in sorted(keys) if isinstance(data := _read_json(store, key), dict)]
+    return results
+
+
+def rule_results_from_updates(latest: Mapping[str, Any], findings: Sequence[Any]) -> list[dict[str, Any]]:
+    """The same shape as the rule-output files, from a runner's StatusUpdates."""
+    results = []
+    for name, update in latest.items():
+        fired = [f.result.to_dict() for f in findings if f.configuration_name == name and f.result is not None]
+        results.append(
+            {
+                "configuration_name": name,
+                "rule": update.rule,
+                "status": getattr(update.status, "value", update.status),
+                "status_details": update.status_details,
+                "last_evaluated_step": update.last_evaluated_step,
+                "findings": sorted(fired, key=lambda f: f["step"]),
+            }
+        )
+    return results
+
+
+def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[str, Any] | None = None) -> str:
+    """Lines for each rule: its status, and each finding with its step and fix hint."""
+    if not results:
+        return ""
+    with_issues = [r for r in results if r.get("status") == "IssuesFound"]
+    lines = [f"  rules       : {len(results)} run, {len(with_issues)} found issues"]
+    width = max(len(str(r.get("configuration_name"))) for r in results)
+    for result in results:
+        name, status = str(result.get("configuration_name")), str(result.get("status"))
+        fired = [f for f in result.get("findings") or [] if f.get("fired")]
+        if not fired:
+            details = str(result.get("status_details") or "").strip()
+            lines.append(f"    {name:<{width}}  {status}" + (f" ({details})" if details and status != "IssuesFound" else ""))
+            continue
+        lines.append(f"    {name:<{width}}  {status}: {len(fired)} finding(s), first at step {fired[0].get('step')}")
+        for finding in fired[:_FINDINGS_SHOWN]:
+            lines.append(f"      step {finding.get('step')}: {finding.get('message')}")
+        if len(fired) > _FINDINGS_SHOWN:
+            lines.append(f"      ... and {len(fired) - _FINDINGS_SHOWN} more")
+        hint = next((f.get("fix_hint") for f in fired if f.get("fix_hint")), "")
+        if hint:
+            lines.append(f"      fix: {hint}")
+    if stopped:
+        delay = ""
+        if stopped.get("stopped_at") and stopped.get("finding_reported_at"):
+            delay = f", {float(stopped['stopped_at']) - float(stopped['finding_reported_at']):.1f} s after the finding"
+        lines.append(
+            f"  stopped     : training was stopped by {stopped.get('configuration_name')} at step {stopped.get('step')}{delay}"
+        )
+    return "\n".join(lines)
 
 
 def render_summary(facts: dict[str, object]) -> str:
@@ -62,4 +139,7 @@ def render_summary(facts: dict[str, object]) -> str:
         f"  finished    : {'yes' if facts['ended'] else 'no (run still live or crashed)'}",
         f"  read it     : from trainguard.trials import create_trial; create_trial({str(facts['path'])!r})",
     ]
+    rules = render_rule_results(facts.get("rules") or [], facts.get("stopped"))  # type: ignore[arg-type]
+    if rules:
+        lines.append(rules)
     return "\n".join(lines)

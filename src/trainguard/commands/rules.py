@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -155,11 +156,13 @@ def run_rules(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.end_on_stdin_eof:
         # trainguard run keeps our stdin open while training runs: EOF means the training
         # process is gone (finished, crashed or stopped), with or without an end marker.
+        # os.read, not sys.stdin: a daemon thread blocked in a buffered read makes interpreter
+        # shutdown abort ("could not acquire lock for stdin") when the runner ends first.
         def watch_stdin() -> None:
             try:
-                while sys.stdin.buffer.read(4096):
+                while os.read(0, 4096):
                     pass
-            except (OSError, ValueError):
+            except OSError:
                 pass
             training_done.set()
 

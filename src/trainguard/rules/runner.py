@@ -277,6 +277,8 @@ class RuleRunner:
                 return create_trial(self.trial_path, endpoint_url=self.endpoint_url, collection_wait_timeout=0)
             except (MissingCollectionFiles, StorageError) as error:
                 last_error = error
+            if self.training_done.is_set():
+                raise TrialError(f"training ended before anything was captured at {self.trial_path} ({last_error})")
             if time.monotonic() >= deadline:
                 raise TrialError(
                     f"the run at {self.trial_path} did not appear within {self.wait_timeout:.0f} s ({last_error}). "
@@ -380,6 +382,7 @@ class RuleRunner:
                 except Exception as error:  # noqa: BLE001 - isolate the rule
                     self._rule_failed(name, error, f"while evaluating step {step}")
                     continue
+                state.last_evaluated_step = step
                 self._record(name, result)
             state.last_evaluated_step = step
             self._dirty.add(name)
@@ -480,7 +483,13 @@ class RuleRunner:
     def _set_status(self, name: str, status: RuleStatus, details: str) -> None:
         state = self.progress[name]
         latest = self.latest.get(name)
-        changed = latest is None or latest.status != status or latest.status_details != details
+        changed = (
+            latest is None
+            or latest.status != status
+            or latest.status_details != details
+            or latest.result is not None  # the final word is a status, not a finding
+            or latest.last_evaluated_step != state.last_evaluated_step
+        )
         state.status, state.status_details = status.value, details
         self._dirty.add(name)
         if changed:

@@ -1,0 +1,244 @@
+"""Rules beside a training process on one machine, and stopping it when a rule fires.
+
+``trainguard run --rules ... --stop-on-issue`` uses :class:`RuleWatch`:
+
+* the rules run in their own process (``python -m trainguard.rules.runner``), so a slow or
+  crashing rule never slows or crashes training, and training never starves the rules of the
+  GIL; it follows the capture as it is written and prints one JSON StatusUpdate per line;
+* the watch reads those lines on a thread; when a rule whose actions say ``stoptraining`` fires,
+  it stops the training process group: SIGTERM, then SIGKILL after ``grace`` seconds, so the
+  script's own children (data-loader workers, ``torch.multiprocessing``) go too;
+* when training ends, however it ends, the runner's stdin is closed: the runner evaluates what
+  is left, runs each rule's ``finish()`` and exits with the final statuses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainguard.rules.actions import spec_actions, stops_training
+from trainguard.rules.runner import StatusUpdate
+from trainguard.rules.spec import RuleSpec
+
+__all__ = ["RuleWatch", "StopRecord", "stop_process_group"]
+
+logger = logging.getLogger("trainguard.rules")
+STOP_RECORD_FILE = "trainguard-stop.json"
+
+
+class StopRecord(dict):  # a dict so it serialises as is
+    """Why and when the watch stopped training."""
+
+
+def stop_process_group(process: subprocess.Popen, grace: float) -> tuple[float, float]:
+    """SIGTERM the process's group, SIGKILL it after ``grace`` s; (signalled_at, gone_at) epoch s.
+
+    The caller's thread, or another, may be blocked in ``process.wait()``: this only signals and
+    watches the group, so either way the process is reaped exactly once.
+    """
+    signalled = time.time()
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return signalled, signalled
+    deadline = time.monotonic() + max(0.0, grace)
+    while time.monotonic() < deadline:
+        if not _group_alive(process):
+            return signalled, time.time()
+        time.sleep(0.02)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while _group_alive(process) and time.monotonic() < deadline + 5:
+        time.sleep(0.02)
+    return signalled, time.time()
+
+
+def _group_alive(process: subprocess.Popen) -> bool:
+    if process.poll() is None:
+        return True
+    try:
+        os.killpg(process.pid, 0)  # grandchildren left in the group
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+class RuleWatch:
+    """Runs the rule runner process for one local capture and stops training on a finding.
+
+    Args:
+        out_dir: the capture (the hook's out_dir).
+        specs: rule configurations; those with a ``stoptraining`` action stop training.
+        grace: seconds between SIGTERM and SIGKILL when stopping training.
+        poll_interval: the runner's poll interval (small: it bounds detection latency).
+        endpoint_url: S3 endpoint when ``out_dir`` is ``s3://``.
+        echo: where live findings are printed (None: silent).
+    """
+
+    def __init__(
+        self,
+        out_dir: str,
+        specs: Sequence[RuleSpec],
+        *,
+        grace: float = 10.0,
+        poll_interval: float = 0.1,
+        endpoint_url: str | None = None,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
+        self.out_dir = out_dir
+        self.specs = list(specs)
+        self.grace = grace
+        self.poll_interval = poll_interval
+        self.endpoint_url = endpoint_url
+        self.echo = echo
+        self.stopping_configs = {spec.name for spec in self.specs if stops_training(spec_actions(spec))}
+        self.latest: dict[str, StatusUpdate] = {}
+        self.findings: list[StatusUpdate] = []
+        self.stop_record: StopRecord | None = None
+        self._training: subprocess.Popen | None = None
+        self._runner: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        self._stopper: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the runner process (before training: it waits for the capture to appear)."""
+        document = [
+            {"rule": s.rule, "parameters": dict(s.parameters), "configuration_name": s.name, "actions": list(s.actions)}
+            for s in self.specs
+        ]
+        command = [
+            sys.executable, "-m", "trainguard.rules.runner", self.out_dir,
+            "--specs-json", json.dumps(document), "--json", "--end-on-stdin-eof",
+            "--poll-interval", str(self.poll_interval), "--wait-timeout", str(7 * 24 * 3600),
+        ]  # fmt: skip
+        if self.endpoint_url:
+            command += ["--endpoint-url", self.endpoint_url]
+        self._runner = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_runner_environment(), text=True, bufsize=1
+        )
+        self._reader = threading.Thread(target=self._read_updates, daemon=True, name="trainguard-rule-updates")
+        self._reader.start()
+
+    def attach(self, training: subprocess.Popen) -> None:
+        """The training process to stop (started with ``process_group=0``)."""
+        self._training = training
+
+    def training_finished(self, timeout: float = 120.0) -> dict[str, StatusUpdate]:
+        """Tell the runner training is over and wait for its final statuses (bounded)."""
+        if self._stopper is not None:
+            self._stopper.join()
+        runner = self._runner
+        if runner is None:
+            return {}
+        try:
+            if runner.stdin is not None:
+                runner.stdin.close()
+        except OSError:
+            pass
+        try:
+            runner.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            logger.warning("trainguard: the rule runner did not finish within %.0f s; stopping it", timeout)
+            runner.terminate()
+            try:
+                runner.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                runner.kill()
+                runner.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+        return dict(self.latest)
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_record is not None
+
+    # -- reading the runner --------------------------------------------------------------------
+    def _read_updates(self) -> None:
+        assert self._runner is not None and self._runner.stdout is not None
+        for line in self._runner.stdout:
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                update = StatusUpdate.from_dict(json.loads(line))
+            except (ValueError, KeyError, TypeError) as error:
+                logger.warning("trainguard: unreadable rule update %r: %s", line[:200], error)
+                continue
+            with self._lock:
+                self.latest[update.configuration_name] = update
+                fired = update.result is not None and update.result.fired
+                if fired:
+                    self.findings.append(update)
+            if fired:
+                self._on_finding(update)
+
+    def _on_finding(self, update: StatusUpdate) -> None:
+        result = update.result
+        assert result is not None
+        if self.echo is not None:
+            self.echo(f"trainguard: rule {update.configuration_name} found an issue at step {result.step}: {result.message}")
+        if update.configuration_name in self.stopping_configs and self._training is not None:
+            with self._lock:
+                if self._stopper is not None:
+                    return
+                self._stopper = threading.Thread(target=self._stop_training, args=(update,), name="trainguard-stop")
+                self._stopper.start()
+
+    def _stop_training(self, update: StatusUpdate) -> None:
+        assert self._training is not None and update.result is not None
+        detected = time.time()
+        if self.echo is not None:
+            self.echo(
+                f"trainguard: stopping training: {update.configuration_name} fired at step {update.result.step} "
+                f"(SIGTERM, SIGKILL after {self.grace:g} s)"
+            )
+        signalled, gone = stop_process_group(self._training, self.grace)
+        self.stop_record = StopRecord(
+            configuration_name=update.configuration_name,
+            rule=update.rule,
+            step=update.result.step,
+            message=update.result.message,
+            fix_hint=update.result.fix_hint,
+            finding_reported_at=update.timestamp,
+            detected_at=detected,
+            signalled_at=signalled,
+            stopped_at=gone,
+        )
+        _write_stop_record(self.out_dir, self.stop_record)
+
+
+def _runner_environment() -> dict[str, str]:
+    """The runner must not capture itself: no zero-code variables; trainguard importable."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_ZERO_CODE")}
+    environment.pop("TRAINGUARD_CONFIG", None)
+    package_root = str(Path(__file__).resolve().parents[2])
+    existing = environment.get("PYTHONPATH", "")
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, existing) if p)
+    return environment
+
+
+def _write_stop_record(out_dir: str, record: dict[str, Any]) -> None:
+    from trainguard.rules.progress import write_json_atomic
+    from trainguard.storage import is_remote
+
+    if is_remote(out_dir):
+        return
+    try:
+        write_json_atomic(Path(out_dir) / STOP_RECORD_FILE, record)
+    except OSError as error:
+        logger.warning("trainguard: cannot write %s: %s", STOP_RECORD_FILE, error)

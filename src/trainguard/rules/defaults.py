@@ -1,0 +1,88 @@
+"""The rules ``trainguard run --rules`` uses when none are named, and the hook config they need.
+
+The default set holds the deep-learning rules whose trainguard defaults are calibrated to stay
+silent on healthy training (see each rule's docstring) while catching the common faults: a
+learning rate that makes training explode, vanishing gradients, a loss that stops decreasing,
+dead or saturated activations, weight updates far too large or too small, bad initialisation and
+overfitting. Rules not installed (yet) are left out, so the set works with whatever
+``builtin_rules()`` holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from trainguard.errors import ConfigError
+from trainguard.rules.spec import RuleSpec
+
+__all__ = ["DEFAULT_RULES", "default_rule_specs", "hook_config_for_rules", "rule_collections"]
+
+DEFAULT_RULES: tuple[str, ...] = (
+    "ExplodingTensor",
+    "VanishingGradient",
+    "LossNotDecreasing",
+    "DeadRelu",
+    "SaturatedActivation",
+    "WeightUpdateRatio",
+    "PoorWeightInitialization",
+    "Overfit",
+)
+# What zero-code capture saves when no config is given; kept when rules add their collections.
+BASE_COLLECTIONS: tuple[str, ...] = ("weights", "biases", "gradients", "losses", "outputs", "scalars", "default")
+
+
+def default_rule_specs() -> list[RuleSpec]:
+    from trainguard.rules import builtin_rules
+
+    available = builtin_rules()
+    return [RuleSpec(name) for name in DEFAULT_RULES if name in available]
+
+
+def rule_collections(rule_classes: Iterable[type]) -> list[str]:
+    """Collections the debugger rules among ``rule_classes`` need the hook to save, in order."""
+    needed: list[str] = []
+    for rule_class in rule_classes:
+        if getattr(rule_class, "kind", "debugger") != "debugger":
+            continue
+        for name in getattr(rule_class, "collections", ()) or ():
+            if name not in needed:
+                needed.append(name)
+    return needed
+
+
+def hook_config_for_rules(
+    collections: Sequence[str], *, base_config: str | os.PathLike[str] | None = None, save_interval: int | None = None
+) -> dict[str, Any]:
+    """A DebugHookConfig document that saves ``collections`` on top of the user's config.
+
+    Without ``base_config`` it reproduces zero-code capture's defaults (``BASE_COLLECTIONS``
+    every ``save_interval`` steps, default 10); with it, the user's document is kept as is and
+    the rules' collections are added to its ``CollectionConfigurations`` (an entry without
+    parameters changes nothing about a collection the user configured).
+    """
+    if base_config:
+        try:
+            with open(base_config, encoding="utf-8") as file:
+                document = json.load(file)
+        except FileNotFoundError:
+            raise ConfigError(f"--config {base_config} does not exist") from None
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"--config {base_config} is not valid JSON: {error}") from None
+        if not isinstance(document, dict):
+            raise ConfigError(f"--config {base_config} must hold a JSON object (SageMaker's DebugHookConfig)")
+    else:
+        interval = 10 if save_interval is None else int(save_interval)
+        if interval <= 0:
+            raise ConfigError(f"--save-interval {save_interval} must be a positive number of steps")
+        document = {
+            "HookParameters": {"save_interval": str(interval)},
+            "CollectionConfigurations": [{"CollectionName": name} for name in BASE_COLLECTIONS],
+        }
+    entries = list(document.get("CollectionConfigurations") or [])
+    present = {entry.get("CollectionName") for entry in entries if isinstance(entry, dict)}
+    entries.extend({"CollectionName": name} for name in collections if name not in present)
+    document["CollectionConfigurations"] = entries
+    return document
