@@ -49,7 +49,10 @@ def stop_training(event: Mapping[str, Any], action: Mapping[str, Any], context: 
     else:
         matches = [name for name in context.in_progress_jobs() if name.lower().startswith(prefix.lower())]
         if len(matches) != 1:
-            return f"not stopped: {len(matches)} InProgress jobs start with {prefix!r} (SageMaker stops only a single match)"
+            return (
+                f"not stopped: {len(matches)} InProgress jobs start with {prefix!r} "
+                "(SageMaker stops only a single match)"
+            )
         target = matches[0]
     context.stop_job(target, float(grace) if grace not in (None, "") else None, cause)
     return f"stop requested for {target}"

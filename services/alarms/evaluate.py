@@ -72,7 +72,10 @@ def evaluate_alarm(spec: AlarmSpec, values: Sequence[float]) -> tuple[AlarmState
         f"{'for ' + spec.rule if spec.rule else ''} breach {spec.comparison} {spec.threshold:g}"
     ).replace("  ", " ")
     if breaching >= spec.required:
-        return AlarmState.ALARM, f"Threshold Crossed: {description} (needs {spec.required} of {spec.evaluation_periods})"
+        return (
+            AlarmState.ALARM,
+            f"Threshold Crossed: {description} (needs {spec.required} of {spec.evaluation_periods})",
+        )
     if len(window) < spec.evaluation_periods and breaching + (spec.evaluation_periods - len(window)) >= spec.required:
         return AlarmState.INSUFFICIENT_DATA, f"Insufficient data: {description}"
     return AlarmState.OK, description

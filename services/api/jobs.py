@@ -90,7 +90,11 @@ class JobService:
                 )
             )  # fmt: skip
             session.flush()
-            session.add(TransitionRow(job_name=spec.name, status="Starting", start_time=now, message="Launching the job's components"))
+            session.add(
+                TransitionRow(
+                    job_name=spec.name, status="Starting", start_time=now, message="Launching the job's components"
+                )
+            )
             for rule in spec.rules:
                 session.add(
                     RuleRow(
@@ -116,14 +120,22 @@ class JobService:
                 alarm = AlarmSpec.from_dict(alarm_config.model_dump())
                 session.add(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
             for component in launch.components:
-                session.add(ComponentRow(job_name=spec.name, role=component.role, state="Pending", updated=now, reason=""))
+                session.add(
+                    ComponentRow(job_name=spec.name, role=component.role, state="Pending", updated=now, reason="")
+                )
             session.commit()
         try:
             self.launcher.start(launch)
         except (LauncherError, OSError) as error:
             with self.lock, self.sessions() as session:
                 job = session.get(JobRow, spec.name)
-                self._finish(session, job, "Failed", "Failed", f"InternalServerError: the launcher could not start the job: {error}")
+                self._finish(
+                    session,
+                    job,
+                    "Failed",
+                    "Failed",
+                    f"InternalServerError: the launcher could not start the job: {error}",
+                )
                 session.commit()
         self.flush_notifications()
         return self.describe(spec.name)
@@ -227,7 +239,9 @@ class JobService:
         self._changed.add(job.name)
 
     # -- stopping ---------------------------------------------------------------------------------
-    def stop(self, name: str, grace_seconds: float | None = None, cause: str = "StopTrainingJob", status: str = "Stopped") -> bool:
+    def stop(
+        self, name: str, grace_seconds: float | None = None, cause: str = "StopTrainingJob", status: str = "Stopped"
+    ) -> bool:
         """Ask the job to stop: Stopping now, Stopped when its training process is gone.
 
         Returns False when the job had already ended (SageMaker's StopTrainingJob is then a no-op).
@@ -277,12 +291,31 @@ class JobService:
                     fresh = [m for m in result["missing"] if (m.get("what"), m.get("collection")) not in known]
                     rule.missing = [*(rule.missing or []), *fresh]
                 elif result.get("step") is not None and "datapoints" not in update:
-                    self.add_datapoint(session, job, configuration, "RuleIssuesFound", 1.0 if result.get("fired") else 0.0, result.get("step"))
+                    self.add_datapoint(
+                        session,
+                        job,
+                        configuration,
+                        "RuleIssuesFound",
+                        1.0 if result.get("fired") else 0.0,
+                        result.get("step"),
+                    )
             for point in update.get("datapoints") or []:
-                self.add_datapoint(session, job, configuration, str(point.get("metric") or "RuleIssuesFound"), float(point["value"]), point.get("step"))
+                self.add_datapoint(
+                    session,
+                    job,
+                    configuration,
+                    str(point.get("metric") or "RuleIssuesFound"),
+                    float(point["value"]),
+                    point.get("step"),
+                )
             if not status:
                 pass  # datapoints only
-            elif rule.status in ("Stopping", "Stopped") and status in ("InProgress", "NoIssuesFound", "Stopped", "Stopping"):
+            elif rule.status in ("Stopping", "Stopped") and status in (
+                "InProgress",
+                "NoIssuesFound",
+                "Stopped",
+                "Stopping",
+            ):
                 pass  # a stop is under way: the runner's own end is reported as Stopped by the reconciler
             elif rule.status in RULE_TERMINAL and status == "InProgress":
                 pass  # late duplicate
@@ -295,7 +328,9 @@ class JobService:
         return {"accepted": True}
 
     # -- metrics, alarms, actions -----------------------------------------------------------------
-    def add_datapoint(self, session: Session, job: JobRow, configuration: str, metric: str, value: float, step: Any) -> None:
+    def add_datapoint(
+        self, session: Session, job: JobRow, configuration: str, metric: str, value: float, step: Any
+    ) -> None:
         session.add(
             MetricRow(
                 job_name=job.name, configuration_name=configuration, metric_name=metric, value=value,
@@ -337,7 +372,9 @@ class JobService:
         if self.settings.event_webhook_url:
             for job_name in changed:
                 action = {"name": "webhook", "url": self.settings.event_webhook_url, "retries": 2}
-                self._executor.submit(self._run_action, job_name, "state-change", action, {"reason": "state change"}, False)
+                self._executor.submit(
+                    self._run_action, job_name, "state-change", action, {"reason": "state change"}, False
+                )
 
     def _context(self, job_name: str) -> ActionContext:
         def in_progress() -> list[str]:
@@ -351,16 +388,29 @@ class JobService:
             sns_endpoint_url=self.settings.sns_endpoint_url, region=self.settings.region,
         )  # fmt: skip
 
-    def _run_action(self, job_name: str, alarm_name: str, action: dict[str, Any], extra: dict[str, Any], record: bool = True) -> None:
+    def _run_action(
+        self, job_name: str, alarm_name: str, action: dict[str, Any], extra: dict[str, Any], record: bool = True
+    ) -> None:
         run_id = None
         if record:
             with self.lock, self.sessions() as session:
-                row = ActionRow(job_name=job_name, alarm_name=alarm_name, action_name=str(action.get("name")), status="Running", created=time.time())
+                row = ActionRow(
+                    job_name=job_name,
+                    alarm_name=alarm_name,
+                    action_name=str(action.get("name")),
+                    status="Running",
+                    created=time.time(),
+                )
                 session.add(row)
                 session.commit()
                 run_id = row.id
         try:
-            event = build_event(self.describe_sagemaker(job_name), account=self.settings.account_id, region=self.settings.region, extra={**extra, "event_id": str(uuid.uuid4())})
+            event = build_event(
+                self.describe_sagemaker(job_name),
+                account=self.settings.account_id,
+                region=self.settings.region,
+                extra={**extra, "event_id": str(uuid.uuid4())},
+            )
             detail = get_handler(str(action.get("name")))(event, action, self._context(job_name))
             status = "Succeeded"
         except Exception as error:  # noqa: BLE001 - an action failure is recorded, never crashes the API

@@ -80,7 +80,12 @@ class Reconciler:
                     row = ComponentRow(job_name=name, role=role, state="", updated=now, reason="")
                     session.add(row)
                 if (row.state, row.exit_code, row.reason) != (status.state.value, status.exit_code, status.reason):
-                    row.state, row.exit_code, row.reason, row.updated = status.state.value, status.exit_code, status.reason, now
+                    row.state, row.exit_code, row.reason, row.updated = (
+                        status.state.value,
+                        status.exit_code,
+                        status.reason,
+                        now,
+                    )
             training = statuses.get("training")
             uploader = statuses.get("uploader")
             max_runtime = (job.spec.get("stopping_condition") or {}).get("max_runtime_seconds")
@@ -88,11 +93,19 @@ class Reconciler:
             if job.status == "InProgress":
                 if max_runtime and now - job.creation_time > float(max_runtime):
                     session.commit()
-                    service.stop(name, cause=f"MaxRuntimeInSeconds ({max_runtime}) exceeded", status="MaxRuntimeExceeded")
+                    service.stop(
+                        name, cause=f"MaxRuntimeInSeconds ({max_runtime}) exceeded", status="MaxRuntimeExceeded"
+                    )
                     return
                 if training is None or training.state is ComponentState.MISSING:
                     if now - job.creation_time > 30:
-                        service._finish(session, job, "Failed", "Failed", "InternalServerError: the launcher has no training component for this job")
+                        service._finish(
+                            session,
+                            job,
+                            "Failed",
+                            "Failed",
+                            "InternalServerError: the launcher has no training component for this job",
+                        )
                         stop_all = True
                 elif training.state is ComponentState.RUNNING and job.secondary_status == "Starting":
                     job.training_start_time = now
@@ -106,7 +119,10 @@ class Reconciler:
                         service._transition(session, job, "Uploading", "Uploading generated training model")
                         if uploader is None or uploader.state not in _ACTIVE:
                             if uploader is not None and uploader.exit_code not in (0, None):
-                                service._finish(session, job, "Failed", "Failed", f"InternalServerError: the uploader exited with code {uploader.exit_code}: {uploader.reason}".rstrip(": "))
+                                reason = f"InternalServerError: the uploader exited with code {uploader.exit_code}"
+                                if uploader.reason:
+                                    reason += f": {uploader.reason}"
+                                service._finish(session, job, "Failed", "Failed", reason)
                             else:
                                 service._finish(session, job, "Completed", "Completed", "Training job completed")
                     else:
@@ -138,7 +154,14 @@ class Reconciler:
                         and now - job.training_end_time > service.settings.rule_finish_timeout
                         and rule.status == "InProgress"
                     ):
-                        service.set_rule_status(session, job, rule, "Error", "ClientError: the rule did not finish within TRAINGUARD_RULE_FINISH_TIMEOUT after training ended")
+                        service.set_rule_status(
+                            session,
+                            job,
+                            rule,
+                            "Error",
+                            "ClientError: the rule did not finish within TRAINGUARD_RULE_FINISH_TIMEOUT "
+                            "after training ended",
+                        )
                         stop_rules.append(rule_role(rule.configuration_name))
                     continue
                 if rule.status in RULE_TERMINAL:
@@ -158,7 +181,9 @@ class Reconciler:
         if stop_all:
             service._launcher_stop(name, None, service.settings.stop_grace_seconds)
         elif stop_rules:
-            threading.Thread(target=service._launcher_stop, args=(name, tuple(stop_rules), _RULE_STOP_GRACE), daemon=True).start()
+            threading.Thread(
+                target=service._launcher_stop, args=(name, tuple(stop_rules), _RULE_STOP_GRACE), daemon=True
+            ).start()
 
     def _rule_exited(self, session, job: JobRow, rule: RuleRow, component: ComponentStatus | None) -> None:  # noqa: ANN001
         service = self.service
@@ -177,7 +202,11 @@ class Reconciler:
             tail = self._log_tail(job.name, rule_role(rule.configuration_name))
             reason = component.reason if component is not None else "the rule runner is gone"
             service.set_rule_status(
-                session, job, rule, "Error", f"ClientError: the rule runner exited with code {code} ({reason}): {tail}"[:1024]
+                session,
+                job,
+                rule,
+                "Error",
+                f"ClientError: the rule runner exited with code {code} ({reason}): {tail}"[:1024],
             )
 
     def _log_tail(self, name: str, role: str) -> str:

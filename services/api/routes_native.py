@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -41,7 +41,9 @@ def create_job(spec: JobSpec, request: Request) -> Any:
         field, _, message = str(error).partition(": ")
         return JSONResponse(
             status_code=422,
-            content={"detail": [{"loc": ["body", *field.split(".")], "msg": message or str(error), "type": "value_error"}]},
+            content={
+                "detail": [{"loc": ["body", *field.split(".")], "msg": message or str(error), "type": "value_error"}]
+            },
         )
 
 
@@ -104,7 +106,9 @@ def job_logs(
         raise _not_found(name) from None
     roles = [c["role"] for c in description["components"]]
     if component not in roles:
-        raise HTTPException(status_code=404, detail=f"job {name} has no component {component!r}; components: {', '.join(roles)}")
+        raise HTTPException(
+            status_code=404, detail=f"job {name} has no component {component!r}; components: {', '.join(roles)}"
+        )
     return service.launcher.logs(name, component, tail)
 
 
@@ -115,7 +119,9 @@ internal_router = APIRouter(prefix="/internal", tags=["internal"])
     "/jobs/{name}/rules/{configuration}/status",
     summary="Rule runners report status transitions and findings (API token or the job's runner token)",
 )
-def report_rule_status(name: str, configuration: str, request: Request, update: dict[str, Any] = Body(...)) -> Any:
+def report_rule_status(
+    name: str, configuration: str, request: Request, update: Annotated[dict[str, Any], Body()]
+) -> Any:
     service = _service(request)
     try:
         token = service.runner_token(name)

@@ -46,7 +46,11 @@ def _create(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
     try:
         description = service.create(spec, source="sagemaker", request=body, unavailable_rules=unavailable)
     except JobExists:
-        raise SageMakerError("ResourceInUse", f"Training job names must be unique within an AWS account and region, and a training job with this name already exists ({spec.name})") from None
+        raise SageMakerError(
+            "ResourceInUse",
+            "Training job names must be unique within an AWS account and region, "
+            f"and a training job with this name already exists ({spec.name})",
+        ) from None
     except ValueError as error:
         raise SageMakerError("ValidationException", str(error)) from None
     return {"TrainingJobArn": description["arn"]}
@@ -57,7 +61,9 @@ def _describe(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
     try:
         return service.describe_sagemaker(name)
     except JobNotFound:
-        raise SageMakerError("ResourceNotFound", f"Requested resource not found: training job {name} does not exist") from None
+        raise SageMakerError(
+            "ResourceNotFound", f"Requested resource not found: training job {name} does not exist"
+        ) from None
 
 
 def _stop(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +71,9 @@ def _stop(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
     try:
         service.stop(name, cause="StopTrainingJob")
     except JobNotFound:
-        raise SageMakerError("ResourceNotFound", f"Requested resource not found: training job {name} does not exist") from None
+        raise SageMakerError(
+            "ResourceNotFound", f"Requested resource not found: training job {name} does not exist"
+        ) from None
     return {}
 
 
@@ -112,7 +120,9 @@ async def sagemaker_endpoint(request: Request) -> Response:
     target = request.headers.get("x-amz-target", "")
     prefix, _, operation = target.partition(".")
     if prefix != "SageMaker" or not operation:
-        return _error(SageMakerError("UnknownOperationException", f"X-Amz-Target {target!r}: expected SageMaker.<Operation>"))
+        return _error(
+            SageMakerError("UnknownOperationException", f"X-Amz-Target {target!r}: expected SageMaker.<Operation>")
+        )
     if not sagemaker_allowed(request, settings):
         return _error(
             SageMakerError(
@@ -124,7 +134,12 @@ async def sagemaker_endpoint(request: Request) -> Response:
         )
     handler = _OPERATIONS.get(operation)
     if handler is None:
-        return _error(SageMakerError("UnknownOperationException", f"trainguard does not implement SageMaker.{operation}; supported: {', '.join(_OPERATIONS)}"))
+        return _error(
+            SageMakerError(
+                "UnknownOperationException",
+                f"trainguard does not implement SageMaker.{operation}; supported: {', '.join(_OPERATIONS)}",
+            )
+        )
     try:
         body = json.loads(await request.body() or b"{}")
         if not isinstance(body, dict):

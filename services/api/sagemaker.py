@@ -27,7 +27,9 @@ from services.api.schemas import JobSpec
 __all__ = ["SageMakerError", "job_spec_from_request", "validation_message"]
 
 log = logging.getLogger("trainguard.sagemaker")
-AWS_RULE_IMAGES = re.compile(r"(sagemaker-debugger-rules|sagemaker-debugger-rule-evaluator|detailed-profiler-processing)")
+AWS_RULE_IMAGES = re.compile(
+    r"(sagemaker-debugger-rules|sagemaker-debugger-rule-evaluator|detailed-profiler-processing)"
+)
 _DROPPED_PARAMETERS = re.compile(r"^other_trial(s|_\d+)$")
 
 

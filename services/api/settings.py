@@ -98,7 +98,8 @@ class Settings:
         if not token.strip():
             raise ConfigError(
                 "TRAINGUARD_API_TOKEN is not set: the API has no default secret. "
-                "Set it, e.g. export TRAINGUARD_API_TOKEN=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+                "Set it, e.g. export TRAINGUARD_API_TOKEN="
+                "$(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
             )
         if len(token.strip()) < 8:
             raise ConfigError("TRAINGUARD_API_TOKEN is shorter than 8 characters: use a longer random secret")
@@ -112,7 +113,9 @@ class Settings:
             port = int(port_text)
         except ValueError:
             raise ConfigError(f"TRAINGUARD_PORT={port_text!r} is not a port number") from None
-        keys = frozenset(k.strip() for k in (environ.get("TRAINGUARD_SAGEMAKER_ACCESS_KEYS") or "").split(",") if k.strip())
+        keys = frozenset(
+            k.strip() for k in (environ.get("TRAINGUARD_SAGEMAKER_ACCESS_KEYS") or "").split(",") if k.strip()
+        )
         smtp = {
             key: environ[f"TRAINGUARD_SMTP_{key.upper()}"]
             for key in ("host", "port", "from", "user", "password", "starttls")

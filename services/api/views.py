@@ -107,26 +107,50 @@ def sagemaker_description(
     spec = job.spec
     request = job.request or {}
     hook_config = request.get("DebugHookConfig") or spec.get("hook_config")
-    output = (request.get("OutputDataConfig") or {}).get("S3OutputPath") or (hook_config or {}).get("S3OutputPath") or ""
+    output = (
+        (request.get("OutputDataConfig") or {}).get("S3OutputPath") or (hook_config or {}).get("S3OutputPath") or ""
+    )
     max_runtime = (spec.get("stopping_condition") or {}).get("max_runtime_seconds")
     description: dict[str, Any] = {
         "TrainingJobName": job.name,
         "TrainingJobArn": job.arn,
-        "ModelArtifacts": {"S3ModelArtifacts": f"{output.rstrip('/')}/{job.name}/output/model.tar.gz" if output else ""},
+        "ModelArtifacts": {
+            "S3ModelArtifacts": f"{output.rstrip('/')}/{job.name}/output/model.tar.gz" if output else ""
+        },
         "TrainingJobStatus": job.status,
         "SecondaryStatus": job.secondary_status,
-        "StoppingCondition": request.get("StoppingCondition") or ({"MaxRuntimeInSeconds": max_runtime} if max_runtime else {}),
+        "StoppingCondition": request.get("StoppingCondition")
+        or ({"MaxRuntimeInSeconds": max_runtime} if max_runtime else {}),
         "CreationTime": job.creation_time,
         "LastModifiedTime": job.last_modified_time,
         "AlgorithmSpecification": request.get("AlgorithmSpecification")
-        or {"TrainingImage": spec.get("image") or "", "TrainingInputMode": "File", "ContainerEntrypoint": spec.get("command") or []},
+        or {
+            "TrainingImage": spec.get("image") or "",
+            "TrainingInputMode": "File",
+            "ContainerEntrypoint": spec.get("command") or [],
+        },
         "SecondaryStatusTransitions": [
-            {k: v for k, v in (("Status", t.status), ("StartTime", t.start_time), ("EndTime", t.end_time),
-                               ("StatusMessage", t.message)) if v not in (None, "")}  # fmt: skip
+            {
+                k: v
+                for k, v in (
+                    ("Status", t.status),
+                    ("StartTime", t.start_time),
+                    ("EndTime", t.end_time),
+                    ("StatusMessage", t.message),
+                )
+                if v not in (None, "")
+            }  # fmt: skip
             for t in transitions
         ],
     }
-    for key in ("RoleArn", "OutputDataConfig", "ResourceConfig", "HyperParameters", "Environment", "TensorBoardOutputConfig"):
+    for key in (
+        "RoleArn",
+        "OutputDataConfig",
+        "ResourceConfig",
+        "HyperParameters",
+        "Environment",
+        "TensorBoardOutputConfig",
+    ):
         if key in request:
             description[key] = request[key]
     if job.training_start_time is not None:

@@ -36,7 +36,9 @@ def _fetch_rule_source(uri: str, endpoint_url: str | None, region: str) -> Path:
         import boto3
 
         bucket, _, key = uri[5:].partition("/")
-        boto3.client("s3", endpoint_url=endpoint_url or None, region_name=region).download_file(bucket, key, str(target))
+        boto3.client("s3", endpoint_url=endpoint_url or None, region_name=region).download_file(
+            bucket, key, str(target)
+        )
     else:
         target.write_bytes(Path(uri.removeprefix("file://")).read_bytes())
     return target

@@ -19,9 +19,13 @@ METRIC_NAMESPACE = "trainguard/Rules"
 class ApiReporter:
     """POSTs each StatusUpdate to ``/v1/internal/jobs/<job>/rules/<config>/status``; retried, never fatal."""
 
-    def __init__(self, api_url: str, token: str, job: str, configuration: str, *, attempts: int = 4, timeout: float = 5.0):
+    def __init__(
+        self, api_url: str, token: str, job: str, configuration: str, *, attempts: int = 4, timeout: float = 5.0
+    ):
         quote = urllib.parse.quote
-        self.url = f"{api_url.rstrip('/')}/v1/internal/jobs/{quote(job, safe='')}/rules/{quote(configuration, safe='')}/status"
+        self.url = (
+            f"{api_url.rstrip('/')}/v1/internal/jobs/{quote(job, safe='')}/rules/{quote(configuration, safe='')}/status"
+        )
         self.token = token
         self.attempts = attempts
         self.timeout = timeout
@@ -69,7 +73,13 @@ class MetricsEmitter:
 
     def add(self, name: str, value: float, unit: str = "None") -> None:
         self._buffer.append(
-            {"MetricName": name, "Dimensions": self.dimensions, "Value": float(value), "Unit": unit, "Timestamp": time.time()}
+            {
+                "MetricName": name,
+                "Dimensions": self.dimensions,
+                "Value": float(value),
+                "Unit": unit,
+                "Timestamp": time.time(),
+            }
         )
         if len(self._buffer) >= 20 or time.monotonic() - self._last_flush >= self.flush_seconds:
             self.flush()

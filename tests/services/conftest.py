@@ -103,7 +103,9 @@ class ApiServer:
         except OSError:
             return ""
 
-    def request(self, method: str, path: str, body: Any = None, *, auth: bool = True, token: str | None = None) -> tuple[int, Any]:
+    def request(
+        self, method: str, path: str, body: Any = None, *, auth: bool = True, token: str | None = None
+    ) -> tuple[int, Any]:
         headers = {"Content-Type": "application/json"}
         if auth:
             headers["Authorization"] = f"Bearer {token or self.token}"
@@ -128,14 +130,24 @@ class ApiServer:
     def sagemaker(self, region: str = "us-east-1"):  # noqa: ANN201 - a botocore client
         import boto3
 
-        session = boto3.session.Session(aws_access_key_id=self.token, aws_secret_access_key="unused-not-verified", region_name=region)
+        session = boto3.session.Session(
+            aws_access_key_id=self.token, aws_secret_access_key="unused-not-verified", region_name=region
+        )
         return session.client("sagemaker", endpoint_url=self.url)
 
 
 @pytest.fixture
 def api_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., ApiServer]]:
     """Start APIs (``api_factory(**extra_env)``); all are killed, and their jobs' processes stopped, at the end."""
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+    for name in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "https_proxy",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     servers: list[ApiServer] = []

@@ -59,7 +59,11 @@ class RecordingSmtpServer:
         class Handler:
             async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd's naming
                 outer.messages.append(
-                    {"from": envelope.mail_from, "to": list(envelope.rcpt_tos), "data": envelope.content.decode(errors="replace")}
+                    {
+                        "from": envelope.mail_from,
+                        "to": list(envelope.rcpt_tos),
+                        "data": envelope.content.decode(errors="replace"),
+                    }
                 )
                 return "250 Message accepted for delivery"
 

@@ -35,9 +35,15 @@ def test_n_of_m_evaluation(values, state) -> None:
 
 def test_comparisons_and_thresholds() -> None:
     assert evaluate_alarm(AlarmSpec("a", comparison="GreaterThanThreshold", threshold=1.0), [1.0])[0] is AlarmState.OK
-    assert evaluate_alarm(AlarmSpec("a", comparison="GreaterThanOrEqualToThreshold", threshold=1.0), [1.0])[0] is AlarmState.ALARM
+    assert (
+        evaluate_alarm(AlarmSpec("a", comparison="GreaterThanOrEqualToThreshold", threshold=1.0), [1.0])[0]
+        is AlarmState.ALARM
+    )
     assert evaluate_alarm(AlarmSpec("a", comparison="LessThanThreshold", threshold=0.5), [0.0])[0] is AlarmState.ALARM
-    assert evaluate_alarm(AlarmSpec("a", comparison="LessThanOrEqualToThreshold", threshold=0.5), [0.7])[0] is AlarmState.OK
+    assert (
+        evaluate_alarm(AlarmSpec("a", comparison="LessThanOrEqualToThreshold", threshold=0.5), [0.7])[0]
+        is AlarmState.OK
+    )
     with pytest.raises(ValueError, match="comparison"):
         AlarmSpec("a", comparison="Bigger")
 
@@ -48,7 +54,9 @@ def test_sdk_escaped_action_json_parses() -> None:
         {"name": "stoptraining", "training_job_prefix": "job"},
         {"name": "email", "endpoint": "a@b.com"},
     ]
-    assert parse_action_json('{"name": "sms", "endpoint": "+15551234567"}') == [{"name": "sms", "endpoint": "+15551234567"}]
+    assert parse_action_json('{"name": "sms", "endpoint": "+15551234567"}') == [
+        {"name": "sms", "endpoint": "+15551234567"}
+    ]
     with pytest.raises(ValueError, match="action_json"):
         parse_action_json("[{name: broken")
 
@@ -82,7 +90,9 @@ def test_stoptraining_stops_only_a_single_prefix_match() -> None:
     stopped: list[str] = []
     context = ActionContext("job-1", stop_job=lambda name, grace, cause: stopped.append(name),
                             in_progress_jobs=lambda: ["exp-a", "exp-b", "other"])  # fmt: skip
-    assert "2 InProgress jobs" in get_handler("stoptraining")(_event(), {"name": "stoptraining", "training_job_prefix": "exp"}, context)
+    assert "2 InProgress jobs" in get_handler("stoptraining")(
+        _event(), {"name": "stoptraining", "training_job_prefix": "exp"}, context
+    )
     assert stopped == []
     get_handler("stoptraining")(_event(), {"name": "stoptraining", "training_job_prefix": "oth"}, context)
     get_handler("stoptraining")(_event(), {"name": "stoptraining"}, context)
@@ -107,7 +117,9 @@ def test_sns_publish_and_email_through_sns_reach_a_subscribed_queue(s3_endpoint,
 
     messages = []
     for _ in range(10):
-        messages += sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
+        messages += sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get(
+            "Messages", []
+        )
         if len(messages) >= 2:
             break
     bodies = [json.loads(m["Body"]) for m in messages]
@@ -134,9 +146,13 @@ def test_alarm_n_of_m_runs_webhook_email_and_stop_on_a_live_job(api_factory) -> 
         }  # fmt: skip
         status, body = api.request("POST", "/v1/jobs", spec)
         assert status == 201, body
-        job = wait_for(lambda: (j := api.job("alarmed-job"))["status"] == "Stopped" and j, 90, "the alarm to stop the job")
+        job = wait_for(
+            lambda: (j := api.job("alarmed-job"))["status"] == "Stopped" and j, 90, "the alarm to stop the job"
+        )
         wait_for(lambda: smtp.messages and hook.received, 20, "the e-mail and the webhook")
-        wait_for(lambda: all(a["status"] != "Running" for a in api.job("alarmed-job")["actions"]), 20, "actions to finish")
+        wait_for(
+            lambda: all(a["status"] != "Running" for a in api.job("alarmed-job")["actions"]), 20, "actions to finish"
+        )
         job = api.job("alarmed-job")
 
     alarm = {a["name"]: a for a in job["alarms"]}["loss-2-of-3"]

@@ -25,8 +25,12 @@ def test_exit_codes_logs_and_environment(tmp_path: Path) -> None:
     launcher.start(
         _job(
             "job-a",
-            ComponentSpec("training", "", _python("import os; print('hello', os.environ['GREETING']); raise SystemExit(3)"),
-                          environment={"GREETING": "world"}),  # fmt: skip
+            ComponentSpec(
+                "training",
+                "",
+                _python("import os; print('hello', os.environ['GREETING']); raise SystemExit(3)"),
+                environment={"GREETING": "world"},
+            ),  # fmt: skip
             ComponentSpec("rule:R1", "", _python("print('rule ok')")),
         )
     )
@@ -51,13 +55,19 @@ def test_stop_sigterms_the_group_then_kills_after_the_grace(tmp_path: Path) -> N
     stubborn = "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print('up', flush=True); time.sleep(60)"  # fmt: skip
     polite = "import time; print('up', flush=True); time.sleep(60)"
-    launcher.start(_job("job-b", ComponentSpec("training", "", _python(stubborn)), ComponentSpec("rule:R", "", _python(polite))))
-    wait_for(lambda: launcher.logs("job-b", "training").startswith("up") and launcher.logs("job-b", "rule:R"), 20, "start")
+    launcher.start(
+        _job("job-b", ComponentSpec("training", "", _python(stubborn)), ComponentSpec("rule:R", "", _python(polite)))
+    )
+    wait_for(
+        lambda: launcher.logs("job-b", "training").startswith("up") and launcher.logs("job-b", "rule:R"), 20, "start"
+    )
     pid = int((tmp_path / "job-b" / "training" / "pid").read_text().split()[0])
     assert os.getpgid(pid) == pid  # its own process group
     started = time.monotonic()
     launcher.stop("job-b", grace_seconds=1.0)
-    rule = wait_for(lambda: (s := launcher.status("job-b")["rule:R"]).state is ComponentState.EXITED and s, 10, "the rule to exit")
+    rule = wait_for(
+        lambda: (s := launcher.status("job-b")["rule:R"]).state is ComponentState.EXITED and s, 10, "the rule to exit"
+    )
     assert rule.exit_code == 143 and rule.reason == "killed by SIGTERM"
     training = wait_for(
         lambda: (s := launcher.status("job-b")["training"]).state is ComponentState.EXITED and s, 20, "the SIGKILL"
@@ -78,22 +88,30 @@ def _is_sleeper(proc: Path) -> bool:
 
 def test_a_new_launcher_recovers_jobs_and_exits_that_happened_while_nobody_watched(tmp_path: Path) -> None:
     first = LocalLauncher(tmp_path)
-    first.start(_job("job-c", ComponentSpec("training", "", _python("import time; time.sleep(1.0); raise SystemExit(5)"))))
+    first.start(
+        _job("job-c", ComponentSpec("training", "", _python("import time; time.sleep(1.0); raise SystemExit(5)")))
+    )
     assert first.status("job-c")["training"].state is ComponentState.RUNNING
     del first  # the API process that started it is gone; the wrapper records the exit anyway
     time.sleep(1.5)
     second = LocalLauncher(tmp_path)
     assert second.jobs() == ["job-c"]
-    status = wait_for(lambda: (s := second.status("job-c")["training"]).state is ComponentState.EXITED and s, 20, "exit")
+    status = wait_for(
+        lambda: (s := second.status("job-c")["training"]).state is ComponentState.EXITED and s, 20, "exit"
+    )
     assert status.exit_code == 5
 
 
 def test_a_pending_stop_deadline_survives_a_launcher_restart(tmp_path: Path) -> None:
     first = LocalLauncher(tmp_path)
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    )
     first.start(_job("job-d", ComponentSpec("training", "", _python(stubborn))))
     wait_for(lambda: first.logs("job-d", "training"), 20, "start")
     first.stop("job-d", grace_seconds=0.5)
     second = LocalLauncher(tmp_path)  # a restarted API enforces the deadline from the kill_at file
-    status = wait_for(lambda: (s := second.status("job-d")["training"]).state is ComponentState.EXITED and s, 20, "the kill")
+    status = wait_for(
+        lambda: (s := second.status("job-d")["training"]).state is ComponentState.EXITED and s, 20, "the kill"
+    )
     assert status.exit_code == 137

@@ -50,7 +50,9 @@ def test_health_needs_no_token_and_everything_else_does(client) -> None:
 
 
 def test_unknown_rule_is_422_listing_valid_rules(client) -> None:
-    response = client.post("/v1/jobs", headers=AUTH, json={"name": "a", "command": ["true"], "rules": [{"rule": "NoSuchRule"}]})
+    response = client.post(
+        "/v1/jobs", headers=AUTH, json={"name": "a", "command": ["true"], "rules": [{"rule": "NoSuchRule"}]}
+    )
     [(location, message)] = _errors(response)
     assert location[:3] == ["body", "rules", 0]
     assert "unknown rule 'NoSuchRule'" in message and "Built-in rules:" in message and "module:ClassName" in message
@@ -60,16 +62,56 @@ def test_unknown_rule_is_422_listing_valid_rules(client) -> None:
     ("body", "field", "words"),
     [
         ({"name": "bad_name!", "command": ["true"]}, "name", "pattern"),
-        ({"name": "a", "command": ["true"], "rules": [{"rule": CUSTOM_RULE, "parameters": {"threshold": "high"}}]}, "rules", "threshold"),
-        ({"name": "a", "command": ["true"], "rules": [{"rule": CUSTOM_RULE, "parameters": {"nonsense": "1"}}]}, "rules", "nonsense"),
-        ({"name": "a", "command": ["true"], "rules": [{"rule": CUSTOM_RULE, "actions": [{"name": "fax"}]}]}, "rules", "fax"),
-        ({"name": "a", "command": ["true"], "rules": [{"rule": CUSTOM_RULE, "actions": [{"name": "webhook"}]}]}, "rules", "url"),
-        ({"name": "a", "command": ["true"], "rules": [{"rule": CUSTOM_RULE}, {"rule": CUSTOM_RULE}]}, "body", "two rule"),
-        ({"name": "a", "command": ["true"], "hook_config": {"HookParameters": {"save_intervall": "1"}}}, "hook_config", "save_intervall"),
+        (
+            {"name": "a", "command": ["true"], "rules": [{"rule": CUSTOM_RULE, "parameters": {"threshold": "high"}}]},
+            "rules",
+            "threshold",
+        ),
+        (
+            {"name": "a", "command": ["true"], "rules": [{"rule": CUSTOM_RULE, "parameters": {"nonsense": "1"}}]},
+            "rules",
+            "nonsense",
+        ),
+        (
+            {"name": "a", "command": ["true"], "rules": [{"rule": CUSTOM_RULE, "actions": [{"name": "fax"}]}]},
+            "rules",
+            "fax",
+        ),
+        (
+            {"name": "a", "command": ["true"], "rules": [{"rule": CUSTOM_RULE, "actions": [{"name": "webhook"}]}]},
+            "rules",
+            "url",
+        ),
+        (
+            {"name": "a", "command": ["true"], "rules": [{"rule": CUSTOM_RULE}, {"rule": CUSTOM_RULE}]},
+            "body",
+            "two rule",
+        ),
+        (
+            {"name": "a", "command": ["true"], "hook_config": {"HookParameters": {"save_intervall": "1"}}},
+            "hook_config",
+            "save_intervall",
+        ),
         ({"name": "a", "command": ["true"], "resources": {"cpus": -1}}, "resources", "greater than 0"),
-        ({"name": "a", "command": ["true"], "stopping_condition": {"max_runtime_seconds": 0}}, "stopping_condition", "greater than 0"),
-        ({"name": "a", "command": ["true"], "alarms": [{"name": "x", "rule": "Missing"}]}, "body", "not among the job's rules"),
-        ({"name": "a", "command": ["true"], "alarms": [{"name": "x", "evaluation_periods": 2, "datapoints_to_alarm": 3}]}, "alarms", "exceeds"),
+        (
+            {"name": "a", "command": ["true"], "stopping_condition": {"max_runtime_seconds": 0}},
+            "stopping_condition",
+            "greater than 0",
+        ),
+        (
+            {"name": "a", "command": ["true"], "alarms": [{"name": "x", "rule": "Missing"}]},
+            "body",
+            "not among the job's rules",
+        ),
+        (
+            {
+                "name": "a",
+                "command": ["true"],
+                "alarms": [{"name": "x", "evaluation_periods": 2, "datapoints_to_alarm": 3}],
+            },
+            "alarms",
+            "exceeds",
+        ),
         ({"name": "a", "command": ["true"], "unknown_field": 1}, "unknown_field", "Extra inputs"),
         ({"name": "a"}, "command", "local launcher runs a command"),
     ],
@@ -87,6 +129,8 @@ def test_missing_job_is_404(client) -> None:
 
 def test_server_refuses_to_start_without_a_token(tmp_path: Path) -> None:
     environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "TRAINGUARD_DATA_DIR": str(tmp_path)}
-    finished = subprocess.run([sys.executable, "-m", "services.api"], cwd=REPO, env=environment, capture_output=True, text=True, timeout=60)
+    finished = subprocess.run(
+        [sys.executable, "-m", "services.api"], cwd=REPO, env=environment, capture_output=True, text=True, timeout=60
+    )
     assert finished.returncode == 2
     assert "TRAINGUARD_API_TOKEN is not set" in finished.stderr

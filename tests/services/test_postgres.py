@@ -56,7 +56,11 @@ def postgres_url() -> Iterator[str]:
         run(str(binaries / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "trainguard")
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/trainguard"
     finally:
-        subprocess.run([*prefix, str(binaries / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True, timeout=60)
+        subprocess.run(
+            [*prefix, str(binaries / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -85,4 +89,6 @@ def test_jobs_live_in_postgres_across_an_api_restart(api_factory, postgres_url) 
     import sqlalchemy
 
     with sqlalchemy.create_engine(postgres_url).connect() as connection:
-        assert connection.execute(sqlalchemy.text("select status from jobs where name = 'pg-job'")).scalar() == "Completed"
+        assert (
+            connection.execute(sqlalchemy.text("select status from jobs where name = 'pg-job'")).scalar() == "Completed"
+        )

@@ -23,7 +23,11 @@ def _spec(name: str, steps: int, step_seconds: float) -> dict:
 def test_job_that_ends_while_the_api_is_down_is_known_after_restart(api) -> None:
     status, body = api.request("POST", "/v1/jobs", _spec("outlives-api", 30, 0.1))
     assert status == 201, body
-    wait_for(lambda: api.job("outlives-api")["rules"][0]["last_evaluated_step"] is not None, 60, "the rule to evaluate a step")
+    wait_for(
+        lambda: api.job("outlives-api")["rules"][0]["last_evaluated_step"] is not None,
+        60,
+        "the rule to evaluate a step",
+    )
     assert api.job("outlives-api")["secondary_status"] == "Training"
     api.kill(signal.SIGKILL)  # no shutdown code runs
 
@@ -39,7 +43,12 @@ def test_job_that_ends_while_the_api_is_down_is_known_after_restart(api) -> None
     )  # fmt: skip
     assert job["rules"][0]["status"] == "NoIssuesFound"
     assert job["exit_code"] == 0
-    assert [t["status"] for t in job["secondary_status_transitions"]] == ["Starting", "Training", "Uploading", "Completed"]
+    assert [t["status"] for t in job["secondary_status_transitions"]] == [
+        "Starting",
+        "Training",
+        "Uploading",
+        "Completed",
+    ]
     assert {c["role"]: (c["state"], c["exit_code"]) for c in job["components"]} == {
         "training": ("Exited", 0),
         "rule:LossWatch": ("Exited", 0),
@@ -54,12 +63,18 @@ def test_restarted_api_follows_and_stops_a_running_job(api) -> None:
     api.kill(signal.SIGTERM)
     api.start()
     # The new process reports from the same rows and the launcher's files, and can still act.
-    wait_for(lambda: api.job("followed")["rules"][0]["last_evaluated_step"] is not None, 60, "rule reports to the new API")
+    wait_for(
+        lambda: api.job("followed")["rules"][0]["last_evaluated_step"] is not None, 60, "rule reports to the new API"
+    )
     first_step = api.job("followed")["rules"][0]["last_evaluated_step"]
     wait_for(lambda: api.job("followed")["rules"][0]["last_evaluated_step"] > first_step, 30, "more reports")
     status, body = api.request("POST", "/v1/jobs/followed/stop?grace_seconds=5", {})
     assert status == 202 and body["stopping"] is True
-    job = wait_for(lambda: (j := api.job("followed"))["status"] == "Stopped" and j["rules"][0]["status"] == "Stopped" and j, 60, "the stop")
+    job = wait_for(
+        lambda: (j := api.job("followed"))["status"] == "Stopped" and j["rules"][0]["status"] == "Stopped" and j,
+        60,
+        "the stop",
+    )
     assert job["secondary_status"] == "Stopped"
     assert job["stop_cause"] == "stopped by request"
     training = {c["role"]: c for c in job["components"]}["training"]

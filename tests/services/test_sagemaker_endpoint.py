@@ -48,7 +48,9 @@ def test_faulty_job_is_found_by_its_rule_and_stopped(api, s3_endpoint) -> None:
         {"RuleConfigurationName": "LossBlowup", "RuleEvaluatorImage": AWS_EVALUATOR_IMAGE,
          "RuleParameters": {"rule_to_invoke": CUSTOM_RULE, "threshold": "1000.0", "action_json": _sdk_action_json(name)}},
     ]  # fmt: skip
-    arn = client.create_training_job(**_request(name, training_command("--steps", "400", "--blowup-at", "5", "--step-seconds", "0.05"), rules))
+    arn = client.create_training_job(
+        **_request(name, training_command("--steps", "400", "--blowup-at", "5", "--step-seconds", "0.05"), rules)
+    )
     assert arn["TrainingJobArn"].endswith(f":training-job/{name}")
 
     def stopped() -> dict | None:
@@ -59,7 +61,9 @@ def test_faulty_job_is_found_by_its_rule_and_stopped(api, s3_endpoint) -> None:
     status = description["DebugRuleEvaluationStatuses"][0]
     assert status["RuleConfigurationName"] == "LossBlowup"
     assert status["RuleEvaluationStatus"] == "IssuesFound"
-    assert status["StatusDetails"].startswith("RuleEvaluationConditionMet: Evaluation of the rule LossAboveThreshold at step ")
+    assert status["StatusDetails"].startswith(
+        "RuleEvaluationConditionMet: Evaluation of the rule LossAboveThreshold at step "
+    )
     assert ":processing-job/" in status["RuleEvaluationJobArn"]
     assert description["SecondaryStatus"] == "Stopped"
     transitions = [t["Status"] for t in description["SecondaryStatusTransitions"]]
@@ -99,7 +103,12 @@ def test_healthy_job_completes_with_no_issues(api) -> None:
 
     description = wait_for(finished, 90, "the healthy job and its rule to finish")
     assert description["DebugRuleEvaluationStatuses"][0]["RuleEvaluationStatus"] == "NoIssuesFound"
-    assert [t["Status"] for t in description["SecondaryStatusTransitions"]] == ["Starting", "Training", "Uploading", "Completed"]
+    assert [t["Status"] for t in description["SecondaryStatusTransitions"]] == [
+        "Starting",
+        "Training",
+        "Uploading",
+        "Completed",
+    ]
     assert description["DebugRuleConfigurations"][0]["RuleParameters"]["rule_to_invoke"] == CUSTOM_RULE
     assert "FailureReason" not in description
     summaries = client.list_training_jobs(NameContains="healthy", StatusEquals="Completed")["TrainingJobSummaries"]
@@ -131,7 +140,13 @@ def test_errors_have_sagemaker_shapes(api) -> None:
         client.stop_training_job(TrainingJobName="no-such-job")
     assert stop_missing.value.response["Error"]["Code"] == "ResourceNotFound"
 
-    bad_rule = [{"RuleConfigurationName": "X", "RuleEvaluatorImage": AWS_RULES_IMAGE, "RuleParameters": {"rule_to_invoke": "NoSuchRule"}}]
+    bad_rule = [
+        {
+            "RuleConfigurationName": "X",
+            "RuleEvaluatorImage": AWS_RULES_IMAGE,
+            "RuleParameters": {"rule_to_invoke": "NoSuchRule"},
+        }
+    ]
     with pytest.raises(ClientError) as invalid:
         client.create_training_job(**_request("bad-rule", training_command(), bad_rule))
     error = invalid.value.response["Error"]
@@ -154,7 +169,9 @@ def test_errors_have_sagemaker_shapes(api) -> None:
 def test_sigv4_access_key_must_be_known(api) -> None:
     import boto3
 
-    stranger = boto3.session.Session(aws_access_key_id="AKIDUNKNOWN", aws_secret_access_key="x", region_name="us-east-1")
+    stranger = boto3.session.Session(
+        aws_access_key_id="AKIDUNKNOWN", aws_secret_access_key="x", region_name="us-east-1"
+    )
     client = stranger.client("sagemaker", endpoint_url=api.url)
     with pytest.raises(ClientError) as refused:
         client.list_training_jobs()
@@ -166,7 +183,9 @@ def test_unavailable_profiler_rules_are_accepted_and_reported(api) -> None:
     client = api.sagemaker()
     profiler_rules = [{"RuleConfigurationName": "ProfilerReport-1700000000", "RuleEvaluatorImage": AWS_RULES_IMAGE,
                        "RuleParameters": {"rule_to_invoke": "ProfilerReport", "CPUBottleneck_threshold": "90"}}]  # fmt: skip
-    client.create_training_job(**_request("with-profiler", training_command("--steps", "1"), [], ProfilerRuleConfigurations=profiler_rules))
+    client.create_training_job(
+        **_request("with-profiler", training_command("--steps", "1"), [], ProfilerRuleConfigurations=profiler_rules)
+    )
     description = client.describe_training_job(TrainingJobName="with-profiler")
     status = description["ProfilerRuleEvaluationStatuses"][0]
     assert status["RuleEvaluationStatus"] == "Error"

@@ -30,14 +30,19 @@ def test_submit_yaml_and_wait_for_a_faulty_job(api, tmp_path: Path) -> None:
         "name": "cli-faulty",
         "command": training_command("--steps", "400", "--blowup-at", "3", "--step-seconds", "0.05"),
         "hook_config": HOOK_EVERY_STEP,
-        "rules": [{"rule": CUSTOM_RULE, "name": "LossBlowup", "actions": [{"name": "stoptraining", "grace_seconds": 5}]}],
+        "rules": [
+            {"rule": CUSTOM_RULE, "name": "LossBlowup", "actions": [{"name": "stoptraining", "grace_seconds": 5}]}
+        ],
     }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
     finished = _submit(api, str(path), "--wait")
     assert finished.returncode == 1, finished.stdout + finished.stderr
     assert "submitted cli-faulty: InProgress (Starting)" in finished.stdout
-    assert "rule LossBlowup: IssuesFound: RuleEvaluationConditionMet: Evaluation of the rule LossAboveThreshold" in finished.stdout
+    assert (
+        "rule LossBlowup: IssuesFound: RuleEvaluationConditionMet: Evaluation of the rule LossAboveThreshold"
+        in finished.stdout
+    )
     assert "fix: The loss blew up" in finished.stdout
     assert "cli-faulty: Stopped (Stopped)" in finished.stdout
 
@@ -70,7 +75,11 @@ def test_example_job_specs_are_valid(example: str) -> None:
     from trainguard.rules import rule_names
 
     path = EXAMPLES / example
-    document = pytest.importorskip("yaml").safe_load(path.read_text()) if path.suffix == ".yaml" else json.loads(path.read_text())
+    document = (
+        pytest.importorskip("yaml").safe_load(path.read_text())
+        if path.suffix == ".yaml"
+        else json.loads(path.read_text())
+    )
     if "ExplodingTensor" not in rule_names():
         pytest.skip("the built-in rules are not installed in this checkout")
     if "TrainingJobName" in document:

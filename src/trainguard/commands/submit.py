@@ -49,7 +49,9 @@ def _load_spec(path: str) -> dict[str, Any]:
         try:
             import yaml
         except ImportError:
-            raise ConfigError(f"{path} is YAML, which needs PyYAML: pip install pyyaml (or write the spec as JSON)") from None
+            raise ConfigError(
+                f"{path} is YAML, which needs PyYAML: pip install pyyaml (or write the spec as JSON)"
+            ) from None
         try:
             spec = yaml.safe_load(text)
         except yaml.YAMLError as error:
@@ -84,7 +86,9 @@ class _Client:
         except urllib.error.HTTPError as error:
             raise ConfigError(f"{method} {path}: HTTP {error.code}: {_explain(error)}") from None
         except (urllib.error.URLError, OSError) as error:
-            raise ConfigError(f"cannot reach the trainguard API at {self.url}: {getattr(error, 'reason', error)}") from None
+            raise ConfigError(
+                f"cannot reach the trainguard API at {self.url}: {getattr(error, 'reason', error)}"
+            ) from None
 
 
 def _explain(error: urllib.error.HTTPError) -> str:
@@ -94,10 +98,11 @@ def _explain(error: urllib.error.HTTPError) -> str:
     except (ValueError, AttributeError):
         return raw[:500]
     if isinstance(detail, list):
-        return "; ".join(
-            f"{'.'.join(str(p) for p in item.get('loc', [])[1:])}: {str(item.get('msg', '')).removeprefix('Value error, ')}"
-            for item in detail
-        )
+        parts = []
+        for item in detail:
+            where = ".".join(str(part) for part in item.get("loc", [])[1:])
+            parts.append(f"{where}: {str(item.get('msg', '')).removeprefix('Value error, ')}")
+        return "; ".join(parts)
     return str(detail)
 
 
