@@ -133,7 +133,14 @@ class ProfilerRule(Rule):
     def finish(self) -> StepResult | None:
         self.scan(force=True)
         self.on_finish()
-        return self.assess(None, final=True)
+        result = self.assess(None, final=True)
+        if result is None and self.first_timestamp is None:
+            return self.no_issue(
+                self.last_step,
+                "no profiler data in this run (profiler-output/ is empty or missing): start the profiler with "
+                "TRAINGUARD_PROFILER=1 (trainguard run) or trainguard.profiler.Profiler(out_dir)",
+            )
+        return result
 
     def on_finish(self) -> None:
         """Called before the final assessment (flush held-back data here)."""
