@@ -9,7 +9,13 @@ one scalar per feature):
 The rule does not judge a run with ``nfeatures`` features or fewer in total (names seen over
 the whole run): their top ``nfeatures`` always sum to 1, so SageMaker's rule fires on every
 such model. trainguard's XGBoost hook saves every feature, unused ones as 0, so a model that
-uses 2 of 20 features is still judged (and fires). Parameters and defaults as documented.
+uses 2 of 20 features is still judged (and fires).
+
+Calibrated default: ``start_step`` (trainguard only) 10: rounds before it are not judged
+(SageMaker: every step). After one round a depth-2 tree has 3 splits, so with ``weight``
+importance the top 3 features hold 100 % of it whatever the data; by round 10 the model has
+dozens of splits and a balanced data set shows as balanced. The documented parameters keep
+their documented defaults.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ class FeatureImportanceOverweight(Rule):
     nfeatures = Param(int, 3, "how many of the largest importances are summed",
                       check=lambda value: None if value > 0 else "must be > 0")
     tensor_regex = Param("regex", ".*feature_importance/weight", "regex of the importance tensors")
+    start_step = Param(int, 10, "first step (boosting round) judged", documented_default=0,
+                       check=lambda value: None if value >= 0 else "must be >= 0")
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial
@@ -47,6 +55,8 @@ class FeatureImportanceOverweight(Rule):
             if trial.training_ended and not trial.tensor_names(regex=[self.tensor_regex]):
                 return self.missing(step, MissingTensor(f"feature importances matching {self.tensor_regex!r}",
                                                         "feature_importance"))
+            return None
+        if step < self.start_step:
             return None
         importances: dict[str, float] = {}
         for name, value in read_values(trial, names, step).items():
