@@ -24,10 +24,7 @@ log = logging.getLogger("trainguard.api")
 def _docker_launcher(settings: Settings) -> Launcher:
     from services.launchers import docker as docker_module  # lazy: the Docker SDK is optional
 
-    launcher_class = docker_module.DockerLauncher
-    if hasattr(launcher_class, "from_env"):
-        return launcher_class.from_env()
-    return launcher_class()
+    return docker_module.DockerLauncher(network=settings.docker_network or None)
 
 
 def make_launcher(settings: Settings) -> Launcher:
