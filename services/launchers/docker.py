@@ -254,6 +254,10 @@ class DockerLauncher:
             options["working_dir"] = component.working_dir
         if self._network:
             options["network"] = self._network
+        if component.role == "uploader":
+            # The uploader resumes from its state file: if it crashes, let the engine restart it
+            # rather than fail the job (a `docker stop`/`docker kill` is not restarted).
+            options["restart_policy"] = {"Name": "on-failure", "MaximumRetryCount": 5}
         # create + start, not run: run() would try to pull a missing image from a registry.
         container = self._client.containers.create(component.image, **options)
         container.start()
