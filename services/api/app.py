@@ -54,6 +54,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.resume_actions()
         reconciler.start()  # its first tick re-attaches to every unsettled job in the database
         try:
             yield

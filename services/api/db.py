@@ -126,8 +126,10 @@ class ActionRow(Base):
     job_name: Mapped[str] = mapped_column(ForeignKey("jobs.name", ondelete="CASCADE"), index=True)
     alarm_name: Mapped[str] = mapped_column(String(256))
     action_name: Mapped[str] = mapped_column(String(64))
-    status: Mapped[str] = mapped_column(String(16))  # "Running" | "Succeeded" | "Failed"
+    status: Mapped[str] = mapped_column(String(16), index=True)  # Pending | Running | Succeeded | Failed
     detail: Mapped[str] = mapped_column(Text, default="")
+    action: Mapped[dict] = mapped_column(JSON, default=dict)  # the action's config
+    extra: Mapped[dict] = mapped_column(JSON, default=dict)  # alarm, rule, reason, finding for the event
     created: Mapped[float] = mapped_column(Float)
     finished: Mapped[float | None] = mapped_column(Float, nullable=True)
 

@@ -58,7 +58,7 @@ class JobService:
         self.settings = settings
         self.lock = threading.RLock()
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainguard-action")
-        self._pending: list[tuple[str, str, list[dict[str, Any]], dict[str, Any]]] = []
+        self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
         self._changed: set[str] = set()
 
     def close(self) -> None:
@@ -359,22 +359,38 @@ class JobService:
                 rule = session.get(RuleRow, (job.name, configuration))
                 finding = (rule.findings or [None])[-1] if rule is not None else None
                 extra = {"alarm": alarm.name, "rule": configuration, "reason": reason, "finding": finding}
-                self._pending.append((job.name, alarm.name, [dict(a) for a in spec.actions], extra))
+                # Recorded in the same transaction as the alarm's state: a crash cannot lose them.
+                for action in spec.actions:
+                    session.add(
+                        ActionRow(
+                            job_name=job.name, alarm_name=alarm.name, action_name=str(action.get("name")),
+                            status="Pending", created=time.time(), action=dict(action), extra=extra,
+                        )
+                    )  # fmt: skip
 
     def flush_notifications(self) -> None:
         """Run actions scheduled by committed alarm transitions; emit state-change events."""
         with self.lock:
-            pending, self._pending = self._pending, []
             changed, self._changed = self._changed, set()
-        for job_name, alarm_name, actions, extra in pending:
-            for action in actions:
-                self._executor.submit(self._run_action, job_name, alarm_name, action, extra)
+            with self.sessions() as session:
+                pending = list(session.scalars(select(ActionRow.id).where(ActionRow.status == "Pending")))
+            fresh = [run_id for run_id in pending if run_id not in self._submitted]
+            self._submitted.update(fresh)
+        for run_id in fresh:
+            self._executor.submit(self._run_recorded, run_id)
         if self.settings.event_webhook_url:
             for job_name in changed:
                 action = {"name": "webhook", "url": self.settings.event_webhook_url, "retries": 2}
-                self._executor.submit(
-                    self._run_action, job_name, "state-change", action, {"reason": "state change"}, False
-                )
+                self._executor.submit(self._emit_state_change, job_name, action)
+
+    def resume_actions(self) -> None:
+        """After a restart: run actions still Pending; one that was Running when the API died is Failed."""
+        with self.lock, self.sessions() as session:
+            for row in session.scalars(select(ActionRow).where(ActionRow.status == "Running")):
+                row.status, row.finished = "Failed", time.time()
+                row.detail = "interrupted by an API restart before it finished (not retried: it may have run)"
+            session.commit()
+        self.flush_notifications()
 
     def _context(self, job_name: str) -> ActionContext:
         def in_progress() -> list[str]:
@@ -388,36 +404,36 @@ class JobService:
             sns_endpoint_url=self.settings.sns_endpoint_url, region=self.settings.region,
         )  # fmt: skip
 
-    def _run_action(
-        self, job_name: str, alarm_name: str, action: dict[str, Any], extra: dict[str, Any], record: bool = True
-    ) -> None:
-        run_id = None
-        if record:
-            with self.lock, self.sessions() as session:
-                row = ActionRow(
-                    job_name=job_name,
-                    alarm_name=alarm_name,
-                    action_name=str(action.get("name")),
-                    status="Running",
-                    created=time.time(),
-                )
-                session.add(row)
-                session.commit()
-                run_id = row.id
+    def _run_recorded(self, run_id: int) -> None:
+        with self.lock, self.sessions() as session:
+            row = session.get(ActionRow, run_id)
+            if row is None or row.status != "Pending":
+                return
+            row.status = "Running"
+            session.commit()
+            job_name, action, extra = row.job_name, dict(row.action or {}), dict(row.extra or {})
         try:
-            event = build_event(
-                self.describe_sagemaker(job_name),
-                account=self.settings.account_id,
-                region=self.settings.region,
-                extra={**extra, "event_id": str(uuid.uuid4())},
-            )
-            detail = get_handler(str(action.get("name")))(event, action, self._context(job_name))
+            detail = self._run_action(job_name, action, extra)
             status = "Succeeded"
         except Exception as error:  # noqa: BLE001 - an action failure is recorded, never crashes the API
             log.warning("action %s for %s failed: %s", action.get("name"), job_name, error)
             status, detail = "Failed", f"{type(error).__name__}: {error}"
-        if run_id is not None:
-            with self.lock, self.sessions() as session:
-                row = session.get(ActionRow, run_id)
-                row.status, row.detail, row.finished = status, str(detail)[:2000], time.time()
-                session.commit()
+        with self.lock, self.sessions() as session:
+            row = session.get(ActionRow, run_id)
+            row.status, row.detail, row.finished = status, str(detail)[:2000], time.time()
+            session.commit()
+
+    def _run_action(self, job_name: str, action: dict[str, Any], extra: dict[str, Any]) -> str:
+        event = build_event(
+            self.describe_sagemaker(job_name),
+            account=self.settings.account_id,
+            region=self.settings.region,
+            extra={**extra, "event_id": str(uuid.uuid4())},
+        )
+        return get_handler(str(action.get("name")))(event, action, self._context(job_name))
+
+    def _emit_state_change(self, job_name: str, action: dict[str, Any]) -> None:
+        try:
+            self._run_action(job_name, action, {"reason": "state change"})
+        except Exception as error:  # noqa: BLE001 - best effort, like EventBridge delivery to a dead target
+            log.warning("state-change event for %s not delivered: %s", job_name, error)
