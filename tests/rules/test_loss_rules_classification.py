@@ -129,7 +129,8 @@ def test_class_ids_from_saved_tensors(labels, predictions, expected_y, expected_
 
 # -- Confusion -----------------------------------------------------------------------------------
 
-DOCUMENTED = {"start_step": "0", "samples": "1"}  # SageMaker: every step, that step's matrix
+# SageMaker's defaults: every step, that step's matrix, min_diag 0.9, max_off_diag 0.1
+DOCUMENTED = {"start_step": "0", "samples": "1", "min_diag": "0.9", "max_off_diag": "0.1"}
 
 
 def test_confusion_deleted_vectors(tmp_path):
@@ -147,6 +148,27 @@ def test_confusion_deleted_vectors(tmp_path):
     results = evaluate_rule(run, spec)
     assert first_firing(results) == 0
     assert results[0].details["problems"] == [{"predicted": 7, "label": 4, "kind": "off_diag", "share": 0.5}]
+    # calibrated thresholds judge the same matrix: half of the class-7 predictions are class 4
+    assert first_firing(evaluate_rule(run, RuleSpec("Confusion", {"start_step": "0", "samples": "1"}))) == 0
+
+
+def test_confusion_calibrated_thresholds_stay_silent_on_a_good_noisy_model_and_fire_on_swapped_labels(tmp_path):
+    rng = np.random.default_rng(1)
+    steps, swapped = {}, {}
+    for step in range(200):
+        y = rng.integers(0, 4, 32)
+        predicted = np.where(rng.random(32) < 0.85, y, rng.integers(0, 4, 32))  # 85 % accurate
+        steps[step] = {"labels": y, "predictions": predicted}
+        # class 3 labelled as class 2 in half of the examples: the model cannot tell them apart
+        confused = np.where((y == 3) & (rng.random(32) < 0.5), 2, predicted)
+        swapped[step] = {"labels": y, "predictions": confused}
+    good = write_run(tmp_path / "good", steps)
+    assert first_firing(evaluate_rule(good, RuleSpec("Confusion", DOCUMENTED))) == 0
+    assert first_firing(evaluate_rule(good, "Confusion")) is None
+    bad = write_run(tmp_path / "bad", swapped)
+    results = evaluate_rule(bad, "Confusion")
+    fired = next(result for result in results if result.fired)
+    assert fired.step == 100 and "class 2 are class 3" in fired.message
 
 
 def _confusion_oracle(batches, min_diag, max_off_diag, start, samples, category_no):
