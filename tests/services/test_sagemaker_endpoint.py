@@ -191,3 +191,20 @@ def test_unavailable_profiler_rules_are_accepted_and_reported(api) -> None:
     assert status["RuleEvaluationStatus"] == "Error"
     assert status["StatusDetails"].startswith("RuleNotAvailable:")
     assert description["ProfilingStatus"] == "Disabled"
+
+
+@pytest.mark.slow
+def test_max_runtime_stops_the_job_as_max_runtime_exceeded(api) -> None:
+    client = api.sagemaker()
+    request = _request("too-slow", training_command("--steps", "600", "--step-seconds", "0.05"), [])
+    request["StoppingCondition"] = {"MaxRuntimeInSeconds": 3}
+    client.create_training_job(**request)
+
+    def stopped() -> dict | None:
+        description = client.describe_training_job(TrainingJobName="too-slow")
+        return description if description["TrainingJobStatus"] == "Stopped" else None
+
+    description = wait_for(stopped, 60, "the runtime limit to stop the job")
+    assert description["SecondaryStatus"] == "MaxRuntimeExceeded"
+    assert description["SecondaryStatusTransitions"][-1]["StatusMessage"] == "MaxRuntimeInSeconds (3) exceeded"
+    assert client.list_training_jobs(StatusEquals="Stopped")["TrainingJobSummaries"][0]["TrainingJobName"] == "too-slow"
