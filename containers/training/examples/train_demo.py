@@ -22,6 +22,8 @@ parser.add_argument("--steps", type=int, default=40)
 parser.add_argument("--lr", type=float, default=0.01)
 parser.add_argument("--step-sleep", type=float, default=0.1, help="seconds per step beyond the compute")
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--fault-step", type=int, default=None, help="from this step on, train with --fault-lr")
+parser.add_argument("--fault-lr", type=float, default=5.0, help="the far too high learning rate of the fault")
 args = parser.parse_args()
 
 stopping = False
@@ -46,6 +48,10 @@ for step in range(args.steps):
     if stopping:
         print(f"trainguard-demo: stopped by SIGTERM at step {step}", flush=True)
         sys.exit(0)
+    if args.fault_step is not None and step == args.fault_step:
+        for group in optimizer.param_groups:
+            group["lr"] = args.fault_lr
+        print(f"trainguard-demo: learning rate set to {args.fault_lr} at step {step}", flush=True)
     batch = torch.randint(0, 256, (32,))
     optimizer.zero_grad()
     loss = loss_fn(model(inputs[batch]), targets[batch])
