@@ -323,15 +323,20 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
             emit = emit_with_jax_callback(self._receive_traced)
             run = self._variants[kind] = jax_capture_variant(model, kind, self._spies, emit, self._receive_gradients)
 
-        def function(state: Any, iterator: Any) -> Any:
+        def function(state: Any, batches: Any) -> Any:
             if not self.enabled:
-                return original(state, iterator)
-            data = next(iterator)
+                return original(state, batches)
+            # Recent Keras passes an iterator of batches, earlier 3.x versions a list of them.
+            iterator_style = hasattr(batches, "__next__")
+            data = next(batches) if iterator_style else batches[0]
+            same_batches = iter([data]) if iterator_style else batches
             try:
-                return run(state, data)
+                if kind == "train":
+                    return run(state, data)
+                run(state, data)  # a probe: Keras's own step follows
             except Exception as error:  # noqa: BLE001 - fail open: run Keras's own step instead
                 self.disable(error)
-                return original(state, iter([data]))
+            return original(state, same_batches)
 
         setattr(model, attribute, function)
         self._swapped = (attribute, original, function)

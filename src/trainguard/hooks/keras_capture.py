@@ -6,10 +6,10 @@ Keras's own code untouched:
 * **Layer spies** replace a layer's ``call`` by a wrapper (an instance attribute that shadows the
   class method) which passes the call through and hands the layer's inputs and outputs over. On
   the torch backend the forward is eager: the spies see real tensors of the real training
-  forward. On JAX they are installed while a *capturing variant* of the train/test/predict step
-  is traced, and emit each tensor with ``jax.debug.callback``, which also works inside
-  ``jax.value_and_grad``: the values are those of the real forward, delivered to the host as the
-  compiled step runs.
+  forward. On JAX they are installed while a *capturing variant* of the train step (a *probe*
+  of the test/predict step) is traced, and emit each tensor with ``jax.debug.callback``, which
+  also works inside ``jax.value_and_grad``: in training, the values of the real forward,
+  delivered to the host as the compiled step runs.
 * **Gradients**: on torch, Keras's ``train_step`` leaves each variable's gradient in ``.grad``
   until the next step zeroes it: reading it at batch end costs nothing. On JAX the capturing
   variant of ``train_step`` wraps ``optimizer.stateless_apply`` while it is traced and returns
@@ -131,11 +131,15 @@ def jax_capture_variant(
     emit: Emit,
     on_gradients: Callable[[Any], None],
 ) -> Callable[[Any, Any], Any]:
-    """One step of ``model.{train,test,predict}_function`` that also captures tensors.
+    """A JAX step for one batch that also captures tensors.
 
-    ``run(state, data) -> (logs or outputs, state)``, as Keras's JAX step for one batch. The
-    compiled function additionally returns the gradients (train), handed to ``on_gradients``,
-    and emits layer tensors through ``emit``.
+    ``kind="train"``: a replacement for Keras's train step, ``run(state, data) -> (logs,
+    state)``; the compiled function also returns the gradients, handed to ``on_gradients``.
+    ``kind="test"|"predict"``: a probe, ``run(state, data)``, that runs the step without keeping
+    its results, only to emit layer tensors; Keras's own step then runs on the same batch (the
+    price of a second forward on saved evaluation steps buys independence from how each Keras
+    version shapes the results of its test and predict functions). Either way layer tensors are
+    emitted through ``emit``.
     """
     import jax
 
@@ -158,8 +162,7 @@ def jax_capture_variant(
             elif kind == "test":
                 outputs, new_state = model.test_step(state, data)
             else:
-                outputs, non_trainable = model.predict_step(state, data)
-                new_state = (state[0], non_trainable)
+                outputs, new_state = model.predict_step(state, data)
         finally:
             spies.remove()
             if spied_optimizer and "stateless_apply" in vars(optimizer):
