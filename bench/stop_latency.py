@@ -24,7 +24,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -110,11 +109,15 @@ def main() -> int:
     print()
     print(f"| metric (n={len(rows)} jobs) | p50 | p95 | max |")
     print("|---|---|---|---|")
-    print(f"| fault step written -> Stopping (s) | {statistics.median(detect):.2f} | {_percentile(detect, 0.95):.2f} | {max(detect):.2f} |")
-    print(f"| fault step written -> Stopped (s) | {statistics.median(stop):.2f} | {_percentile(stop, 0.95):.2f} | {max(stop):.2f} |")
+
+    def row(label: str, values: list[float]) -> None:
+        print(f"| {label} | {statistics.median(values):.2f} | {_percentile(values, 0.95):.2f} | {max(values):.2f} |")
+
+    row("fault step written -> Stopping (s)", detect)
+    row("fault step written -> Stopped (s)", stop)
     if lag50:
-        print(f"| upload lag, per-job p50 (s) | {statistics.median(lag50):.2f} | {_percentile(lag50, 0.95):.2f} | {max(lag50):.2f} |")
-        print(f"| upload lag, per-job p95 (s) | {statistics.median(lag95):.2f} | {_percentile(lag95, 0.95):.2f} | {max(lag95):.2f} |")
+        row("upload lag, per-job p50 (s)", lag50)
+        row("upload lag, per-job p95 (s)", lag95)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

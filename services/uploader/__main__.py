@@ -26,7 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", default=env("UPLOADER_SOURCE"), help="local run directory to follow")
     parser.add_argument("--dest", default=env("UPLOADER_DEST"), help="s3://bucket/prefix")
     parser.add_argument("--endpoint-url", default=env("S3_ENDPOINT_URL"), help="S3-compatible endpoint")
-    parser.add_argument("--state-file", default=env("UPLOADER_STATE_FILE"), help="default <source>/.uploader-state.json")
+    parser.add_argument(
+        "--state-file", default=env("UPLOADER_STATE_FILE"), help="default <source>/.uploader-state.json"
+    )
     parser.add_argument("--poll-interval", type=float, default=float(env("UPLOADER_POLL_INTERVAL", "0.5")))
     parser.add_argument("--give-up-after", type=float, default=float(env("UPLOADER_GIVE_UP_AFTER_S", "600")),
                         help="seconds of continuous S3 failure before exiting 1")

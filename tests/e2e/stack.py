@@ -124,28 +124,36 @@ class Stack:
         try:
             return wait_for(settled, timeout_s, f"job {name} to end")
         except AssertionError:
-            raise AssertionError(f"job {name} did not end: {json.dumps(self.job(name))[:3000]}\n{self.logs(name)}") from None
+            description = json.dumps(self.job(name))[:3000]
+            raise AssertionError(f"job {name} did not end: {description}\n{self.logs(name)}") from None
 
     def logs(self, name: str, component: str = "training") -> str:
-        return str(self.request("GET", f"/v1/jobs/{name}/logs?component={urllib.request.quote(component)}")[1])
+        path = f"/v1/jobs/{name}/logs?component={urllib.request.quote(component)}"
+        return str(self.request("GET", path)[1])
 
     def sagemaker(self):  # noqa: ANN201 - botocore client
         import boto3
 
-        session = boto3.session.Session(aws_access_key_id=TOKEN, aws_secret_access_key="unused", region_name="us-east-1")
+        # The SageMaker endpoint takes the API token as the access key id.
+        session = boto3.session.Session(
+            aws_access_key_id=TOKEN, aws_secret_access_key="unused", region_name="us-east-1"
+        )
         return session.client("sagemaker", endpoint_url=self.url)
 
     def s3(self):  # noqa: ANN201 - botocore client
         import boto3
 
-        session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+        session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+        )
         return session.client("s3", endpoint_url=self.s3_url)
 
     def s3_objects(self, prefix: str, bucket: str = "trainguard") -> dict[str, dict[str, Any]]:
         """key (relative to prefix) -> {size, etag} of every object under s3://bucket/prefix/."""
         client = self.s3()
         try:
-            pages = list(client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/"))
+            paginator = client.get_paginator("list_objects_v2")
+            pages = list(paginator.paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/"))
         except client.exceptions.NoSuchBucket:
             return {}
         return {

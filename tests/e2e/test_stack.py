@@ -13,7 +13,14 @@ import uuid
 
 import pytest
 
-from tests.e2e.docker_env import SERVICE_IMAGE, TRAINING_IMAGE, compose_available, docker_client, require_image, unavailable
+from tests.e2e.docker_env import (
+    SERVICE_IMAGE,
+    TRAINING_IMAGE,
+    compose_available,
+    docker_client,
+    require_image,
+    unavailable,
+)
 from tests.e2e.stack import REPO, TOKEN, Stack, job_spec, volume_files, wait_for
 
 pytestmark = pytest.mark.slow
@@ -62,7 +69,8 @@ def test_healthy_job_completes_with_no_issues_and_its_run_is_on_s3(stack):  # no
     job = stack.wait_settled(name)
     assert job["status"] == "Completed", job
     assert job["rules"][0]["status"] == "NoIssuesFound", job["rules"]
-    assert [t["status"] for t in job["secondary_status_transitions"]] == ["Starting", "Training", "Uploading", "Completed"]
+    transitions = [t["status"] for t in job["secondary_status_transitions"]]
+    assert transitions == ["Starting", "Training", "Uploading", "Completed"]
     on_s3 = stack.s3_objects(f"jobs/{name}/debug-output")
     assert on_s3 == volume_files(f"tg-{name}-tensors")
     assert "training_job_end.ts" in on_s3 and len([k for k in on_s3 if k.startswith("index/")]) == 20
@@ -71,6 +79,8 @@ def test_healthy_job_completes_with_no_issues_and_its_run_is_on_s3(stack):  # no
 def test_boto3_sagemaker_client_drives_the_stack(stack):  # noqa: ANN001
     name = _name("sagemaker")
     client = stack.sagemaker()
+    # action_json as the SageMaker SDK serialises it: backslashes before the quotes.
+    action_json = '[{\\"name\\": \\"stoptraining\\", \\"training_job_prefix\\": \\"' + name + '\\"}]'
     client.create_training_job(
         TrainingJobName=name,
         RoleArn="arn:aws:iam::111122223333:role/trainguard",
@@ -87,7 +97,7 @@ def test_boto3_sagemaker_client_drives_the_stack(stack):  # noqa: ANN001
             "RuleConfigurationName": "Exploding",
             "RuleEvaluatorImage": "895741380848.dkr.ecr.us-west-2.amazonaws.com/sagemaker-debugger-rules:latest",
             "RuleParameters": {"rule_to_invoke": "ExplodingTensor",
-                               "action_json": '[{\\"name\\": \\"stoptraining\\", \\"training_job_prefix\\": \\"' + name + '\\"}]'},
+                               "action_json": action_json},
         }],
     )  # fmt: skip
     stack.jobs.append(name)
@@ -95,7 +105,8 @@ def test_boto3_sagemaker_client_drives_the_stack(stack):  # noqa: ANN001
     def stopped() -> dict | None:
         description = client.describe_training_job(TrainingJobName=name)
         statuses = description.get("DebugRuleEvaluationStatuses", [])
-        done = description["TrainingJobStatus"] == "Stopped" and statuses and statuses[0]["RuleEvaluationStatus"] == "IssuesFound"
+        issues = bool(statuses) and statuses[0]["RuleEvaluationStatus"] == "IssuesFound"
+        done = description["TrainingJobStatus"] == "Stopped" and issues
         return description if done else None
 
     description = wait_for(stopped, 180, f"{name} to be Stopped with IssuesFound")

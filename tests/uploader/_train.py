@@ -18,7 +18,9 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 loss_fn = torch.nn.MSELoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-hook = tg.Hook(args.out_dir, save_config=tg.SaveConfig(save_interval=1), include_collections=["weights", "gradients", "losses"])
+hook = tg.Hook(
+    args.out_dir, save_config=tg.SaveConfig(save_interval=1), include_collections=["weights", "gradients", "losses"]
+)
 hook.register_module(model)
 hook.register_loss(loss_fn)
 inputs, targets = torch.randn(64, 8), torch.randn(64, 1)
