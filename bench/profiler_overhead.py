@@ -99,13 +99,13 @@ def measure(config: dict | None, steps: int, warmup: int, data: list, out_root: 
     return times, cpu_per_step
 
 
-def sample_cost(samples: int, out_root: str) -> tuple[float, int]:
-    """Mean seconds per system sample (read counters + format + append the lines)."""
+def sample_cost(samples: int, out_root: str) -> tuple[float, float, int]:
+    """Mean wall and CPU seconds per system sample (read counters + format + append the lines)."""
     host, gpus = HostSampler(), GpuSampler()
     output = LocalOutput(Path(tempfile.mkdtemp(dir=out_root)) / "profiler-output")
     writer = SystemMetricsWriter(output, "bench")
     writer.write_sample(time.time(), host.sample(time.time()))  # prime the rate counters
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     records = 0
     for _ in range(samples):
         now = time.time()
@@ -113,10 +113,11 @@ def sample_cost(samples: int, out_root: str) -> tuple[float, int]:
         writer.write_sample(now, metrics)
         records = len(metrics)
     elapsed = (time.perf_counter() - start) / samples
+    cpu_elapsed = (time.process_time() - cpu_start) / samples
     writer.close()
     output.close()
     gpus.close()
-    return elapsed, records
+    return elapsed, cpu_elapsed, records
 
 
 def main() -> None:
@@ -153,7 +154,7 @@ def main() -> None:
                 cpu_ratios[name].append(cpu_per_step / result["none"][2])
             summary = ", ".join(f"{name} {result[name][0] * 1000:.2f} ms" for name in CONFIGS)
             print(f"round {round_index + 1}/{rounds}: {summary}", file=sys.stderr, flush=True)
-        per_sample, records = sample_cost(200, out_root)
+        per_sample, cpu_per_sample, records = sample_cost(500, out_root)
 
     print(f"\nreference CNN, batch {BATCH}, 1 torch thread, {rounds} rounds x {steps} timed steps "
           f"(+{warmup} warm-up), torch {torch.__version__}, Python {platform.python_version()}, "
@@ -172,8 +173,9 @@ def main() -> None:
         )
     print("\n".join(rows))
     print(f"\none system sample ({records} records: read /proc, NVML if present, append lines): "
-          f"{per_sample * 1e6:.0f} us = {100 * per_sample / 0.1:.3f}% of one core at 100 ms, "
-          f"{100 * per_sample / 0.5:.3f}% at 500 ms")  # fmt: skip
+          f"{cpu_per_sample * 1e6:.0f} us CPU ({per_sample * 1e6:.0f} us wall) = "
+          f"{100 * cpu_per_sample / 0.1:.3f}% of one core at 100 ms, "
+          f"{100 * cpu_per_sample / 0.5:.3f}% at 500 ms")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -30,9 +31,23 @@ logger = logging.getLogger("trainguard")
 Metric = tuple[str, str, str, float]  # (Type, Name, Dimension, Value)
 
 
+_FDS: dict[str, int] = {}
+
+
 def _read(path: str) -> str:
-    with open(path) as handle:
-        return handle.read()
+    """A /proc file's current text. The descriptor stays open: a positional read at offset 0
+    regenerates the content, and skips the open/close that would cost most of the time."""
+    fd = _FDS.get(path)
+    if fd is None:
+        fd = _FDS[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    chunks = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, 1 << 16, offset)
+        chunks.append(chunk)
+        if len(chunk) < 1 << 16:
+            return b"".join(chunks).decode("ascii", errors="replace")
+        offset += len(chunk)
 
 
 def _proc_cpu_times() -> dict[str, tuple[float, float, float]]:
@@ -50,12 +65,12 @@ def _proc_cpu_times() -> dict[str, tuple[float, float, float]]:
     return out
 
 
+_MEMINFO = re.compile(r"^(MemTotal|MemAvailable|MemFree):\s+(\d+)", re.MULTILINE)
+
+
 def _proc_memory() -> tuple[float, float]:
     """(used bytes, used %)."""
-    fields = {}
-    for line in _read("/proc/meminfo").splitlines():
-        key, _, rest = line.partition(":")
-        fields[key] = float(rest.split()[0]) * 1024 if rest.split() else 0.0
+    fields = {key: float(value) * 1024 for key, value in _MEMINFO.findall(_read("/proc/meminfo"))}
     total = fields.get("MemTotal", 0.0)
     available = fields.get("MemAvailable", fields.get("MemFree", 0.0))
     used = max(0.0, total - available)
