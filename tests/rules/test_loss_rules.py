@@ -259,7 +259,7 @@ def _overtraining_oracle(order, patience_train, patience_validation, delta, smoo
             else:
                 since_v += 1
         stalled_validation = best_v is not None and since_v >= patience_validation
-        if stalled_validation or (best_t is not None and since_t >= patience_train):
+        if stalled_validation or (best_v is None and best_t is not None and since_t >= patience_train):
             return step
     return None
 

@@ -9,8 +9,9 @@ Formula. Two series, each tracking its best value ``best`` (the first value star
   once a TRAIN step follows it or training ends), the mean of its losses.
 
 A value v is a new optimum when ``v < best - delta * |best|``. The rule fires when the
-training series had no new optimum for ``patience_train`` values, or the validation series for
-``patience_validation`` passes. Non-finite values are skipped (ExplodingTensor reports them).
+validation series had no new optimum for ``patience_validation`` passes, or, in a run without
+validation passes (none seen so far), when the training series had none for
+``patience_train`` values. Non-finite values are skipped (ExplodingTensor reports them).
 
 Calibrated defaults (SageMaker's parameter names):
 
@@ -20,6 +21,10 @@ Calibrated defaults (SageMaker's parameter names):
 * ``patience_validation`` counts validation passes (SageMaker: steps); ``patience_train``
   counts saved TRAIN steps of the smoothed series, default 20 (documented 5).
 * ``smoothing`` (trainguard only) 10.
+* With validation passes the training series is reported but does not fire: a training loss
+  that flattens while the validation loss still improves is convergence, not overtraining
+  (small healthy PyTorch runs that reach 99 % validation accuracy fire on the training series
+  alone within 25 steps of converging). SageMaker fires on either series.
 """
 
 from __future__ import annotations
@@ -135,7 +140,8 @@ class Overtraining(Rule):
                 "(a scheduler such as ReduceLROnPlateau); add regularisation if the training loss keeps falling",
                 **details,
             )
-        if self._train.best is not None and self._train.since >= self.patience_train:
+        validated = self._validation.best is not None
+        if not validated and self._train.best is not None and self._train.since >= self.patience_train:
             return self.issue(
                 step,
                 f"training loss has not improved by {fmt(100 * self.delta)} % on its best {fmt(self._train.best)} "
