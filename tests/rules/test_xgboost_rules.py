@@ -183,3 +183,46 @@ def test_xgboost_rule_parameters_and_missing_tensors(tmp_path):
         create_rule(trial, RuleSpec("TreeDepth", {"depth": "deep"}))
     assert evaluate_rule(run, "TreeDepth")[0].missing[0].collection == "trees"
     assert evaluate_rule(run, "FeatureImportanceOverweight")[0].missing[0].collection == "feature_importance"
+
+
+# -- the loss rules on XGBoost runs: metrics where lower is better are the losses -------------------
+
+
+def _train_with_validation(tmp_path, params, rounds, *, name, seed=0, noise=1.0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(400, 5))
+    y = (X[:, 0] + noise * rng.normal(size=400) > 0).astype(float)
+    dtrain, dval = xgboost.DMatrix(X[:300], label=y[:300]), xgboost.DMatrix(X[300:], label=y[300:])
+    out = str(tmp_path / name)
+    hook = tg.Hook(out, save_config=tg.SaveConfig(save_interval=2), train_data=dtrain, validation_data=dval)
+    evals_result: dict = {}
+    xgboost.train({"nthread": 1, "objective": "binary:logistic", "eval_metric": ["auc", "logloss"], **params}, dtrain,
+                  num_boost_round=rounds, evals=[(dtrain, "train"), (dval, "validation")], evals_result=evals_result,
+                  callbacks=[hook], verbose_eval=False)
+    return out, evals_result
+
+
+def test_loss_rules_use_xgboost_validation_metrics(tmp_path):
+    # deep trees on noisy labels: the validation logloss bottoms out early, then rises
+    over, result = _train_with_validation(tmp_path, {"max_depth": 8, "eta": 0.5}, 40, name="over")
+    validation = result["validation"]["logloss"]
+    best_round = int(np.argmin(validation))
+    assert validation[-1] > validation[best_round]
+    results = evaluate_rule(over, "Overtraining:patience_validation=5")
+    fired = next(r for r in results if r.fired)
+    assert "validation loss" in fired.message and fired.step > best_round
+    lnd = evaluate_rule(over, "LossNotDecreasing:num_steps=4")
+    assert first_firing(lnd) is not None
+    assert all(set(r.details["losses"]) == {"validation-logloss"} for r in lnd)  # auc is not a loss
+    overfit = evaluate_rule(over, "Overfit")
+    assert overfit[-1].missing and "Overtraining" in overfit[-1].missing[0].what
+    # a gentle run keeps improving its validation loss: silent
+    gentle, result = _train_with_validation(tmp_path, {"max_depth": 2, "eta": 0.05}, 40, name="gentle", noise=0.3)
+    assert np.all(np.diff(result["validation"]["logloss"]) < 0)
+    assert first_firing(evaluate_rule(gentle, "Overtraining:patience_validation=5")) is None
+    assert first_firing(evaluate_rule(gentle, "LossNotDecreasing:num_steps=4")) is None
+    assert first_firing(evaluate_rule(gentle, "Underfitting:warmup_steps=10")) is None
+    # a learning rate far too small: the training logloss stays at its start
+    stuck, _ = _train_with_validation(tmp_path, {"max_depth": 2, "eta": 0.0005}, 30, name="stuck")
+    results = evaluate_rule(stuck, "Underfitting:warmup_steps=10")
+    assert first_firing(results) == 10 and results[0].details["mode"] == "TRAIN"

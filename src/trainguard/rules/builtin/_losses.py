@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ import numpy as np
 from trainguard.errors import StepUnavailable, TensorUnavailable, TensorUnavailableForStep, TrialError
 from trainguard.modes import ModeKeys
 
-__all__ = ["Block", "LossHistory", "fmt", "is_complete", "parse_mode", "read_values"]
+__all__ = ["Block", "LossHistory", "fmt", "is_complete", "metric_role", "parse_mode", "read_values"]
 
 
 def is_complete(trial: Any, step: int) -> bool:
@@ -72,6 +73,27 @@ def scalar(value: Any) -> float | None:
         return float(np.mean(array.astype(np.float64)))
 
 
+_HIGHER_IS_BETTER = re.compile(r"^(auc|aucpr|ndcg|map|pre)(@|-|$)", re.IGNORECASE)
+_TRAIN_DATA = re.compile(r"^(d?train|training)(_\d+)?$", re.IGNORECASE)
+_VALIDATION_DATA = re.compile(r"^(d?valid|validation|val|eval|evaluation|d?test)(_\d+)?$", re.IGNORECASE)
+
+
+def metric_role(name: str) -> ModeKeys | None:
+    """The role of an XGBoost metric ``<data>-<metric>`` usable as a loss, or None.
+
+    TRAIN for ``train-*``, EVAL for ``validation-*``/``eval-*``/``test-*`` (also ``validation_0``),
+    None for metrics where higher is better (auc, aucpr, ndcg, map, pre) and for other names.
+    """
+    data, sep, metric = name.partition("-")
+    if not sep or not metric or _HIGHER_IS_BETTER.match(metric):
+        return None
+    if _TRAIN_DATA.match(data):
+        return ModeKeys.TRAIN
+    if _VALIDATION_DATA.match(data):
+        return ModeKeys.EVAL
+    return None
+
+
 @dataclass(frozen=True)
 class Block:
     """A run of consecutive saved steps of one mode (a validation pass, or the training between)."""
@@ -105,6 +127,10 @@ class LossHistory:
         if use_losses_collection and "losses" not in self.collections:
             self.collections.append("losses")
         self.regexes = [tensor_regex] if isinstance(tensor_regex, str) else list(tensor_regex or [])
+        # XGBoost runs have no losses, but metrics: with the default selection, use those a
+        # lower value of which is better (logloss, rmse, error...), by role (train/validation).
+        self._metrics_fallback = use_losses_collection and not collection_names and not tensor_regex
+        self.from_metrics = False
         self._values: dict[int, dict[str, float]] = {}
         self._loss_steps: list[tuple[int, ModeKeys | None]] = []
         self._scanned_upto = -1
@@ -119,7 +145,14 @@ class LossHistory:
                 names.update(trial.tensor_names(step=step, collection=collection))
         if self.regexes:
             names.update(trial.tensor_names(step=step, regex=self.regexes))
+        if not names and self._metrics_fallback and "metrics" in known:
+            names = {name for name in trial.tensor_names(step=step, collection="metrics") if metric_role(name)}
+            self.from_metrics = self.from_metrics or bool(names)
         return sorted(names)
+
+    def role_names(self, role: ModeKeys) -> set[str]:
+        """XGBoost metric losses of one role: TRAIN (``train-*``) or EVAL (``validation-*``...)."""
+        return {name for name in self.names() if metric_role(name) == role} if self.from_metrics else set()
 
     def values_at(self, step: int) -> dict[str, float]:
         """{loss name: value} at global ``step`` (complete steps only; cached)."""

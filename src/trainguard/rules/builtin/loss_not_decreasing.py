@@ -25,6 +25,10 @@ Selection: ``collection_names`` ∪ ``tensor_regex`` ∪ (collection ``losses`` 
 else TRAIN, else GLOBAL (the earlier documented order; the final docs say GLOBAL, which on a
 run with TRAIN and EVAL steps would compare a validation loss with a training loss).
 Defaults are the final documented ones (``diff_percent`` 0.1, earlier docs 0).
+
+XGBoost runs (no ``losses``, default selection): the metrics where lower is better
+(``validation-logloss``, ``train-rmse``; not auc/ndcg/map) are the losses, one step per round;
+``validation-*``/``eval-*``/``test-*`` metrics play the EVAL role and are preferred, as EVAL is.
 """
 
 from __future__ import annotations
@@ -104,10 +108,17 @@ class LossNotDecreasing(Rule):
             if trial.training_ended:
                 return self.missing(step, MissingTensor("scalar loss tensors", "losses"))
             return None
-        mode = self._resolved_mode()
-        if mode != ModeKeys.GLOBAL and trial.mode(step) != mode:
-            return None
         current = history.values_at(step)
+        if history.from_metrics:
+            # XGBoost: one step per round, the roles are in the names (validation-logloss)
+            role = self._mode or (ModeKeys.EVAL if history.role_names(ModeKeys.EVAL) else ModeKeys.TRAIN)
+            wanted = set(history.names()) if role == ModeKeys.GLOBAL else history.role_names(role)
+            current = {name: value for name, value in current.items() if name in wanted}
+            mode, shown = ModeKeys.GLOBAL, role
+        else:
+            mode = shown = self._resolved_mode()
+            if mode != ModeKeys.GLOBAL and trial.mode(step) != mode:
+                return None
         if not current:
             return None
         mode_step = step if mode == ModeKeys.GLOBAL else trial.mode_step(step)
@@ -142,10 +153,10 @@ class LossNotDecreasing(Rule):
                 step,
                 facts["message"],
                 fix_hint=_DIVERGING_HINT if diverging else _PLATEAU_HINT,
-                mode=mode.name,
+                mode=shown.name,
                 losses={key: {k: v for k, v in item.items() if k != "message"} for key, item in evaluated.items()},
             )
-        return self.no_issue(step, mode=mode.name, losses=evaluated)
+        return self.no_issue(step, mode=shown.name, losses=evaluated)
 
     def _compare(
         self, name: str, previous: float, value: float, previous_step: int, step: int

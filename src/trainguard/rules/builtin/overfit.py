@@ -72,6 +72,13 @@ class Overfit(Rule):
         history = self._history
         if not history.names():
             return self.missing(self._last_step, MissingTensor("scalar loss tensors", "losses"))
+        if history.from_metrics:
+            return self.missing(
+                self._last_step,
+                MissingTensor("losses of TRAIN and EVAL steps; in XGBoost runs use Overtraining, which watches "
+                              "the validation metrics (boosting always drives the training loss far below it)",
+                              "losses"),
+            )
         if ModeKeys.EVAL not in history.modes_with_losses() or ModeKeys.TRAIN not in history.modes_with_losses():
             return self.missing(
                 self._last_step,

@@ -21,6 +21,10 @@ Calibrated defaults (SageMaker's parameter names):
 * ``patience_validation`` counts validation passes (SageMaker: steps); ``patience_train``
   counts saved TRAIN steps of the smoothed series, default 20 (documented 5).
 * ``smoothing`` (trainguard only) 10.
+* XGBoost runs (no ``losses``): the metrics where lower is better; ``train-*`` is the training
+  series (smoothed), ``validation-*``/``eval-*``/``test-*`` the validation series with one pass
+  per saved round, so ``patience_validation`` is XGBoost's ``early_stopping_rounds`` counted in
+  saved rounds.
 * With validation passes the training series is reported but does not fire: a training loss
   that flattens while the validation loss still improves is convergence, not overtraining
   (small healthy PyTorch runs that reach 99 % validation accuracy fire on the training series
@@ -98,29 +102,11 @@ class Overtraining(Rule):
 
     def _judge(self, step: int, *, final: bool) -> StepResult | None:
         history = self._history
-        progressed = False
-        for train_step in history.loss_steps(ModeKeys.TRAIN, upto=None if final else step):
-            if train_step <= self._train_upto:
-                continue
-            self._train_upto = train_step
-            value = history.mean([train_step])
-            if value is None or not math.isfinite(value):
-                continue
-            self._recent.append(value)
-            self._train.add(sum(self._recent) / len(self._recent), train_step, self.delta)
-            progressed = True
-        blocks = history.blocks(upto=None if final else step)
-        for index, block in enumerate(blocks):
-            if block.mode != ModeKeys.EVAL or block.first in self._validated:
-                continue
-            if index + 1 == len(blocks) and not final:
-                continue  # the validation pass may still be running
-            self._validated.add(block.first)
-            value = history.mean(block.steps)
-            if value is None or not math.isfinite(value):
-                continue
-            self._validation.add(value, block.last, self.delta)
-            progressed = True
+        progressed = self._add_training(step, final)
+        if history.from_metrics:
+            progressed = self._add_validation_metrics(step, final) or progressed
+        else:
+            progressed = self._add_validation_passes(step, final) or progressed
         if not progressed:
             return None
         details = {
@@ -152,3 +138,54 @@ class Overtraining(Rule):
                 **details,
             )
         return self.no_issue(step, **details)
+
+    def _add_training(self, step: int, final: bool) -> bool:
+        history = self._history
+        names = history.role_names(ModeKeys.TRAIN) or None  # XGBoost: the train-* metrics
+        progressed = False
+        for train_step in history.loss_steps(ModeKeys.TRAIN, upto=None if final else step):
+            if train_step <= self._train_upto:
+                continue
+            self._train_upto = train_step
+            value = history.mean([train_step], names)
+            if value is None or not math.isfinite(value):
+                continue
+            self._recent.append(value)
+            self._train.add(sum(self._recent) / len(self._recent), train_step, self.delta)
+            progressed = True
+        return progressed
+
+    def _add_validation_passes(self, step: int, final: bool) -> bool:
+        history = self._history
+        progressed = False
+        blocks = history.blocks(upto=None if final else step)
+        for index, block in enumerate(blocks):
+            if block.mode != ModeKeys.EVAL or block.first in self._validated:
+                continue
+            if index + 1 == len(blocks) and not final:
+                continue  # the validation pass may still be running
+            self._validated.add(block.first)
+            value = history.mean(block.steps)
+            if value is None or not math.isfinite(value):
+                continue
+            self._validation.add(value, block.last, self.delta)
+            progressed = True
+        return progressed
+
+    def _add_validation_metrics(self, step: int, final: bool) -> bool:
+        """XGBoost: every saved round evaluated the validation data: one pass per saved round."""
+        history = self._history
+        names = history.role_names(ModeKeys.EVAL)
+        if not names:
+            return False
+        progressed = False
+        for saved in history.loss_steps(ModeKeys.GLOBAL, upto=None if final else step):
+            if saved in self._validated:
+                continue
+            self._validated.add(saved)
+            value = history.mean([saved], names)
+            if value is None or not math.isfinite(value):
+                continue
+            self._validation.add(value, saved, self.delta)
+            progressed = True
+        return progressed

@@ -16,6 +16,8 @@ model that does not beat it has learnt nothing from its inputs. Without it the r
 with the loss the model started from, which catches a learning rate far too small, a frozen
 model (optimizer given the wrong parameters), labels shuffled independently of their inputs,
 and a loss that diverged upwards. Mode: TRAIN (GLOBAL when the run has no TRAIN steps).
+XGBoost runs: the ``train-*`` metrics where lower is better (``train-logloss``), one step per
+round; ``warmup_steps`` then counts rounds.
 """
 
 from __future__ import annotations
@@ -73,10 +75,11 @@ class Underfitting(Rule):
         mode_step = step if mode == ModeKeys.GLOBAL else trial.mode_step(step)
         if mode_step < self.warmup_steps:
             return None
+        names = history.role_names(ModeKeys.TRAIN) or None  # XGBoost: the train-* metrics
         series = [
             value
             for saved in history.loss_steps(mode, upto=step)
-            if (value := history.mean([saved])) is not None and math.isfinite(value)
+            if (value := history.mean([saved], names)) is not None and math.isfinite(value)
         ]
         if len(series) < 2:
             return None
