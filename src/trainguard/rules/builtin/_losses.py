@@ -168,6 +168,9 @@ class LossHistory:
 
     def _scan(self) -> None:
         """Extend the list of loss steps with complete steps not looked at yet (incremental)."""
+        last = getattr(self.trial, "last_complete_step", None)
+        if isinstance(last, int) and last <= self._scanned_upto:
+            return  # nothing new: skip listing every step (rules call this on every check)
         steps = self.trial.steps()
         start = bisect.bisect_right(steps, self._scanned_upto)
         for step in steps[start:]:
