@@ -20,12 +20,22 @@ Class ids from saved tensors (:func:`class_ids`):
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["class_ids", "label_prediction_pairs"]
+__all__ = ["class_ids", "label_prediction_pairs", "regex_problem"]
+
+
+def regex_problem(value: str) -> str | None:
+    """A Param check: why ``value`` is not a valid regular expression, or None."""
+    try:
+        re.compile(value)
+    except re.error as error:
+        return f"not a valid regular expression: {error}"
+    return None
 
 
 def _names(trial: Any, step: int, regexes: Sequence[str], collections: Sequence[str]) -> list[str]:

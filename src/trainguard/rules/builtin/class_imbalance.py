@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._classification import class_ids, label_prediction_pairs
+from trainguard.rules.builtin._classification import class_ids, label_prediction_pairs, regex_problem
 from trainguard.rules.builtin._losses import fmt, is_complete, read_values
 from trainguard.rules.params import Param
 
@@ -39,16 +39,6 @@ _REWEIGHT_HINT = (
     "reweight classes: CrossEntropyLoss(weight=1/class_frequency) or sample with a "
     "torch.utils.data.WeightedRandomSampler; or over-/under-sample the data set"
 )
-
-
-def _regex(value: str) -> str | None:
-    import re
-
-    try:
-        re.compile(value)
-    except re.error as error:
-        return f"not a valid regular expression: {error}"
-    return None
 
 
 class ClassImbalance(Rule):
@@ -66,9 +56,9 @@ class ClassImbalance(Rule):
                     check=lambda value: None if value > 0 else "must be > 0")
     argmax = Param(bool, False, "argmax the predictions (automatic for logits with a class axis)")
     labels_regex = Param(str, ".*labels", "regex of the label tensors (the 'labels' collection is also used)",
-                         check=_regex)
+                         check=regex_problem)
     predictions_regex = Param(str, ".*predictions", "regex of the prediction tensors (also 'predictions')",
-                              check=_regex)
+                              check=regex_problem)
     misprediction_start_step = Param(int, 100, "global step from which predictions count for mispredictions",
                                      check=lambda value: None if value >= 0 else "must be >= 0",
                                      documented_default=0)

@@ -35,9 +35,8 @@ from typing import Any
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._classification import class_ids, label_prediction_pairs
+from trainguard.rules.builtin._classification import class_ids, label_prediction_pairs, regex_problem
 from trainguard.rules.builtin._losses import fmt, is_complete, read_values
-from trainguard.rules.builtin.class_imbalance import _regex
 from trainguard.rules.params import Param
 
 
@@ -57,8 +56,8 @@ class Confusion(Rule):
 
     category_no = Param(int, None, "number of classes (default: inferred)", optional=True,
                         check=lambda value: None if value >= 2 else "must be >= 2")
-    labels = Param(str, "labels", "regex of the label tensors", check=_regex)
-    predictions = Param(str, "predictions", "regex of the prediction tensors", check=_regex)
+    labels = Param(str, "labels", "regex of the label tensors", check=regex_problem)
+    predictions = Param(str, "predictions", "regex of the prediction tensors", check=regex_problem)
     labels_collection = Param(str, "labels", "collection of the label tensors")
     predictions_collection = Param(str, "predictions", "collection of the prediction tensors")
     min_diag = Param(float, 0.5, "minimum share of a predicted class that is really that class", check=_fraction,
