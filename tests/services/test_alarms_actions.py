@@ -9,7 +9,7 @@ import pytest
 from services.actions import ActionContext, build_event, get_handler, parse_action_json
 from services.alarms import AlarmSpec, AlarmState, evaluate_alarm
 from tests.s3_server import set_dummy_credentials
-from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, training_command, wait_for
+from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, REPO, training_command, wait_for
 from tests.services.notify_servers import RecordingHttpServer, RecordingSmtpServer
 
 
@@ -171,3 +171,57 @@ def test_alarm_n_of_m_runs_webhook_email_and_stop_on_a_live_job(api_factory) -> 
     ran = {(a["alarm"], a["action"]): a["status"] for a in job["actions"]}
     assert ran == {("LossBlowup-IssuesFound", "email"): "Succeeded", ("loss-2-of-3", "webhook"): "Succeeded",
                    ("loss-2-of-3", "stoptraining"): "Succeeded"}  # fmt: skip
+
+
+def _install_action_plugin(root) -> None:
+    """A real installed distribution (dist-info with entry_points.txt), as pip would leave it."""
+    (root / "tg_test_actions.py").write_text(
+        "import json, pathlib\n"
+        "def record(event, action, context):\n"
+        "    pathlib.Path(action['path']).write_text(json.dumps(event))\n"
+        "    return 'recorded ' + context.job_name\n"
+    )
+    info = root / "tg_test_actions-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tg-test-actions\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[trainguard.actions]\nrecord-to-file = tg_test_actions:record\n")
+
+
+def test_custom_action_handlers_come_from_entry_points(tmp_path, monkeypatch) -> None:
+    from services.actions import action_names
+    from services.api.schemas import RuleConfig
+
+    _install_action_plugin(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "record-to-file" in action_names()
+    target = tmp_path / "event.json"
+    assert get_handler("record-to-file")(_event(), {"name": "record-to-file", "path": str(target)}, _context()) == "recorded job-1"
+    assert json.loads(target.read_text())["detail"]["TrainingJobName"] == "job-1"
+    RuleConfig.model_validate({"rule": CUSTOM_RULE, "actions": [{"name": "record-to-file", "path": str(target)}]})
+    with pytest.raises(ValueError, match="record-to-file"):  # the error lists the plug-in among the valid names
+        RuleConfig.model_validate({"rule": CUSTOM_RULE, "actions": [{"name": "nope"}]})
+
+
+@pytest.mark.slow
+def test_custom_action_runs_in_the_api_when_the_rule_fires(api_factory, tmp_path) -> None:
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    _install_action_plugin(plugin)
+    import os
+
+    api = api_factory(PYTHONPATH=os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", ""), str(REPO)]))
+    target = tmp_path / "fired.json"
+    spec = {
+        "name": "plugin-job",
+        "command": training_command("--steps", "8", "--blowup-at", "3"),
+        "hook_config": HOOK_EVERY_STEP,
+        "rules": [{"rule": CUSTOM_RULE, "name": "LossBlowup", "actions": [{"name": "record-to-file", "path": str(target)}]}],
+    }
+    status, body = api.request("POST", "/v1/jobs", spec)
+    assert status == 201, body
+    wait_for(target.exists, 60, "the plug-in action to run")
+    event = json.loads(target.read_text())
+    assert event["trainguard"]["alarm"] == "LossBlowup-IssuesFound"
+    assert event["trainguard"]["finding"]["fired"] is True
+    job = wait_for(lambda: (j := api.job("plugin-job"))["actions"] and j["actions"][0]["status"] == "Succeeded" and j, 20, "the run")
+    assert job["actions"][0]["detail"] == "recorded plugin-job"

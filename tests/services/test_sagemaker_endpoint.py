@@ -7,7 +7,7 @@ import json
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.services.conftest import CUSTOM_RULE, training_command, wait_for
+from tests.services.conftest import CUSTOM_RULE, REPO, training_command, wait_for
 
 AWS_RULES_IMAGE = "895741380848.dkr.ecr.us-west-2.amazonaws.com/sagemaker-debugger-rules:latest"
 AWS_EVALUATOR_IMAGE = "759209512951.dkr.ecr.us-west-2.amazonaws.com/sagemaker-debugger-rule-evaluator:latest"
@@ -208,3 +208,34 @@ def test_max_runtime_stops_the_job_as_max_runtime_exceeded(api) -> None:
     assert description["SecondaryStatus"] == "MaxRuntimeExceeded"
     assert description["SecondaryStatusTransitions"][-1]["StatusMessage"] == "MaxRuntimeInSeconds (3) exceeded"
     assert client.list_training_jobs(StatusEquals="Stopped")["TrainingJobSummaries"][0]["TrainingJobName"] == "too-slow"
+
+
+@pytest.mark.slow
+def test_custom_rule_from_source_s3_uri_as_the_sdk_sends_it(api, s3_endpoint, monkeypatch, tmp_path) -> None:
+    """Rule.custom(source=..., rule_to_invoke=...): the rule file is fetched from S3 by the runner."""
+    from tests.s3_server import create_bucket, s3_client, set_dummy_credentials
+
+    set_dummy_credentials(monkeypatch, tmp_path)
+    bucket = create_bucket(s3_endpoint)
+    source = (REPO / "tests" / "services" / "rules_for_tests.py").read_text()
+    s3_client(s3_endpoint).put_object(Bucket=bucket, Key="rules/my_rules.py", Body=source.encode())
+    api.kill()
+    api.environment["S3_ENDPOINT_URL"] = s3_endpoint
+    api.start()
+    client = api.sagemaker()
+    rules = [
+        {"RuleConfigurationName": "CustomLoss", "RuleEvaluatorImage": AWS_EVALUATOR_IMAGE,
+         "InstanceType": "ml.t3.medium", "VolumeSizeInGB": 30,
+         "RuleParameters": {"source_s3_uri": f"s3://{bucket}/rules/my_rules.py", "rule_to_invoke": "LossAboveThreshold",
+                            "threshold": "1000.0"}},
+    ]  # fmt: skip
+    client.create_training_job(**_request("custom-src", training_command("--steps", "8", "--blowup-at", "3"), rules))
+
+    def rule_done() -> dict | None:
+        description = client.describe_training_job(TrainingJobName="custom-src")
+        status = description["DebugRuleEvaluationStatuses"][0]
+        return status if status["RuleEvaluationStatus"] != "InProgress" else None
+
+    status = wait_for(rule_done, 90, "the custom rule to finish")
+    assert status["RuleEvaluationStatus"] == "IssuesFound", status
+    assert status["StatusDetails"].startswith("RuleEvaluationConditionMet: Evaluation of the rule LossAboveThreshold at step ")
