@@ -79,3 +79,23 @@ def test_restarted_api_follows_and_stops_a_running_job(api) -> None:
     assert job["stop_cause"] == "stopped by request"
     training = {c["role"]: c for c in job["components"]}["training"]
     assert training["state"] == "Exited" and training["exit_code"] != 0
+
+
+def test_runner_token_is_scoped_to_its_job_reports(api) -> None:
+    import json
+
+    for name in ("scoped-a", "scoped-b"):
+        status, body = api.request("POST", "/v1/jobs", _spec(name, 400, 0.05))
+        assert status == 201, body
+    spec_file = api.data_dir / "local" / "scoped-a" / "rule--LossWatch" / "spec.json"
+    wait_for(spec_file.exists, 30, "the rule component")
+    runner_token = json.loads(spec_file.read_text())["environment"]["TRAINGUARD_API_TOKEN"]
+    assert runner_token != api.token
+    report = {"configuration_name": "LossWatch", "status": "InProgress", "last_evaluated_step": 0}
+    assert api.request("POST", "/v1/internal/jobs/scoped-a/rules/LossWatch/status", report, token=runner_token)[0] == 200
+    assert api.request("POST", "/v1/internal/jobs/scoped-b/rules/LossWatch/status", report, token=runner_token)[0] == 401
+    assert api.request("GET", "/v1/jobs", token=runner_token)[0] == 401
+    assert api.request("POST", "/v1/jobs/scoped-b/stop", {}, token=runner_token)[0] == 401
+    for name in ("scoped-a", "scoped-b"):
+        assert api.request("POST", f"/v1/jobs/{name}/stop?grace_seconds=2", {})[0] == 202
+    wait_for(lambda: all(api.job(n)["status"] == "Stopped" for n in ("scoped-a", "scoped-b")), 60, "both stops")
