@@ -216,12 +216,16 @@ def test_loss_rules_use_xgboost_validation_metrics(tmp_path):
     assert all(set(r.details["losses"]) == {"validation-logloss"} for r in lnd)  # auc is not a loss
     overfit = evaluate_rule(over, "Overfit")
     assert overfit[-1].missing and "Overtraining" in overfit[-1].missing[0].what
+    # the over-fitted model confuses the classes of the validation data; judged from round 10
+    assert first_firing(evaluate_rule(over, "Confusion")) == 10
     # a gentle run keeps improving its validation loss: silent
     gentle, result = _train_with_validation(tmp_path, {"max_depth": 2, "eta": 0.05}, 40, name="gentle", noise=0.3)
     assert np.all(np.diff(result["validation"]["logloss"]) < 0)
     assert first_firing(evaluate_rule(gentle, "Overtraining:patience_validation=5")) is None
     assert first_firing(evaluate_rule(gentle, "LossNotDecreasing:num_steps=4")) is None
     assert first_firing(evaluate_rule(gentle, "Underfitting:warmup_steps=10")) is None
+    assert first_firing(evaluate_rule(gentle, "Confusion")) is None
+    assert first_firing(evaluate_rule(gentle, "ClassImbalance:samples=100")) is None
     # a learning rate far too small: the training logloss stays at its start
     stuck, _ = _train_with_validation(tmp_path, {"max_depth": 2, "eta": 0.0005}, 30, name="stuck")
     results = evaluate_rule(stuck, "Underfitting:warmup_steps=10")

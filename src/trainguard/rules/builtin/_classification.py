@@ -26,7 +26,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["class_ids", "label_prediction_pairs", "regex_problem"]
+__all__ = ["class_ids", "default_start_step", "label_prediction_pairs", "regex_problem"]
+
+DEEP_LEARNING_WARMUP_STEPS = 100
+XGBOOST_WARMUP_ROUNDS = 10
+
+
+def default_start_step(trial: Any) -> int:
+    """Steps before an untrained model's predictions stop counting: 100 training steps, or 10
+    boosting rounds in XGBoost runs (told by their ``trees``/``feature_importance`` tensors),
+    where one step is a whole tree and round 0 already predicts far better than chance."""
+    known = trial.collections()
+    for collection in ("trees", "feature_importance"):
+        if collection in known and trial.tensor_names(collection=collection):
+            return XGBOOST_WARMUP_ROUNDS
+    return DEEP_LEARNING_WARMUP_STEPS
 
 
 def regex_problem(value: str) -> str | None:

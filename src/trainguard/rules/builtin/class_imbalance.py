@@ -15,7 +15,8 @@ where the window is the last ``samples`` labels saved at global steps >= ``mispr
 Tensors: ``labels_regex`` ∪ collection ``labels`` and ``predictions_regex`` ∪ collection
 ``predictions`` (the PyTorch hook files a loss module's target and input there).
 
-Calibrated default: ``misprediction_start_step`` (trainguard only) 100, and mispredictions
+Calibrated default: ``misprediction_start_step`` (trainguard only) 100 (10 in XGBoost runs,
+whose steps are boosting rounds; unset = this automatic choice), and mispredictions
 over a sliding window instead of since the start. SageMaker counts mispredictions from the
 first step, when an untrained model mispredicts almost every class, so the documented rule
 fires on every healthy run; the imbalance check is unchanged (label counts do not depend on
@@ -30,7 +31,12 @@ from typing import Any
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._classification import class_ids, label_prediction_pairs, regex_problem
+from trainguard.rules.builtin._classification import (
+    class_ids,
+    default_start_step,
+    label_prediction_pairs,
+    regex_problem,
+)
 from trainguard.rules.builtin._losses import fmt, is_complete, read_values
 from trainguard.rules.params import Param
 
@@ -59,7 +65,8 @@ class ClassImbalance(Rule):
                          check=regex_problem)
     predictions_regex = Param(str, ".*predictions", "regex of the prediction tensors (also 'predictions')",
                               check=regex_problem)
-    misprediction_start_step = Param(int, 100, "global step from which predictions count for mispredictions",
+    misprediction_start_step = Param(int, None, "global step from which predictions count for mispredictions "
+                                     "(default: 100; 10 rounds in XGBoost runs)", optional=True,
                                      check=lambda value: None if value >= 0 else "must be >= 0",
                                      documented_default=0)
 
@@ -140,11 +147,16 @@ class ClassImbalance(Rule):
             y, predicted = ids
             for cls, count in zip(*np.unique(y, return_counts=True), strict=False):
                 self._counts[int(cls)] = self._counts.get(int(cls), 0) + int(count)
-            if step >= self.misprediction_start_step and y.size:
+            if step >= self._misprediction_start() and y.size:
                 self._window.append((y, predicted))
                 self._window_size += y.size
                 while self._window and self._window_size - self._window[0][0].size >= self.samples:
                     self._window_size -= self._window.popleft()[0].size
+
+    def _misprediction_start(self) -> int:
+        if self.misprediction_start_step is not None:
+            return self.misprediction_start_step
+        return default_start_step(self.base_trial)
 
     def _misprediction_rates(self) -> dict[int, float]:
         if self._window_size < self.samples:

@@ -20,7 +20,8 @@ Calibrated defaults:
   mostly wrong, or that is more than 30 % one specific other class: collapsed predictions,
   swapped or noisy labels between two classes.
 
-* ``start_step`` 100 (SageMaker: every step from 0): an untrained model's matrix is all
+* ``start_step`` 100, or 10 in XGBoost runs whose steps are boosting rounds (unset = this
+  automatic choice; SageMaker: every step from 0): an untrained model's matrix is all
   confusion, so the documented rule fires at the first step of every healthy run.
 * ``samples`` 500 (SageMaker: the current step only): one batch has a handful of samples per
   class, and a column with one wrong prediction out of two is noise, not confusion.
@@ -35,7 +36,12 @@ from typing import Any
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._classification import class_ids, label_prediction_pairs, regex_problem
+from trainguard.rules.builtin._classification import (
+    class_ids,
+    default_start_step,
+    label_prediction_pairs,
+    regex_problem,
+)
 from trainguard.rules.builtin._losses import fmt, is_complete, read_values
 from trainguard.rules.params import Param
 
@@ -64,7 +70,8 @@ class Confusion(Rule):
                      documented_default=0.9)
     max_off_diag = Param(float, 0.3, "maximum share of a predicted class that is one other class", check=_fraction,
                          documented_default=0.1)
-    start_step = Param(int, 100, "first global step judged", documented_default=0,
+    start_step = Param(int, None, "first global step judged (default: 100; 10 rounds in XGBoost runs)",
+                       optional=True, documented_default=0,
                        check=lambda value: None if value >= 0 else "must be >= 0")
     samples = Param(int, 500, "labels in the sliding window the matrix is built from",
                     documented_default="the current step only",
@@ -88,7 +95,8 @@ class Confusion(Rule):
                 return self.missing(step, MissingTensor("labels", self.labels_collection),
                                     MissingTensor("predictions", self.predictions_collection))
             return None
-        if step < self.start_step:
+        start = self.start_step if self.start_step is not None else default_start_step(trial)
+        if step < start:
             return None
         if step not in self._seen:
             self._seen.add(step)
