@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,13 +11,18 @@ from pathlib import Path
 from trainguard.profiler import read_step_timings, read_system_metrics, start_from_environment
 
 SCRIPT = """
+import sys, time
 import torch, torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 torch.manual_seed(0)
 model = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 data = TensorDataset(torch.randn(256, 1, 28, 28), torch.randint(0, 10, (256,)))
-for x, y in DataLoader(data, batch_size=32):
+delay = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
+def slow_collate(batch):
+    time.sleep(delay)  # a slow decoder
+    return torch.utils.data.default_collate(batch)
+for x, y in DataLoader(data, batch_size=16, collate_fn=slow_collate):
     loss = nn.functional.cross_entropy(model(x), y)
     optimizer.zero_grad()
     loss.backward()
@@ -26,7 +32,7 @@ print("trained")
 """
 
 
-def _run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Path, *script_args: str, **env: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     environment = {**os.environ, **env}
@@ -41,6 +47,7 @@ def _run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
         "--",
         sys.executable,
         str(script),
+        *script_args,
     ]
     return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=180, cwd=tmp_path)
 
@@ -50,8 +57,26 @@ def test_zero_code_run_writes_profiler_output(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "trained" in done.stdout
     steps = [s for s in read_step_timings(tmp_path / "run") if s.mode == "TRAIN"]
-    assert [s.step for s in steps] == list(range(8)) and all(s.backward > 0 for s in steps)
+    assert [s.step for s in steps] == list(range(16)) and all(s.backward > 0 for s in steps)
     assert any(m.dimension == "CPUUtilization" for m in read_system_metrics(tmp_path / "run"))
+
+
+def test_slow_collate_found_by_the_rule_runner(tmp_path: Path) -> None:
+    """End to end: zero-code capture + profiler, then the rule runner on the finished run."""
+    from trainguard.rules import RuleSpec, RuleStatus
+    from trainguard.rules.runner import RuleRunner
+
+    # 200 ms per batch in collate: far above the model's compute even on a busy machine
+    done = _run(
+        tmp_path, "0.2", TRAINGUARD_PROFILER="1", TRAINGUARD_PROFILER_INTERVAL_MS="100", TRAINGUARD_SAVE_INTERVAL="100"
+    )
+    assert done.returncode == 0, done.stderr
+    specs = [RuleSpec.parse("Dataloader"), RuleSpec.parse("CPUBottleneck")]
+    statuses = RuleRunner(str(tmp_path / "run"), specs, wait_timeout=30).run()
+    assert statuses["Dataloader"].status == RuleStatus.ISSUES_FOUND
+    findings = json.loads((tmp_path / "run" / "rule-output" / "Dataloader.json").read_text())["findings"]
+    assert any(finding["fired"] and "waiting for data" in finding["message"] for finding in findings)
+    assert statuses["CPUBottleneck"].status == RuleStatus.NO_ISSUES_FOUND  # no GPU here: cannot fire
 
 
 def test_zero_code_without_the_variable_writes_no_profiler_output(tmp_path: Path) -> None:
