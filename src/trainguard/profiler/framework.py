@@ -9,11 +9,12 @@ What is watched (installed by :meth:`TorchStepProfiler.install`, removed by :met
   directly is not seen, its time lands in "other");
 * every optimizer step (``register_optimizer_step_pre_hook`` / ``..._post_hook``).
 
-A step is: [first data fetch or end of previous step] → data → forward(s) → backward(s) →
-optimizer step(s). A TRAIN step closes at the next data fetch or root forward after an
-optimizer step (so two optimizers in one loop iteration make one step); an EVAL step (no grad,
-or the root module in eval mode) closes at the next fetch or root forward. Without a DataLoader,
-"data" is the gap between the previous step's end and the next forward.
+A step is: [end of previous step, or first data fetch] → data → forward(s) → backward →
+optimizer step(s). A TRAIN step closes at the next data fetch or root forward after its
+backward or optimizer step (so two optimizers in one loop iteration make one step, and with
+gradient accumulation each micro-batch is a step); an EVAL step (no grad, or the root module
+in eval mode) closes at the next fetch or root forward. Without a DataLoader, "data" is the gap
+between the previous step's end and the next forward.
 
 Each closed step becomes a ``Step:ModeKeys.<MODE>`` event whose args carry ``step_num``,
 ``data_us``, ``forward_us``, ``backward_us``, ``optimizer_us`` and ``dataloader_workers``; the
@@ -60,6 +61,13 @@ class _Step:
         self.forward = self.backward = self.optimizer = 0.0
         self.optimized = False
         self.workers = workers
+
+    @property
+    def complete(self) -> bool:
+        """The next fetch or root forward starts a new step: after an optimizer step or a
+        backward (loops without torch.optim, gradient accumulation: one step per backward), and
+        for EVAL after every forward."""
+        return self.optimized or self.backward > 0 or self.mode != "TRAIN"
 
 
 class _TimedIterator:
@@ -155,8 +163,7 @@ class TorchStepProfiler:
 
     @fail_open
     def _fetch_begin(self, now: float) -> None:
-        step = self._step
-        if step is not None and (step.optimized or step.mode != "TRAIN"):
+        if self._step is not None and self._step.complete:
             self._close_step()
         if self._pending_data_start is None:
             self._pending_data_start = now
@@ -181,7 +188,7 @@ class TorchStepProfiler:
         now = time.time()
         mode = "TRAIN" if module.training and torch.is_grad_enabled() else "EVAL"
         step = self._step
-        if step is not None and (step.optimized or step.mode != "TRAIN" or mode != step.mode):
+        if step is not None and (step.complete or mode != step.mode):
             self._close_step()
             step = None
         if step is None:
