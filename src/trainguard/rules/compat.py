@@ -132,23 +132,8 @@ class SmdebugRuleAdapter(NativeRule):
         self.other_trials = list(other_trials)
         self.action_json = action_json
         cls = self.wrapped_class
-        try:
-            signature = inspect.signature(cls.__init__)
-        except (TypeError, ValueError):
-            signature = None
-        accepted = dict(signature.parameters) if signature else {}
-        takes_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in accepted.values())
-        unknown = sorted(key for key in parameters if key not in accepted and not takes_kwargs)
-        if unknown:
-            valid = ", ".join(k for k in accepted if k not in ("self", "base_trial", "action_str", "other_trials")) or "(none)"
-            raise ConfigError(f"{cls.__name__}: unknown parameter(s) {', '.join(unknown)}; its constructor takes: {valid}")
-        arguments: dict[str, Any] = {}
-        for key, value in parameters.items():
-            default = accepted[key].default if key in accepted else inspect.Parameter.empty
-            try:
-                arguments[key] = _convert(value, default)
-            except ConfigError as error:
-                raise ConfigError(f"{cls.__name__}: parameter {key}: {error}") from None
+        arguments = self.check_parameters(parameters)
+        accepted = self._accepted()
         if "other_trials" in accepted and self.other_trials:
             arguments["other_trials"] = self.other_trials
         if "action_str" in accepted and action_json is not None:
@@ -157,6 +142,38 @@ class SmdebugRuleAdapter(NativeRule):
             self.wrapped = cls(base_trial, **arguments)
         except TypeError as error:
             raise ConfigError(f"{cls.__name__}: cannot be created with {sorted(arguments)}: {error}") from None
+
+    @classmethod
+    def _accepted(cls) -> dict[str, inspect.Parameter]:
+        try:
+            return dict(inspect.signature(cls.wrapped_class.__init__).parameters)
+        except (TypeError, ValueError):
+            return {}
+
+    @classmethod
+    def check_parameters(cls, parameters: dict[str, Any]) -> dict[str, Any]:
+        """Constructor arguments from rule parameters (strings converted by the defaults' types).
+
+        Raises:
+            ConfigError: a parameter the constructor does not take, or a value of the wrong type.
+        """
+        name = cls.wrapped_class.__name__
+        accepted = cls._accepted()
+        takes_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+        unknown = sorted(key for key in parameters if key not in accepted and key != "action_json" and not takes_kwargs)
+        if unknown:
+            valid = ", ".join(k for k in accepted if k not in ("self", "base_trial", "action_str", "other_trials")) or "(none)"
+            raise ConfigError(f"{name}: unknown parameter(s) {', '.join(unknown)}; its constructor takes: {valid}")
+        arguments: dict[str, Any] = {}
+        for key, value in parameters.items():
+            if key == "action_json":
+                continue
+            default = accepted[key].default if key in accepted else inspect.Parameter.empty
+            try:
+                arguments[key] = _convert(value, default)
+            except ConfigError as error:
+                raise ConfigError(f"{name}: parameter {key}: {error}") from None
+        return arguments
 
     @classmethod
     def name(cls) -> str:

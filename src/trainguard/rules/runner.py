@@ -144,7 +144,9 @@ def validate_specs(specs: Sequence[RuleSpec]) -> dict[str, type[Rule]]:
             )
         rule_class = resolve_rule_class(spec.rule)
         spec_actions(spec)
-        if not issubclass(rule_class, SmdebugRuleAdapter):
+        if issubclass(rule_class, SmdebugRuleAdapter):
+            rule_class.check_parameters(dict(spec.parameters))
+        else:
             declared = rule_class.parameters()
             unknown = sorted(set(spec.parameters) - set(declared) - _RESERVED)
             if unknown:
