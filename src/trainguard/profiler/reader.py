@@ -5,7 +5,7 @@
     steps = read_step_timings("runs/job1")         # list[StepTiming], by start time
 
 ``path`` is a run directory (holding ``profiler-output/``), the ``profiler-output`` folder
-itself, an ``s3://``/``memory://`` URL of either, or a Store. The readers understand files
+itself, an ``s3://``/``memory://`` URL of either, a Store, or a tensor Trial of the run. The readers understand files
 written by trainguard and by SageMaker (which has no forward/backward split: those fields are
 NaN there). For following a live run, :class:`SystemMetricsReader` and :class:`StepTimingReader`
 return only what is new on each :meth:`read_new` call.
@@ -92,7 +92,8 @@ class StepTiming:
 
 
 def locate_profiler_output(path: str | os.PathLike[str] | Store, **store_options: Any) -> tuple[Store, str]:
-    """(store, key prefix of profiler-output) for a run, its profiler-output folder, or a Store.
+    """(store, key prefix of profiler-output) for a run, its profiler-output folder, a Store or a
+    Trial (its store).
 
     A caching store is bypassed: profiler minute files grow during a run, so they are never
     served from a cache.
@@ -104,7 +105,8 @@ def locate_profiler_output(path: str | os.PathLike[str] | Store, **store_options
             return open_store(parent, **store_options), PROFILER_DIR + "/"
         store = open_store(text, **store_options)
     else:
-        store = getattr(path, "inner", path)
+        store = getattr(path, "store", path)  # a Trial: its store
+        store = getattr(store, "inner", store)
     if not store.list(PROFILER_DIR + "/")[:1] and (store.list(SYSTEM_PREFIX)[:1] or store.list(FRAMEWORK_PREFIX)[:1]):
         return store, ""
     return store, PROFILER_DIR + "/"
