@@ -229,3 +229,15 @@ def channel_axis(array: np.ndarray, channel: int | None) -> int:
     if array.ndim == 1:
         return 0
     return array.ndim - 1 if array.ndim == 3 else 1
+
+
+def check_regexes(rule: Any, parameter: str) -> None:
+    """Raise ConfigError naming ``parameter`` when one of its regexes does not compile."""
+    from trainguard.errors import ConfigError
+
+    value = getattr(rule, parameter)
+    for pattern in [value] if isinstance(value, str) else list(value or ()):
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ConfigError(f"{rule.name()}: parameter {parameter}={pattern!r} is not a valid regular expression: {error}") from None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import fmt, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import check_regexes, fmt, is_complete, read_values, select
 from trainguard.rules.params import Param
 
 DEFAULT_COLLECTIONS = ("weights", "gradients")
@@ -37,7 +37,7 @@ class AllZero(Rule):
                       check=lambda value: None if 0 < value <= 100 else "must be a percentage in (0, 100]")
 
     def validate(self) -> None:
-        self.regex_list(self.tensor_regex)
+        check_regexes(self, "tensor_regex")
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial

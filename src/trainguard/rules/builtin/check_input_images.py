@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import ChannelStats, fmt, is_complete, model_inputs, read_values, select
+from trainguard.rules.builtin._helpers import check_regexes, ChannelStats, fmt, is_complete, model_inputs, read_values, select
 from trainguard.rules.params import Param
 
 
@@ -39,7 +39,7 @@ class CheckInputImages(Rule):
         self._seen: set[int] = set()  # a step is counted once, however often it is evaluated
 
     def validate(self) -> None:
-        self.regex_list(self.regex)
+        check_regexes(self, "regex")
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import activation_axes, as_float, fmt, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import check_regexes, activation_axes, as_float, fmt, is_complete, read_values, select
 from trainguard.rules.params import Param
 
 
@@ -49,7 +49,7 @@ class DeadRelu(Rule):
         self._streak: dict[str, int] = {}
 
     def validate(self) -> None:
-        self.regex_list(self.tensor_regex)
+        check_regexes(self, "tensor_regex")
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import Rule, StepResult
-from trainguard.rules.builtin._helpers import is_complete, read_values, select
+from trainguard.rules.builtin._helpers import check_regexes, is_complete, read_values, select
 from trainguard.rules.params import Param
 
 
@@ -28,7 +28,7 @@ class ExplodingTensor(Rule):
     only_nan = Param(bool, False, "only NaN counts, not +/-inf")
 
     def validate(self) -> None:
-        self.regex_list(self.tensor_regex)
+        check_regexes(self, "tensor_regex")
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial

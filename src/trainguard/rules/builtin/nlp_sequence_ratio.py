@@ -17,7 +17,7 @@ import numpy as np
 
 from trainguard.errors import ConfigError
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import fmt, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import check_regexes, fmt, is_complete, read_values, select
 from trainguard.rules.params import Param
 
 DEFAULT_REGEX = ".*embedding0_input_0"
@@ -50,7 +50,7 @@ class NLPSequenceRatio(Rule):
         self._integer_inputs: dict[str, bool] = {}
 
     def validate(self) -> None:
-        self.regex_list(self.tensor_regex)
+        check_regexes(self, "tensor_regex")
         try:
             self.tokens = [int(float(value)) for value in _split(self.token_values)]
             thresholds = [float(value) for value in _split(self.token_thresholds_percent)]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import ChannelStats, channel_axis, fmt, is_complete, model_inputs, read_values, select
+from trainguard.rules.builtin._helpers import check_regexes, ChannelStats, channel_axis, fmt, is_complete, model_inputs, read_values, select
 from trainguard.rules.params import Param
 
 
@@ -50,7 +50,7 @@ class NotNormalizedData(Rule):
         self._seen: set[int] = set()  # a step is counted once, however often it is evaluated
 
     def validate(self) -> None:
-        self.regex_list(self.tensor_regex)
+        check_regexes(self, "tensor_regex")
 
     def _names(self, step: int) -> list[str]:
         if self.collection_names or self.tensor_regex:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import as_float, fmt, is_complete, read_values, select, training_mode
+from trainguard.rules.builtin._helpers import check_regexes, as_float, fmt, is_complete, read_values, select, training_mode
 from trainguard.modes import ModeKeys
 from trainguard.rules.params import Param
 
@@ -63,7 +63,7 @@ class PoorWeightInitialization(Rule):
         self._losses: dict[int, float] = {}
 
     def validate(self) -> None:
-        self.regex_list(self.activation_inputs_regex)
+        check_regexes(self, "activation_inputs_regex")
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial
@@ -83,8 +83,10 @@ class PoorWeightInitialization(Rule):
             return None
         values = read_values(trial, activations + gradients + losses, step)
         details: dict[str, object] = {}
-        problem = self._variance(activations, values, details) or self._gradients(gradients, values, details)
-        problem = problem or self._loss(step, losses, values, details)
+        # every condition runs every step: the loss history must not skip steps where another fired
+        found = [self._variance(activations, values, details), self._gradients(gradients, values, details),
+                 self._loss(step, losses, values, details)]
+        problem = next((text for text in found if text), None)
         if problem:
             return self.issue(step, problem, **details)
         return self.no_issue(step, **details)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import activation_axes, as_float, fmt, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import check_regexes, activation_axes, as_float, fmt, is_complete, read_values, select
 from trainguard.rules.params import Param
 
 
@@ -48,7 +48,7 @@ class SaturatedActivation(Rule):
     def validate(self) -> None:
         from trainguard.errors import ConfigError
 
-        self.regex_list(self.tensor_regex)
+        check_regexes(self, "tensor_regex")
         if self.threshold_tanh_min >= self.threshold_tanh_max:
             raise ConfigError(f"{self.name()}: threshold_tanh_min must be < threshold_tanh_max")
         if self.threshold_sigmoid_min >= self.threshold_sigmoid_max:

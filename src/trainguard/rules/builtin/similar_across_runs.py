@@ -18,7 +18,7 @@ import numpy as np
 
 from trainguard.errors import ConfigError
 from trainguard.rules.base import Rule, StepResult
-from trainguard.rules.builtin._helpers import fmt, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import check_regexes, fmt, is_complete, read_values, select
 from trainguard.rules.params import Param, parse_list
 
 _OTHER_TRIAL_KEY = re.compile(r"^other_trials?(_\d+)?$")
@@ -60,7 +60,7 @@ class SimilarAcrossRuns(Rule):
         return item
 
     def validate(self) -> None:
-        self.regex_list(self.tensor_regex)
+        check_regexes(self, "tensor_regex")
 
     def check(self, step: int) -> StepResult | None:
         if not is_complete(self.base_trial, step):

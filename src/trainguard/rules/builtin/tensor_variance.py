@@ -15,7 +15,7 @@ import numpy as np
 
 from trainguard.errors import ConfigError
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import as_float, fmt, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import check_regexes, as_float, fmt, is_complete, read_values, select
 from trainguard.rules.params import Param
 
 
@@ -35,7 +35,7 @@ class TensorVariance(Rule):
     min_threshold = Param(float, None, "fire when a variance is below this")
 
     def validate(self) -> None:
-        self.regex_list(self.tensor_regex)
+        check_regexes(self, "tensor_regex")
         if self.max_threshold is None and self.min_threshold is None:
             raise ConfigError(f"{self.name()}: give max_threshold and/or min_threshold (e.g. min_threshold=1e-5,max_threshold=10)")
         if self.max_threshold is not None and self.min_threshold is not None and self.min_threshold > self.max_threshold:

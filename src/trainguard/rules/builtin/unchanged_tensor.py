@@ -20,7 +20,7 @@ import numpy as np
 
 from trainguard.modes import ModeKeys
 from trainguard.rules.base import Rule, StepResult
-from trainguard.rules.builtin._helpers import is_complete, read_values, saved_steps, select
+from trainguard.rules.builtin._helpers import check_regexes, is_complete, read_values, saved_steps, select
 from trainguard.rules.params import Param
 
 DEFAULT_COLLECTIONS = ("weights", "biases", "gradients")
@@ -47,7 +47,7 @@ class UnchangedTensor(Rule):
         self._values: dict[tuple[str, int], np.ndarray] = {}
 
     def validate(self) -> None:
-        self.regex_list(self.tensor_regex)
+        check_regexes(self, "tensor_regex")
 
     def _names(self, step: int) -> list[str]:
         if self.collection_names or self.tensor_regex:
