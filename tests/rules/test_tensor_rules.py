@@ -122,8 +122,9 @@ def test_dead_relu_finds_tensors_by_collection_and_by_sagemaker_regex(tmp_path):
     by_collection = write_run(tmp_path / "a", {s: {"1_output_0": dead} for s in range(3)}, collections={"relu_output": ["1_output_0"]})
     by_name = write_run(tmp_path / "b", {s: {"dense0_relu_output": dead} for s in range(3)})
     unrelated = write_run(tmp_path / "c", {s: {"1_output_0": dead, "w.weight": np.ones(2)} for s in range(3)})
-    assert first_firing(evaluate_rule(by_collection, "DeadRelu")) == 2
-    assert first_firing(evaluate_rule(by_name, "DeadRelu:patience=1")) == 0
+    assert first_firing(evaluate_rule(by_collection, "DeadRelu")) == 0
+    assert first_firing(evaluate_rule(by_collection, "DeadRelu:patience=3")) == 2
+    assert first_firing(evaluate_rule(by_name, "DeadRelu")) == 0
     results = evaluate_rule(unrelated, "DeadRelu")
     assert not any(r.fired for r in results) and results[-1].missing
 
