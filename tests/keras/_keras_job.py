@@ -8,6 +8,7 @@ records what Keras itself reports (weights at each batch begin, batch logs, pred
 
 Scenarios:
     full      fit (with validation data) + evaluate + predict, hook saving every 2nd step
+    subclassed  a subclassed model with a nested custom layer (JAX: also run eagerly)
     failopen  the same fit from the same seed without a hook, with a hook whose gradient and
               output capture raises, and (JAX) with a capture step that raises; records the
               final weights and loss history of each run
@@ -149,6 +150,58 @@ def failopen(out_dir: str, record: str) -> None:
     np.savez(record, **results)
 
 
+class Block(keras.layers.Layer):
+    """A custom layer holding layers: found through the layer, not through ``model.layers``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = keras.layers.Conv2D(4, 3, activation="relu", name="conv")
+        self.bn = keras.layers.BatchNormalization(name="bn")
+
+    def call(self, x, training=None):
+        return self.bn(self.conv(x), training=training)
+
+
+class Net(keras.Model):
+    def __init__(self):
+        super().__init__(name="net")
+        self.block = Block(name="block")
+        self.drop = keras.layers.Dropout(0.3, name="drop")
+        self.flat = keras.layers.Flatten(name="flat")
+        self.head = keras.layers.Dense(3, name="head")
+
+    def call(self, x, training=None):
+        return self.head(self.flat(self.drop(self.block(x, training=training), training=training)))
+
+
+def subclassed(out_dir: str, record: str) -> None:
+    """A subclassed model with a nested custom layer, compiled with Keras's defaults and (JAX:
+    the capture step is then not jitted) ``run_eagerly=True``; records the names, weights and
+    enabled state of each run. (torch's ``jit_compile=True``, torch.compile, takes a minute to
+    compile: not tested here; gradients are captured there, layer tensors are not.)"""
+    rng = np.random.default_rng(2)
+    x, y = rng.random((16, 8, 8, 1)).astype("float32"), rng.integers(0, 3, 16)
+    results = {}
+    runs = [("default", {})] + ([("eager", {"run_eagerly": True})] if keras.backend.backend() == "jax" else [])
+    for label, options in runs:
+        keras.utils.set_random_seed(0)
+        model = Net()
+        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), **options)
+        recorder = Recorder()
+        hook = tg.KerasHook(
+            f"{out_dir}/{label}",
+            save_config=tg.SaveConfig(save_interval=2),
+            include_collections=["weights", "biases", "gradients", "losses", "outputs"],
+        )
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[recorder, hook])
+        hook.close()
+        results[f"{label}_enabled"] = np.array(hook.enabled)
+        results[f"{label}_paths"] = np.array([w.path for w in model.weights])
+        for index in range(len(model.weights)):
+            results[f"{label}_weights_{index}"] = np.stack([step[index] for step in recorder.weights])
+    np.savez(record, **results)
+
+
 if __name__ == "__main__":
     scenario, out, record_path = sys.argv[1:4]
-    {"full": full, "failopen": failopen}[scenario](out, record_path)
+    {"full": full, "failopen": failopen, "subclassed": subclassed}[scenario](out, record_path)

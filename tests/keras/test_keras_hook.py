@@ -169,3 +169,28 @@ def test_fail_open_training_is_unchanged(backend, tmp_path):
         for index in range(4):
             np.testing.assert_array_equal(record[f"{label}_weight_{index}"], record[f"plain_weight_{index}"])
     assert str(record["stderr"]).count("trainguard: capture disabled") == (2 if backend == "jax" else 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_subclassed_model_with_nested_layers(backend, tmp_path):
+    out, record = run_job(backend, "subclassed", tmp_path)
+    for label in ("default", "eager") if backend == "jax" else ("default",):
+        assert record[f"{label}_enabled"]
+        trial = create_trial(out / label)
+        assert trial.steps() == [0, 2]
+        names = [str(path).split("/", 1)[1] for path in record[f"{label}_paths"]]
+        saved = set(trial.tensor_names(collection="weights")) | set(trial.tensor_names(collection="biases"))
+        assert saved == set(names)
+        for step in (0, 2):
+            for index, name in enumerate(names):
+                np.testing.assert_array_equal(trial.tensor(name).value(step), record[f"{label}_weights_{index}"][step])
+        gradients = {f"gradients/{name}" for name in names if "moving" not in name}
+        assert set(trial.tensor_names(collection="gradients")) == gradients
+        for name in gradients:
+            value = trial.tensor(name).value(2)
+            assert np.isfinite(value).all() and np.abs(value).sum() > 0
+        outputs = set(trial.tensor_names(collection="outputs"))
+        assert outputs == {f"{layer}_output_0" for layer in ("net", "block", "conv", "bn", "drop", "flat", "head")}
+        assert "conv_output_0" in trial.collection("relu_output").tensor_names
+        assert trial.tensor("conv_output_0").value(0).shape == (4, 6, 6, 4)

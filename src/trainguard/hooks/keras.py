@@ -103,6 +103,14 @@ def _unique(name: str, taken: set[str]) -> str:
     return candidate
 
 
+def _children(layer: Any) -> list[Any]:
+    """The layers directly inside ``layer``: a model's, and those of a custom layer's attributes."""
+    flatten = getattr(layer, "_flatten_layers", None)  # every Keras 3 layer has it; .layers only models
+    if flatten is not None:
+        return list(flatten(include_self=False, recursive=False))
+    return list(getattr(layer, "layers", None) or [])
+
+
 class KerasHook(BaseHook, keras.callbacks.Callback):
     """Captures a Keras 3 model's tensors: pass it to ``fit``/``evaluate``/``predict`` callbacks.
 
@@ -202,7 +210,7 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
             activation = getattr(getattr(layer, "activation", None), "__name__", None)
             if activation in _ACTIVATIONS:
                 self.add_membership(f"{name}_output_0", f"{activation}_output")
-            pending.extend((child, name if layer is not model else "") for child in getattr(layer, "layers", []) or [])
+            pending.extend((child, name if layer is not model else "") for child in _children(layer))
         wanted = self._wanted_now if BACKEND == "torch" else self._wanted_ever
         self._spies = LayerSpies(self._layers, wanted, self.disable)
         self._named_model = model
