@@ -31,16 +31,26 @@ def unavailable(reason: str) -> None:
 
 
 def docker_client():  # noqa: ANN201 - docker.DockerClient
+    """A client of a running engine; as root, installs and starts one first if none answers."""
     try:
         import docker
     except ImportError:
         unavailable("the Docker SDK is missing: pip install 'docker>=7,<8'")
-    try:
-        client = docker.from_env(timeout=30)
-        client.ping()
-        return client
-    except Exception as error:  # noqa: BLE001
-        unavailable(f"no Docker engine answers ({error}); as root: bash infra/setup_docker.sh")
+    for attempt in ("as is", "after infra/setup_docker.sh"):
+        try:
+            client = docker.from_env(timeout=30)
+            client.ping()
+            return client
+        except Exception as error:  # noqa: BLE001 - any failure to reach the engine
+            reason = f"no Docker engine answers ({error})"
+        if attempt == "as is" and os.geteuid() == 0:
+            result = subprocess.run(["bash", "infra/setup_docker.sh"], cwd=REPO, capture_output=True, text=True,
+                                    timeout=600)  # fmt: skip
+            if result.returncode != 0:
+                unavailable(f"{reason}, and infra/setup_docker.sh failed:\n{result.stderr[-2000:]}")
+        else:
+            break
+    unavailable(f"{reason}; Docker needs root to install and start: sudo bash infra/setup_docker.sh")
 
 
 def require_image(client, image: str, build_script: str) -> None:  # noqa: ANN001
