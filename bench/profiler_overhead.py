@@ -1,8 +1,8 @@
 """Training-step overhead of trainguard's profiler on the reference CNN (CPU, one torch thread).
 
-    python bench/profiler_overhead.py              # 9 rounds x 300 timed steps per configuration
-    python bench/profiler_overhead.py --quick      # smoke run: 2 rounds x 100 steps
-    python bench/profiler_overhead.py --rounds 12 --steps 150   # more, shorter rounds (noisy machines)
+    python bench/profiler_overhead.py              # 30 rounds x 60 timed steps per configuration
+    python bench/profiler_overhead.py --quick      # smoke run: 2 rounds x 50 steps
+    python bench/profiler_overhead.py --rounds 60 --steps 40    # more, shorter rounds (noisier machines)
 
 The table it prints is markdown, ready for bench/RESULTS.md.
 
@@ -68,9 +68,12 @@ def make_cnn() -> nn.Module:
     return model
 
 
-def measure(config: dict | None, steps: int, warmup: int, data: list, out_root: str) -> tuple[list[float], float]:
-    """Wall time of each timed step, and process CPU seconds per timed step (all threads: the
-    sampler's work is included; other processes' load on a shared machine is not)."""
+def measure(
+    config: dict | None, steps: int, warmup: int, data: list, out_root: str
+) -> tuple[list[float], float, float]:
+    """Wall time of each timed step, process CPU seconds per timed step (all threads: the
+    sampler's work is included; other processes' load on a shared machine is not), and the
+    profiler thread's CPU time as a fraction of the run's wall time."""
     torch.manual_seed(0)
     model = make_cnn()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -80,6 +83,7 @@ def measure(config: dict | None, steps: int, warmup: int, data: list, out_root: 
         profiler = Profiler(tempfile.mkdtemp(dir=out_root), **config).start()
     times = []
     cpu_start = 0.0
+    wall_start = time.perf_counter()
     try:
         for index in range(warmup + steps):
             x, y = data[index % len(data)]
@@ -96,7 +100,8 @@ def measure(config: dict | None, steps: int, warmup: int, data: list, out_root: 
     finally:
         if profiler is not None:
             profiler.stop()
-    return times, cpu_per_step
+    thread_share = profiler.thread_cpu_s / (time.perf_counter() - wall_start) if profiler is not None else 0.0
+    return times, cpu_per_step, thread_share
 
 
 def sample_cost(samples: int, out_root: str) -> tuple[float, float, int]:
@@ -126,8 +131,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--steps", type=int)
     args = parser.parse_args()
-    rounds = args.rounds or (2 if args.quick else 9)
-    steps = args.steps or (100 if args.quick else 300)
+    rounds = args.rounds or (2 if args.quick else 30)
+    steps = args.steps or (50 if args.quick else 60)
     warmup = 20
     torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(0)
@@ -139,13 +144,15 @@ def main() -> None:
     ratios: dict[str, list[float]] = {name: [] for name in CONFIGS}
     cpu: dict[str, list[float]] = {name: [] for name in CONFIGS}
     cpu_ratios: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    thread_shares: dict[str, list[float]] = {name: [] for name in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="tg-profiler-bench-") as out_root:
         for round_index in range(rounds):
             order = list(CONFIGS) if round_index % 2 == 0 else list(reversed(CONFIGS))
             result = {}
             for name in order:
-                times, cpu_per_step = measure(CONFIGS[name], steps, warmup, data, out_root)
+                times, cpu_per_step, thread_share = measure(CONFIGS[name], steps, warmup, data, out_root)
                 result[name] = (statistics.median(times), statistics.fmean(times), cpu_per_step)
+                thread_shares[name].append(thread_share)
             for name, (median, mean, cpu_per_step) in result.items():
                 medians[name].append(median)
                 means[name].append(mean)
@@ -161,15 +168,15 @@ def main() -> None:
           f"{os.cpu_count()} CPUs")  # fmt: skip
     header = (
         "| configuration | median step (ms) | wall slowdown (median over rounds) | min..max | "
-        "CPU per step (ms) | CPU-time slowdown (median) | min..max |"
+        "CPU per step (ms) | CPU-time slowdown (median) | min..max | profiler thread CPU (% of wall) |"
     )
-    rows = [header, "|---|---|---|---|---|---|---|"]
+    rows = [header, "|---|---|---|---|---|---|---|---|"]
     for name in CONFIGS:
         r, c = ratios[name], cpu_ratios[name]
         rows.append(
             f"| {name} | {statistics.median(medians[name]) * 1000:.2f} | {statistics.median(r):.3f}x | "
             f"{min(r):.3f}..{max(r):.3f} | {statistics.median(cpu[name]) * 1000:.2f} | {statistics.median(c):.3f}x | "
-            f"{min(c):.3f}..{max(c):.3f} |"
+            f"{min(c):.3f}..{max(c):.3f} | {100 * statistics.median(thread_shares[name]):.3f} |"
         )
     print("\n".join(rows))
     print(f"\none system sample ({records} records: read /proc, NVML if present, append lines): "

@@ -106,6 +106,7 @@ class Profiler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.samples = 0
+        self.thread_cpu_s = 0.0  # CPU seconds used by the background thread (set at stop)
 
     @property
     def url(self) -> str:
@@ -200,6 +201,7 @@ class Profiler:
             self._tick()  # a last sample so short runs get at least two
         except Exception as error:  # noqa: BLE001
             self._disable(error)
+        self.thread_cpu_s = time.thread_time()  # everything the background thread cost
 
     def _tick(self) -> None:
         now = time.time()
