@@ -51,6 +51,12 @@ class Recorder(keras.callbacks.Callback):
         self.weights: list[list[np.ndarray]] = []  # at each TRAIN batch begin
         self.logs: list[tuple[str, dict[str, float]]] = []  # (mode, logs) of every batch
 
+    hook = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.hook is not None:
+            self.hook.save_scalar("epoch", epoch)
+
     def on_train_batch_begin(self, batch, logs=None):
         self.weights.append([np.array(keras.ops.convert_to_numpy(w)) for w in self.model.weights])
 
@@ -73,6 +79,7 @@ def full(out_dir: str, record: str) -> None:
         include_collections=["weights", "biases", "gradients", "losses", "metrics", "outputs"],
         reduction_config=tg.ReductionConfig(norms=["l2"], save_raw_tensor=True),
     )
+    recorder.hook = hook
     model.fit(
         X,
         Y,

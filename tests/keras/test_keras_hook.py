@@ -153,6 +153,14 @@ def test_losses_and_metrics_are_kerass_logs(full_run):
     assert ModeKeys.PREDICT.value not in {trial.mode(step).value for step in trial.tensor("loss").steps()}
 
 
+def test_save_scalar_goes_with_the_next_saved_step(full_run):
+    trial, _, _ = full_run
+    epoch = trial.tensor("scalar/epoch")  # saved at each epoch begin: TRAIN steps 0 and 4
+    assert epoch.steps() == [0, 6]
+    assert [float(epoch.value(step)[0]) for step in (0, 6)] == [0.0, 1.0]
+    assert "scalar/epoch" in trial.tensor_names(collection="scalars")
+
+
 def test_predict_outputs_are_the_predictions(full_run):
     trial, record, _ = full_run
     np.testing.assert_allclose(trial.tensor("net_output_0").value(14), record["predictions"][:8], rtol=1e-6)

@@ -380,9 +380,11 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
             self._pending_gradients = None
             return
         for key, value in (logs or {}).items():
-            if isinstance(value, (int, float, np.floating, np.integer)) or np.ndim(value) == 0:
-                self.add_membership(key, "losses" if "loss" in key else "metrics")
-                self.capture(key, np.asarray(value, dtype=np.float64))
+            number = np.asarray(value)
+            if number.ndim != 0 or number.dtype.kind not in "biuf":
+                continue  # not a scalar (a custom metric may log anything): not a loss or metric
+            self.add_membership(key, "losses" if "loss" in key else "metrics")
+            self.capture(key, number.astype(np.float64))
         model = self._model
         if self.mode == ModeKeys.TRAIN and model is not None and BACKEND == "torch":
             # Keras's torch train_step leaves the gradients in .grad until the next step.
@@ -428,9 +430,9 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
         self._held[name] = (plan, raw, reduced)
 
     def _on_step_end(self) -> None:
-        for name, value in self._pending_scalars.items():
-            self.capture(name, np.array([value], dtype=np.float64))
-        self._pending_scalars.clear()
+        scalars, self._pending_scalars = self._pending_scalars, {}
+        for name, value in scalars.items():  # whatever the schedule of the scalars collection
+            self.write_tensor(name, np.array([value], dtype=np.float64), nbytes=8)
         held, self._held = self._held, {}
         for name, (plan, raw, reduced) in held.items():
             if raw is not None:
@@ -444,7 +446,7 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
     # -- user API -----------------------------------------------------------------------------------
     @fail_open
     def save_scalar(self, name: str, value: Any, sm_metric: bool = False) -> None:
-        """Save a number as ``scalar/<name>`` at the end of the current (or next) saved step."""
+        """Save a number as ``scalar/<name>`` with the current step if it saves, else the next that does."""
         tensor_name = f"scalar/{name}"
         if sm_metric:
             self.add_membership(tensor_name, "sm_metrics")
