@@ -25,8 +25,8 @@ COLLECTIONS = [
 class Config:
     """What to train and which fault to plant."""
 
-    model: str = "mlp"  # mlp | cnn | deep_sigmoid | deep_tanh | embedding | wide_mlp
-    optimizer: str = "sgd"  # sgd | adam
+    model: str = "mlp"  # mlp | deep_mlp | cnn | deep_sigmoid | deep_tanh | embedding | wide_mlp
+    optimizer: str = "sgd"  # sgd | sgd_momentum | adam
     lr: float | None = None  # None: 0.1 for SGD, 0.001 for Adam
     steps: int = 60
     batch: int = 32
@@ -41,6 +41,7 @@ class Config:
     depth: int = 7  # activation layers of the deep_sigmoid / deep_tanh stacks
     train_size: int | None = None  # a fixed small training set, cycled (overfitting)
     classes: int = 4
+    binary: bool = False  # 2 classes, one output logit, BCEWithLogitsLoss
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,13 @@ def build_model(config: Config, data: Data) -> Any:
     import torch
     from torch import nn
 
-    classes = config.classes
-    if config.model == "mlp":
+    classes = 1 if config.binary else config.classes
+    if config.model == "deep_mlp":
+        hidden: list[nn.Module] = []
+        for index in range(5):
+            hidden += [nn.Linear(data.features if index == 0 else 64, 64), nn.ReLU()]
+        model = nn.Sequential(*hidden, nn.Linear(64, classes))
+    elif config.model == "mlp":
         model = nn.Sequential(nn.Linear(data.features, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, classes))
     elif config.model == "wide_mlp":
         model = nn.Sequential(nn.Linear(data.features, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, classes))
@@ -217,10 +223,13 @@ def train(out_dir: str, config: Config) -> str:
     torch.manual_seed(config.seed)
     data = Data(config)
     model = build_model(config, data)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = nn.BCEWithLogitsLoss() if config.binary else nn.CrossEntropyLoss()
     parameters = [p for p in model.parameters() if p.requires_grad]
-    lr = config.lr if config.lr is not None else (0.1 if config.optimizer == "sgd" else 0.001)
-    optimizer = torch.optim.SGD(parameters, lr=lr) if config.optimizer == "sgd" else torch.optim.Adam(parameters, lr=lr)
+    lr = config.lr if config.lr is not None else (0.001 if config.optimizer == "adam" else 0.1)
+    if config.optimizer == "adam":
+        optimizer = torch.optim.Adam(parameters, lr=lr)
+    else:
+        optimizer = torch.optim.SGD(parameters, lr=lr, momentum=0.9 if config.optimizer == "sgd_momentum" else 0.0)
     hook = tg.Hook(os.fspath(out_dir), save_config=tg.SaveConfig(save_interval=config.save_interval),
                    include_collections=list(COLLECTIONS))
     hook.register_module(model)
@@ -232,7 +241,7 @@ def train(out_dir: str, config: Config) -> str:
             model.train()
             x, y = data.train_batch()
             optimizer.zero_grad()
-            loss = loss_fn(model(as_input(x)), torch.from_numpy(y).long())
+            loss = loss_fn(*_outputs_and_targets(model(as_input(x)), y, config))
             loss.backward()
             optimizer.step()
             if config.validation and (step + 1) % config.eval_every == 0:
@@ -241,10 +250,18 @@ def train(out_dir: str, config: Config) -> str:
                 with torch.no_grad():
                     for _ in range(2):
                         vx, vy = data.eval_batch()
-                        loss_fn(model(as_input(vx)), torch.from_numpy(vy).long())
+                        loss_fn(*_outputs_and_targets(model(as_input(vx)), vy, config))
     finally:
         hook.close()
     return os.fspath(out_dir)
+
+
+def _outputs_and_targets(output: Any, labels: np.ndarray, config: Config) -> tuple[Any, Any]:
+    import torch
+
+    if config.binary:
+        return output.squeeze(1), torch.from_numpy(labels).float()
+    return output, torch.from_numpy(labels).long()
 
 
 # -- the cases ----------------------------------------------------------------------------------
@@ -259,6 +276,13 @@ def _healthy() -> list[Case]:
                 cases.append(Case(name, Config(model=model, optimizer=optimizer, seed=seed, validation=validation,
                                                save_interval=1 if seed == 0 else 2),
                                   kind="healthy", description=f"{model.upper()}, default init, {optimizer}"))
+    cases.append(Case("healthy-deep-mlp-sgdm-s0", Config(model="deep_mlp", optimizer="sgd_momentum", lr=0.1, batch=64), kind="healthy",
+                      description="5 hidden ReLU layers, default init, SGD momentum 0.9"))
+    cases.append(Case("healthy-deep-mlp-adam-val-s1", Config(model="deep_mlp", optimizer="adam", seed=1, validation=True,
+                                                            save_interval=2),
+                      kind="healthy", description="5 hidden ReLU layers, default init, adam"))
+    cases.append(Case("healthy-binary-mlp-adam-val-s0", Config(binary=True, classes=2, optimizer="adam", validation=True),
+                      kind="healthy", description="binary MLP, one output logit, BCEWithLogitsLoss, adam"))
     cases.append(Case("healthy-embedding-adam-s0", Config(model="embedding", optimizer="adam", lr=0.01, inputs="tokens"),
                       kind="healthy", description="embedding bag, unpadded tokens"))
     return cases
