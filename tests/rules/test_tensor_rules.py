@@ -24,6 +24,7 @@ def fired_steps(results):
 
 # -- VanishingGradient ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_vanishing_gradient_matches_oracle(tmp_path, seed):
     rng = np.random.default_rng(seed)
@@ -53,6 +54,7 @@ def test_vanishing_gradient_skips_non_finite_and_reports_missing_gradients(tmp_p
 
 # -- ExplodingTensor ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("only_nan", [False, True])
 def test_exploding_tensor_matches_oracle(tmp_path, seed, only_nan):
@@ -74,14 +76,20 @@ def test_exploding_tensor_matches_oracle(tmp_path, seed, only_nan):
 
 
 def test_exploding_tensor_selection_is_union_of_collections_and_regex(tmp_path):
-    steps = {0: {"gradient/w": np.array([np.inf]), "x.weight": np.ones(2)}, 1: {"gradient/w": np.ones(1), "x.weight": np.array([np.nan])}}
+    steps = {
+        0: {"gradient/w": np.array([np.inf]), "x.weight": np.ones(2)},
+        1: {"gradient/w": np.ones(1), "x.weight": np.array([np.nan])},
+    }
     path = write_run(tmp_path / "run", steps)
     assert fired_steps(evaluate_rule(path, RuleSpec("ExplodingTensor", {"collection_names": "gradients"}))) == [0]
     assert fired_steps(evaluate_rule(path, RuleSpec("ExplodingTensor", {"tensor_regex": "x\\..*"}))) == [1]
-    assert fired_steps(evaluate_rule(path, RuleSpec("ExplodingTensor", {"collection_names": "gradients", "tensor_regex": "x\\..*"}))) == [0, 1]
+    assert fired_steps(
+        evaluate_rule(path, RuleSpec("ExplodingTensor", {"collection_names": "gradients", "tensor_regex": "x\\..*"}))
+    ) == [0, 1]
 
 
 # -- DeadRelu and SaturatedActivation ---------------------------------------------------------------
+
 
 def node_activity(array, active):
     """Oracle: percent of samples in which each node (axis 1 of 2-D, channel of 4-D) is active."""
@@ -119,7 +127,9 @@ def test_dead_relu_matches_oracle(tmp_path, seed, patience):
 
 def test_dead_relu_finds_tensors_by_collection_and_by_sagemaker_regex(tmp_path):
     dead = np.zeros((8, 4))
-    by_collection = write_run(tmp_path / "a", {s: {"1_output_0": dead} for s in range(3)}, collections={"relu_output": ["1_output_0"]})
+    by_collection = write_run(
+        tmp_path / "a", {s: {"1_output_0": dead} for s in range(3)}, collections={"relu_output": ["1_output_0"]}
+    )
     by_name = write_run(tmp_path / "b", {s: {"dense0_relu_output": dead} for s in range(3)})
     unrelated = write_run(tmp_path / "c", {s: {"1_output_0": dead, "w.weight": np.ones(2)} for s in range(3)})
     assert first_firing(evaluate_rule(by_collection, "DeadRelu")) == 0
@@ -144,7 +154,8 @@ def test_saturated_activation_matches_oracle(tmp_path, seed):
             value = rng.normal(size=(20, nodes)) * 2 + offsets
             tensors[name] = value
             low, high = bounds[kind]
-            saturated = 100.0 * np.mean(node_activity(value, lambda a: (a > low) & (a < high)) < 1.0)
+            activity = node_activity(value, lambda a, low=low, high=high: (a > low) & (a < high))
+            saturated = 100.0 * np.mean(activity < 1.0)
             fired = fired or saturated > 50.0
         steps[step] = tensors
         if fired:
@@ -165,6 +176,7 @@ def test_saturated_activation_uses_the_sigmoid_bounds_for_sigmoid_inputs(tmp_pat
 
 
 # -- WeightUpdateRatio ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("num_steps", [None, 2])
@@ -219,6 +231,7 @@ def test_weight_update_ratio_hints_differ_for_large_and_small(tmp_path):
 
 # -- PoorWeightInitialization ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_poor_weight_initialization_matches_oracle(tmp_path, seed):
     rng = np.random.default_rng(seed)
@@ -227,8 +240,10 @@ def test_poor_weight_initialization_matches_oracle(tmp_path, seed):
     stuck = rng.random() < 0.5
     for step in range(14):
         relu_in = {f"{i}_input_0": rng.normal(size=(8, 6)) * 10 ** rng.uniform(-2.2, 0.2) for i in (1, 3)}
-        grads = {"gradient/fc.weight": rng.normal(size=(6, 6)) * (0.0 if rng.random() < 0.15 else 1e-3),
-                 "gradient/fc.bias": np.zeros(6)}  # too small to judge
+        grads = {
+            "gradient/fc.weight": rng.normal(size=(6, 6)) * (0.0 if rng.random() < 0.15 else 1e-3),
+            "gradient/fc.bias": np.zeros(6),
+        }  # too small to judge
         loss = 1.3863 if stuck else 1.4 - 0.01 * step + rng.normal() * 0.02
         steps[step] = {**relu_in, **grads, "CrossEntropyLoss_output_0": np.array([loss])}
         if step > horizon:
@@ -250,15 +265,22 @@ def test_poor_weight_initialization_matches_oracle(tmp_path, seed):
 
 # -- parameters as SageMaker sends them -----------------------------------------------------------
 
+
 def test_parameters_parse_from_sagemaker_strings(tmp_path):
     trial = create_trial(write_run(tmp_path / "run", {0: {"gradient/w": np.ones(2)}}))
-    rule = create_rule(trial, RuleSpec("WeightUpdateRatio", {"num_steps": "None", "large_threshold": "5", "epsilon": "1e-6"}))
+    rule = create_rule(
+        trial, RuleSpec("WeightUpdateRatio", {"num_steps": "None", "large_threshold": "5", "epsilon": "1e-6"})
+    )
     assert rule.num_steps is None and rule.large_threshold == 5.0 and rule.epsilon == 1e-6
-    rule = create_rule(trial, RuleSpec("ExplodingTensor", {"only_nan": "True", "collection_names": "gradients,weights"}))
+    rule = create_rule(
+        trial, RuleSpec("ExplodingTensor", {"only_nan": "True", "collection_names": "gradients,weights"})
+    )
     assert rule.only_nan is True and rule.collection_names == ["gradients", "weights"]
     rule = create_rule(trial, "DeadRelu:tensor_regex=None,threshold_layer=75")
     assert rule.tensor_regex is None and rule.threshold_layer == 75.0
-    rule = create_rule(trial, RuleSpec("PoorWeightInitialization", {"activation_inputs_regex": ".*relu_input", "steps": "20"}))
+    rule = create_rule(
+        trial, RuleSpec("PoorWeightInitialization", {"activation_inputs_regex": ".*relu_input", "steps": "20"})
+    )
     assert rule.activation_inputs_regex == [".*relu_input"] and rule.steps == 20
     assert create_rule(trial, "SaturatedActivation").threshold_tanh_max == 9.4999
     with pytest.raises(ConfigError, match="threshold_tanh_min"):

@@ -13,8 +13,17 @@ from trainguard.trial import create_trial
 
 SEEDS = range(5)
 MY_RULES = [
-    "AllZero", "CheckInputImages", "DeadRelu", "ExplodingTensor", "NLPSequenceRatio", "NotNormalizedData",
-    "PoorWeightInitialization", "SaturatedActivation", "UnchangedTensor", "VanishingGradient", "WeightUpdateRatio",
+    "AllZero",
+    "CheckInputImages",
+    "DeadRelu",
+    "ExplodingTensor",
+    "NLPSequenceRatio",
+    "NotNormalizedData",
+    "PoorWeightInitialization",
+    "SaturatedActivation",
+    "UnchangedTensor",
+    "VanishingGradient",
+    "WeightUpdateRatio",
 ]
 
 
@@ -23,6 +32,7 @@ def fired_steps(results):
 
 
 # -- AllZero --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_all_zero_matches_oracle(tmp_path, seed):
@@ -52,6 +62,7 @@ def test_all_zero_ignores_zero_biases_by_default_but_checks_them_when_asked(tmp_
 
 # -- TensorVariance -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_tensor_variance_matches_oracle(tmp_path, seed):
     rng = np.random.default_rng(seed)
@@ -76,6 +87,7 @@ def test_tensor_variance_needs_a_threshold(tmp_path):
 
 
 # -- UnchangedTensor ------------------------------------------------------------------------------
+
 
 def test_unchanged_tensor_sagemaker_conformance_vector(tmp_path):
     """Deleted SageMaker test_unchanged.py: foo_* = ones at steps 0-2, new boo_* at step 5."""
@@ -105,7 +117,8 @@ def test_unchanged_tensor_matches_oracle(tmp_path, seed, num_steps):
             continue
         window = [steps[p] for p in range(step - num_steps + 1, step + 1)]
         for name in current:
-            if all(np.allclose(a[name], b[name], rtol=1e-5, atol=1e-8) for a, b in zip(window, window[1:])):
+            pairs = zip(window, window[1:], strict=False)
+            if all(np.allclose(a[name], b[name], rtol=1e-5, atol=1e-8) for a, b in pairs):
                 expected.append(step)
                 break
     path = write_run(tmp_path / "run", steps)
@@ -126,6 +139,7 @@ def test_unchanged_tensor_does_not_judge_weights_during_evaluation(tmp_path):
 
 
 # -- SimilarAcrossRuns ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_similar_across_runs_matches_oracle(tmp_path, seed):
@@ -152,9 +166,13 @@ def test_similar_across_runs_needs_another_trial(tmp_path):
 
 # -- NotNormalizedData and CheckInputImages -------------------------------------------------------
 
+
 def model_run(tmp_path, name, batches, **kwargs):
     """A run whose model is 'Net': inputs Net_input_0 plus a weight, as the PyTorch hook names them."""
-    steps = {s: {"Net_input_0": batch, "Net_fc.weight": np.ones((2, 2)), "fc_input_0": batch * 0 + 99} for s, batch in enumerate(batches)}
+    steps = {
+        s: {"Net_input_0": batch, "Net_fc.weight": np.ones((2, 2)), "fc_input_0": batch * 0 + 99}
+        for s, batch in enumerate(batches)
+    }
     return write_run(tmp_path / name, steps, **kwargs)
 
 
@@ -175,7 +193,9 @@ def test_not_normalized_data_matches_oracle(tmp_path, seed):
     path = model_run(tmp_path, "run", batches)
     results = evaluate_rule(path, "NotNormalizedData")
     assert first_firing(results) == expected
-    assert all(r.details.get("tensor", "Net_input_0") == "Net_input_0" for r in results)  # fc_input_0 is not a model input
+    assert all(
+        r.details.get("tensor", "Net_input_0") == "Net_input_0" for r in results
+    )  # fc_input_0 is not a model input
 
 
 def test_not_normalized_data_is_per_channel_for_images_and_skips_token_ids(tmp_path):
@@ -210,10 +230,14 @@ def test_check_input_images_channel_and_regex_parameters(tmp_path):
     spec = RuleSpec("CheckInputImages", {"channel": "3", "threshold_samples": "20"})
     result = next(r for r in evaluate_rule(path, spec) if r.fired)
     assert result.step == 1 and result.details["channel"] == 2
-    assert first_firing(evaluate_rule(path, RuleSpec("CheckInputImages", {"channel": "1", "threshold_samples": "20"}))) is None
+    assert (
+        first_firing(evaluate_rule(path, RuleSpec("CheckInputImages", {"channel": "1", "threshold_samples": "20"})))
+        is None
+    )
 
 
 # -- NLPSequenceRatio -----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_nlp_sequence_ratio_matches_oracle(tmp_path, seed):
@@ -225,7 +249,7 @@ def test_nlp_sequence_ratio_matches_oracle(tmp_path, seed):
         batch[rng.random(batch.shape) < rng.choice([0.1, 0.6])] = 0
         batch[rng.random(batch.shape) < rng.choice([0.05, 0.3])] = 1
         steps[step] = {"embedding_input_0": batch, "CrossEntropyLoss_input_1": np.zeros(8, dtype=np.int64)}
-        if any(100.0 * np.mean(batch == t) > p for t, p in zip(tokens, thresholds)):
+        if any(100.0 * np.mean(batch == t) > p for t, p in zip(tokens, thresholds, strict=False)):
             expected.append(step)
     path = write_run(tmp_path / "run", steps, collections={"labels": ["CrossEntropyLoss_input_1"]})
     spec = RuleSpec("NLPSequenceRatio", {"token_values": "0;1", "token_thresholds_percent": "50;20"})
@@ -246,16 +270,30 @@ def test_nlp_sequence_ratio_parameters(tmp_path):
 
 # -- robustness -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("rule", MY_RULES)
 def test_rules_survive_nan_empty_and_missing_tensors_on_a_live_run(tmp_path, rule):
     weird = {
-        0: {"fc.weight": np.full((2, 2), np.nan), "gradient/fc.weight": np.zeros((0,)), "1_output_0": np.zeros((0, 3)),
-            "Net_input_0": np.full((4, 3, 2, 2), np.inf), "CrossEntropyLoss_output_0": np.array([np.nan])},
+        0: {
+            "fc.weight": np.full((2, 2), np.nan),
+            "gradient/fc.weight": np.zeros((0,)),
+            "1_output_0": np.zeros((0, 3)),
+            "Net_input_0": np.full((4, 3, 2, 2), np.inf),
+            "CrossEntropyLoss_output_0": np.array([np.nan]),
+        },
         1: {"fc.weight": np.zeros((0,)), "1_input_0": np.array([np.nan, 1.0])},
-        2: {"gradient/fc.weight": np.full(3, np.nan), "Net_fc.weight": np.ones(1), "embedding_input_0": np.zeros((0, 4), np.int64)},
+        2: {
+            "gradient/fc.weight": np.full(3, np.nan),
+            "Net_fc.weight": np.ones(1),
+            "embedding_input_0": np.zeros((0, 4), np.int64),
+        },
     }
-    path = write_run(tmp_path / "run", weird, collections={"relu_output": ["1_output_0"], "relu_input": ["1_input_0"]},
-                     finished=False)
+    path = write_run(
+        tmp_path / "run",
+        weird,
+        collections={"relu_output": ["1_output_0"], "relu_input": ["1_input_0"]},
+        finished=False,
+    )
     trial = create_trial(path)
     created = create_rule(trial, rule)
     results = [created.evaluate(step) for step in (0, 1, 2)]

@@ -8,7 +8,6 @@ SageMaker's documented defaults where trainguard's differ, and renders the table
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -124,8 +123,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(rows, healthy_rows, documented, rules) -> str:  # type: ignore[no-untyped-def]
-    lines = [INTRO, "## Planted faults", "",
-             "| Case | Fault | Expected rule: first firing step | Other rules that fired (step) |", "|---|---|---|---|"]
+    lines = [
+        INTRO,
+        "## Planted faults",
+        "",
+        "| Case | Fault | Expected rule: first firing step | Other rules that fired (step) |",
+        "|---|---|---|---|",
+    ]
     detected = total = 0
     for case, fired in rows:
         expected = [rule for rule in case.expected if rule in rules]
@@ -139,21 +143,38 @@ def render(rows, healthy_rows, documented, rules) -> str:  # type: ignore[no-unt
                 cells.append(f"{rule}: **not fired**")
         others = ", ".join(f"{rule} ({step})" for rule, step in sorted(fired.items()) if rule not in case.expected)
         interval = case.config.save_interval
-        lines.append(f"| {case.name} | {case.description} (save_interval {interval}) | {'; '.join(cells)} | {others or '–'} |")
-    lines += ["", f"Detected: {detected} of {total} planted (case, rule) pairs.", "",
-              "Many faults fire more rules than the one planted: a learning rate that kills every ReLU also",
-              "makes gradients all-zero (AllZero, VanishingGradient) and weights unchanged; those findings are true",
-              "of the run, and the first-firing rule's fix hint names the cause most often.", "",
-              "## Healthy baselines (every rule, default parameters)", "",
-              "| Case | Model | Rules that fired |", "|---|---|---|"]
+        lines.append(
+            f"| {case.name} | {case.description} (save_interval {interval}) | {'; '.join(cells)} | {others or '–'} |"
+        )
+    lines += [
+        "",
+        f"Detected: {detected} of {total} planted (case, rule) pairs.",
+        "",
+        "Many faults fire more rules than the one planted: a learning rate that kills every ReLU also",
+        "makes gradients all-zero (AllZero, VanishingGradient) and weights unchanged; those findings are true",
+        "of the run, and the first-firing rule's fix hint names the cause most often.",
+        "",
+        "## Healthy baselines (every rule, default parameters)",
+        "",
+        "| Case | Model | Rules that fired |",
+        "|---|---|---|",
+    ]
     for case, fired in healthy_rows:
         what = ", ".join(f"{rule} ({step})" for rule, step in sorted(fired.items())) or "none"
-        lines.append(f"| {case.name} | {case.description}, save_interval {case.config.save_interval}, "
-                     f"{case.config.steps} steps{', validation' if case.config.validation else ''} | {what} |")
-    lines += ["", "## SageMaker's documented defaults on the same healthy runs", "",
-              "Where trainguard's default differs from the documented one (`Param(documented_default=...)`), the rule",
-              "was also run with the documented values on every healthy baseline:", "",
-              "| Rule | Documented values | Healthy runs where they fire | Example |", "|---|---|---|---|"]
+        lines.append(
+            f"| {case.name} | {case.description}, save_interval {case.config.save_interval}, "
+            f"{case.config.steps} steps{', validation' if case.config.validation else ''} | {what} |"
+        )
+    lines += [
+        "",
+        "## SageMaker's documented defaults on the same healthy runs",
+        "",
+        "Where trainguard's default differs from the documented one (`Param(documented_default=...)`), the rule",
+        "was also run with the documented values on every healthy baseline:",
+        "",
+        "| Rule | Documented values | Healthy runs where they fire | Example |",
+        "|---|---|---|---|",
+    ]
     for name in sorted(documented):
         results = documented[name]
         firing = [(case, step, message) for case, step, message in results if step is not None]
@@ -161,14 +182,23 @@ def render(rows, healthy_rows, documented, rules) -> str:  # type: ignore[no-unt
         values = ", ".join(f"{k}={v}" for k, v in spec.parameters.items()) if spec else ""
         example = f"{firing[0][0]} step {firing[0][1]}: {firing[0][2][:140]}" if firing else "–"
         lines.append(f"| {name} | {values} | {len(firing)} of {len(results)} | {example.replace('|', '/')} |")
-    lines += ["", "## Deviations from documented defaults", "",
-              "| Rule | Parameter | trainguard default | Documented default |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "## Deviations from documented defaults",
+        "",
+        "| Rule | Parameter | trainguard default | Documented default |",
+        "|---|---|---|---|",
+    ]
     for name in rules:
         for key, param in builtin_rules()[name].parameters().items():
             if param.documented_default is not None:
                 lines.append(f"| {name} | {key} | {param.default} | {param.documented_default} |")
-    lines += ["", "Why each one differs is in the rule's module docstring (`trainguard rules describe NAME`).", "",
-              TENSOR_RULE_CHOICES]
+    lines += [
+        "",
+        "Why each one differs is in the rule's module docstring (`trainguard rules describe NAME`).",
+        "",
+        TENSOR_RULE_CHOICES,
+    ]
     return "\n".join(lines)
 
 

@@ -16,8 +16,17 @@ from typing import Any
 import numpy as np
 
 COLLECTIONS = [
-    "weights", "biases", "gradients", "losses", "inputs", "relu_input", "relu_output",
-    "tanh_input", "sigmoid_input", "labels", "predictions",
+    "weights",
+    "biases",
+    "gradients",
+    "losses",
+    "inputs",
+    "relu_input",
+    "relu_output",
+    "tanh_input",
+    "sigmoid_input",
+    "labels",
+    "predictions",
 ]
 
 
@@ -59,6 +68,7 @@ class Case:
 
 # -- data ---------------------------------------------------------------------------------------
 
+
 class Data:
     """A learnable synthetic task: each class has a prototype; an example is its class's
     prototype plus unit noise (features or 1×12×12 images), or tokens drawn from its class's
@@ -91,8 +101,12 @@ class Data:
         else:
             labels = self.rng.integers(0, config.classes, size=size)
         if config.model == "embedding":
-            tokens = np.stack([1 + self.rng.choice(self.vocab - 1, size=self.length, p=self.token_probabilities[label])
-                               for label in labels])
+            tokens = np.stack(
+                [
+                    1 + self.rng.choice(self.vocab - 1, size=self.length, p=self.token_probabilities[label])
+                    for label in labels
+                ]
+            )
             if config.inputs == "padded_tokens":
                 lengths = self.rng.integers(2, 5, size=size)  # ~80 % of every sequence is padding 0
                 tokens[np.arange(self.length)[None, :] >= lengths[:, None]] = 0
@@ -124,6 +138,7 @@ class Data:
 
 # -- models -------------------------------------------------------------------------------------
 
+
 def build_model(config: Config, data: Data) -> Any:
     import torch
     from torch import nn
@@ -135,14 +150,25 @@ def build_model(config: Config, data: Data) -> Any:
             hidden += [nn.Linear(data.features if index == 0 else 64, 64), nn.ReLU()]
         model = nn.Sequential(*hidden, nn.Linear(64, classes))
     elif config.model == "mlp":
-        model = nn.Sequential(nn.Linear(data.features, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, classes))
+        model = nn.Sequential(
+            nn.Linear(data.features, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, classes)
+        )
     elif config.model == "wide_mlp":
-        model = nn.Sequential(nn.Linear(data.features, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, classes))
+        model = nn.Sequential(
+            nn.Linear(data.features, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, classes)
+        )
     elif config.model == "cnn":
         model = nn.Sequential(
-            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(16 * 3 * 3, 32), nn.ReLU(), nn.Linear(32, classes),
+            nn.Conv2d(1, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16 * 3 * 3, 32),
+            nn.ReLU(),
+            nn.Linear(32, classes),
         )
     elif config.model in ("deep_sigmoid", "deep_tanh"):
         activation = nn.Sigmoid if config.model == "deep_sigmoid" else nn.Tanh
@@ -212,6 +238,7 @@ def _EmbeddingClassifier(vocab: int, dim: int, classes: int) -> Any:  # noqa: N8
 
 # -- training -----------------------------------------------------------------------------------
 
+
 def train(out_dir: str, config: Config) -> str:
     """Train ``config`` with trainguard's PyTorch hook writing to ``out_dir``; returns ``out_dir``."""
     import torch
@@ -230,11 +257,16 @@ def train(out_dir: str, config: Config) -> str:
         optimizer = torch.optim.Adam(parameters, lr=lr)
     else:
         optimizer = torch.optim.SGD(parameters, lr=lr, momentum=0.9 if config.optimizer == "sgd_momentum" else 0.0)
-    hook = tg.Hook(os.fspath(out_dir), save_config=tg.SaveConfig(save_interval=config.save_interval),
-                   include_collections=list(COLLECTIONS))
+    hook = tg.Hook(
+        os.fspath(out_dir),
+        save_config=tg.SaveConfig(save_interval=config.save_interval),
+        include_collections=list(COLLECTIONS),
+    )
     hook.register_module(model)
     hook.register_loss(loss_fn)
-    as_input = (lambda a: torch.from_numpy(a)) if config.model == "embedding" else (lambda a: torch.from_numpy(a).float())
+    as_input = (
+        (lambda a: torch.from_numpy(a)) if config.model == "embedding" else (lambda a: torch.from_numpy(a).float())
+    )
     try:
         for step in range(config.steps):
             hook.set_mode(tg.modes.TRAIN)
@@ -266,6 +298,7 @@ def _outputs_and_targets(output: Any, labels: np.ndarray, config: Config) -> tup
 
 # -- the cases ----------------------------------------------------------------------------------
 
+
 def _healthy() -> list[Case]:
     cases = []
     for model in ("mlp", "cnn"):
@@ -273,18 +306,52 @@ def _healthy() -> list[Case]:
             for seed in (0, 1):
                 validation = (seed == 0) == (optimizer == "sgd")  # each model/optimizer with and without
                 name = f"healthy-{model}-{optimizer}-{'val' if validation else 'noval'}-s{seed}"
-                cases.append(Case(name, Config(model=model, optimizer=optimizer, seed=seed, validation=validation,
-                                               save_interval=1 if seed == 0 else 2),
-                                  kind="healthy", description=f"{model.upper()}, default init, {optimizer}"))
-    cases.append(Case("healthy-deep-mlp-sgdm-s0", Config(model="deep_mlp", optimizer="sgd_momentum", lr=0.1, batch=64), kind="healthy",
-                      description="5 hidden ReLU layers, default init, SGD momentum 0.9"))
-    cases.append(Case("healthy-deep-mlp-adam-val-s1", Config(model="deep_mlp", optimizer="adam", seed=1, validation=True,
-                                                            save_interval=2),
-                      kind="healthy", description="5 hidden ReLU layers, default init, adam"))
-    cases.append(Case("healthy-binary-mlp-adam-val-s0", Config(binary=True, classes=2, optimizer="adam", validation=True),
-                      kind="healthy", description="binary MLP, one output logit, BCEWithLogitsLoss, adam"))
-    cases.append(Case("healthy-embedding-adam-s0", Config(model="embedding", optimizer="adam", lr=0.01, inputs="tokens"),
-                      kind="healthy", description="embedding bag, unpadded tokens"))
+                cases.append(
+                    Case(
+                        name,
+                        Config(
+                            model=model,
+                            optimizer=optimizer,
+                            seed=seed,
+                            validation=validation,
+                            save_interval=1 if seed == 0 else 2,
+                        ),
+                        kind="healthy",
+                        description=f"{model.upper()}, default init, {optimizer}",
+                    )
+                )
+    cases.append(
+        Case(
+            "healthy-deep-mlp-sgdm-s0",
+            Config(model="deep_mlp", optimizer="sgd_momentum", lr=0.1, batch=64),
+            kind="healthy",
+            description="5 hidden ReLU layers, default init, SGD momentum 0.9",
+        )
+    )
+    cases.append(
+        Case(
+            "healthy-deep-mlp-adam-val-s1",
+            Config(model="deep_mlp", optimizer="adam", seed=1, validation=True, save_interval=2),
+            kind="healthy",
+            description="5 hidden ReLU layers, default init, adam",
+        )
+    )
+    cases.append(
+        Case(
+            "healthy-binary-mlp-adam-val-s0",
+            Config(binary=True, classes=2, optimizer="adam", validation=True),
+            kind="healthy",
+            description="binary MLP, one output logit, BCEWithLogitsLoss, adam",
+        )
+    )
+    cases.append(
+        Case(
+            "healthy-embedding-adam-s0",
+            Config(model="embedding", optimizer="adam", lr=0.01, inputs="tokens"),
+            kind="healthy",
+            description="embedding bag, unpadded tokens",
+        )
+    )
     return cases
 
 
@@ -293,50 +360,120 @@ def _faults() -> list[Case]:
     return [
         # learning rate far too high: NaN with SGD; with Adam the weights jump but stay finite
         C("lr-high-mlp-sgd", Config(lr=200.0), ("ExplodingTensor", "WeightUpdateRatio"), "SGD lr=200"),
-        C("lr-high-mlp-sgd-s1", Config(lr=1000.0, seed=1, save_interval=2), ("ExplodingTensor", "WeightUpdateRatio"),
-          "SGD lr=1000, saved every 2 steps"),
-        C("lr-high-cnn-sgd", Config(model="cnn", lr=1e4, seed=1), ("ExplodingTensor", "WeightUpdateRatio"), "CNN SGD lr=1e4"),
+        C(
+            "lr-high-mlp-sgd-s1",
+            Config(lr=1000.0, seed=1, save_interval=2),
+            ("ExplodingTensor", "WeightUpdateRatio"),
+            "SGD lr=1000, saved every 2 steps",
+        ),
+        C(
+            "lr-high-cnn-sgd",
+            Config(model="cnn", lr=1e4, seed=1),
+            ("ExplodingTensor", "WeightUpdateRatio"),
+            "CNN SGD lr=1e4",
+        ),
         C("lr-high-mlp-adam", Config(optimizer="adam", lr=10.0, seed=2), ("WeightUpdateRatio",), "Adam lr=10"),
-        C("lr-high-cnn-adam", Config(model="cnn", optimizer="adam", lr=10.0, seed=0, save_interval=3),
-          ("WeightUpdateRatio",), "CNN Adam lr=10, saved every 3 steps"),
+        C(
+            "lr-high-cnn-adam",
+            Config(model="cnn", optimizer="adam", lr=10.0, seed=0, save_interval=3),
+            ("WeightUpdateRatio",),
+            "CNN Adam lr=10, saved every 3 steps",
+        ),
         # learning rate 0 / frozen parameters
         C("lr-zero-mlp", Config(lr=0.0), ("UnchangedTensor", "WeightUpdateRatio"), "SGD lr=0"),
-        C("lr-zero-cnn-adam", Config(model="cnn", optimizer="adam", lr=0.0, seed=1, save_interval=2),
-          ("UnchangedTensor", "WeightUpdateRatio"), "Adam lr=0"),
-        C("frozen-first-layer", Config(freeze=True, seed=2), ("UnchangedTensor", "WeightUpdateRatio"),
-          "first layer requires_grad=False"),
+        C(
+            "lr-zero-cnn-adam",
+            Config(model="cnn", optimizer="adam", lr=0.0, seed=1, save_interval=2),
+            ("UnchangedTensor", "WeightUpdateRatio"),
+            "Adam lr=0",
+        ),
+        C(
+            "frozen-first-layer",
+            Config(freeze=True, seed=2),
+            ("UnchangedTensor", "WeightUpdateRatio"),
+            "first layer requires_grad=False",
+        ),
         # deep sigmoid/tanh stacks
-        C("deep-sigmoid-10", Config(model="deep_sigmoid", depth=10), ("VanishingGradient",), "10 sigmoid layers, default init"),
-        C("deep-sigmoid-10-s1", Config(model="deep_sigmoid", depth=10, seed=1, save_interval=3), ("VanishingGradient",),
-          "10 sigmoid layers, default init"),
-        C("deep-tanh-huge-init", Config(model="deep_tanh", init="huge"), ("SaturatedActivation", "VanishingGradient"),
-          "7 tanh layers, weights and biases N(0,100)"),
-        C("deep-tanh-huge-init-s2", Config(model="deep_tanh", init="huge", seed=2, save_interval=2),
-          ("SaturatedActivation", "VanishingGradient"), "7 tanh layers, weights and biases N(0,100)"),
-        C("deep-sigmoid-large-bias", Config(model="deep_sigmoid", init="large_bias", seed=1), ("SaturatedActivation",),
-          "7 sigmoid layers, biases N(0,50)"),
-        C("deep-tanh-large-bias", Config(model="deep_tanh", init="large_bias", seed=2), ("SaturatedActivation",),
-          "7 tanh layers, biases N(0,50)"),
+        C(
+            "deep-sigmoid-10",
+            Config(model="deep_sigmoid", depth=10),
+            ("VanishingGradient",),
+            "10 sigmoid layers, default init",
+        ),
+        C(
+            "deep-sigmoid-10-s1",
+            Config(model="deep_sigmoid", depth=10, seed=1, save_interval=3),
+            ("VanishingGradient",),
+            "10 sigmoid layers, default init",
+        ),
+        C(
+            "deep-tanh-huge-init",
+            Config(model="deep_tanh", init="huge"),
+            ("SaturatedActivation", "VanishingGradient"),
+            "7 tanh layers, weights and biases N(0,100)",
+        ),
+        C(
+            "deep-tanh-huge-init-s2",
+            Config(model="deep_tanh", init="huge", seed=2, save_interval=2),
+            ("SaturatedActivation", "VanishingGradient"),
+            "7 tanh layers, weights and biases N(0,100)",
+        ),
+        C(
+            "deep-sigmoid-large-bias",
+            Config(model="deep_sigmoid", init="large_bias", seed=1),
+            ("SaturatedActivation",),
+            "7 sigmoid layers, biases N(0,50)",
+        ),
+        C(
+            "deep-tanh-large-bias",
+            Config(model="deep_tanh", init="large_bias", seed=2),
+            ("SaturatedActivation",),
+            "7 tanh layers, biases N(0,50)",
+        ),
         # dead ReLUs
         C("negative-bias-relu-mlp", Config(init="negative_bias"), ("DeadRelu",), "ReLU biases -20"),
-        C("negative-bias-relu-cnn", Config(model="cnn", init="negative_bias", seed=1, save_interval=2), ("DeadRelu",),
-          "CNN ReLU biases -20"),
+        C(
+            "negative-bias-relu-cnn",
+            Config(model="cnn", init="negative_bias", seed=1, save_interval=2),
+            ("DeadRelu",),
+            "CNN ReLU biases -20",
+        ),
         # constant / zero init
         C("zero-init-mlp", Config(init="zero"), ("PoorWeightInitialization", "AllZero"), "all weights and biases 0"),
-        C("zero-init-cnn", Config(model="cnn", init="zero", seed=1), ("PoorWeightInitialization", "AllZero"),
-          "CNN all weights and biases 0"),
+        C(
+            "zero-init-cnn",
+            Config(model="cnn", init="zero", seed=1),
+            ("PoorWeightInitialization", "AllZero"),
+            "CNN all weights and biases 0",
+        ),
         C("constant-init-mlp", Config(init="constant", seed=2), ("PoorWeightInitialization",), "all weights 0.05"),
         # unnormalised inputs
         C("unnormalized-mlp", Config(inputs="offset_scaled"), ("NotNormalizedData",), "features x*100+50"),
-        C("unit-images-cnn", Config(model="cnn", inputs="unit_images", seed=1), ("CheckInputImages",),
-          "images in [0,1] (ToTensor only)"),
-        C("raw-images-cnn", Config(model="cnn", inputs="raw_images", seed=2), ("CheckInputImages", "NotNormalizedData"),
-          "pixel values 0..255"),
+        C(
+            "unit-images-cnn",
+            Config(model="cnn", inputs="unit_images", seed=1),
+            ("CheckInputImages",),
+            "images in [0,1] (ToTensor only)",
+        ),
+        C(
+            "raw-images-cnn",
+            Config(model="cnn", inputs="raw_images", seed=2),
+            ("CheckInputImages", "NotNormalizedData"),
+            "pixel values 0..255",
+        ),
         # padded token sequences
-        C("padded-tokens", Config(model="embedding", optimizer="adam", lr=0.01, inputs="padded_tokens"), ("NLPSequenceRatio",),
-          "~80% padding"),
-        C("padded-tokens-s1", Config(model="embedding", optimizer="adam", lr=0.01, inputs="padded_tokens", seed=1, save_interval=3),
-          ("NLPSequenceRatio",), "~80% padding"),
+        C(
+            "padded-tokens",
+            Config(model="embedding", optimizer="adam", lr=0.01, inputs="padded_tokens"),
+            ("NLPSequenceRatio",),
+            "~80% padding",
+        ),
+        C(
+            "padded-tokens-s1",
+            Config(model="embedding", optimizer="adam", lr=0.01, inputs="padded_tokens", seed=1, save_interval=3),
+            ("NLPSequenceRatio",),
+            "~80% padding",
+        ),
     ]
 
 
@@ -345,17 +482,49 @@ def _loss_faults() -> list[Case]:
     C = Case
     return [
         C("class-imbalance-95-5", Config(labels="imbalanced", steps=40), ("ClassImbalance",), "95/5 labels"),
-        C("class-imbalance-95-5-cnn", Config(model="cnn", labels="imbalanced", seed=1, steps=40), ("ClassImbalance",),
-          "95/5 labels"),
-        C("shuffled-labels", Config(labels="shuffled", steps=140, save_interval=2), ("LossNotDecreasing", "Confusion"),
-          "random training labels"),
-        C("shuffled-labels-adam-val", Config(labels="shuffled", steps=140, seed=1, optimizer="adam", validation=True,
-                                             eval_every=5, save_interval=2),
-          ("LossNotDecreasing", "Confusion"), "random training labels, Adam, validation every 5 steps"),
-        C("overfit-tiny-train", Config(model="wide_mlp", optimizer="adam", train_size=16, validation=True, steps=100,
-                                       eval_every=5, lr=0.01), ("Overfit", "Overtraining"), "16 training samples, wide MLP"),
-        C("overfit-tiny-train-s1", Config(model="wide_mlp", optimizer="adam", train_size=16, validation=True, steps=100,
-                                          eval_every=5, lr=0.01, seed=1), ("Overfit", "Overtraining"), "16 training samples"),
+        C(
+            "class-imbalance-95-5-cnn",
+            Config(model="cnn", labels="imbalanced", seed=1, steps=40),
+            ("ClassImbalance",),
+            "95/5 labels",
+        ),
+        C(
+            "shuffled-labels",
+            Config(labels="shuffled", steps=140, save_interval=2),
+            ("LossNotDecreasing", "Confusion"),
+            "random training labels",
+        ),
+        C(
+            "shuffled-labels-adam-val",
+            Config(
+                labels="shuffled", steps=140, seed=1, optimizer="adam", validation=True, eval_every=5, save_interval=2
+            ),
+            ("LossNotDecreasing", "Confusion"),
+            "random training labels, Adam, validation every 5 steps",
+        ),
+        C(
+            "overfit-tiny-train",
+            Config(
+                model="wide_mlp", optimizer="adam", train_size=16, validation=True, steps=100, eval_every=5, lr=0.01
+            ),
+            ("Overfit", "Overtraining"),
+            "16 training samples, wide MLP",
+        ),
+        C(
+            "overfit-tiny-train-s1",
+            Config(
+                model="wide_mlp",
+                optimizer="adam",
+                train_size=16,
+                validation=True,
+                steps=100,
+                eval_every=5,
+                lr=0.01,
+                seed=1,
+            ),
+            ("Overfit", "Overtraining"),
+            "16 training samples",
+        ),
     ]
 
 

@@ -39,7 +39,15 @@ def test_no_rule_fires_on_a_healthy_run(suite_runs, case):
     assert not fired, f"{case.name} ({case.description}) is healthy but rules fired: {fired}"
     evaluated = [name for name, o in outcomes.items() if o.evaluated]
     # the tensor rules really looked at the run (not silent because they found nothing to read)
-    for rule in ("VanishingGradient", "ExplodingTensor", "WeightUpdateRatio", "DeadRelu", "UnchangedTensor", "AllZero",
-                 "PoorWeightInitialization", "LossNotDecreasing"):
+    for rule in (
+        "VanishingGradient",
+        "ExplodingTensor",
+        "WeightUpdateRatio",
+        "DeadRelu",
+        "UnchangedTensor",
+        "AllZero",
+        "PoorWeightInitialization",
+        "LossNotDecreasing",
+    ):
         if rule in outcomes:
             assert rule in evaluated, f"{rule} evaluated no step of {case.name}"

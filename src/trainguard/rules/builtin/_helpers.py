@@ -240,4 +240,6 @@ def check_regexes(rule: Any, parameter: str) -> None:
         try:
             re.compile(pattern)
         except re.error as error:
-            raise ConfigError(f"{rule.name()}: parameter {parameter}={pattern!r} is not a valid regular expression: {error}") from None
+            raise ConfigError(
+                f"{rule.name()}: parameter {parameter}={pattern!r} is not a valid regular expression: {error}"
+            ) from None

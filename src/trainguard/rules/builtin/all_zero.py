@@ -30,11 +30,19 @@ class AllZero(Rule):
         "torch.nn.init.kaiming_normal_), and that the data and gradients reaching this tensor are not zero"
     )
 
-    collection_names = Param(list, None, "collections to inspect (default: weights, gradients)",
-                             documented_default="(required with tensor_regex)")
+    collection_names = Param(
+        list,
+        None,
+        "collections to inspect (default: weights, gradients)",
+        documented_default="(required with tensor_regex)",
+    )
     tensor_regex = Param(list, None, "regexes of tensor names to inspect")
-    threshold = Param(float, 100.0, "percent of zero values that fires",
-                      check=lambda value: None if 0 < value <= 100 else "must be a percentage in (0, 100]")
+    threshold = Param(
+        float,
+        100.0,
+        "percent of zero values that fires",
+        check=lambda value: None if 0 < value <= 100 else "must be a percentage in (0, 100]",
+    )
 
     def validate(self) -> None:
         check_regexes(self, "tensor_regex")
@@ -48,8 +56,11 @@ class AllZero(Rule):
         else:
             names = select(self, step, collections=DEFAULT_COLLECTIONS)
         if not names:
-            if trial.training_ended and not self.collection_names and not self.tensor_regex and not any(
-                trial.tensor_names(collection=c) for c in DEFAULT_COLLECTIONS if c in trial.collections()
+            if (
+                trial.training_ended
+                and not self.collection_names
+                and not self.tensor_regex
+                and not any(trial.tensor_names(collection=c) for c in DEFAULT_COLLECTIONS if c in trial.collections())
             ):
                 return self.missing(step, MissingTensor("weights or gradients", "weights"))
             return None

@@ -15,7 +15,15 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import check_regexes, ChannelStats, fmt, is_complete, model_inputs, read_values, select
+from trainguard.rules.builtin._helpers import (
+    ChannelStats,
+    check_regexes,
+    fmt,
+    is_complete,
+    model_inputs,
+    read_values,
+    select,
+)
 from trainguard.rules.params import Param
 
 
@@ -26,10 +34,15 @@ class CheckInputImages(Rule):
     collections = ("inputs",)
     fix_hint = "normalise the images: torchvision.transforms.Normalize(mean, std) with the dataset's channel statistics"
 
-    threshold_mean = Param(float, 0.2, "fire when a channel's |mean| is above this",
-                           check=lambda value: None if value >= 0 else "must be >= 0")
-    threshold_samples = Param(int, 500, "images to accumulate before judging",
-                              check=lambda value: None if value >= 1 else "must be >= 1")
+    threshold_mean = Param(
+        float,
+        0.2,
+        "fire when a channel's |mean| is above this",
+        check=lambda value: None if value >= 0 else "must be >= 0",
+    )
+    threshold_samples = Param(
+        int, 500, "images to accumulate before judging", check=lambda value: None if value >= 1 else "must be >= 1"
+    )
     regex = Param(list, [".*hybridsequential0_input_0"], "regexes of input image tensor names", optional=True)
     channel = Param(int, 1, "axis of the colour channel (1 for NCHW, 3 or -1 for NHWC)")
 

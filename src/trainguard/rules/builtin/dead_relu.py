@@ -19,7 +19,15 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import check_regexes, activation_axes, as_float, fmt, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import (
+    activation_axes,
+    as_float,
+    check_regexes,
+    fmt,
+    is_complete,
+    read_values,
+    select,
+)
 from trainguard.rules.params import Param
 
 
@@ -39,10 +47,16 @@ class DeadRelu(Rule):
 
     tensor_regex = Param(list, [".*relu_output"], "regexes of ReLU output tensor names", optional=True)
     collection_names = Param(list, None, "extra collections of ReLU outputs")
-    threshold_inactivity = Param(float, 1.0, "a node active in less than this percent of samples is dead", check=_percent)
+    threshold_inactivity = Param(
+        float, 1.0, "a node active in less than this percent of samples is dead", check=_percent
+    )
     threshold_layer = Param(float, 50.0, "fire when more than this percent of a layer's nodes are dead", check=_percent)
-    patience = Param(int, 1, "consecutive saved steps a layer must be over threshold_layer (trainguard)",
-                     check=lambda value: None if value >= 1 else "must be >= 1")
+    patience = Param(
+        int,
+        1,
+        "consecutive saved steps a layer must be over threshold_layer (trainguard)",
+        check=lambda value: None if value >= 1 else "must be >= 1",
+    )
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)

@@ -55,7 +55,9 @@ class NLPSequenceRatio(Rule):
             self.tokens = [int(float(value)) for value in _split(self.token_values)]
             thresholds = [float(value) for value in _split(self.token_thresholds_percent)]
         except ValueError as error:
-            raise ConfigError(f"{self.name()}: token_values and token_thresholds_percent must be numbers: {error}") from None
+            raise ConfigError(
+                f"{self.name()}: token_values and token_thresholds_percent must be numbers: {error}"
+            ) from None
         if not self.tokens or not thresholds:
             raise ConfigError(f"{self.name()}: token_values and token_thresholds_percent must not be empty")
         if len(thresholds) == 1:
@@ -93,13 +95,15 @@ class NLPSequenceRatio(Rule):
             self._integer_inputs[name] = integer
             if not integer or array.size == 0:
                 continue
-            ratios[name] = {token: 100.0 * float(np.count_nonzero(array == token)) / array.size for token in self.tokens}
+            ratios[name] = {
+                token: 100.0 * float(np.count_nonzero(array == token)) / array.size for token in self.tokens
+            }
         if not ratios:
             if trial.training_ended and not names and step == trial.steps()[-1]:
                 return self.missing(step, MissingTensor("token-id inputs (e.g. an nn.Embedding's input)", "inputs"))
             return None
         for name, by_token in sorted(ratios.items()):
-            for token, threshold in zip(self.tokens, self.thresholds):
+            for token, threshold in zip(self.tokens, self.thresholds, strict=False):
                 if by_token[token] > threshold:
                     return self.issue(
                         step,

@@ -20,7 +20,16 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import check_regexes, ChannelStats, channel_axis, fmt, is_complete, model_inputs, read_values, select
+from trainguard.rules.builtin._helpers import (
+    ChannelStats,
+    channel_axis,
+    check_regexes,
+    fmt,
+    is_complete,
+    model_inputs,
+    read_values,
+    select,
+)
 from trainguard.rules.params import Param
 
 
@@ -36,12 +45,21 @@ class NotNormalizedData(Rule):
 
     tensor_regex = Param(list, None, "regexes of input tensor names (default: the model's inputs)")
     collection_names = Param(list, None, "collections of input tensors")
-    threshold_mean = Param(float, 1.0, "fire when a channel's |mean| is above this",
-                           check=lambda value: None if value > 0 else "must be > 0")
-    threshold_std = Param(float, 5.0, "fire when a channel's std is above this or the pooled std below its inverse",
-                          check=lambda value: None if value > 1 else "must be > 1")
-    threshold_samples = Param(int, 100, "samples to accumulate before judging",
-                              check=lambda value: None if value >= 1 else "must be >= 1")
+    threshold_mean = Param(
+        float,
+        1.0,
+        "fire when a channel's |mean| is above this",
+        check=lambda value: None if value > 0 else "must be > 0",
+    )
+    threshold_std = Param(
+        float,
+        5.0,
+        "fire when a channel's std is above this or the pooled std below its inverse",
+        check=lambda value: None if value > 1 else "must be > 1",
+    )
+    threshold_samples = Param(
+        int, 100, "samples to accumulate before judging", check=lambda value: None if value >= 1 else "must be >= 1"
+    )
     channel = Param(int, None, "axis of the channels/features (default: 1, or the last axis of 3-D inputs)")
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -91,20 +109,37 @@ class NotNormalizedData(Rule):
             means, stds, pooled = stats.means(), stats.stds(), stats.pooled_std()
             worst_mean = int(np.argmax(np.abs(means)))
             worst_std = int(np.argmax(stds))
-            details = dict(tensor=name, samples=stats.samples, means=means.tolist()[:64], stds=stds.tolist()[:64],
-                           pooled_std=pooled)
+            details = dict(
+                tensor=name,
+                samples=stats.samples,
+                means=means.tolist()[:64],
+                stds=stds.tolist()[:64],
+                pooled_std=pooled,
+            )
             if abs(means[worst_mean]) > self.threshold_mean:
-                return self.issue(step, f"input {name}: channel {worst_mean} has mean {fmt(means[worst_mean])} "
-                                  f"(|mean| > threshold_mean {fmt(self.threshold_mean)}) over {stats.samples} samples",
-                                  channel=worst_mean, **details)
+                return self.issue(
+                    step,
+                    f"input {name}: channel {worst_mean} has mean {fmt(means[worst_mean])} "
+                    f"(|mean| > threshold_mean {fmt(self.threshold_mean)}) over {stats.samples} samples",
+                    channel=worst_mean,
+                    **details,
+                )
             if stds[worst_std] > self.threshold_std:
-                return self.issue(step, f"input {name}: channel {worst_std} has std {fmt(stds[worst_std])} "
-                                  f"(> threshold_std {fmt(self.threshold_std)}) over {stats.samples} samples",
-                                  channel=worst_std, **details)
+                return self.issue(
+                    step,
+                    f"input {name}: channel {worst_std} has std {fmt(stds[worst_std])} "
+                    f"(> threshold_std {fmt(self.threshold_std)}) over {stats.samples} samples",
+                    channel=worst_std,
+                    **details,
+                )
             if pooled < 1.0 / self.threshold_std:
-                return self.issue(step, f"input {name}: std of all values is {fmt(pooled)} "
-                                  f"(< 1/threshold_std = {fmt(1.0 / self.threshold_std)}) over {stats.samples} samples",
-                                  channel=None, **details)
+                return self.issue(
+                    step,
+                    f"input {name}: std of all values is {fmt(pooled)} "
+                    f"(< 1/threshold_std = {fmt(1.0 / self.threshold_std)}) over {stats.samples} samples",
+                    channel=None,
+                    **details,
+                )
         return self.no_issue(step, tensors=sorted(judged))
 
     def _names_anywhere(self) -> bool:

@@ -15,13 +15,14 @@ SageMaker ``rule_to_invoke``: ``PoorWeightInitialization``; parameters
 Calibration (documented defaults fire on healthy PyTorch runs, rules.md "Measured"):
 
 * ``distribution_range`` 1e-8 instead of 0.001: a healthy gradient's 5–95 % spread scales with the
-  loss and the layer and is routinely below 0.001 (a one-element bias gradient's spread is 0
-  always); what poor initialisation produces is a spread of exactly zero (zero or constant
-  init: every unit gets the same gradient). Gradients with fewer than ``min_gradient_size``
-  (trainguard, 16) elements are not judged.
+  loss and the layer (5–8·10⁻⁴ in the suite's healthy 5-layer MLPs; a one-element bias
+  gradient's spread is always 0); what poor initialisation produces is a spread of (nearly)
+  zero: ≤ 10⁻⁹ in every zero/constant-init and saturated run of the suite. Gradients with
+  fewer than ``min_gradient_size`` (trainguard, 16) elements are not judged.
 * ``threshold`` 1000 instead of 10: PyTorch's default init (kaiming_uniform with a=√5) shrinks
-  the ReLU-input variance about 6× per layer, so three healthy ReLU layers already differ by
-  ~36×. Zero init (variance 0 → ratio ∞) and large init (×fan_in/2 per layer) stay far above 1000.
+  the ReLU-input variance about 6× per layer; a healthy 5-hidden-layer MLP of the fault suite
+  differs 60–125× at step 0 (docs/rules-calibration.md). Zero init (variance 0 → ratio ∞) and
+  large init or a too-high learning rate (≥ 10⁵ in the suite) stay far above 1000.
 * the loss condition is "stuck" instead of SageMaker's "no longer decreasing": a healthy
   mini-batch loss routinely goes 5 saved steps without a new minimum, and a healthy CNN's
   loss often does not decrease at all in its first 10 SGD steps; both fired on healthy runs.
@@ -31,9 +32,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import check_regexes, as_float, fmt, is_complete, read_values, select, training_mode
 from trainguard.modes import ModeKeys
+from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.builtin._helpers import (
+    as_float,
+    check_regexes,
+    fmt,
+    is_complete,
+    read_values,
+    select,
+    training_mode,
+)
 from trainguard.rules.params import Param
 
 
@@ -48,13 +57,25 @@ class PoorWeightInitialization(Rule):
     )
 
     activation_inputs_regex = Param(list, [".*relu_input"], "regexes of activation input names", optional=True)
-    threshold = Param(float, 1000.0, "fire when max/min activation-input variance across layers is above this",
-                      documented_default=10.0)
+    threshold = Param(
+        float,
+        1000.0,
+        "fire when max/min activation-input variance across layers is above this",
+        documented_default=10.0,
+    )
     distribution_range = Param(float, 1e-8, "fire when a gradient's p95 - p5 is below this", documented_default=0.001)
-    patience = Param(int, 5, "saved loss values that must all be (nearly) equal to fire",
-                     check=lambda value: None if value >= 1 else "must be >= 1")
-    steps = Param(int, 10, "how many initial training steps are analysed",
-                  check=lambda value: None if value >= 1 else "must be >= 1")
+    patience = Param(
+        int,
+        5,
+        "saved loss values that must all be (nearly) equal to fire",
+        check=lambda value: None if value >= 1 else "must be >= 1",
+    )
+    steps = Param(
+        int,
+        10,
+        "how many initial training steps are analysed",
+        check=lambda value: None if value >= 1 else "must be >= 1",
+    )
     loss_tolerance = Param(float, 1e-3, "relative spread below which the loss counts as stuck (trainguard)")
     min_gradient_size = Param(int, 16, "gradients with fewer elements are not judged (trainguard)")
 
@@ -84,8 +105,11 @@ class PoorWeightInitialization(Rule):
         values = read_values(trial, activations + gradients + losses, step)
         details: dict[str, object] = {}
         # every condition runs every step: the loss history must not skip steps where another fired
-        found = [self._variance(activations, values, details), self._gradients(gradients, values, details),
-                 self._loss(step, losses, values, details)]
+        found = [
+            self._variance(activations, values, details),
+            self._gradients(gradients, values, details),
+            self._loss(step, losses, values, details),
+        ]
         problem = next((text for text in found if text), None)
         if problem:
             return self.issue(step, problem, **details)
@@ -104,8 +128,10 @@ class PoorWeightInitialization(Rule):
         ratio = variances[high] / variances[low] if variances[low] > 0 else float("inf")
         details.update(variance_ratio=ratio, variances=variances)
         if ratio > self.threshold:
-            return (f"activation-input variance differs {fmt(ratio)}× across layers ({high}: {fmt(variances[high])}, "
-                    f"{low}: {fmt(variances[low])}); threshold {fmt(self.threshold)}")
+            return (
+                f"activation-input variance differs {fmt(ratio)}× across layers ({high}: {fmt(variances[high])}, "
+                f"{low}: {fmt(variances[low])}); threshold {fmt(self.threshold)}"
+            )
         return None
 
     def _gradients(self, names: list[str], values: dict, details: dict) -> str | None:
@@ -121,8 +147,10 @@ class PoorWeightInitialization(Rule):
         narrowest = min(spreads, key=lambda key: spreads[key])
         details.update(min_gradient_spread=spreads[narrowest], gradient=narrowest)
         if spreads[narrowest] < self.distribution_range:
-            return (f"gradient {narrowest} has a 5th-95th percentile spread of {fmt(spreads[narrowest])} "
-                    f"< distribution_range {fmt(self.distribution_range)} (units receive identical updates)")
+            return (
+                f"gradient {narrowest} has a 5th-95th percentile spread of {fmt(spreads[narrowest])} "
+                f"< distribution_range {fmt(self.distribution_range)} (units receive identical updates)"
+            )
         return None
 
     def _loss(self, step: int, names: list[str], values: dict, details: dict) -> str | None:
@@ -139,6 +167,9 @@ class PoorWeightInitialization(Rule):
         spread = (max(history) - min(history)) / max(abs(float(np.mean(history))), 1e-12)
         details.update(loss=loss, loss_spread=spread)
         if spread < self.loss_tolerance:
-            return (f"the loss is stuck at {fmt(loss)}: its last {self.patience} saved values differ by "
-                    f"{fmt(100 * spread)}% < loss_tolerance {fmt(100 * self.loss_tolerance)}% (the output ignores the input)")
+            return (
+                f"the loss is stuck at {fmt(loss)}: its last {self.patience} saved values differ by "
+                f"{fmt(100 * spread)}% < loss_tolerance {fmt(100 * self.loss_tolerance)}% "
+                "(the output ignores the input)"
+            )
         return None

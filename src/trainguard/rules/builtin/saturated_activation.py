@@ -18,7 +18,15 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import check_regexes, activation_axes, as_float, fmt, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import (
+    activation_axes,
+    as_float,
+    check_regexes,
+    fmt,
+    is_complete,
+    read_values,
+    select,
+)
 from trainguard.rules.params import Param
 
 
@@ -42,8 +50,12 @@ class SaturatedActivation(Rule):
     threshold_tanh_max = Param(float, 9.4999, "tanh input above this is saturated")
     threshold_sigmoid_min = Param(float, -23.0, "sigmoid input below this is saturated")
     threshold_sigmoid_max = Param(float, 16.99999, "sigmoid input above this is saturated")
-    threshold_inactivity = Param(float, 1.0, "a node active in less than this percent of samples is saturated", check=_percent)
-    threshold_layer = Param(float, 50.0, "fire when more than this percent of a layer's nodes are saturated", check=_percent)
+    threshold_inactivity = Param(
+        float, 1.0, "a node active in less than this percent of samples is saturated", check=_percent
+    )
+    threshold_layer = Param(
+        float, 50.0, "fire when more than this percent of a layer's nodes are saturated", check=_percent
+    )
 
     def validate(self) -> None:
         from trainguard.errors import ConfigError
@@ -67,11 +79,16 @@ class SaturatedActivation(Rule):
         trial = self.base_trial
         if not is_complete(trial, step):
             return None
-        names = select(self, step, collections=["tanh_input", "sigmoid_input", *(self.collection_names or ())],
-                       regex=self.tensor_regex)
+        names = select(
+            self,
+            step,
+            collections=["tanh_input", "sigmoid_input", *(self.collection_names or ())],
+            regex=self.tensor_regex,
+        )
         if not names:
-            if trial.training_ended and not any(trial.tensor_names(collection=c) for c in self.collections
-                                                if c in trial.collections()):
+            if trial.training_ended and not any(
+                trial.tensor_names(collection=c) for c in self.collections if c in trial.collections()
+            ):
                 return self.missing(step, MissingTensor("tanh/sigmoid inputs", "tanh_input"))
             return None
         worst: tuple[float, str] = (-1.0, "")
@@ -94,10 +111,11 @@ class SaturatedActivation(Rule):
         if fired:
             name = max(fired, key=lambda key: float(fired[key]["saturated_percent"]))
             info = fired[name]
+            percent, low, high = float(info["saturated_percent"]), float(info["min"]), float(info["max"])
             return self.issue(
                 step,
-                f"{fmt(float(info['saturated_percent']))}% of the nodes of {info['activation']} input {name} are saturated "
-                f"(outside ({fmt(float(info['min']))}, {fmt(float(info['max']))}) in > {fmt(100 - self.threshold_inactivity)}% "
+                f"{fmt(percent)}% of the nodes of {info['activation']} input {name} are saturated "
+                f"(outside ({fmt(low)}, {fmt(high)}) in > {fmt(100 - self.threshold_inactivity)}% "
                 f"of samples); threshold_layer {fmt(self.threshold_layer)}%",
                 tensor=name,
                 saturated_percent=info["saturated_percent"],

@@ -48,7 +48,9 @@ class SimilarAcrossRuns(Rule):
             other_trials = parse_list(other_trials)
         super().__init__(base_trial, other_trials=[*list(other_trials), *paths], **parameters)
         if not self.other_trials:
-            raise ConfigError(f"{self.name()}: needs other_trials (the other run's path, e.g. other_trial_0=s3://bucket/run2)")
+            raise ConfigError(
+                f"{self.name()}: needs other_trials (the other run's path, e.g. other_trial_0=s3://bucket/run2)"
+            )
         self.other_trials = [self._open(item) for item in self.other_trials]
 
     @staticmethod

@@ -15,7 +15,7 @@ import numpy as np
 
 from trainguard.errors import ConfigError
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import check_regexes, as_float, fmt, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import as_float, check_regexes, fmt, is_complete, read_values, select
 from trainguard.rules.params import Param
 
 
@@ -37,9 +37,17 @@ class TensorVariance(Rule):
     def validate(self) -> None:
         check_regexes(self, "tensor_regex")
         if self.max_threshold is None and self.min_threshold is None:
-            raise ConfigError(f"{self.name()}: give max_threshold and/or min_threshold (e.g. min_threshold=1e-5,max_threshold=10)")
-        if self.max_threshold is not None and self.min_threshold is not None and self.min_threshold > self.max_threshold:
-            raise ConfigError(f"{self.name()}: min_threshold={self.min_threshold} is above max_threshold={self.max_threshold}")
+            raise ConfigError(
+                f"{self.name()}: give max_threshold and/or min_threshold (e.g. min_threshold=1e-5,max_threshold=10)"
+            )
+        if (
+            self.max_threshold is not None
+            and self.min_threshold is not None
+            and self.min_threshold > self.max_threshold
+        ):
+            raise ConfigError(
+                f"{self.name()}: min_threshold={self.min_threshold} is above max_threshold={self.max_threshold}"
+            )
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial
@@ -50,7 +58,11 @@ class TensorVariance(Rule):
         else:
             names = select(self, step, collections=["weights"])
         if not names:
-            if trial.training_ended and not (self.collection_names or self.tensor_regex) and not trial.tensor_names(collection="weights"):
+            if (
+                trial.training_ended
+                and not (self.collection_names or self.tensor_regex)
+                and not trial.tensor_names(collection="weights")
+            ):
                 return self.missing(step, MissingTensor("weights", "weights"))
             return None
         variances: dict[str, float] = {}

@@ -37,7 +37,9 @@ class UnchangedTensor(Rule):
 
     collection_names = Param(list, None, "collections to inspect (default: weights, biases, gradients)")
     tensor_regex = Param(list, None, "regexes of tensor names to inspect")
-    num_steps = Param(int, 3, "how many saved steps must be equal", check=lambda value: None if value >= 2 else "must be >= 2")
+    num_steps = Param(
+        int, 3, "how many saved steps must be equal", check=lambda value: None if value >= 2 else "must be >= 2"
+    )
     rtol = Param(float, 1e-5, "np.allclose rtol")
     atol = Param(float, 1e-8, "np.allclose atol")
     equal_nan = Param(bool, False, "NaN equals NaN")
@@ -89,7 +91,7 @@ class UnchangedTensor(Rule):
             arrays = [self._values.get((name, p)) for p in window]
             if any(array is None for array in arrays):
                 continue
-            if all(self._close(a, b) for a, b in zip(arrays, arrays[1:])):
+            if all(self._close(a, b) for a, b in zip(arrays, arrays[1:], strict=False)):
                 unchanged[name] = window
         self._forget(windows)
         if unchanged:

@@ -24,8 +24,12 @@ class VanishingGradient(Rule):
         "connections, and use Xavier/He initialisation (torch.nn.init.kaiming_normal_)"
     )
 
-    threshold = Param(float, 1e-7, "fire when the mean absolute value of a gradient is below this",
-                      check=lambda value: None if value >= 0 else "must be >= 0")
+    threshold = Param(
+        float,
+        1e-7,
+        "fire when the mean absolute value of a gradient is below this",
+        check=lambda value: None if value >= 0 else "must be >= 0",
+    )
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial

@@ -16,7 +16,16 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import as_float, fmt, is_complete, mode_steps, read_values, saved_steps, select, training_mode
+from trainguard.rules.builtin._helpers import (
+    as_float,
+    fmt,
+    is_complete,
+    mode_steps,
+    read_values,
+    saved_steps,
+    select,
+    training_mode,
+)
 from trainguard.rules.params import Param
 
 
@@ -32,8 +41,12 @@ class WeightUpdateRatio(Rule):
         "optimizer and have requires_grad=True"
     )
 
-    num_steps = Param(int, None, "compare with the weights at most this many steps earlier",
-                      check=lambda value: None if value >= 1 else "must be >= 1")
+    num_steps = Param(
+        int,
+        None,
+        "compare with the weights at most this many steps earlier",
+        check=lambda value: None if value >= 1 else "must be >= 1",
+    )
     large_threshold = Param(float, 10.0, "fire when update/weight norm ratio is above this")
     small_threshold = Param(float, 1e-8, "fire when update/weight norm ratio is below this")
     epsilon = Param(float, 1e-9, "added to the weight norm against division by zero")
@@ -96,7 +109,9 @@ class WeightUpdateRatio(Rule):
                 continue
             before = as_float(previous[name])
             with np.errstate(all="ignore"):
-                ratio = float(np.linalg.norm((array - before).ravel()) / (np.linalg.norm(before.ravel()) + self.epsilon))
+                ratio = float(
+                    np.linalg.norm((array - before).ravel()) / (np.linalg.norm(before.ravel()) + self.epsilon)
+                )
             ratios[name] = ratio if np.isfinite(ratio) else float("inf")
         if not ratios:
             return None
