@@ -24,6 +24,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -51,6 +52,18 @@ def _transition(job: dict, status: str) -> float:
     return next(t["start_time"] for t in job["secondary_status_transitions"] if t["status"] == status)
 
 
+def _uploader_summary(stack: Stack, name: str, timeout_s: float = 60) -> dict:
+    """The uploader's closing JSON line (it may still be on its last pass when the job is Stopped)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for line in reversed(stack.logs(name, "uploader").splitlines()):
+            if line.startswith("{") and '"uploader"' in line:
+                return json.loads(line)
+        if time.monotonic() > deadline:
+            return {}
+        time.sleep(0.5)
+
+
 def run_job(stack: Stack, fault_step: int, step_sleep: float) -> dict:
     name = f"bench-{uuid.uuid4().hex[:8]}"
     stack.submit({
@@ -66,7 +79,7 @@ def run_job(stack: Stack, fault_step: int, step_sleep: float) -> dict:
         raise RuntimeError(f"{name} ended {job['status']} without a finding: {json.dumps(job)[:2000]}")
     step = job["rules"][0]["findings"][0]["step"]
     t_fault = _index_mtime(f"tg-{name}-tensors", step)
-    uploader = json.loads(stack.logs(name, "uploader").strip().splitlines()[-1])
+    uploader = _uploader_summary(stack, name)
     return {
         "job": name,
         "fault_step": step,
