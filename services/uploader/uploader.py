@@ -114,6 +114,12 @@ class Uploader:
 
     def scan_once(self, final: bool = False) -> bool:
         """One round; True once the end marker is uploaded and nothing else is pending."""
+        try:
+            return self._scan(final)
+        finally:
+            self.state.flush()
+
+    def _scan(self, final: bool) -> bool:
         files = self._list()
         end_marker = files.pop(END_OF_TRAINING, None)
         training_over = end_marker is not None or final
