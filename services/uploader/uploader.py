@@ -97,7 +97,9 @@ class Uploader:
         self.state = UploadState(state_path, destination)
         self._client = client or _make_client(endpoint_url)
         self._create_bucket = create_bucket
-        self._verify_before_put = True  # first scan after a (re)start: HEAD before PUT
+        # Files present at (re)start that the state does not list may have gone up just before a
+        # kill: HEAD them before any PUT. Filled by the first listing.
+        self._unverified: set[str] | None = None
         self._index_targets: dict[str, str] = {}
 
     # -- public ---------------------------------------------------------------------------------
@@ -121,6 +123,8 @@ class Uploader:
 
     def _scan(self, final: bool) -> bool:
         files = self._list()
+        if self._unverified is None:
+            self._unverified = {key for key in files if key not in self.state}
         end_marker = files.pop(END_OF_TRAINING, None)
         training_over = end_marker is not None or final
         pending = [f for f in files.values() if not self.state.is_current(f.key, f.size, f.mtime_ns)]
@@ -143,7 +147,6 @@ class Uploader:
                 self._upload(item)
             else:
                 waiting += 1  # its event file is not up yet (written after this round's listing)
-        self._verify_before_put = False
         if end_marker is None or waiting:
             return False
         if not self.state.is_current(end_marker.key, end_marker.size, end_marker.mtime_ns):
@@ -193,10 +196,12 @@ class Uploader:
 
     def _upload(self, item: _LocalFile) -> None:
         s3_key = self._s3_key(item.key)
-        if self._verify_before_put and item.key not in self.state and self._already_there(item, s3_key):
-            self.state.record(item.key, item.size, item.mtime_ns)
-            self.stats.skipped_existing += 1
-            return
+        if self._unverified and item.key in self._unverified:
+            self._unverified.discard(item.key)
+            if self._already_there(item, s3_key):
+                self.state.record(item.key, item.size, item.mtime_ns)
+                self.stats.skipped_existing += 1
+                return
         if item.size >= _MULTIPART_THRESHOLD:
             self._with_retries(item.key, lambda: self._client.upload_file(str(item.path), self.bucket, s3_key))
         else:
