@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from trainguard.errors import (
@@ -41,10 +42,12 @@ from trainguard.rules import create_rule, get_rule_class
 from trainguard.rules.base import MissingTensor, StepResult
 from trainguard.rules.base import Rule as NativeRule
 from trainguard.rules.params import parse_bool
+from trainguard.rules.actions import spec_actions
 from trainguard.rules.spec import RuleSpec
 
 __all__ = [
     "NoMoreData",
+    "validate_specs",
     "Rule",
     "RuleEvaluationConditionMet",
     "SmdebugRuleAdapter",
@@ -258,3 +261,43 @@ def make_rule(base_trial: Any, spec: RuleSpec, other_trials: Any = ()) -> Native
     if issubclass(rule_class, SmdebugRuleAdapter):
         return rule_class(base_trial, other_trials=other_trials, **dict(spec.parameters))
     return create_rule(base_trial, spec, other_trials)
+
+
+_RESERVED = {"action_json", "rule_to_invoke", "base_trial", "other_trials"}
+
+
+def validate_specs(specs: Sequence[RuleSpec]) -> dict[str, type[NativeRule]]:
+    """Resolve every spec's class and check its parameters, before anything runs.
+
+    Returns:
+        {configuration name: rule class}.
+
+    Raises:
+        ConfigError: no rules, duplicate configuration names, unknown rule (the message lists the
+            valid ones), unknown or invalid parameters, unparsable action_json.
+    """
+    if not specs:
+        raise ConfigError("no rules given: name at least one rule (trainguard rules list shows them)")
+    classes: dict[str, type[NativeRule]] = {}
+    for spec in specs:
+        if not isinstance(spec, RuleSpec):
+            raise ConfigError(f"expected a RuleSpec, got {spec!r}")
+        if spec.name in classes:
+            raise ConfigError(
+                f"two rule configurations are named {spec.name!r}: give each a distinct configuration_name"
+            )
+        rule_class = resolve_rule_class(spec.rule)
+        spec_actions(spec)
+        if issubclass(rule_class, SmdebugRuleAdapter):
+            rule_class.check_parameters(dict(spec.parameters))
+        else:
+            declared = rule_class.parameters()
+            unknown = sorted(set(spec.parameters) - set(declared) - _RESERVED)
+            if unknown:
+                valid = ", ".join(sorted(declared)) or "(none)"
+                raise ConfigError(f"{rule_class.name()}: unknown parameter(s) {', '.join(unknown)}; valid parameters: {valid}")
+            for key, value in spec.parameters.items():
+                if key in declared:
+                    declared[key].parse(rule_class.name(), value)
+        classes[spec.name] = rule_class
+    return classes

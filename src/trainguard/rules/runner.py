@@ -49,8 +49,9 @@ from trainguard.errors import (
     WaitTimeout,
 )
 from trainguard.rules.actions import spec_actions, stops_training
+from trainguard.rules.read_cache import StepReadCache
 from trainguard.rules.base import Rule, RuleStatus, StepResult
-from trainguard.rules.compat import SmdebugRuleAdapter, make_rule, resolve_rule_class
+from trainguard.rules.compat import make_rule, validate_specs
 from trainguard.rules.progress import (
     RuleProgress,
     load_progress,
@@ -63,7 +64,8 @@ __all__ = ["RuleRunner", "StatusUpdate", "validate_specs"]
 
 logger = logging.getLogger("trainguard.rules")
 
-_RESERVED = {"action_json", "rule_to_invoke", "base_trial", "other_trials"}
+# Seconds between rewrites of a rule's rule-output file while only its last evaluated step moves.
+OUTPUT_INTERVAL = 1.0
 # Consecutive failed polls of the store (network, permissions) before every rule gets Error.
 _MAX_STORE_FAILURES = 30
 
@@ -120,43 +122,6 @@ class StatusUpdate:
             last_evaluated_step=data.get("last_evaluated_step"),
             timestamp=float(data.get("timestamp") or time.time()),
         )
-
-
-def validate_specs(specs: Sequence[RuleSpec]) -> dict[str, type[Rule]]:
-    """Resolve every spec's class and check its parameters, before anything runs.
-
-    Returns:
-        {configuration name: rule class}.
-
-    Raises:
-        ConfigError: no rules, duplicate configuration names, unknown rule (the message lists the
-            valid ones), unknown or invalid parameters, unparsable action_json.
-    """
-    if not specs:
-        raise ConfigError("no rules given: name at least one rule (trainguard rules list shows them)")
-    classes: dict[str, type[Rule]] = {}
-    for spec in specs:
-        if not isinstance(spec, RuleSpec):
-            raise ConfigError(f"expected a RuleSpec, got {spec!r}")
-        if spec.name in classes:
-            raise ConfigError(
-                f"two rule configurations are named {spec.name!r}: give each a distinct configuration_name"
-            )
-        rule_class = resolve_rule_class(spec.rule)
-        spec_actions(spec)
-        if issubclass(rule_class, SmdebugRuleAdapter):
-            rule_class.check_parameters(dict(spec.parameters))
-        else:
-            declared = rule_class.parameters()
-            unknown = sorted(set(spec.parameters) - set(declared) - _RESERVED)
-            if unknown:
-                valid = ", ".join(sorted(declared)) or "(none)"
-                raise ConfigError(f"{rule_class.name()}: unknown parameter(s) {', '.join(unknown)}; valid parameters: {valid}")
-            for key, value in spec.parameters.items():
-                if key in declared:
-                    declared[key].parse(rule_class.name(), value)
-        classes[spec.name] = rule_class
-    return classes
 
 
 def _overrides(rule: Rule, method: str) -> bool:
@@ -233,6 +198,8 @@ class RuleRunner:
         self._stop_on_fire = {spec.name: stops_training(spec_actions(spec)) for spec in self.specs}
         self._rule_names = {spec.name: cls.name() for spec, cls in zip(self.specs, self.classes.values())}
         self._last_save = 0.0
+        self._last_output = 0.0
+        self._progress_dirty = False
         self._dirty: set[str] = set()
 
     # -- public --------------------------------------------------------------------------------
@@ -249,6 +216,7 @@ class RuleRunner:
         if self.trial is None:  # stopped while waiting
             self._stop_all("rule evaluation was stopped before the run appeared")
             return dict(self.latest)
+        self.read_cache = StepReadCache(self.trial)
         self._create_rules()
         self._loop()
         return dict(self.latest)
@@ -388,6 +356,7 @@ class RuleRunner:
                 self._record(name, result)
             state.last_evaluated_step = step
             self._dirty.add(name)
+            self._progress_dirty = True
         self._save()
 
     def _idle_checks(self, had_steps: bool) -> None:
@@ -519,17 +488,22 @@ class RuleRunner:
 
     # -- persistence ---------------------------------------------------------------------------
     def _save(self, force: bool = False) -> None:
+        """Progress file at most every ``progress_interval`` s (at once when ``force``); the
+        rule-output files of rules that changed on ``force`` (a status or finding) and otherwise
+        at most every ``OUTPUT_INTERVAL`` s: they are for people and reports, not for resuming."""
         now = time.monotonic()
         if not force and now - self._last_save < self.progress_interval:
             return
         self._last_save = now
         try:
-            if self.progress_file:
+            if self.progress_file and (self._dirty or self._progress_dirty):
                 write_progress(self.progress_file, self.trial_path, self.progress)
-            if self.output_dir:
-                for name in sorted(self._dirty) if not force else list(self.progress):
+                self._progress_dirty = False
+            if self.output_dir and self._dirty and (force or now - self._last_output >= OUTPUT_INTERVAL):
+                self._last_output = now
+                for name in sorted(self._dirty):
                     write_rule_output(self.output_dir, self.progress[name])
-            self._dirty.clear()
+                self._dirty.clear()
         except OSError as error:
             logger.warning("trainguard rules: cannot save rule progress: %s", error)
 
