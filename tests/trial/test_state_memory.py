@@ -30,3 +30,14 @@ def test_listed_index_keys_are_forgotten_behind_the_token(monkeypatch):
     assert state.refresh() == 0
     _write_steps(store, range(1000, 1010))
     assert state.refresh() == 10 and max(state.steps) == 1009
+
+
+def test_global_mode_steps_are_addressed_by_global_step():
+    """A GLOBAL-mode step whose mode_step differs from its step must not shadow another step."""
+    store = MemoryStore("global")
+    for step, mode_step in [(4, 0), (16, 4), (20, 5)]:
+        index = StepIndex(step, "worker_0", ModeKeys.GLOBAL, mode_step, event_key(step, "worker_0"), [IndexEntry("t", 0, 40)])
+        store.write(index_key(step, "worker_0"), render_index(index))
+    state = RunState(store, num_workers=1)
+    state.refresh()
+    assert state.by_mode[ModeKeys.GLOBAL] == {4: 4, 16: 16, 20: 20}

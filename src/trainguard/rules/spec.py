@@ -1,8 +1,9 @@
 """A rule configuration: which rule, with which parameters and actions, under which name.
 
 The command line form is ``NAME[:key=value,key=value]``, e.g.
-``VanishingGradient:threshold=1e-6``; ``NAME`` may be ``package.module:Class`` (then parameters
-follow a second colon... use the JSON or Python forms for those).
+``VanishingGradient:threshold=1e-6``; a list value keeps its commas
+(``AllZero:tensor_regex=.*bias,.*weight,threshold=90``). ``NAME`` may be
+``package.module:Class``, with parameters after a second colon.
 """
 
 from __future__ import annotations
@@ -48,9 +49,15 @@ class RuleSpec:
             class_part, _, tail = tail.partition(":")
             head = f"{head}:{class_part}"
         parameters: dict[str, str] = {}
-        for item in filter(None, (part.strip() for part in tail.split(","))) if tail else ():
+        last_key = None
+        for item in (part.strip() for part in tail.split(",")) if tail else ():
             key, eq, value = item.partition("=")
-            if not eq or not key.strip():
+            if eq and key.strip() and not any(c in key for c in "*.|()[]"):
+                last_key = key.strip()
+                parameters[last_key] = value.strip()
+            elif last_key is not None:
+                # A part without key= continues a list value: tensor_regex=a,b,threshold=3
+                parameters[last_key] += "," + item
+            else:
                 raise ConfigError(f"rule {text!r}: {item!r} is not key=value")
-            parameters[key.strip()] = value.strip()
         return cls(rule=head.strip(), parameters=parameters)

@@ -148,8 +148,10 @@ class RunState:
         record = self.steps.get(index.step)
         if record is None:
             record = self.steps[index.step] = StepRecord(index.step, index.mode, index.mode_step)
-            self.by_mode[index.mode][index.mode_step] = index.step
-            self.by_mode[ModeKeys.GLOBAL].setdefault(index.step, index.step)
+            if index.mode != ModeKeys.GLOBAL:
+                self.by_mode[index.mode][index.mode_step] = index.step
+            # GLOBAL is addressed by global step, whatever mode_step a GLOBAL-mode step carries
+            self.by_mode[ModeKeys.GLOBAL][index.step] = index.step
         record.workers[index.worker] = index
         self.workers.add(index.worker)
         for entry in index.tensors:

@@ -1,0 +1,30 @@
+"""The command-line form of a rule configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.errors import ConfigError
+from trainguard.rules import RuleSpec
+
+
+@pytest.mark.parametrize(
+    ("text", "rule", "parameters"),
+    [
+        ("VanishingGradient", "VanishingGradient", {}),
+        ("VanishingGradient:threshold=1e-6", "VanishingGradient", {"threshold": "1e-6"}),
+        ("AllZero:tensor_regex=.*bias,.*weight,threshold=90", "AllZero", {"tensor_regex": ".*bias,.*weight", "threshold": "90"}),
+        ("LossNotDecreasing:collection_names=losses,default", "LossNotDecreasing", {"collection_names": "losses,default"}),
+        ("my.rules:Custom", "my.rules:Custom", {}),
+        ("my.rules:Custom:limit=3,names=a,b", "my.rules:Custom", {"limit": "3", "names": "a,b"}),
+    ],
+)
+def test_parse(text, rule, parameters):
+    spec = RuleSpec.parse(text)
+    assert (spec.rule, dict(spec.parameters), spec.name) == (rule, parameters, rule)
+
+
+@pytest.mark.parametrize("text", ["", "  ", "AllZero:=3"])
+def test_bad_forms_are_config_errors(text):
+    with pytest.raises(ConfigError):
+        RuleSpec.parse(text)
