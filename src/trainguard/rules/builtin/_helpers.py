@@ -6,8 +6,10 @@ step still being written, a tensor saved at some steps only, empty or non-finite
 
 from __future__ import annotations
 
+import bisect
 import re
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,10 @@ def is_complete(trial: Any, step: int) -> bool:
 
 def training_mode(trial: Any) -> ModeKeys:
     """TRAIN when the run has TRAIN steps, else GLOBAL (SageMaker's WeightUpdateRatio rule)."""
+    state = getattr(trial, "_state", None)
+    if state is not None and hasattr(state, "by_mode"):
+        trial.refresh()
+        return ModeKeys.TRAIN if state.by_mode[ModeKeys.TRAIN] else ModeKeys.GLOBAL
     return ModeKeys.TRAIN if trial.steps(mode=ModeKeys.TRAIN) else ModeKeys.GLOBAL
 
 
@@ -60,11 +66,24 @@ def select(
     known = trial.collections()
     for collection in collections or ():
         if collection in known:
-            names.update(trial.tensor_names(step=step, collection=collection))
+            names.update(trial.tensor_names(collection=collection))
     patterns = [regex] if isinstance(regex, str) else list(regex or ())
     if patterns:
-        names.update(trial.tensor_names(step=step, regex=patterns))
-    return sorted(names)
+        names.update(trial.tensor_names(regex=patterns))
+    return sorted(name for name in names if saved_at(trial, name, step))
+
+
+def names_at(trial: Any, step: int) -> list[str]:
+    """Every tensor whose raw value was saved at global ``step``."""
+    return [name for name in trial.tensor_names() if saved_at(trial, name, step)]
+
+
+def saved_at(trial: Any, name: str, step: int) -> bool:
+    """Whether ``name``'s raw value was saved at global ``step`` (O(1) on a trainguard trial)."""
+    state = getattr(trial, "_state", None)
+    if state is not None and hasattr(state, "tensors"):
+        return step in state.tensors.get(name, ())
+    return name in trial.tensor_names(step=step)
 
 
 def read_values(trial: Any, names: Sequence[str], step: int) -> dict[str, np.ndarray]:
@@ -122,7 +141,7 @@ def model_inputs(trial: Any, step: int) -> list[str]:
     (``Net``, ``Sequential``) starts with a capital letter, child paths (``fc1``, ``0``) do not.
     Loss-module inputs (predictions/labels) are never model inputs.
     """
-    inputs = [name for name in trial.tensor_names(step=step) if re.search(r"_input_\d+$", name)]
+    inputs = [name for name in names_at(trial, step) if re.search(r"_input_\d+$", name)]
     known = trial.collections()
     parameters: set[str] = set()
     for collection in ("weights", "biases", "gradients"):
@@ -161,19 +180,52 @@ def safe_mode(trial: Any, step: int) -> ModeKeys | None:
         return None
 
 
-def mode_steps(trial: Any, mode: ModeKeys) -> list[int]:
-    """Complete global steps of ``mode`` (all complete steps for GLOBAL), sorted."""
-    if mode == ModeKeys.GLOBAL:
-        return trial.steps()
-    return sorted(trial.global_step(mode, mode_step) for mode_step in trial.steps(mode=mode))
+_SORTED_STEPS: weakref.WeakKeyDictionary[Any, dict[str, tuple[int, list[int]]]] = weakref.WeakKeyDictionary()
 
 
-def saved_steps(trial: Any, name: str) -> list[int]:
-    """Complete global steps at which ``name`` was saved."""
-    try:
-        return trial.tensor(name).steps()
-    except TrialError:
-        return []
+def _sorted_saved_steps(trial: Any, name: str) -> list[int]:
+    """Global steps with ``name``'s raw value, sorted; re-sorted only when the run grew."""
+    state = getattr(trial, "_state", None)
+    if state is None or not hasattr(state, "tensors"):
+        try:
+            return trial.tensor(name).steps()
+        except TrialError:
+            return []
+    steps = state.tensors.get(name, {})
+    cache = _SORTED_STEPS.setdefault(trial, {})
+    hit = cache.get(name)
+    if hit is None or hit[0] != len(steps):
+        hit = (len(steps), sorted(steps))
+        cache[name] = hit
+    return hit[1]
+
+
+def earlier_steps(
+    trial: Any,
+    name: str,
+    step: int,
+    keep: Callable[[int], bool],
+    *,
+    stop: Callable[[int], bool] | None = None,
+    limit: int | None = None,
+) -> list[int]:
+    """Complete saved steps of ``name`` before ``step`` with ``keep(p)``, newest first.
+
+    The walk back ends at the first kept step with ``stop(p)`` or after ``limit`` steps found; it
+    costs O(log n + steps visited), not O(n) per call.
+    """
+    ordered = _sorted_saved_steps(trial, name)
+    found: list[int] = []
+    for index in range(bisect.bisect_left(ordered, step) - 1, -1, -1):
+        p = ordered[index]
+        if not keep(p) or not is_complete(trial, p):
+            continue
+        if stop is not None and stop(p):
+            break
+        found.append(p)
+        if limit is not None and len(found) >= limit:
+            break
+    return found
 
 
 class ChannelStats:

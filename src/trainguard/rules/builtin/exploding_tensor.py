@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import Rule, StepResult
-from trainguard.rules.builtin._helpers import check_regexes, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import check_regexes, is_complete, names_at, read_values, select
 from trainguard.rules.params import Param
 
 
@@ -37,7 +37,7 @@ class ExplodingTensor(Rule):
         if self.collection_names or self.tensor_regex:
             names = select(self, step, collections=self.collection_names, regex=self.tensor_regex)
         else:
-            names = trial.tensor_names(step=step)
+            names = names_at(trial, step)
         if not names:
             return None
         bad: dict[str, dict[str, int]] = {}

@@ -18,7 +18,7 @@ import numpy as np
 
 from trainguard.errors import ConfigError
 from trainguard.rules.base import Rule, StepResult
-from trainguard.rules.builtin._helpers import check_regexes, fmt, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import check_regexes, fmt, is_complete, names_at, read_values, select
 from trainguard.rules.params import Param, parse_list
 
 _OTHER_TRIAL_KEY = re.compile(r"^other_trials?(_\d+)?$")
@@ -70,7 +70,7 @@ class SimilarAcrossRuns(Rule):
         if self.collection_names or self.tensor_regex:
             names = select(self, step, collections=self.collection_names, regex=self.tensor_regex)
         else:
-            names = self.base_trial.tensor_names(step=step)
+            names = names_at(self.base_trial, step)
         if not names:
             return None
         base = None
@@ -78,7 +78,7 @@ class SimilarAcrossRuns(Rule):
         for other in self.other_trials:
             if not is_complete(other, step):
                 continue
-            common = sorted(set(names) & set(other.tensor_names(step=step)))
+            common = sorted(set(names) & set(names_at(other, step)))
             if not common:
                 continue
             base = base or read_values(self.base_trial, names, step)

@@ -20,7 +20,7 @@ import numpy as np
 
 from trainguard.modes import ModeKeys
 from trainguard.rules.base import Rule, StepResult
-from trainguard.rules.builtin._helpers import check_regexes, is_complete, read_values, saved_steps, select
+from trainguard.rules.builtin._helpers import check_regexes, earlier_steps, is_complete, read_values, select
 from trainguard.rules.params import Param
 
 DEFAULT_COLLECTIONS = ("weights", "biases", "gradients")
@@ -73,7 +73,8 @@ class UnchangedTensor(Rule):
             return None
         windows: dict[str, list[int]] = {}
         for name in names:
-            same_mode = [p for p in saved_steps(trial, name) if p <= step and trial.mode(p) == mode]
+            before = earlier_steps(trial, name, step, lambda p: trial.mode(p) == mode, limit=self.num_steps - 1)
+            same_mode = [*reversed(before), step]
             if len(same_mode) >= self.num_steps:
                 windows[name] = same_mode[-self.num_steps :]
         if not windows:

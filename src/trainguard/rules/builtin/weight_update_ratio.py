@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from trainguard.modes import ModeKeys
 from trainguard.rules.base import MissingTensor, Rule, StepResult
 from trainguard.rules.builtin._helpers import (
     as_float,
+    earlier_steps,
     fmt,
     is_complete,
-    mode_steps,
     read_values,
-    saved_steps,
     select,
     training_mode,
 )
@@ -61,24 +61,26 @@ class WeightUpdateRatio(Rule):
         if self.small_threshold >= self.large_threshold:
             raise ConfigError(f"{self.name()}: small_threshold must be < large_threshold")
 
-    def _previous(self, name: str, step: int, in_mode: set[int]) -> int | None:
+    def _previous(self, name: str, step: int, mode: ModeKeys) -> int | None:
         trial = self.base_trial
-        earlier = [p for p in saved_steps(trial, name) if p < step and p in in_mode]
-        if not earlier:
-            return None
+
+        def in_mode(p: int) -> bool:
+            return mode == ModeKeys.GLOBAL or trial.mode(p) == mode
+
         if self.num_steps is None:
-            return earlier[-1]
-        current = trial.mode_step(step)
-        window = [p for p in earlier if trial.mode_step(p) >= current - self.num_steps]
-        return window[0] if window else None
+            found = earlier_steps(trial, name, step, in_mode, limit=1)
+            return found[0] if found else None
+        number = (lambda p: p) if mode == ModeKeys.GLOBAL else trial.mode_step
+        oldest = number(step) - self.num_steps
+        window = earlier_steps(trial, name, step, in_mode, stop=lambda p: number(p) < oldest)
+        return window[-1] if window else None
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial
         if not is_complete(trial, step):
             return None
         mode = training_mode(trial)
-        in_mode = set(mode_steps(trial, mode))
-        if step not in in_mode:
+        if mode != ModeKeys.GLOBAL and trial.mode(step) != mode:
             return None
         names = select(self, step, collections=["weights"])
         if not names:
@@ -86,7 +88,7 @@ class WeightUpdateRatio(Rule):
                 return self.missing(step, MissingTensor("weights", "weights"))
             return None
         current = read_values(trial, names, step)
-        previous_steps = {name: self._previous(name, step, in_mode) for name in current}
+        previous_steps = {name: self._previous(name, step, mode) for name in current}
         to_read: dict[int, list[str]] = {}
         previous: dict[str, np.ndarray] = {}
         for name, prev in previous_steps.items():
