@@ -1,9 +1,10 @@
 """``python -m services.uploader --source DIR --dest s3://bucket/prefix [--endpoint-url URL]
 [--state-file PATH] [--poll-interval 0.5]``; env fallbacks UPLOADER_SOURCE, UPLOADER_DEST,
-S3_ENDPOINT_URL, UPLOADER_STATE_FILE, UPLOADER_POLL_INTERVAL, UPLOADER_GIVE_UP_AFTER_S.
+S3_ENDPOINT_URL, UPLOADER_STATE_FILE, UPLOADER_POLL_INTERVAL, UPLOADER_DRAIN_S, UPLOADER_GIVE_UP_AFTER_S.
 
-Exits 0 once the end marker is uploaded (at once if a previous run already finished), and after a
-last pass on SIGTERM/SIGINT; 2 on bad arguments; 1 when S3 kept failing past the give-up time.
+Exits 0 once the end marker is uploaded (at once if a previous run already finished), and on
+SIGTERM/SIGINT after following up to --drain seconds more for the end marker and a last pass;
+2 on bad arguments; 1 when S3 kept failing past the give-up time.
 The last line printed is a JSON summary (files, bytes, PUTs, upload lag percentiles).
 """
 
@@ -30,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
         "--state-file", default=env("UPLOADER_STATE_FILE"), help="default <source>/.uploader-state.json"
     )
     parser.add_argument("--poll-interval", type=float, default=float(env("UPLOADER_POLL_INTERVAL", "0.5")))
+    parser.add_argument("--drain", type=float, default=float(env("UPLOADER_DRAIN_S", "5")),
+                        help="on SIGTERM, seconds to keep following for the end marker before the last pass")
     parser.add_argument("--give-up-after", type=float, default=float(env("UPLOADER_GIVE_UP_AFTER_S", "600")),
                         help="seconds of continuous S3 failure before exiting 1")
     return parser
@@ -48,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         uploader = Uploader(
             args.source, args.dest, endpoint_url=args.endpoint_url, state_file=args.state_file,
-            poll_interval=args.poll_interval, give_up_after_s=args.give_up_after, stop_event=stop,
+            poll_interval=args.poll_interval, give_up_after_s=args.give_up_after, drain_s=args.drain,
+            stop_event=stop,
         )
     except UploaderError as error:
         print(f"uploader: {error}", file=sys.stderr)

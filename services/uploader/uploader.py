@@ -80,6 +80,7 @@ class Uploader:
         state_file: str | Path | None = None,
         poll_interval: float = 0.5,
         give_up_after_s: float = 600.0,
+        drain_s: float = 5.0,
         create_bucket: bool = True,
         client: Any | None = None,
         stop_event: threading.Event | None = None,
@@ -91,6 +92,7 @@ class Uploader:
         self.bucket, self.prefix = parse_s3_url(destination)
         self.poll_interval = poll_interval
         self.give_up_after_s = give_up_after_s
+        self.drain_s = drain_s
         self.stop_event = stop_event or threading.Event()
         self.stats = UploadStats()
         state_path = Path(state_file) if state_file else self.source / ".uploader-state.json"
@@ -104,15 +106,25 @@ class Uploader:
 
     # -- public ---------------------------------------------------------------------------------
     def run(self) -> UploadStats:
-        """Upload until the end marker is up (or ``stop_event`` is set: then one last pass)."""
+        """Upload until the end marker is up.
+
+        When ``stop_event`` is set (SIGTERM: the job is being stopped, and the training process
+        with it) it keeps following for up to ``drain_s`` so the training's last steps and end
+        marker still go up, then makes one last pass that uploads whatever is there.
+        """
         self._with_retries("check bucket", self._ensure_bucket)
         while True:
-            finished = self.scan_once()
-            if finished:
+            if self.scan_once():
                 return self.stats
             if self.stop_event.wait(self.poll_interval):
-                self.scan_once(final=True)
+                break
+        deadline = time.monotonic() + self.drain_s
+        while time.monotonic() < deadline:
+            if self.scan_once():
                 return self.stats
+            time.sleep(min(self.poll_interval, 0.2))
+        self.scan_once(final=True)
+        return self.stats
 
     def scan_once(self, final: bool = False) -> bool:
         """One round; True once the end marker is uploaded and nothing else is pending."""

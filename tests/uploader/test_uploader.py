@@ -51,10 +51,10 @@ def _start_training(out_dir: Path, steps: int, step_sleep: float) -> subprocess.
     )
 
 
-def _start_uploader(source: Path, dest: str, endpoint: str, state: Path) -> subprocess.Popen[str]:
+def _start_uploader(source: Path, dest: str, endpoint: str, state: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "services.uploader", "--source", str(source), "--dest", dest,
-         "--endpoint-url", endpoint, "--state-file", str(state), "--poll-interval", "0.1"],
+         "--endpoint-url", endpoint, "--state-file", str(state), "--poll-interval", "0.1", *extra],
         cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )
 
@@ -149,6 +149,30 @@ def test_kill_9_mid_run_then_restart_loses_nothing_and_puts_each_file_once(s3_en
     repeated = {k: n for k, n in object_puts.items() if n > 1 and "/collections/" not in k}
     assert repeated == {}
     assert 20 <= uploaded_before_kill < sum(object_puts.values())
+
+
+def test_sigterm_keeps_following_until_the_end_marker_within_the_drain(s3_endpoint, s3_bucket, tmp_path):  # noqa: ANN001, F811
+    """A job being stopped: the uploader gets SIGTERM while training writes its last steps."""
+    source = tmp_path / "run"
+    prefix = "jobs/drained/tensors"
+    training = _start_training(source, steps=40, step_sleep=0.05)
+    uploader = _start_uploader(source, f"s3://{s3_bucket}/{prefix}", s3_endpoint, tmp_path / "state.json",
+                               "--drain", "60")  # fmt: skip
+    try:
+        wait_until = time.monotonic() + 60
+        while not (source / "index").exists():
+            assert time.monotonic() < wait_until, "training wrote nothing"
+            time.sleep(0.05)
+        uploader.send_signal(signal.SIGTERM)
+        assert training.wait(timeout=120) == 0
+        out, _ = uploader.communicate(timeout=90)
+    finally:
+        training.kill()
+        uploader.kill()
+    assert uploader.returncode == 0, out
+    # The end marker arrived within the drain, so it finished normally, with everything up.
+    assert json.loads(out.strip().splitlines()[-1])["uploader"] == "stopped"
+    assert _s3_files(s3_endpoint, s3_bucket, prefix) == _local_files(source)
 
 
 def test_bad_destination_is_a_clear_error(tmp_path):  # noqa: ANN001
