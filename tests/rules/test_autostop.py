@@ -67,6 +67,11 @@ def test_faulty_script_is_detected_and_stopped(tmp_path: Path) -> None:
     outputs = {p.stem: json.loads(p.read_text()) for p in (out / "rule-output").glob("*.json")}
     assert outputs[record["configuration_name"]]["status"] == "IssuesFound"
     assert not [name for name, doc in outputs.items() if doc["status"] == "Error"], outputs
+    # later, trainguard summary reads the same from the run's rule-output files
+    summary = _trainguard("summary", str(out))
+    assert summary.returncode == 0, summary.stderr
+    assert f"training was stopped by {record['configuration_name']} at step {record['step']}" in summary.stdout
+    assert f"{record['configuration_name']}" in summary.stdout and "fix: lower the learning rate" in summary.stdout
 
 
 @pytest.mark.slow

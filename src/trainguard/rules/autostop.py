@@ -127,9 +127,12 @@ class RuleWatch:
         ]  # fmt: skip
         if self.endpoint_url:
             command += ["--endpoint-url", self.endpoint_url]
+        # Its own process group: a Ctrl-C at the terminal goes to trainguard run, which passes it
+        # to training; the runner then sees training end (stdin EOF) and finishes its rules.
         self._runner = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_runner_environment(), text=True, bufsize=1
-        )
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_runner_environment(), text=True, bufsize=1,
+            process_group=0,
+        )  # fmt: skip
         self._reader = threading.Thread(target=self._read_updates, daemon=True, name="trainguard-rule-updates")
         self._reader.start()
 
