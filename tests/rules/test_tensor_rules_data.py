@@ -3,6 +3,8 @@ vector, and robustness on live runs, NaN and empty tensors."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -299,3 +301,6 @@ def test_rules_survive_nan_empty_and_missing_tensors_on_a_live_run(tmp_path, rul
     results = [created.evaluate(step) for step in (0, 1, 2)]
     assert created.evaluate(7) is None  # a step not written yet: nothing to say
     assert all(result is None or result.rule == rule for result in results)
+    for result in results:
+        if result is not None:
+            json.dumps(result.to_dict())  # what a rule runner writes to rule-output/<name>.json

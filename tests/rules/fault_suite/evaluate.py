@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,7 @@ def run_rule(rule: Any, steps: list[int]) -> Outcome:
         result = rule.evaluate(step)
         if result is None:
             continue
+        json.dumps(result.to_dict())  # findings go to rule-output JSON files: must serialise
         if result.missing:
             missing = True
             continue
