@@ -5,9 +5,10 @@
     KERAS_BACKEND=jax python bench/keras_overhead.py    # the JAX backend instead
 
 A small CNN (two conv layers, two dense) on synthetic 28x28 images, batch 64, SGD. One process:
-after a warm-up fit, rounds alternate a ``fit`` without callbacks and a ``fit`` with a fresh
-``KerasHook(save_all=True, save_config=SaveConfig(save_interval=10))`` (weights, biases,
-gradients, every layer's inputs and outputs, losses, metrics), the order swapped every round so
+after a warm-up fit of each kind, rounds alternate a ``fit`` without callbacks and a ``fit``
+with one ``KerasHook(save_all=True, save_config=SaveConfig(save_interval=10))`` (weights,
+biases, gradients, every layer's inputs and outputs, losses, metrics; the hook's writer is
+flushed at the end of each hooked fit and that wait counts), the order swapped every round so
 that slow phases of a shared machine hit both alike. A timing callback (first in the list)
 stamps every batch begin: a step's time includes every callback, the hook's included.
 
@@ -84,11 +85,15 @@ def timed_fit(model: keras.Model, x: np.ndarray, y: np.ndarray, hook: tg.KerasHo
     cpu = time.process_time()
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
     if hook is not None:
-        closing = time.perf_counter()
-        hook.close()  # what is still queued is written now: part of the cost
-        timer.stamps[-1] += time.perf_counter() - closing
+        flushing = time.perf_counter()
+        hook.flush()  # what is still queued is written now: part of the cost
+        timer.stamps[-1] += time.perf_counter() - flushing
     steps = timer.step_times()
     return steps, (time.process_time() - cpu) / len(steps)
+
+
+def directory_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
 
 
 def set_threads(threads: int) -> None:
@@ -111,30 +116,28 @@ def main() -> None:
     x = rng.normal(size=(args.steps * BATCH, 28, 28, 1)).astype("float32")
     y = rng.integers(0, 10, size=args.steps * BATCH)
     model = build_model()
-    model.fit(x[: 20 * BATCH], y[: 20 * BATCH], batch_size=BATCH, epochs=1, verbose=0)  # warm-up, compile
-
     work = tempfile.mkdtemp(prefix="trainguard-keras-bench-")
+    # One hook for every hooked fit, as in a real job: its step numbers run on across fits
+    # (each fit of --steps steps saves --steps/--save-interval times) and on JAX its capture
+    # step is compiled once. Both configurations are warmed up (compilation) before timing.
+    hook = tg.KerasHook(work, save_all=True, save_config=tg.SaveConfig(save_interval=args.save_interval))
+    warm = slice(0, 2 * args.save_interval * BATCH)
+    model.fit(x[warm], y[warm], batch_size=BATCH, epochs=1, verbose=0)
+    model.fit(x[warm], y[warm], batch_size=BATCH, epochs=1, verbose=0, callbacks=[hook])
+    hook.flush()
+    warm_bytes = directory_bytes(work)
+
     times: dict[str, list[float]] = {"none": [], "hook": []}
     ratios: list[float] = []  # hooked / plain mean step time, paired within each round
     cpu_ratios: list[float] = []  # the same for CPU time per step
-    saved_bytes = 0
     try:
         for round_index in range(args.rounds):
             order = ("none", "hook") if round_index % 2 == 0 else ("hook", "none")
             means, cpu = {}, {}
             for config in order:
-                hook = None
-                if config == "hook":
-                    out = os.path.join(work, f"round{round_index}")
-                    hook = tg.KerasHook(out, save_all=True, save_config=tg.SaveConfig(save_interval=args.save_interval))
-                steps, cpu[config] = timed_fit(model, x, y, hook)
+                steps, cpu[config] = timed_fit(model, x, y, hook if config == "hook" else None)
                 times[config].extend(steps)
                 means[config] = statistics.mean(steps)
-                if hook is not None:
-                    saved_bytes = sum(
-                        os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(out) for name in names
-                    )
-                    shutil.rmtree(out, ignore_errors=True)
             ratios.append(means["hook"] / means["none"])
             cpu_ratios.append(cpu["hook"] / cpu["none"])
             print(
@@ -143,6 +146,8 @@ def main() -> None:
                 f"ratio {ratios[-1]:.3f} (cpu {cpu_ratios[-1]:.3f})",
                 flush=True,
             )
+        hook.close()
+        saved_bytes = (directory_bytes(work) - warm_bytes) / args.rounds
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -457,6 +457,10 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
             self._warned.add(key)
             logger.warning("trainguard: %s", message)
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything captured so far is written. False on timeout."""
+        return self._writer.flush(timeout) if self._writer is not None else True
+
     def close(self) -> None:
         self._restore()
         super().close()
