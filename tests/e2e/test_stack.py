@@ -153,19 +153,18 @@ def test_uploader_killed_mid_run_and_restarted_loses_no_file(stack):  # noqa: AN
     client.close()
 
 
-def test_trainguard_submit_cli_against_the_stack(stack, tmp_path):  # noqa: ANN001
-    """The one-command path of the README: `trainguard submit job.json --wait`."""
-    import json
-
-    name = _name("cli")
-    spec = tmp_path / "job.json"
-    spec.write_text(json.dumps(job_spec(name, lr=0.01, steps=10)))
+def test_readme_path_trainguard_submit_example_job(stack):  # noqa: ANN001
+    """The README's one command: `trainguard submit examples/jobs/faulty.yaml --wait` on the stack."""
+    name = _name("example")
     stack.jobs.append(name)
     result = subprocess.run(
-        [sys.executable, "-m", "trainguard.cli", "submit", str(spec), "--api", stack.url, "--token", TOKEN, "--wait",
-         "--timeout", "180"],
-        cwd=REPO, capture_output=True, text=True, timeout=240,
+        [sys.executable, "-m", "trainguard.cli", "submit", "examples/jobs/faulty.yaml", "--name", name,
+         "--api", stack.url, "--token", TOKEN, "--wait", "--timeout", "240"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "Completed" in result.stdout
-    assert stack.job(name)["rules"][0]["status"] == "NoIssuesFound"
+    # --wait exits 1 for a job that was stopped by its rule.
+    assert result.returncode == 1, result.stdout + result.stderr
+    job = stack.job(name)
+    assert job["status"] == "Stopped", job
+    assert job["rules"][0]["status"] == "IssuesFound"
+    assert "Stopped" in result.stdout
