@@ -22,7 +22,7 @@ median step time of "none" in the same round; the table gives the median over ro
 shared machine wall time swings with other processes' load, so the process CPU time per step
 (all threads of this process, the sampler's included) is reported beside it. The
 profiler's own files go to a temp dir. The cost of one system sample (read /proc + NVML + write
-the lines) is also timed directly.
+the lines) is also timed directly, and the framework hooks alone in a finer paired A/B.
 """
 
 from __future__ import annotations
@@ -104,6 +104,45 @@ def measure(
     return times, cpu_per_step, thread_share
 
 
+def hooks_ab(pairs: int, steps: int, data: list) -> list[float]:
+    """Framework hooks alone, paired on one model: blocks of ``steps`` with the hooks installed
+    and removed alternately (order flipped every pair), ratio of block medians per pair. Adjacent
+    blocks (well under a second apart) see the same machine load, unlike whole configurations."""
+    from trainguard.profiler.framework import TorchStepProfiler
+    from trainguard.profiler.timeline import TimelineWriter
+
+    torch.manual_seed(0)
+    model = make_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    timeline = TimelineWriter(lambda key, data: None, 0, "bench")
+
+    def block() -> float:
+        times = []
+        for index in range(steps):
+            x, y = data[index % len(data)]
+            start = time.perf_counter()
+            loss = loss_fn(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    block()  # warm-up
+    ratios = []
+    for pair in range(pairs):
+        medians = {}
+        for hooked in (pair % 2 == 0, pair % 2 == 1):
+            profiler = TorchStepProfiler(timeline).install() if hooked else None
+            medians[hooked] = block()
+            if profiler is not None:
+                profiler.close()
+            timeline.rotate()
+        ratios.append(medians[True] / medians[False])
+    return ratios
+
+
 def sample_cost(samples: int, out_root: str) -> tuple[float, float, int]:
     """Mean wall and CPU seconds per system sample (read counters + format + append the lines)."""
     host, gpus = HostSampler(), GpuSampler()
@@ -162,6 +201,7 @@ def main() -> None:
             summary = ", ".join(f"{name} {result[name][0] * 1000:.2f} ms" for name in CONFIGS)
             print(f"round {round_index + 1}/{rounds}: {summary}", file=sys.stderr, flush=True)
         per_sample, cpu_per_sample, records = sample_cost(500, out_root)
+    ab = hooks_ab(4 if args.quick else 40, 30, data)
 
     print(f"\nreference CNN, batch {BATCH}, 1 torch thread, {rounds} rounds x {steps} timed steps "
           f"(+{warmup} warm-up), torch {torch.__version__}, Python {platform.python_version()}, "
@@ -183,6 +223,9 @@ def main() -> None:
           f"{cpu_per_sample * 1e6:.0f} us CPU ({per_sample * 1e6:.0f} us wall) = "
           f"{100 * cpu_per_sample / 0.1:.3f}% of one core at 100 ms, "
           f"{100 * cpu_per_sample / 0.5:.3f}% at 500 ms")  # fmt: skip
+    low, _, high = statistics.quantiles(ab, n=4)
+    print(f"framework hooks alone, paired A/B on one model ({len(ab)} pairs x 30 steps): slowdown median "
+          f"{statistics.median(ab):.3f}x, quartiles {low:.3f}..{high:.3f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
