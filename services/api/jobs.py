@@ -58,6 +58,7 @@ class JobService:
         self.settings = settings
         self.lock = threading.RLock()
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainguard-action")
+        self.starting: set[str] = set()  # jobs whose components the launcher is starting right now
         self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
         self._changed: set[str] = set()
 
@@ -123,6 +124,7 @@ class JobService:
                 session.add(
                     ComponentRow(job_name=spec.name, role=component.role, state="Pending", updated=now, reason="")
                 )
+            self.starting.add(spec.name)  # the reconciler leaves it alone until every component started
             session.commit()
         try:
             self.launcher.start(launch)
@@ -137,6 +139,8 @@ class JobService:
                     f"InternalServerError: the launcher could not start the job: {error}",
                 )
                 session.commit()
+        finally:
+            self.starting.discard(spec.name)
         self.flush_notifications()
         return self.describe(spec.name)
 

@@ -57,6 +57,8 @@ class Reconciler:
         with self.service.sessions() as session:
             names = list(session.scalars(select(JobRow.name).where(JobRow.settled.is_(False))))
         for name in names:
+            if name in self.service.starting:
+                continue
             try:
                 statuses = self.service.launcher.status(name)
             except Exception as error:  # noqa: BLE001 - the engine may be briefly unreachable
@@ -142,6 +144,8 @@ class Reconciler:
                 if not rule.launched:
                     continue
                 component = statuses.get(rule_role(rule.configuration_name))
+                if component is None and job.status in ("InProgress", "Stopping"):
+                    continue  # not started (yet): only a finished job's missing runner is an error
                 running = component is not None and component.state in _ACTIVE
                 active = active or running
                 if running:

@@ -41,7 +41,7 @@ def test_job_that_ends_while_the_api_is_down_is_known_after_restart(api) -> None
         lambda: (j := api.job("outlives-api"))["status"] == "Completed" and j["rules"][0]["status"] != "InProgress" and j,
         30, "the restarted API to pick up the ends",
     )  # fmt: skip
-    assert job["rules"][0]["status"] == "NoIssuesFound"
+    assert job["rules"][0]["status"] == "NoIssuesFound", job["rules"][0]["status_details"]
     assert job["exit_code"] == 0
     assert [t["status"] for t in job["secondary_status_transitions"]] == [
         "Starting",
