@@ -7,10 +7,14 @@ debugger rule may fire on a healthy baseline. docs/rules-calibration.md is this 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.rules.fault_suite.evaluate import debugger_rules
-from tests.rules.fault_suite.runs import CASES
+from tests.rules.fault_suite.runs import CASES, Case, train
+from tests.rules.synthetic import evaluate_rule, first_firing
+from trainguard.rules import RuleSpec
 
 FAULTS = [case for case in CASES if not case.healthy]
 HEALTHY = [case for case in CASES if case.healthy]
@@ -51,3 +55,17 @@ def test_no_rule_fires_on_a_healthy_run(suite_runs, case):
     ):
         if rule in outcomes:
             assert rule in evaluated, f"{rule} evaluated no step of {case.name}"
+
+
+def test_similar_across_runs_on_real_runs(suite_runs, tmp_path):
+    """Same config and seed on one CPU thread → identical tensors; another seed → differs at step 0."""
+    base_case = next(case for case in HEALTHY if case.name == "healthy-mlp-sgd-noval-s1")
+    base = suite_runs.path(base_case)
+    again = train(str(tmp_path / "again"), base_case.config)
+    other_seed = suite_runs.path(Case("seed-2", replace(base_case.config, seed=2), kind="healthy"))
+    assert first_firing(evaluate_rule(base, _spec(again))) is None
+    assert first_firing(evaluate_rule(base, _spec(other_seed))) == 0
+
+
+def _spec(other: str) -> RuleSpec:
+    return RuleSpec("SimilarAcrossRuns", {"other_trial_0": other})
