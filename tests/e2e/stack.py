@@ -55,6 +55,7 @@ class Stack:
             "TRAINGUARD_S3_PORT": str(self.s3_port),
             "TRAINGUARD_NETWORK": f"{self.project}-net",
             "TRAINGUARD_STOP_GRACE_SECONDS": "10",
+            "TRAINGUARD_SMTP_HOST": "smtp",  # the stack's optional SMTP sink (profile "mail")
         }
         self.jobs: list[str] = []
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -62,7 +63,7 @@ class Stack:
     # -- compose --------------------------------------------------------------------------------
     def compose(self, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            ["docker", "compose", "-p", self.project, *args],
+            ["docker", "compose", "-p", self.project, "--profile", "mail", *args],
             cwd=REPO, env=self.environment, capture_output=True, text=True, timeout=timeout_s,
         )
         if result.returncode != 0:
@@ -81,7 +82,7 @@ class Stack:
                 launcher.remove(job)
             except Exception:  # noqa: BLE001 - teardown goes on; the engine may already be gone
                 pass
-        subprocess.run(["docker", "compose", "-p", self.project, "down", "-v", "--timeout", "5"],
+        subprocess.run(["docker", "compose", "-p", self.project, "--profile", "mail", "down", "-v", "--timeout", "5"],
                        cwd=REPO, env=self.environment, capture_output=True, timeout=120)  # fmt: skip
 
     # -- API ------------------------------------------------------------------------------------
@@ -163,15 +164,20 @@ class Stack:
         }
 
 
-def job_spec(name: str, *, lr: float, steps: int, step_sleep: float = 0.05, stop: bool = True) -> dict[str, Any]:
+def job_spec(
+    name: str, *, lr: float, steps: int, step_sleep: float = 0.05, stop: bool = True, email: str | None = None
+) -> dict[str, Any]:
     """A native job spec running the demo script with ExplodingTensor watching it."""
+    actions: list[dict[str, Any]] = [{"name": "stoptraining"}] if stop else []
+    if email:
+        actions.append({"name": "email", "endpoint": email})
     return {
         "name": name,
         "command": [*DEMO, "--lr", str(lr), "--steps", str(steps), "--step-sleep", str(step_sleep)],
         "hook_config": {"HookParameters": {"save_interval": "1"}},
         "resources": {"cpus": 1.0, "memory_mb": 2048},
         "rules": [
-            {"rule": "ExplodingTensor", "actions": [{"name": "stoptraining"}] if stop else []},
+            {"rule": "ExplodingTensor", "actions": actions},
         ],
     }
 

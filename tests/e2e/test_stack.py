@@ -49,7 +49,7 @@ def _name(kind: str) -> str:
 def test_faulty_job_is_found_by_its_rule_container_and_stopped(stack):  # noqa: ANN001
     name = _name("faulty")
     # lr 5 blows the weights up to inf/NaN within a few steps; 200 steps would take 10 s+.
-    stack.submit(job_spec(name, lr=5.0, steps=200))
+    stack.submit(job_spec(name, lr=5.0, steps=200, email="oncall@example.com"))
     job = stack.wait_settled(name)
     assert job["status"] == "Stopped", job
     assert "ExplodingTensor" in (job["stop_cause"] or "")
@@ -61,6 +61,8 @@ def test_faulty_job_is_found_by_its_rule_container_and_stopped(stack):  # noqa: 
     # The training container really ran PyTorch, hit the fault, and was stopped long before the end.
     log = stack.logs(name)
     assert "first non-finite loss at step" in log and "trainguard-demo: done" not in log
+    # The email action went through the stack's SMTP sink (it prints every message it receives).
+    wait_for(lambda: name in stack.compose("logs", "smtp").stdout, 60, "the email action's message at the sink")
 
 
 def test_healthy_job_completes_with_no_issues_and_its_run_is_on_s3(stack):  # noqa: ANN001
