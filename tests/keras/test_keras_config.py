@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+keras = pytest.importorskip("keras", reason="the Keras tests need keras>=3.5: pip install 'trainguard[keras]'")
 tg = pytest.importorskip("trainguard.keras")
-keras = pytest.importorskip("keras")
 
 from trainguard.errors import ConfigError  # noqa: E402
 

@@ -19,6 +19,8 @@ import pytest
 from trainguard.modes import ModeKeys
 from trainguard.trial import create_trial
 
+pytest.importorskip("keras", reason="the Keras tests need keras>=3.5: pip install 'trainguard[keras]'")
+
 JOB = Path(__file__).with_name("_keras_job.py")
 REPO = Path(__file__).resolve().parents[2]
 BATCH, EPOCH_BATCHES = 4, 4
