@@ -71,7 +71,11 @@ def capture_run(out_dir: str, steps: int) -> dict[str, float]:
 
     plain = train(False)
     captured = train(True)
-    return {"plain_steps_per_s": plain, "captured_steps_per_s": captured, "parameters": sum(p.numel() for p in model().parameters())}
+    return {
+        "plain_steps_per_s": plain,
+        "captured_steps_per_s": captured,
+        "parameters": sum(p.numel() for p in model().parameters()),
+    }
 
 
 def evaluate_rate(run: str, names: list[str]) -> float:
@@ -102,7 +106,9 @@ def latency_runs(runs: int, out_root: Path) -> list[dict[str, float]]:
             env=environment, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         if result.returncode != 3:
-            raise RuntimeError(f"run {index}: expected exit 3 (stopped), got {result.returncode}:\n{result.stderr[-2000:]}")
+            raise RuntimeError(
+                f"run {index}: expected exit 3 (stopped), got {result.returncode}:\n{result.stderr[-2000:]}"
+            )
         record = json.loads((out / "trainguard-stop.json").read_text())
         index_file = next((out / "index").glob(f"*/{int(record['step']):012d}_*.json"))
         written = index_file.stat().st_mtime
@@ -152,12 +158,18 @@ def main() -> None:
                 print(f"      {name:<26} {evaluate_rate(run, [name]):8.1f} steps/s alone", flush=True)
         if not args.skip_latency:
             samples = latency_runs(args.runs, Path(scratch))
-            for key, label in (("detect_s", "fault step written -> finding"), ("stop_s", "fault step written -> stopped")):
+            for key, label in (
+                ("detect_s", "fault step written -> finding"),
+                ("stop_s", "fault step written -> stopped"),
+            ):
                 values = [sample[key] for sample in samples]
                 print(f"(b) {label}: p50 {percentile(values, 50):.3f} s, p95 {percentile(values, 95):.3f} s, "
                       f"max {max(values):.3f} s (n={len(values)})")  # fmt: skip
-            print(f"    fired at step(s) {sorted({s['step'] for s in samples})} by {sorted({s['rule'] for s in samples})}; "
-                  f"wall per run p50 {statistics.median(s['run_s'] for s in samples):.1f} s of a 1920-step script")
+            print(
+                f"    fired at step(s) {sorted({s['step'] for s in samples})} "
+                f"by {sorted({s['rule'] for s in samples})}; "
+                f"wall per run p50 {statistics.median(s['run_s'] for s in samples):.1f} s of a 1920-step script"
+            )
 
 
 if __name__ == "__main__":

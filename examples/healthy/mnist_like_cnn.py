@@ -27,7 +27,9 @@ def make_model() -> nn.Module:
     )
 
 
-def synthetic_digits(count: int, templates: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_digits(
+    count: int, templates: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Learnable data: each class is a fixed random template plus noise."""
     labels = torch.randint(0, 10, (count,), generator=generator)
     images = templates[labels] + 0.8 * torch.randn(count, 1, 28, 28, generator=generator)

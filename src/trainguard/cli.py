@@ -1,10 +1,10 @@
 """The ``trainguard`` command.
 
-    trainguard run [--out DIR] [--config hook.json] [--save-interval N]
-                   [--rules [A,B:key=v,...]] [--stop-on-issue] [--stop-grace S]
-                   [--profile] [--profile-interval-ms MS] -- python train.py ...
-    trainguard summary RUN [--json]
-    trainguard tensorboard RUN OUT_DIR
+trainguard run [--out DIR] [--config hook.json] [--save-interval N]
+               [--rules [A,B:key=v,...]] [--stop-on-issue] [--stop-grace S]
+               [--profile] [--profile-interval-ms MS] -- python train.py ...
+trainguard summary RUN [--json]
+trainguard tensorboard RUN OUT_DIR
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ def _child_environment(args: argparse.Namespace, out_dir: str) -> dict[str, str]
         environment["TRAINGUARD_PROFILER"] = "1"
     if args.profile_interval_ms is not None:
         if args.profile_interval_ms <= 0:
-            raise ConfigError(f"--profile-interval-ms {args.profile_interval_ms} must be a positive number of milliseconds")
+            raise ConfigError(
+                f"--profile-interval-ms {args.profile_interval_ms} must be a positive number of milliseconds"
+            )
         environment["TRAINGUARD_PROFILER"] = "1"
         environment["TRAINGUARD_PROFILER_INTERVAL_MS"] = str(args.profile_interval_ms)
     return environment
@@ -136,7 +138,9 @@ def _run(args: argparse.Namespace) -> int:
             shutil.rmtree(config_dir, ignore_errors=True)
 
 
-def _supervise(args: argparse.Namespace, command: list[str], environment: dict[str, str], out_dir: str, specs: list[Any]) -> int:
+def _supervise(
+    args: argparse.Namespace, command: list[str], environment: dict[str, str], out_dir: str, specs: list[Any]
+) -> int:
     """Run training in its own process group, with the rules beside it when asked."""
     print(f"trainguard: capturing to {out_dir}", file=sys.stderr, flush=True)
     watch = None

@@ -106,7 +106,9 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
         fired = [f for f in result.get("findings") or [] if f.get("fired")]
         if not fired:
             details = str(result.get("status_details") or "").strip()
-            lines.append(f"    {name:<{width}}  {status}" + (f" ({details})" if details and status != "IssuesFound" else ""))
+            lines.append(
+                f"    {name:<{width}}  {status}" + (f" ({details})" if details and status != "IssuesFound" else "")
+            )
             continue
         lines.append(f"    {name:<{width}}  {status}: {len(fired)} finding(s), first at step {fired[0].get('step')}")
         for finding in fired[:_FINDINGS_SHOWN]:
@@ -121,7 +123,8 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
         if stopped.get("stopped_at") and stopped.get("finding_reported_at"):
             delay = f", {float(stopped['stopped_at']) - float(stopped['finding_reported_at']):.1f} s after the finding"
         lines.append(
-            f"  stopped     : training was stopped by {stopped.get('configuration_name')} at step {stopped.get('step')}{delay}"
+            f"  stopped     : training was stopped by {stopped.get('configuration_name')} "
+            f"at step {stopped.get('step')}{delay}"
         )
     return "\n".join(lines)
 

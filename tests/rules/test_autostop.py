@@ -78,7 +78,8 @@ def test_faulty_script_is_detected_and_stopped(tmp_path: Path) -> None:
 def test_healthy_script_completes_with_no_findings(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = _trainguard("run", "--out", str(out), "--rules", "--stop-on-issue", "--",
-                         sys.executable, "examples/healthy/mnist_like_cnn.py", "--epochs", "2", "--train-size", "1024")  # fmt: skip
+                         sys.executable, "examples/healthy/mnist_like_cnn.py",
+                         "--epochs", "2", "--train-size", "1024")  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "val accuracy" in result.stdout
     outputs = {p.stem: json.loads(p.read_text()) for p in (out / "rule-output").glob("*.json")}
@@ -94,7 +95,7 @@ def test_healthy_script_completes_with_no_findings(tmp_path: Path) -> None:
     assert outputs["DeadRelu"]["last_evaluated_step"] == max(trial.steps())
 
 
-SCRIPT_IGNORING_SIGTERM = '''
+SCRIPT_IGNORING_SIGTERM = """
 import signal, subprocess, sys, time
 import torch
 
@@ -110,7 +111,7 @@ for step in range(int(sys.argv[2])):
     loss = torch.nn.functional.mse_loss(model(torch.randn(8, 4)), torch.zeros(8, 1))
     optimizer.zero_grad(); loss.backward(); optimizer.step()
     time.sleep(0.01)
-'''
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -127,7 +128,8 @@ def test_stop_kills_the_whole_process_group_after_the_grace_period(tmp_path: Pat
     script.write_text(SCRIPT_IGNORING_SIGTERM)
     out = tmp_path / "run"
     result = _trainguard("run", "--out", str(out), "--save-interval", "1", "--rules", f"{HERE}:FiresFromStepTwo",
-                         "--stop-on-issue", "--stop-grace", "1", "--", sys.executable, str(script), str(pid_file), "100000")  # fmt: skip
+                         "--stop-on-issue", "--stop-grace", "1",
+                         "--", sys.executable, str(script), str(pid_file), "100000")  # fmt: skip
     assert result.returncode == 3, result.stdout + result.stderr
     record = json.loads((out / "trainguard-stop.json").read_text())
     assert record["step"] == 2
@@ -153,10 +155,15 @@ def test_rules_without_stop_report_but_do_not_stop(tmp_path: Path) -> None:
 
 
 def test_profile_flags_reach_the_child(tmp_path: Path) -> None:
-    probe = "import os; print('PROFILER', os.environ.get('TRAINGUARD_PROFILER'), os.environ.get('TRAINGUARD_PROFILER_INTERVAL_MS'))"
+    probe = (
+        "import os; e = os.environ; "
+        "print('PROFILER', e.get('TRAINGUARD_PROFILER'), e.get('TRAINGUARD_PROFILER_INTERVAL_MS'))"
+    )
     result = _trainguard("run", "--out", str(tmp_path / "a"), "--profile", "--", sys.executable, "-c", probe)
     assert "PROFILER 1 None" in result.stdout, result.stderr
-    result = _trainguard("run", "--out", str(tmp_path / "b"), "--profile-interval-ms", "200", "--", sys.executable, "-c", probe)
+    result = _trainguard(
+        "run", "--out", str(tmp_path / "b"), "--profile-interval-ms", "200", "--", sys.executable, "-c", probe
+    )
     assert "PROFILER 1 200" in result.stdout, result.stderr
 
 
@@ -185,7 +192,7 @@ def test_run_flags_choose_rules_and_actions() -> None:
     assert [s.rule for s in defaults] == [name for name in DEFAULT_RULES]
     assert all(s.actions == ({"name": "stoptraining"},) for s in defaults)
     chosen = specs("--rules", "VanishingGradient:threshold=1e-5", "--rules", "default")
-    assert [s.rule for s in chosen][-len(DEFAULT_RULES):] == list(DEFAULT_RULES)
+    assert [s.rule for s in chosen][-len(DEFAULT_RULES) :] == list(DEFAULT_RULES)
     assert all(not s.actions for s in chosen)
     # a rule named after the defaults replaces the default configuration of that name
     override = specs("--rules", "--rules", "VanishingGradient:threshold=1e-5")
@@ -205,9 +212,8 @@ def test_hook_config_adds_rule_collections(tmp_path: Path) -> None:
     assert names[:7] == ["weights", "biases", "gradients", "losses", "outputs", "scalars", "default"]
     assert "relu_output" in names and len(names) == len(set(names))
     user = tmp_path / "hook.json"
-    user.write_text(json.dumps({"HookParameters": {"save_interval": "50"},
-                                "CollectionConfigurations": [{"CollectionName": "gradients",
-                                                              "CollectionParameters": {"save_interval": "7"}}]}))  # fmt: skip
+    gradients = {"CollectionName": "gradients", "CollectionParameters": {"save_interval": "7"}}
+    user.write_text(json.dumps({"HookParameters": {"save_interval": "50"}, "CollectionConfigurations": [gradients]}))
     merged = hook_config_for_rules(["gradients", "relu_output"], base_config=user)
     assert merged["HookParameters"] == {"save_interval": "50"}
     assert merged["CollectionConfigurations"] == [

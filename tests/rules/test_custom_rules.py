@@ -46,7 +46,7 @@ class CustomGradientRule:
         return False
 '''
 
-COMPAT_STYLE = '''
+COMPAT_STYLE = """
 from trainguard.rules.compat import Rule, RuleEvaluationConditionMet
 
 
@@ -61,7 +61,7 @@ class PortedRule(Rule):
         if value.max() > 100 * self.limit:
             raise RuleEvaluationConditionMet(self.rule_name, step)  # some rules raise it themselves
         return bool(value.max() > self.limit)
-'''
+"""
 
 PLUGIN = '''
 from trainguard.rules import Param, Rule
@@ -115,8 +115,12 @@ def test_smdebug_style_rule_by_module_path(tmp_path: Path, rule_modules: Path) -
     final = RuleRunner(run, [spec]).run()
     update = final["smd_style_rules:CustomGradientRule"]
     assert update.status == RuleStatus.ISSUES_FOUND
-    assert update.status_details.startswith("RuleEvaluationConditionMet: Evaluation of the rule CustomGradientRule at step 3 ")
-    findings = json.loads((Path(run) / "rule-output" / "smd_style_rules:CustomGradientRule.json").read_text())["findings"]
+    assert update.status_details.startswith(
+        "RuleEvaluationConditionMet: Evaluation of the rule CustomGradientRule at step 3 "
+    )
+    findings = json.loads((Path(run) / "rule-output" / "smd_style_rules:CustomGradientRule.json").read_text())[
+        "findings"
+    ]
     # step 5 raised smdebug's TensorUnavailableForStep: skipped, as smdebug's invoker did
     assert [f["step"] for f in findings] == [3]
     # strings from the command line became the constructor defaults' types
@@ -134,7 +138,10 @@ def test_compat_base_class_and_its_exception(tmp_path: Path, rule_modules: Path)
 
 
 def test_smdebug_style_parameter_errors(rule_modules: Path) -> None:
-    with pytest.raises(ConfigError, match=r"CustomGradientRule: unknown parameter\(s\) thresh; its constructor takes: threshold, skip_step"):
+    with pytest.raises(
+        ConfigError,
+        match=r"CustomGradientRule: unknown parameter\(s\) thresh; its constructor takes: threshold, skip_step",
+    ):
         RuleRunner("/nonexistent", [RuleSpec.parse("smd_style_rules:CustomGradientRule:thresh=1")]).run()
     with pytest.raises(ConfigError, match="parameter threshold: parameter value 'high' is not a valid float"):
         RuleRunner("/nonexistent", [RuleSpec.parse("smd_style_rules:CustomGradientRule:threshold=high")])
@@ -161,7 +168,8 @@ def test_entry_point_plugin(tmp_path: Path, rule_modules: Path, capsys: pytest.C
 
 def _cli(*args: str, pythonpath: str = "") -> subprocess.CompletedProcess:
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)}
-    return subprocess.run([sys.executable, "-m", "trainguard.cli", *args], capture_output=True, text=True, env=environment,
+    command = [sys.executable, "-m", "trainguard.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=environment,
                           timeout=120)  # fmt: skip
 
 
@@ -175,17 +183,23 @@ def test_cli_rules_run_exit_codes_and_json(tmp_path: Path, rule_modules: Path) -
     assert lines[0]["status"] == "InProgress"
     assert any(line["result"] and line["result"]["fired"] and line["result"]["step"] == 2 for line in lines)
     assert lines[-1]["status"] == "IssuesFound"
-    clean = _cli("rules", "run", healthy, "--rule", rule, "--progress", str(tmp_path / "p.json"), pythonpath=str(rule_modules))
+    clean = _cli(
+        "rules", "run", healthy, "--rule", rule, "--progress", str(tmp_path / "p.json"), pythonpath=str(rule_modules)
+    )
     assert clean.returncode == 0, clean.stderr
     assert "CustomGradientRule  NoIssuesFound" in clean.stdout.replace("smd_style_rules:", "")
-    ranged = _cli("rules", "run", issues, "--rule", rule, "--start-step", "3", "--end-step", "6", pythonpath=str(rule_modules))
+    ranged = _cli(
+        "rules", "run", issues, "--rule", rule, "--start-step", "3", "--end-step", "6", pythonpath=str(rule_modules)
+    )
     assert ranged.returncode == 0, ranged.stdout + ranged.stderr
 
     unknown = _cli("rules", "run", healthy, "--rule", "VanishingGradeint")
     assert unknown.returncode == 2
     assert "unknown rule 'VanishingGradeint'" in unknown.stderr and "VanishingGradient" in unknown.stderr
     assert "Traceback" not in unknown.stderr
-    missing_run = _cli("rules", "run", str(tmp_path / "nothing"), "--rule", "VanishingGradient", "--wait-timeout", "0.3")
+    missing_run = _cli(
+        "rules", "run", str(tmp_path / "nothing"), "--rule", "VanishingGradient", "--wait-timeout", "0.3"
+    )
     assert missing_run.returncode == 2 and "did not appear" in missing_run.stdout
 
 

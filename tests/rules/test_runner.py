@@ -135,7 +135,10 @@ def test_no_issues_found(tmp_path: Path) -> None:
     assert final[f"{HERE}:ValueAbove"].status == RuleStatus.NO_ISSUES_FOUND
     # output_dir overrides the run dir; the configuration name becomes the file name
     assert not (tmp_path / "run" / "rule-output").exists()
-    assert json.loads((tmp_path / "out" / "rule-output" / f"{HERE}:ValueAbove.json").read_text())["status"] == "NoIssuesFound"
+    assert (
+        json.loads((tmp_path / "out" / "rule-output" / f"{HERE}:ValueAbove.json").read_text())["status"]
+        == "NoIssuesFound"
+    )
 
 
 def test_missing_tensor_is_reported_not_raised(tmp_path: Path) -> None:
@@ -239,7 +242,10 @@ def test_run_that_never_appears_is_a_clear_error(tmp_path: Path) -> None:
     final = RuleRunner(str(tmp_path / "nothing"), [_spec("ValueAbove", "r")], wait_timeout=0.5, poll_interval=0.1).run()
     assert time.monotonic() - started < 10
     assert final["r"].status == RuleStatus.ERROR
-    assert "did not appear within 0 s" in final["r"].status_details or "did not appear within 1 s" in final["r"].status_details
+    assert (
+        "did not appear within 0 s" in final["r"].status_details
+        or "did not appear within 1 s" in final["r"].status_details
+    )
     assert str(tmp_path / "nothing") in final["r"].status_details
 
 
@@ -279,7 +285,9 @@ def test_progress_file_resumes_without_repeating(tmp_path: Path) -> None:
     final = RuleRunner(str(path), [_spec("ValueAbove", "r", log=log)], progress_file=str(progress)).run()
     checks = [line for line in _lines(log) if line.startswith("check")]
     assert checks == [f"check {s}" for s in range(8)]
-    assert final["r"].status_details.startswith("RuleEvaluationConditionMet: Evaluation of the rule ValueAbove at step 1 ")
+    assert final["r"].status_details.startswith(
+        "RuleEvaluationConditionMet: Evaluation of the rule ValueAbove at step 1 "
+    )
     document = json.loads((path / "rule-output" / "r.json").read_text())
     assert [f["step"] for f in document["findings"]] == [1, 6]
     # a progress file of another run is refused instead of silently skipping steps

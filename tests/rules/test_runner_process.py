@@ -23,13 +23,18 @@ def _start(run: str, log: Path, progress: Path, delay: float) -> subprocess.Pope
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
         [sys.executable, "-m", "trainguard.rules.runner", run, "--rule",
-         f"{HERE}:ValueAbove:log={log},delay={delay}", "--progress", str(progress), "--json", "--poll-interval", "0.05"],
+         f"{HERE}:ValueAbove:log={log},delay={delay}", "--progress", str(progress),
+         "--json", "--poll-interval", "0.05"],
         env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
 def _checks(log: Path) -> list[int]:
-    return [int(line.split()[1]) for line in log.read_text().splitlines() if line.startswith("check")] if log.exists() else []
+    return (
+        [int(line.split()[1]) for line in log.read_text().splitlines() if line.startswith("check")]
+        if log.exists()
+        else []
+    )
 
 
 def _kill_mid_run(tmp_path: Path, signum: int) -> tuple[list[int], dict, Path]:

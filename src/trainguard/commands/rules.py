@@ -109,7 +109,9 @@ def format_update(update: Any) -> str:
         return text + (f"\n    fix: {result.fix_hint}" if result.fix_hint else "")
     details = (update.status_details or "").strip()
     if status == "InProgress" and not details:
-        return f"{head} (from step {update.last_evaluated_step + 1})" if update.last_evaluated_step is not None else head
+        return (
+            f"{head} (from step {update.last_evaluated_step + 1})" if update.last_evaluated_step is not None else head
+        )
     return f"{head}" + (f": {details}" if details else "")
 
 
@@ -126,7 +128,8 @@ def run_rules(args: argparse.Namespace, out: TextIO | None = None) -> int:
             text = json.dumps(update.to_dict(), default=str)
         elif update.result is not None and update.result.fired and update.configuration_name in reported:
             # The first finding of a rule is shown in full; later ones take one line each.
-            text = f"trainguard rules: {update.configuration_name}: also at step {update.result.step}: {update.result.message}"
+            result = update.result
+            text = f"trainguard rules: {update.configuration_name}: also at step {result.step}: {result.message}"
         else:
             text = format_update(update)
             if update.result is not None and update.result.fired:

@@ -194,7 +194,9 @@ class RuleWatch:
         result = update.result
         assert result is not None
         if self.echo is not None:
-            self.echo(f"trainguard: rule {update.configuration_name} found an issue at step {result.step}: {result.message}")
+            self.echo(
+                f"trainguard: rule {update.configuration_name} found an issue at step {result.step}: {result.message}"
+            )
         if update.configuration_name in self.stopping_configs and self._training is not None:
             with self._lock:
                 if self._stopper is not None:

@@ -39,10 +39,10 @@ from trainguard.errors import (
     TrainguardError,
 )
 from trainguard.rules import create_rule, get_rule_class
+from trainguard.rules.actions import spec_actions
 from trainguard.rules.base import MissingTensor, StepResult
 from trainguard.rules.base import Rule as NativeRule
 from trainguard.rules.params import parse_bool
-from trainguard.rules.actions import spec_actions
 from trainguard.rules.spec import RuleSpec
 
 __all__ = [
@@ -165,7 +165,10 @@ class SmdebugRuleAdapter(NativeRule):
         takes_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in accepted.values())
         unknown = sorted(key for key in parameters if key not in accepted and key != "action_json" and not takes_kwargs)
         if unknown:
-            valid = ", ".join(k for k in accepted if k not in ("self", "base_trial", "action_str", "other_trials")) or "(none)"
+            valid = (
+                ", ".join(k for k in accepted if k not in ("self", "base_trial", "action_str", "other_trials"))
+                or "(none)"
+            )
             raise ConfigError(f"{name}: unknown parameter(s) {', '.join(unknown)}; its constructor takes: {valid}")
         arguments: dict[str, Any] = {}
         for key, value in parameters.items():
@@ -295,7 +298,9 @@ def validate_specs(specs: Sequence[RuleSpec]) -> dict[str, type[NativeRule]]:
             unknown = sorted(set(spec.parameters) - set(declared) - _RESERVED)
             if unknown:
                 valid = ", ".join(sorted(declared)) or "(none)"
-                raise ConfigError(f"{rule_class.name()}: unknown parameter(s) {', '.join(unknown)}; valid parameters: {valid}")
+                raise ConfigError(
+                    f"{rule_class.name()}: unknown parameter(s) {', '.join(unknown)}; valid parameters: {valid}"
+                )
             for key, value in spec.parameters.items():
                 if key in declared:
                     declared[key].parse(rule_class.name(), value)

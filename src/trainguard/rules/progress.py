@@ -54,7 +54,10 @@ class RuleProgress:
     def add_finding(self, finding: dict[str, Any]) -> bool:
         """Record a finding unless one for the same step is already there; True when added."""
         step = finding.get("step")
-        if any(existing.get("step") == step and existing.get("message") == finding.get("message") for existing in self.findings):
+        if any(
+            existing.get("step") == step and existing.get("message") == finding.get("message")
+            for existing in self.findings
+        ):
             return False
         if len(self.findings) >= MAX_KEPT_FINDINGS:
             self.dropped_findings += 1

@@ -49,7 +49,6 @@ from trainguard.errors import (
     WaitTimeout,
 )
 from trainguard.rules.actions import spec_actions, stops_training
-from trainguard.rules.read_cache import StepReadCache
 from trainguard.rules.base import Rule, RuleStatus, StepResult
 from trainguard.rules.compat import make_rule, validate_specs
 from trainguard.rules.progress import (
@@ -58,6 +57,7 @@ from trainguard.rules.progress import (
     write_progress,
     write_rule_output,
 )
+from trainguard.rules.read_cache import StepReadCache
 from trainguard.rules.spec import RuleSpec
 
 __all__ = ["RuleRunner", "StatusUpdate", "validate_specs"]
@@ -180,7 +180,9 @@ class RuleRunner:
         if start_step is not None and end_step is not None and end_step <= start_step:
             raise ConfigError(f"end_step={end_step} must be greater than start_step={start_step} (end is exclusive)")
         self.progress_file = progress_file
-        self.output_dir = output_dir if output_dir is not None else (None if is_remote(self.trial_path) else self.trial_path)
+        self.output_dir = (
+            output_dir if output_dir is not None else (None if is_remote(self.trial_path) else self.trial_path)
+        )
         self.start_step = start_step
         self.end_step = end_step
         self.endpoint_url = endpoint_url
@@ -196,7 +198,7 @@ class RuleRunner:
         self.progress: dict[str, RuleProgress] = {}
         self.latest: dict[str, StatusUpdate] = {}
         self._stop_on_fire = {spec.name: stops_training(spec_actions(spec)) for spec in self.specs}
-        self._rule_names = {spec.name: cls.name() for spec, cls in zip(self.specs, self.classes.values())}
+        self._rule_names = {spec.name: cls.name() for spec, cls in zip(self.specs, self.classes.values(), strict=True)}
         self._last_save = 0.0
         self._last_output = 0.0
         self._progress_dirty = False
@@ -296,7 +298,9 @@ class RuleRunner:
                 logger.warning("trainguard rules: reading %s failed (%s); retrying", self.trial_path, error)
                 if store_failures >= _MAX_STORE_FAILURES:
                     for name in self.active:
-                        self._set_error(name, f"{type(error).__name__}: reading the run failed {store_failures} times: {error}")
+                        self._set_error(
+                            name, f"{type(error).__name__}: reading the run failed {store_failures} times: {error}"
+                        )
                     self._save(force=True)
                     return
                 self.stop_event.wait(self.poll_interval)
@@ -308,7 +312,11 @@ class RuleRunner:
             if self.stop_event.is_set():
                 continue
             self._idle_checks(had_steps=bool(steps))
-            past_end = self.end_step is not None and self._last_seen_step() is not None and self._last_seen_step() >= self.end_step - 1
+            past_end = (
+                self.end_step is not None
+                and self._last_seen_step() is not None
+                and self._last_seen_step() >= self.end_step - 1
+            )
             if ended or past_end or not self.active:
                 self._finish_all()
                 return
