@@ -28,3 +28,18 @@ def test_parse(text, rule, parameters):
 def test_bad_forms_are_config_errors(text):
     with pytest.raises(ConfigError):
         RuleSpec.parse(text)
+
+
+def test_other_trials_as_a_parameter_reach_the_rule(tmp_path):
+    import numpy as np
+
+    from tests.rules.synthetic import open_trial, write_run
+    from trainguard.rules import create_rule
+
+    for name, value in (("a", 1.0), ("same", 1.0), ("other", 2.0)):
+        write_run(tmp_path / name, {0: {"w": np.ones(3)}, 1: {"w": np.full(3, value)}}, finished=True)
+    fired = {}
+    for other in ("same", "other"):
+        rule = create_rule(open_trial(tmp_path / "a"), RuleSpec("SimilarAcrossRuns", {"other_trials": str(tmp_path / other)}))
+        fired[other] = rule.evaluate(1).fired
+    assert fired == {"same": False, "other": True}

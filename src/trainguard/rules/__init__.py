@@ -33,4 +33,9 @@ def create_rule(base_trial: Any, spec: RuleSpec | str, other_trials: Any = ()) -
     if isinstance(spec, str):
         spec = RuleSpec.parse(spec)
     rule_class = get_rule_class(spec.rule)
-    return rule_class(base_trial, other_trials=other_trials, **dict(spec.parameters))
+    parameters = dict(spec.parameters)
+    # SageMaker configs may carry other_trials as a parameter (paths); an explicit argument wins.
+    from_parameters = parameters.pop("other_trials", None)
+    if not other_trials and from_parameters:
+        other_trials = from_parameters
+    return rule_class(base_trial, other_trials=other_trials, **parameters)

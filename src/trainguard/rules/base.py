@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from trainguard.errors import ConfigError, StepUnavailable, TensorUnavailable, TensorUnavailableForStep
 from trainguard.modes import ModeKeys
-from trainguard.rules.params import Param
+from trainguard.rules.params import Param, parse_list
 
 __all__ = ["MissingTensor", "Rule", "RuleStatus", "StepResult"]
 
@@ -110,7 +110,7 @@ class Rule:
 
     def __init__(self, base_trial: Any, *, action_json: Any = None, other_trials: Sequence[Any] = (), **parameters: Any):
         self.base_trial = base_trial
-        self.other_trials = list(other_trials)
+        self.other_trials = parse_list(other_trials) if isinstance(other_trials, str) else list(other_trials)
         self.action_json = action_json
         declared = self.parameters()
         unknown = sorted(set(parameters) - set(declared) - _RESERVED_PARAMETERS)
