@@ -1,33 +1,31 @@
 """The Keras 3 hook: a ``keras.callbacks.Callback`` that captures a model's tensors.
 
-Works with the torch and JAX backends (and, without gradients and layer tensors, TensorFlow).
+Works with the torch and JAX backends (TensorFlow, untested: weights, losses, metrics only).
 One step is one batch: TRAIN for ``fit`` batches, EVAL for ``evaluate`` and the validation
 batches of ``fit``, PREDICT for ``predict``. Global step numbers increase across modes.
 
-Tensor names (``<model>`` is ``model.name``, stripped from variable paths):
+Tensor names (``<model>`` is ``model.name``, stripped from variable paths), by collection:
 
-==================  =======================================  ================================
-collection          name                                     example
-==================  =======================================  ================================
-weights             ``<layer>/<variable>``                   ``dense/kernel``, ``bn/gamma``,
-                    (non-trainable state included)           ``bn/moving_mean``
-biases              ``<layer>/<variable>`` named ``*bias``   ``dense/bias``
-gradients           ``gradients/<layer>/<variable>``         ``gradients/dense/kernel``
-losses              the ``loss`` keys of Keras's batch logs  ``loss``, ``head_loss``
-metrics             the other keys of the batch logs         ``accuracy``, ``mae``
-outputs             ``<layer>_output_<i>``                   ``dense_output_0``,
-                    (the model itself as ``<model>``)        ``sequential_output_0``
-inputs              ``<layer>_input_<i>``                    ``dense_input_0``
-scalars             ``scalar/<name>`` (``hook.save_scalar``)  ``scalar/lr``
-==================  =======================================  ================================
+* ``weights``: ``<layer>/<variable>``, non-trainable state included: ``dense/kernel``,
+  ``bn/gamma``, ``bn/moving_mean``.
+* ``biases``: the variables named ``*bias``: ``dense/bias``.
+* ``gradients``: ``gradients/<layer>/<variable>``: ``gradients/dense/kernel``.
+* ``losses``: the log keys containing ``loss``: ``loss`` (``val_`` never appears: validation
+  batches are EVAL steps, whose loss is ``loss`` too), ``head_loss`` for multi-output models.
+* ``metrics``: the other scalar log keys: ``accuracy``, ``mae``.
+* ``outputs``: ``<layer>_output_<i>``, the model itself as a layer: ``dense_output_0``,
+  ``sequential_output_0`` (in PREDICT, the predictions).
+* ``inputs``: ``<layer>_input_<i>``, the tensors of the layer's first argument.
+* ``scalars``: ``scalar/<name>`` from ``hook.save_scalar``.
 
-Nested layers keep their parent's path (``block/conv/kernel``, ``block/conv_output_0`` when two
-layers share a name). Outputs of layers with a relu/tanh/sigmoid activation are also members of
-``relu_output``/``tanh_output``/``sigmoid_output``. Losses and metrics are what Keras logs for
-the batch: the running mean over the epoch so far, as Keras computes them. Weights are the
-values the step's forward pass uses (before the update), gradients those the optimizer applies
-(before clipping; multiplied by the loss scale under ``LossScaleOptimizer``). Gradients and layer
-tensors cost something only on the steps that save them (see ``hooks/keras_capture.py``).
+Layers nested in models or custom layers are found too; a name used twice becomes
+``<parent>/<name>`` (``block/conv_output_0``). Outputs of layers with a relu/tanh/sigmoid
+activation are also members of ``relu_output``/``tanh_output``/``sigmoid_output``. Losses and
+metrics are what Keras logs for the batch: the running mean over the epoch so far, as Keras
+computes it. Weights are the values the step's forward pass uses (before the update), gradients
+those the optimizer is given (before clipping; multiplied by the loss scale under
+``LossScaleOptimizer``). Gradients and layer tensors cost something only on the steps that save
+them (see ``hooks/keras_capture.py``); on JAX, the first saved step compiles a capture step once.
 """
 
 from __future__ import annotations
