@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trainguard.profiler import read_step_timings, read_system_metrics, start_from_environment
 
 SCRIPT = """
@@ -52,6 +54,7 @@ def _run(tmp_path: Path, *script_args: str, **env: str) -> subprocess.CompletedP
     return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=180, cwd=tmp_path)
 
 
+@pytest.mark.slow
 def test_zero_code_run_writes_profiler_output(tmp_path: Path) -> None:
     done = _run(tmp_path, TRAINGUARD_PROFILER="1", TRAINGUARD_PROFILER_INTERVAL_MS="100")
     assert done.returncode == 0, done.stderr
@@ -61,6 +64,7 @@ def test_zero_code_run_writes_profiler_output(tmp_path: Path) -> None:
     assert any(m.dimension == "CPUUtilization" for m in read_system_metrics(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_slow_collate_found_by_the_rule_runner(tmp_path: Path) -> None:
     """End to end: zero-code capture + profiler, then the rule runner on the finished run."""
     from trainguard.rules import RuleSpec, RuleStatus
@@ -79,12 +83,14 @@ def test_slow_collate_found_by_the_rule_runner(tmp_path: Path) -> None:
     assert statuses["CPUBottleneck"].status == RuleStatus.NO_ISSUES_FOUND  # no GPU here: cannot fire
 
 
+@pytest.mark.slow
 def test_zero_code_without_the_variable_writes_no_profiler_output(tmp_path: Path) -> None:
     done = _run(tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "run").is_dir() and not (tmp_path / "run" / "profiler-output").exists()
 
 
+@pytest.mark.slow
 def test_bad_interval_in_environment_fails_open(tmp_path: Path) -> None:
     done = _run(tmp_path, TRAINGUARD_PROFILER="1", TRAINGUARD_PROFILER_INTERVAL_MS="10")
     assert done.returncode == 0 and "trained" in done.stdout
