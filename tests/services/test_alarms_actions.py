@@ -49,7 +49,10 @@ def test_comparisons_and_thresholds() -> None:
 
 
 def test_sdk_escaped_action_json_parses() -> None:
-    escaped = '[{\\"name\\": \\"StopTraining\\", \\"training_job_prefix\\": \\"job\\"}, {\\"endpoint\\": \\"a@b.com\\", \\"name\\": \\"email\\"}]'
+    escaped = (
+        '[{\\"name\\": \\"StopTraining\\", \\"training_job_prefix\\": \\"job\\"}, '
+        '{\\"endpoint\\": \\"a@b.com\\", \\"name\\": \\"email\\"}]'
+    )
     assert parse_action_json(escaped) == [
         {"name": "stoptraining", "training_job_prefix": "job"},
         {"name": "email", "endpoint": "a@b.com"},
@@ -195,7 +198,8 @@ def test_custom_action_handlers_come_from_entry_points(tmp_path, monkeypatch) ->
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "record-to-file" in action_names()
     target = tmp_path / "event.json"
-    assert get_handler("record-to-file")(_event(), {"name": "record-to-file", "path": str(target)}, _context()) == "recorded job-1"
+    handler = get_handler("record-to-file")
+    assert handler(_event(), {"name": "record-to-file", "path": str(target)}, _context()) == "recorded job-1"
     assert json.loads(target.read_text())["detail"]["TrainingJobName"] == "job-1"
     RuleConfig.model_validate({"rule": CUSTOM_RULE, "actions": [{"name": "record-to-file", "path": str(target)}]})
     with pytest.raises(ValueError, match="record-to-file"):  # the error lists the plug-in among the valid names
@@ -215,7 +219,9 @@ def test_custom_action_runs_in_the_api_when_the_rule_fires(api_factory, tmp_path
         "name": "plugin-job",
         "command": training_command("--steps", "8", "--blowup-at", "3"),
         "hook_config": HOOK_EVERY_STEP,
-        "rules": [{"rule": CUSTOM_RULE, "name": "LossBlowup", "actions": [{"name": "record-to-file", "path": str(target)}]}],
+        "rules": [
+            {"rule": CUSTOM_RULE, "name": "LossBlowup", "actions": [{"name": "record-to-file", "path": str(target)}]}
+        ],
     }
     status, body = api.request("POST", "/v1/jobs", spec)
     assert status == 201, body
@@ -223,5 +229,9 @@ def test_custom_action_runs_in_the_api_when_the_rule_fires(api_factory, tmp_path
     event = json.loads(target.read_text())
     assert event["trainguard"]["alarm"] == "LossBlowup-IssuesFound"
     assert event["trainguard"]["finding"]["fired"] is True
-    job = wait_for(lambda: (j := api.job("plugin-job"))["actions"] and j["actions"][0]["status"] == "Succeeded" and j, 20, "the run")
+    job = wait_for(
+        lambda: (j := api.job("plugin-job"))["actions"] and j["actions"][0]["status"] == "Succeeded" and j,
+        20,
+        "the run",
+    )
     assert job["actions"][0]["detail"] == "recorded plugin-job"

@@ -27,7 +27,9 @@ SPEC = JobSpec.model_validate(
         "environment": {"LR": "0.1"},
         "resources": {"cpus": 2, "memory_mb": 4096},
         "hook_config": {"S3OutputPath": "s3://bkt/out/", "HookParameters": {"save_interval": "5"}},
-        "rules": [{"rule": CUSTOM_RULE, "name": "Loss", "parameters": {"threshold": 5}, "actions": [{"name": "stoptraining"}]}],
+        "rules": [
+            {"rule": CUSTOM_RULE, "name": "Loss", "parameters": {"threshold": 5}, "actions": [{"name": "stoptraining"}]}
+        ],
     }
 )
 
@@ -48,20 +50,23 @@ def test_docker_plan_follows_the_service_contract(tmp_path: Path) -> None:
     assert rule.command == ("python", "-m", "services.rule_runner")
     environment = rule.environment
     assert environment["BASE_TRIAL"] == "s3://bkt/out/plan-me/debug-output"
-    assert environment["RULE_TO_INVOKE"] == CUSTOM_RULE and json.loads(environment["RULE_PARAMETERS_JSON"]) == {"threshold": "5"}
-    assert environment["TRAINGUARD_API_URL"] == "http://api:8080" and environment["TRAINGUARD_API_TOKEN"] == "runner-token"
-    assert environment["RULE_CONFIGURATION_NAME"] == "Loss" and json.loads(environment["RULE_ACTIONS_JSON"]) == [{"name": "stoptraining"}]
+    assert environment["RULE_TO_INVOKE"] == CUSTOM_RULE
+    assert json.loads(environment["RULE_PARAMETERS_JSON"]) == {"threshold": "5"}
+    assert environment["TRAINGUARD_API_URL"] == "http://api:8080"
+    assert environment["TRAINGUARD_API_TOKEN"] == "runner-token"
+    assert environment["RULE_CONFIGURATION_NAME"] == "Loss"
+    assert json.loads(environment["RULE_ACTIONS_JSON"]) == [{"name": "stoptraining"}]
     assert environment["CLOUDWATCH_ENDPOINT_URL"] == "http://s3:5000"
-    assert "planner-token" not in json.dumps([dict(c.environment) for c in launch.components])  # the API secret stays home
+    # The API's own secret never reaches a component.
+    assert "planner-token" not in json.dumps([dict(c.environment) for c in launch.components])
 
 
 def test_docker_plan_needs_an_s3_output(tmp_path: Path) -> None:
     spec = SPEC.model_copy(update={"hook_config": {"HookParameters": {"save_interval": "5"}}})
     with pytest.raises(ValueError, match="S3OutputPath"):
         plan_job(spec, _settings(tmp_path), "docker", "t")
-    assert plan_job(spec, _settings(tmp_path, TRAINGUARD_S3_OUTPUT="s3://default"), "docker", "t").components[1].command[6] == (
-        "s3://default/plan-me/debug-output"
-    )
+    launch = plan_job(spec, _settings(tmp_path, TRAINGUARD_S3_OUTPUT="s3://default"), "docker", "t")
+    assert launch.components[1].command[6] == "s3://default/plan-me/debug-output"
 
 
 def test_local_plan_runs_the_command_under_trainguard_run(tmp_path: Path) -> None:

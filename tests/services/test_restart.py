@@ -38,7 +38,9 @@ def test_job_that_ends_while_the_api_is_down_is_known_after_restart(api) -> None
 
     api.start()
     job = wait_for(
-        lambda: (j := api.job("outlives-api"))["status"] == "Completed" and j["rules"][0]["status"] != "InProgress" and j,
+        lambda: (j := api.job("outlives-api"))["status"] == "Completed"
+        and j["rules"][0]["status"] != "InProgress"
+        and j,
         30, "the restarted API to pick up the ends",
     )  # fmt: skip
     assert job["rules"][0]["status"] == "NoIssuesFound", job["rules"][0]["status_details"]
@@ -92,8 +94,9 @@ def test_runner_token_is_scoped_to_its_job_reports(api) -> None:
     runner_token = json.loads(spec_file.read_text())["environment"]["TRAINGUARD_API_TOKEN"]
     assert runner_token != api.token
     report = {"configuration_name": "LossWatch", "status": "InProgress", "last_evaluated_step": 0}
-    assert api.request("POST", "/v1/internal/jobs/scoped-a/rules/LossWatch/status", report, token=runner_token)[0] == 200
-    assert api.request("POST", "/v1/internal/jobs/scoped-b/rules/LossWatch/status", report, token=runner_token)[0] == 401
+    own, other = "/v1/internal/jobs/scoped-a/rules/LossWatch/status", "/v1/internal/jobs/scoped-b/rules/LossWatch/status"
+    assert api.request("POST", own, report, token=runner_token)[0] == 200
+    assert api.request("POST", other, report, token=runner_token)[0] == 401
     assert api.request("GET", "/v1/jobs", token=runner_token)[0] == 401
     assert api.request("POST", "/v1/jobs/scoped-b/stop", {}, token=runner_token)[0] == 401
     for name in ("scoped-a", "scoped-b"):

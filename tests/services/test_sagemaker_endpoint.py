@@ -238,4 +238,5 @@ def test_custom_rule_from_source_s3_uri_as_the_sdk_sends_it(api, s3_endpoint, mo
 
     status = wait_for(rule_done, 90, "the custom rule to finish")
     assert status["RuleEvaluationStatus"] == "IssuesFound", status
-    assert status["StatusDetails"].startswith("RuleEvaluationConditionMet: Evaluation of the rule LossAboveThreshold at step ")
+    expected = "RuleEvaluationConditionMet: Evaluation of the rule LossAboveThreshold at step "
+    assert status["StatusDetails"].startswith(expected)
