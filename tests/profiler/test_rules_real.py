@@ -128,3 +128,33 @@ def test_profiler_does_not_change_training(tmp_path: Path, interval_ms: int) -> 
         profiled = losses()
     assert profiled == plain
     assert torch.Tensor.backward.__module__ == "torch._tensor"  # wrappers removed at stop()
+
+
+def test_live_rule_on_s3_through_a_caching_trial(
+    s3_endpoint: str, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live S3 run read through the trial's disk cache: the growing minute files are re-read
+    from S3 (never served stale from the cache), so each scan sees the new samples."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # for the hook
+    url = f"s3://{s3_bucket}/runs/live"
+    hook = tg.Hook(out_dir=url, save_config=tg.SaveConfig(save_interval=1), include_collections=["losses"])
+    model = small_model("tiny")
+    hook.register_module(model)
+    import torch
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    hook.register_loss(loss_fn)
+    loss_fn(model(torch.randn(2, 1, 28, 28)), torch.tensor([0, 1])).backward()  # step 0: the trial exists
+    with Profiler(url, interval_ms=100, framework=False, flush_interval_s=0.2, endpoint_url=s3_endpoint):
+        trial = create_trial(url, endpoint_url=s3_endpoint, cache=str(tmp_path / "cache"))
+        rule = create_rule(trial, RuleSpec.parse("OverallSystemUsage:scan_interval_us=1"))
+        counts = []
+        for _ in range(3):
+            time.sleep(0.6)
+            result = rule.check_idle(time.time())
+            if result is not None:
+                counts.append(result.details["statistics"][next(iter(result.details["statistics"]))]["samples"])
+    hook.close()
+    final = rule.finish().details["statistics"]
+    assert len(counts) >= 2 and counts == sorted(counts) and counts[-1] > counts[0], counts
+    assert next(iter(final.values()))["samples"] >= counts[-1]
