@@ -177,7 +177,8 @@ def _supervise(
     _print_summary(out_dir, rules=rules, stopped=watch.stop_record if watch is not None else None)
     if watch is not None and watch.stopped:
         return EXIT_STOPPED_BY_RULE
-    return returncode
+    # A child killed by a signal: the shell convention 128 + signal, not a wrapped negative number.
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def _print_summary(
