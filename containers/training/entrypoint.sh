@@ -6,6 +6,8 @@
 #                                 tensor volume, which the uploader container follows)
 #   TRAINGUARD_HOOK_CONFIG_JSON   optional SageMaker DebugHookConfig JSON
 #   TRAINGUARD_RULES              optional rule specs, passed as --rules where `trainguard run` has it
+#   TRAINGUARD_PROFILER_CONFIG_JSON  optional SageMaker ProfilerConfig JSON: unless DisableProfiler,
+#                                 adds --profile [--profile-interval-ms ProfilingIntervalInMilliseconds]
 # `trainguard run` forwards SIGTERM/SIGINT to the training process, so `docker stop` reaches it.
 set -euo pipefail
 
@@ -25,5 +27,19 @@ if [ -n "${TRAINGUARD_HOOK_CONFIG_JSON:-}" ]; then
 fi
 if [ -n "${TRAINGUARD_RULES:-}" ] && trainguard run --help 2>/dev/null | grep -q -- '--rules'; then
     options+=(--rules "$TRAINGUARD_RULES")
+fi
+if [ -n "${TRAINGUARD_PROFILER_CONFIG_JSON:-}" ]; then
+    # Prints nothing (profiler disabled), "on", or the sampling interval in ms.
+    profiler="$(python - <<'PY' 2>/dev/null || true
+import json, os
+config = json.loads(os.environ["TRAINGUARD_PROFILER_CONFIG_JSON"])
+if not config.get("DisableProfiler"):
+    print(config.get("ProfilingIntervalInMilliseconds") or "on")
+PY
+)"
+    if [ -n "$profiler" ] && trainguard run --help 2>/dev/null | grep -q -- '--profile'; then
+        options+=(--profile)
+        [ "$profiler" != "on" ] && options+=(--profile-interval-ms "$profiler")
+    fi
 fi
 exec trainguard run "${options[@]}" -- "$@"
