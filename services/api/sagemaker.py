@@ -9,7 +9,7 @@
   ``include_regex`` accumulates), as smdebug does.
 * Profiler rules trainguard does not have (``ProfilerReport``, ``DetailedProfilerProcessing``
   auto-added by the SDK) are accepted and reported as ``Error`` with the reason, not rejected.
-* ``other_trial_N`` parameters are dropped with a warning (no multi-trial rules yet).
+* ``other_trial_0..N`` become the rule's ``other_trials`` (comma-separated, in index order).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ log = logging.getLogger("trainguard.sagemaker")
 AWS_RULE_IMAGES = re.compile(
     r"(sagemaker-debugger-rules|sagemaker-debugger-rule-evaluator|detailed-profiler-processing)"
 )
-_DROPPED_PARAMETERS = re.compile(r"^other_trial(s|_\d+)$")
+_OTHER_TRIAL = re.compile(r"^other_trial_\d+$")
 
 
 class SageMakerError(Exception):
@@ -55,9 +55,11 @@ def _rule_entry(config: dict[str, Any], kind: str, label: str) -> dict[str, Any]
             actions = parse_action_json(parameters.pop("action_json"))
         except ValueError as error:
             raise SageMakerError("ValidationException", f"{label}.RuleParameters.action_json: {error}") from None
-    for key in [k for k in parameters if _DROPPED_PARAMETERS.match(k)]:
-        log.warning("%s: parameter %s ignored (trainguard has no multi-trial rules yet)", label, key)
-        parameters.pop(key)
+    # The SDK sends other_trial_0..N (pre-GA configs: other_trials); rules take other_trials.
+    numbered = sorted((int(k.rpartition("_")[2]), k) for k in parameters if _OTHER_TRIAL.match(k))
+    if numbered:
+        paths = [parameters.pop(key) for _, key in numbered]
+        parameters["other_trials"] = ",".join([*filter(None, [parameters.get("other_trials", "")]), *paths])
     source = parameters.pop("source_s3_uri", None)
     image = str(config.get("RuleEvaluatorImage") or "")
     if image and not AWS_RULE_IMAGES.search(image):

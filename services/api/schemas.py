@@ -54,6 +54,13 @@ def _validate_actions(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return actions
 
 
+class _Unopened:
+    """An other-trial path during validation (rules open only string paths)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path.strip()
+
+
 class RuleConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -92,10 +99,15 @@ class RuleConfig(BaseModel):
             rule_class = get_rule_class(self.rule)
         except ConfigError as error:
             raise ValueError(f"rule: {error}") from None
-        parameters = {k: v for k, v in self.parameters.items() if k not in RUNNER_PARAMETERS}
+        skipped = RUNNER_PARAMETERS | {"other_trials", "action_json"}
+        parameters = {k: v for k, v in self.parameters.items() if k not in skipped}
+        # A rule opens its other trials when built (a wait per run): validate with unopened
+        # stand-ins; the paths are opened by the rule runner.
+        others = [_Unopened(p) for p in str(self.parameters.get("other_trials") or "").split(",") if p.strip()]
         if isinstance(rule_class, type) and issubclass(rule_class, Rule):
             try:
-                rule_class(None, **{k: str(v) if not isinstance(v, str) else v for k, v in parameters.items()})
+                strings = {k: str(v) if not isinstance(v, str) else v for k, v in parameters.items()}
+                rule_class(None, other_trials=others, **strings)
             except ConfigError as error:
                 raise ValueError(f"parameters: {error}") from None
             except Exception:  # noqa: BLE001 - a rule that needs a trial to construct is checked at run time
