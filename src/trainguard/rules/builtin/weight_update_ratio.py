@@ -29,6 +29,23 @@ from trainguard.rules.builtin._helpers import (
 from trainguard.rules.params import Param
 
 
+def _as_real(value: np.ndarray) -> np.ndarray | None:
+    """Floats keep their precision (float32 weights stay float32: half the memory traffic)."""
+    array = np.asarray(value)
+    if array.dtype.kind == "f" and array.dtype.itemsize >= 4:
+        return array.ravel()
+    converted = as_float(array)
+    return None if converted is None else converted.ravel()
+
+
+def _norm(array: np.ndarray) -> float:
+    """L2 norm accumulated in float64 (a float32 dot product loses digits over many elements)."""
+    with np.errstate(all="ignore"):
+        if array.dtype == np.float64:
+            return float(np.sqrt(np.dot(array, array)))
+        return float(np.sqrt(np.einsum("i,i->", array, array, dtype=np.float64)))
+
+
 class WeightUpdateRatio(Rule):
     """Weight updates far too large or far too small for the weights they change."""
 
@@ -53,7 +70,8 @@ class WeightUpdateRatio(Rule):
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        self._cache: dict[str, tuple[int, np.ndarray]] = {}
+        # name -> (step, values, their L2 norm): the current step is the next step's previous one
+        self._cache: dict[str, tuple[int, np.ndarray, float]] = {}
 
     def validate(self) -> None:
         from trainguard.errors import ConfigError
@@ -90,30 +108,32 @@ class WeightUpdateRatio(Rule):
         current = read_values(trial, names, step)
         previous_steps = {name: self._previous(name, step, mode) for name in current}
         to_read: dict[int, list[str]] = {}
-        previous: dict[str, np.ndarray] = {}
+        previous: dict[str, tuple[np.ndarray, float]] = {}
         for name, prev in previous_steps.items():
             if prev is None:
                 continue
             cached = self._cache.get(name)
             if cached is not None and cached[0] == prev:
-                previous[name] = cached[1]
+                previous[name] = (cached[1], cached[2])
             else:
                 to_read.setdefault(prev, []).append(name)
         for prev, group in to_read.items():
-            previous.update(read_values(trial, group, prev))
+            for name, value in read_values(trial, group, prev).items():
+                before = _as_real(value)
+                if before is not None:
+                    previous[name] = (before, _norm(before))
         ratios: dict[str, float] = {}
         for name, value in current.items():
-            array = as_float(value)
+            array = _as_real(value)
             if array is None:
                 continue
-            self._cache[name] = (step, array)
-            if name not in previous or previous[name].shape != array.shape or array.size == 0:
+            norm = _norm(array)
+            self._cache[name] = (step, array, norm)
+            if name not in previous or previous[name][0].shape != array.shape or array.size == 0:
                 continue
-            before = as_float(previous[name])
+            before, before_norm = previous[name]
             with np.errstate(all="ignore"):
-                ratio = float(
-                    np.linalg.norm((array - before).ravel()) / (np.linalg.norm(before.ravel()) + self.epsilon)
-                )
+                ratio = _norm(array - before) / (before_norm + self.epsilon)
             ratios[name] = ratio if np.isfinite(ratio) else float("inf")
         if not ratios:
             return None
