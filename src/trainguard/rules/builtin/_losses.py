@@ -21,35 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.errors import StepUnavailable, TensorUnavailable, TensorUnavailableForStep, TrialError
+from trainguard.errors import TrialError
 from trainguard.modes import ModeKeys
 
+# one implementation for every rule: re-exported for the loss/classification/XGBoost rules
+from trainguard.rules.builtin._helpers import is_complete, read_values
+
 __all__ = ["Block", "LossHistory", "fmt", "is_complete", "metric_role", "parse_mode", "read_values"]
-
-
-def is_complete(trial: Any, step: int) -> bool:
-    """True when every worker finished writing global ``step`` (never read a step mid-write)."""
-    try:
-        return step in trial._state.steps and trial._state.is_complete(step)
-    except AttributeError:  # another trial implementation: the public API lists complete steps
-        return step in trial.steps()
-
-
-def read_values(trial: Any, names: Sequence[str], step: int) -> dict[str, np.ndarray]:
-    """Values of ``names`` at global ``step``, one batched read; names not saved there are left out."""
-    if not names:
-        return {}
-    try:
-        return trial.tensor_values(list(names), step)
-    except (TensorUnavailable, TensorUnavailableForStep, StepUnavailable):
-        pass
-    values: dict[str, np.ndarray] = {}
-    for name in names:
-        try:
-            values.update(trial.tensor_values([name], step))
-        except (TensorUnavailable, TensorUnavailableForStep, StepUnavailable):
-            continue
-    return values
 
 
 def fmt(value: float | None) -> str:
