@@ -56,6 +56,7 @@ def describe_run(trial: Trial) -> dict[str, object]:
         "modes": [mode.name for mode in trial.modes() if mode != ModeKeys.GLOBAL],
         "rules": read_rule_results(trial.store),
         "stopped": _read_json(trial.store, STOP_RECORD),
+        "capture_stopped": trial.capture_stopped(),
     }
 
 
@@ -142,6 +143,8 @@ def render_summary(facts: dict[str, object]) -> str:
         f"  finished    : {'yes' if facts['ended'] else 'no (run still live or crashed)'}",
         f"  read it     : from trainguard.trials import create_trial; create_trial({str(facts['path'])!r})",
     ]
+    for worker, why in (facts.get("capture_stopped") or {}).items():  # type: ignore[union-attr]
+        lines.append(f"  capture     : {worker} stopped capturing after step {why.get('step')}: {why.get('reason')}")
     rules = render_rule_results(facts.get("rules") or [], facts.get("stopped"))  # type: ignore[arg-type]
     if rules:
         lines.append(rules)

@@ -130,7 +130,9 @@ def test_incremental_reader_never_returns_half_a_line(tmp_path: Path) -> None:
 def test_timeline_rotation_keeps_every_step(tmp_path: Path) -> None:
     with Profiler(tmp_path, interval_ms=100, system=False, rotate_interval_s=0.15) as profiler:
         reader = StepTimingReader(tmp_path)
-        train(20)
+        # step 10 outlasts the rotation interval: whatever the machine's speed, steps 0-9 are
+        # closed into one file while it runs, the rest into another
+        train(20, slow_steps=frozenset({10}), slow_step_s=0.6)
         time.sleep(0.35)
         seen_live = reader.read_new()  # closed files are visible while the run goes on
     seen_after = reader.read_new()
