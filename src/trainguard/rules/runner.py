@@ -62,6 +62,9 @@ from trainguard.rules.spec import RuleSpec
 
 __all__ = ["RuleRunner", "StatusUpdate", "validate_specs"]
 
+# Built-in rules never write into the arrays they read: they may share the decoded tensors.
+_BUILTIN_PREFIX = "trainguard.rules.builtin."
+
 logger = logging.getLogger("trainguard.rules")
 
 # Seconds between rewrites of a rule's rule-output file while only its last evaluated step moves.
@@ -353,6 +356,7 @@ class RuleRunner:
                 continue
             rule = self.rules[name]
             if _overrides(rule, "check"):
+                self.read_cache.share_read_only = type(rule).__module__.startswith(_BUILTIN_PREFIX)
                 try:
                     result = rule.evaluate(step)
                 except (StepNotYetAvailable, NoMoreData, WaitTimeout):
