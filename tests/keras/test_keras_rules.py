@@ -1,0 +1,50 @@
+"""The built-in rules run unchanged on a Keras hook's output (torch backend, real training)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("keras")
+
+from trainguard.modes import ModeKeys  # noqa: E402
+from trainguard.rules import RuleSpec  # noqa: E402
+from trainguard.rules.runner import RuleRunner  # noqa: E402
+from trainguard.trial import create_trial  # noqa: E402
+
+JOB = Path(__file__).with_name("_keras_rules_job.py")
+RULES = ["ExplodingTensor", "VanishingGradient", "LossNotDecreasing", "DeadRelu", "WeightUpdateRatio", "Overfit"]
+
+
+def _run(tmp_path: Path, scenario: str) -> dict:
+    out = tmp_path / scenario
+    environment = {**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, str(JOB), scenario, str(out)], check=True, env=environment, timeout=300)
+    final = RuleRunner(
+        str(out), [RuleSpec(name) for name in RULES], output_dir=str(tmp_path / f"{scenario}-rules"), poll_interval=0.05
+    ).run()
+    return {name: update for name, update in final.items()}
+
+
+def test_rules_find_the_exploding_keras_run_and_stay_silent_on_the_healthy_one(tmp_path):
+    healthy = _run(tmp_path, "healthy")
+    assert {name: u.status.value for name, u in healthy.items()} == {name: "NoIssuesFound" for name in RULES}
+    # each rule really looked at the Keras tensors: it evaluated steps and found what it needs
+    for name, update in healthy.items():
+        assert update.last_evaluated_step is not None, name
+        assert "Missing data" not in update.status_details, (name, update.status_details)
+    trial = create_trial(str(tmp_path / "healthy"))
+    assert trial.tensor_names(collection="gradients") and trial.tensor_names(collection="relu_output")
+    assert trial.steps(ModeKeys.TRAIN) and trial.steps(ModeKeys.EVAL)  # Overfit had both modes' losses
+    exploding = _run(tmp_path, "exploding")
+    # the rules read Keras's weights (WeightUpdateRatio), ReLU outputs (DeadRelu) and every tensor
+    for name in ("ExplodingTensor", "WeightUpdateRatio", "DeadRelu"):
+        assert exploding[name].status.value == "IssuesFound", (name, exploding[name].status_details)
+    assert (
+        "RuleEvaluationConditionMet: Evaluation of the rule ExplodingTensor"
+        in exploding["ExplodingTensor"].status_details
+    )
