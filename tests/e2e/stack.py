@@ -11,14 +11,13 @@ import json
 import os
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from tests.e2e.docker_env import REPO
+from tests.polling import wait_for  # the tests here import it from this module too
 
 TOKEN = "e2e-" + uuid.uuid4().hex
 DEMO = ["python", "train_demo.py"]  # baked into trainguard-training:local (containers/training/examples)
@@ -28,17 +27,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 class Stack:

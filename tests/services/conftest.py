@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.polling import wait_for  # the tests here import it from this module too
 from tests.s3_server import DUMMY_CREDENTIALS, free_port, s3_endpoint  # noqa: F401  (fixture by name)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,18 +31,6 @@ TOKEN = "test-token-0123456789abcdef"
 for _module in ("fastapi", "uvicorn", "sqlalchemy"):
     if importlib.util.find_spec(_module) is None:
         pytest.skip(f"service tests need {_module}: pip install -e '.[service,test]'", allow_module_level=True)
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last value: {last!r}")
 
 
 class ApiServer:

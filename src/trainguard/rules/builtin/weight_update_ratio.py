@@ -139,30 +139,21 @@ class WeightUpdateRatio(Rule):
             return None
         large = {name: r for name, r in ratios.items() if r > self.large_threshold}
         small = {name: r for name, r in ratios.items() if r < self.small_threshold}
-        if large:
-            name = max(large, key=lambda key: large[key])
+        if large or small:
+            # too large wins: a diverging update is the more urgent of the two
+            direction, found = ("large", large) if large else ("small", small)
+            name = (max if large else min)(found, key=found.__getitem__)
+            ratio, before = found[name], previous_steps[name]
+            size = f"{fmt(ratio)} times" if large else f"only {fmt(ratio)} of"
+            threshold = self.large_threshold if large else self.small_threshold
             return self.issue(
                 step,
-                f"update of {name} is {fmt(large[name])} times its norm (step {previous_steps[name]} → {step}); "
-                f"large_threshold {fmt(self.large_threshold)}",
-                fix_hint=self.large_hint,
+                f"update of {name} is {size} its norm (step {before} → {step}); {direction}_threshold {fmt(threshold)}",
+                fix_hint=self.large_hint if large else self.small_hint,
                 tensor=name,
-                ratio=large[name],
-                direction="large",
-                previous_step=previous_steps[name],
-                ratios=ratios,
-            )
-        if small:
-            name = min(small, key=lambda key: small[key])
-            return self.issue(
-                step,
-                f"update of {name} is only {fmt(small[name])} of its norm (step {previous_steps[name]} → {step}); "
-                f"small_threshold {fmt(self.small_threshold)}",
-                fix_hint=self.small_hint,
-                tensor=name,
-                ratio=small[name],
-                direction="small",
-                previous_step=previous_steps[name],
+                ratio=ratio,
+                direction=direction,
+                previous_step=before,
                 ratios=ratios,
             )
         return self.no_issue(step, min_ratio=min(ratios.values()), max_ratio=max(ratios.values()))
