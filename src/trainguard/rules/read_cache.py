@@ -10,6 +10,11 @@ Callers get their own copy of each array, so a rule that changes an array in pla
 change what the next rule sees — except where the runner vouches for the caller
 (``share_read_only``: the built-in rules, which never write into what they read): those get
 read-only views of the one decoded array, which saves a copy of every tensor per rule.
+
+Rules that need the same statistic of a tensor (whether it is all finite: ExplodingTensor,
+VanishingGradient and PoorWeightInitialization each ask) share it through :func:`shared_stat`,
+kept next to the cached value and evicted with it. A statistic depends only on the tensor's
+saved value, which never changes once written, so sharing it changes no rule's result.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["StepReadCache"]
+from trainguard.modes import ModeKeys
+
+__all__ = ["StepReadCache", "shared_stat"]
 
 
 class StepReadCache:
@@ -30,6 +37,7 @@ class StepReadCache:
         self._read: Callable[..., dict[str, np.ndarray]] = trial._read_values
         self._steps = steps
         self._cache: OrderedDict[tuple[Any, ...], dict[str, np.ndarray]] = OrderedDict()
+        self._stats: dict[tuple[Any, ...], dict[tuple[str, str], Any]] = {}
         self.hits = 0
         self.misses = 0
         self.share_read_only = False
@@ -50,10 +58,35 @@ class StepReadCache:
             entry.update(fresh)
             self._cache[key] = entry
             while len(self._cache) > self._steps:
-                self._cache.popitem(last=False)
+                evicted, _ = self._cache.popitem(last=False)
+                self._stats.pop(evicted, None)
         if self.share_read_only:
             return {name: _read_only_view(entry[name]) for name in names}
         return {name: np.array(entry[name], copy=True) for name in names}
+
+
+    def stat(self, step: int, mode: Any, worker: str | None, name: str, what: str, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per (tensor, step, ``what``) while the step's values are cached."""
+        key = (step, mode, worker)
+        if key not in self._cache or name not in self._cache[key]:
+            return compute()  # not a value this cache holds: nothing to share it with
+        stats = self._stats.setdefault(key, {})
+        found = stats.get((name, what), _MISSING)
+        if found is _MISSING:
+            found = stats[(name, what)] = compute()
+        return found
+
+
+_MISSING = object()
+
+
+def shared_stat(trial: Any, step: int, name: str, what: str, compute: Callable[[], Any]) -> Any:
+    """A statistic ``what`` of tensor ``name`` at global ``step`` (as read by ``read_values``),
+    computed once per step for every rule the runner evaluates; just ``compute()`` elsewhere."""
+    cache = getattr(getattr(trial, "_read_values", None), "__self__", None)
+    if isinstance(cache, StepReadCache):
+        return cache.stat(step, ModeKeys.GLOBAL, None, name, what, compute)
+    return compute()
 
 
 def _read_only_view(array: np.ndarray) -> np.ndarray:

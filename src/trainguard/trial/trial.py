@@ -28,17 +28,20 @@ from trainguard.errors import (
     WaitTimeout,
 )
 from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, COLLECTIONS_PREFIX, END_OF_TRAINING, is_collections_key
+from trainguard.format.fast_decode import decode_tensor_event
 from trainguard.format.record import parse_record
-from trainguard.format.tensor_codec import decode_event
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
-from trainguard.storage.cache import read_ranges
+from trainguard.storage.cache import MAX_SEPARATE_RANGES, WHOLE_OBJECT_FRACTION, read_ranges
 from trainguard.trial.state import REDUCTION_PREFIX as _REDUCTION_PREFIX
 from trainguard.trial.state import Location, RunState
 from trainguard.trial.tensor import Tensor
 
 __all__ = ["StepState", "Trial"]
 
+# A record read as part of a larger buffer is copied out of it when it is less than 1/this of
+# the buffer (see Trial._read_values).
+_PIN_FRACTION = 16
 
 
 class StepState(enum.Enum):
@@ -374,24 +377,31 @@ class Trial:
         values: dict[str, np.ndarray] = {}
         for event_file, items in by_file.items():
             ranges = [(location.entry.start, location.entry.length) for _, location in items]
-            chunks = self._read_event_ranges(event_file, ranges)
+            chunks, buffer_size = self._read_event_ranges(event_file, ranges)
+            path = f"{self.path}/{event_file}"
             for (name, location), chunk in zip(items, chunks):
-                path = f"{self.path}/{event_file}"
                 if len(chunk) != location.entry.length:
                     raise FormatError(
                         path, location.entry.start, f"file ends before the {location.entry.length}-byte record the index names"
                     )
                 payload, _ = parse_record(chunk, 0, path)
-                values[name] = decode_event(payload, path, location.entry.start).value
+                if len(payload) * _PIN_FRACTION < buffer_size:
+                    # A small tensor would keep the whole event file alive (its array is a view
+                    # of the buffer): a caller keeping, say, one scalar per step must not hold
+                    # every step's file. Copying a small record costs little.
+                    payload = bytes(payload)
+                values[name] = decode_tensor_event(payload, path, location.entry.start).value
         return values
 
-    def _read_event_ranges(self, event_file: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    def _read_event_ranges(self, event_file: str, ranges: list[tuple[int, int]]) -> tuple[list[memoryview], int]:
+        """The records at ``ranges`` as views of what was read, and the size of the largest buffer
+        they share (a whole-file read when many records are wanted: one read, no per-record copy)."""
         # The index is written after its event file, but on eventually consistent stores or
         # with several writers the event file can lag a moment: retry briefly, never forever.
         deadline = time.monotonic() + self._missing_event_wait
         while True:
             try:
-                return read_ranges(self.store, event_file, ranges)
+                return self._read_slices(event_file, ranges)
             except ObjectNotFound:
                 if time.monotonic() >= deadline:
                     raise TensorUnavailableForStep(
@@ -400,3 +410,13 @@ class Trial:
                     ) from None
                 time.sleep(0.2)
 
+    def _read_slices(self, key: str, ranges: list[tuple[int, int]]) -> tuple[list[memoryview], int]:
+        if getattr(self.store, "read_ranges", None) is None and ranges:
+            # read_ranges' own choice between one whole read and separate ones, without its
+            # per-range copies of the whole object
+            many = len(ranges) > MAX_SEPARATE_RANGES
+            if many or sum(length for _, length in ranges) > WHOLE_OBJECT_FRACTION * self.store.size(key):
+                data = memoryview(self.store.read(key))
+                return [data[start : start + length] for start, length in ranges], len(data)
+        chunks = [memoryview(chunk) for chunk in read_ranges(self.store, key, ranges)]
+        return chunks, max((len(chunk) for chunk in chunks), default=0)

@@ -16,9 +16,11 @@ import numpy as np
 
 from trainguard.errors import StepUnavailable, TensorUnavailable, TensorUnavailableForStep, TrialError
 from trainguard.modes import ModeKeys
+from trainguard.rules.read_cache import shared_stat
 
 __all__ = [
     "activation_axes",
+    "all_finite",
     "as_float",
     "fmt",
     "is_complete",
@@ -111,6 +113,38 @@ def as_float(value: Any) -> np.ndarray | None:
     if array.dtype.kind == "c":
         return np.abs(array).astype(np.float64)
     return None
+
+
+def surely_finite(array: np.ndarray) -> bool:
+    """True only if every element of the float/complex ``array`` is finite; one pass, no temporary.
+
+    Any NaN or inf makes a sum non-finite, so a finite sum proves the array finite. The sum in
+    the array's own precision is the fast one (no conversion); when it overflows (large finite
+    values, or a real NaN/inf) the float64 sum decides: float16/32 values cannot overflow it.
+    False can still be wrong for float64 data near its limits: callers then check per element.
+    """
+    with np.errstate(all="ignore"):
+        if np.isfinite(np.sum(array)):
+            return True
+        return bool(np.isfinite(np.sum(array, dtype=np.complex128 if array.dtype.kind == "c" else np.float64)))
+
+
+def all_finite(trial: Any, step: int, name: str, value: Any) -> bool:
+    """Whether every element of tensor ``name`` read at global ``step`` (``value``) is finite.
+
+    Shared between the rules evaluated on the same step (see read_cache.shared_stat): integer
+    and boolean tensors are finite, strings and objects are not numbers (False)."""
+    array = np.asarray(value)
+    kind = array.dtype.kind
+    if kind in "iub":
+        return True
+    if kind not in "fc":
+        return False
+
+    def compute() -> bool:
+        return array.size == 0 or surely_finite(array) or bool(np.all(np.isfinite(array)))
+
+    return bool(shared_stat(trial, step, name, "all_finite", compute))
 
 
 def is_integer(value: Any) -> bool:

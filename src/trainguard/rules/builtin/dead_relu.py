@@ -77,10 +77,13 @@ class DeadRelu(Rule):
         worst: tuple[float, str] = (-1.0, "")
         fired: dict[str, float] = {}
         for name, value in read_values(trial, names, step).items():
-            array = as_float(value)
+            raw = np.asarray(value)
+            # Real numbers compare with 0 the same in any precision and NaN > 0 is False: only
+            # complex values need converting (to their magnitude) first.
+            array = raw if raw.dtype.kind in "fiub" else as_float(value)
             if array is None or array.size == 0:
                 continue
-            nodes = activation_axes(np.nan_to_num(array, nan=0.0))
+            nodes = activation_axes(array)
             activity = 100.0 * np.mean(nodes > 0, axis=0)
             dead_percent = 100.0 * float(np.mean(activity < self.threshold_inactivity))
             worst = max(worst, (dead_percent, name))

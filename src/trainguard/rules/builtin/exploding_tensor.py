@@ -10,16 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import Rule, StepResult
-from trainguard.rules.builtin._helpers import check_regexes, is_complete, names_at, read_values, select
+from trainguard.rules.builtin._helpers import all_finite, check_regexes, is_complete, names_at, read_values, select
 from trainguard.rules.params import Param
-
-
-def _surely_finite(array: np.ndarray) -> bool:
-    """One pass, no temporary array: the float64 sum of finite float16/32 values cannot overflow,
-    and any NaN or inf makes it non-finite. (Only float64 data could overflow; then the exact
-    per-element count below decides.)"""
-    with np.errstate(all="ignore"):
-        return bool(np.isfinite(np.sum(array, dtype=np.complex128 if array.dtype.kind == "c" else np.float64)))
 
 
 class ExplodingTensor(Rule):
@@ -53,7 +45,7 @@ class ExplodingTensor(Rule):
             array = np.asarray(value)
             if array.dtype.kind not in "fc" or array.size == 0:
                 continue
-            if _surely_finite(array):
+            if all_finite(trial, step, name, array):  # one pass; shared with the other rules
                 continue
             nan = int(np.count_nonzero(np.isnan(array)))
             inf = 0 if self.only_nan else int(np.count_nonzero(np.isinf(array)))

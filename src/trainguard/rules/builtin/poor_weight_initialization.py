@@ -35,6 +35,7 @@ import numpy as np
 from trainguard.modes import ModeKeys
 from trainguard.rules.base import MissingTensor, Rule, StepResult
 from trainguard.rules.builtin._helpers import (
+    all_finite,
     as_float,
     check_regexes,
     fmt,
@@ -44,6 +45,42 @@ from trainguard.rules.builtin._helpers import (
     training_mode,
 )
 from trainguard.rules.params import Param
+
+
+_PERCENTS = np.true_divide(np.array([5, 95]), 100)  # as np.percentile turns [5, 95] into quantiles
+
+
+def _spread(array: np.ndarray) -> float:
+    """``p95 - p5`` exactly as ``np.percentile(array.astype(np.float64), [5, 95])`` gives them, for
+    a finite real float array of at least 2 elements.
+
+    Widening to float64 keeps the order, so the order statistics np.percentile interpolates
+    between can be selected in the array's own precision (half the memory traffic of float32
+    → float64 first) and only they are widened. The interpolation is numpy's "linear" method,
+    step for step: virtual index (n − 1)·q, gamma = its fraction, ``a + (b − a)·γ`` or, for
+    γ ≥ 0.5, ``b − (b − a)·(1 − γ)``.
+    """
+    flat = array.ravel()
+    n = flat.size
+    virtual = (n - 1) * _PERCENTS
+    below = np.floor(virtual)
+    gamma = virtual - below
+    low = below.astype(np.intp)
+    # Select each lower neighbour with its own single-index partition (numpy's SIMD selection;
+    # a two-index partition falls back to a far slower generic one): first the larger on the
+    # whole array, then the smaller within the part below it. Each upper neighbour (index + 1)
+    # is then the smallest value of the slice after its lower one.
+    k5, k95 = low.tolist()
+    ordered = np.partition(flat, k95)
+    if k5 < k95:
+        ordered[:k95].partition(k5)
+    results = []
+    for k, g, stop in ((k5, gamma[0], k95 + 1 if k5 < k95 else n), (k95, gamma[1], n)):
+        a = np.float64(ordered[k])
+        b = np.float64(ordered[k + 1 : stop].min()) if k + 1 < n else a
+        diff = b - a
+        results.append(b - diff * (1 - g) if g >= 0.5 else a + diff * g)
+    return float(results[1] - results[0])
 
 
 class PoorWeightInitialization(Rule):
@@ -106,8 +143,8 @@ class PoorWeightInitialization(Rule):
         details: dict[str, object] = {}
         # every condition runs every step: the loss history must not skip steps where another fired
         found = [
-            self._variance(activations, values, details),
-            self._gradients(gradients, values, details),
+            self._variance(step, activations, values, details),
+            self._gradients(step, gradients, values, details),
             self._loss(step, losses, values, details),
         ]
         problem = next((text for text in found if text), None)
@@ -115,11 +152,15 @@ class PoorWeightInitialization(Rule):
             return self.issue(step, problem, **details)
         return self.no_issue(step, **details)
 
-    def _variance(self, names: list[str], values: dict, details: dict) -> str | None:
+    def _variance(self, step: int, names: list[str], values: dict, details: dict) -> str | None:
         variances = {}
         for name in names:
             array = as_float(values.get(name)) if name in values else None
-            if array is not None and array.size >= 2 and np.all(np.isfinite(array)):
+            if array is None or array.size < 2:
+                continue
+            raw = np.asarray(values[name])
+            finite = all_finite(self.base_trial, step, name, raw) if raw.dtype.kind == "f" else np.all(np.isfinite(array))
+            if finite:
                 variances[name] = float(np.var(array))
         if len(variances) < 2:
             return None
@@ -134,10 +175,18 @@ class PoorWeightInitialization(Rule):
             )
         return None
 
-    def _gradients(self, names: list[str], values: dict, details: dict) -> str | None:
+    def _gradients(self, step: int, names: list[str], values: dict, details: dict) -> str | None:
         spreads = {}
         for name in names:
-            array = as_float(values.get(name)) if name in values else None
+            if name not in values:
+                continue
+            raw = np.asarray(values[name])
+            if raw.dtype.kind == "f":  # real floats: select in their own precision (see _spread)
+                if raw.size < max(self.min_gradient_size, 2) or not all_finite(self.base_trial, step, name, raw):
+                    continue
+                spreads[name] = _spread(raw)
+                continue
+            array = as_float(raw)
             if array is None or array.size < max(self.min_gradient_size, 2) or not np.all(np.isfinite(array)):
                 continue
             p5, p95 = np.percentile(array, [5, 95])

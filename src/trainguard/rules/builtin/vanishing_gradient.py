@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
-from trainguard.rules.builtin._helpers import as_float, fmt, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import all_finite, as_float, fmt, is_complete, read_values, select
 from trainguard.rules.params import Param
 
 
@@ -45,10 +45,18 @@ class VanishingGradient(Rule):
         smallest: tuple[float, str] | None = None
         vanished: list[tuple[str, float]] = []
         for name, value in read_values(trial, names, step).items():
-            array = as_float(value)
-            if array is None or array.size == 0 or not np.all(np.isfinite(array)):
-                continue
-            mean_abs = float(np.mean(np.abs(array)))
+            raw = np.asarray(value)
+            if raw.dtype.kind == "f":
+                if raw.size == 0 or not all_finite(trial, step, name, raw):
+                    continue
+                # |x| is exact in any float precision, so widening after abs gives the very
+                # float64 values widening first did, with a half-size temporary
+                mean_abs = float(np.mean(np.abs(raw).astype(np.float64)))
+            else:
+                array = as_float(value)
+                if array is None or array.size == 0 or not np.all(np.isfinite(array)):
+                    continue
+                mean_abs = float(np.mean(np.abs(array)))
             if smallest is None or mean_abs < smallest[0]:
                 smallest = (mean_abs, name)
             if mean_abs < self.threshold:
