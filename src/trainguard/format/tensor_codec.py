@@ -160,13 +160,27 @@ _SCALAR_TENSOR_FIELDS = _key(1, 0) + _varint(2) + _length_delimited(2, b"") + _h
 _SCALAR_TENSOR_HEADER = _header_of_length_delimited(8, len(_SCALAR_TENSOR_FIELDS) + 8) + _SCALAR_TENSOR_FIELDS
 
 
+# Pieces that repeat across the steps of a run, encoded once: a Value's tag field per tensor
+# name, and length headers per (field, length). Bounded: cleared when a run has very many names.
+_TAG_FIELDS: dict[str, bytes] = {}
+_LENGTH_HEADERS: dict[tuple[int, int], bytes] = {}
+_MAX_CACHED_TAGS = 65536
+
+
+def _length_header(field: int, length: int) -> bytes:
+    header = _LENGTH_HEADERS.get((field, length))
+    if header is None:
+        header = _LENGTH_HEADERS[(field, length)] = _header_of_length_delimited(field, length)
+    return header
+
+
 def encode_scalar_events(
     tags: list[str], values: np.ndarray, *, step: int, mode: ModeKeys, mode_step: int, wall_time: float
 ) -> list[bytes]:
     """Many float64 scalars of one step as event payloads, byte-identical to
     :func:`encode_tensor_event` of ``np.float64(value)`` each.
 
-    Reductions are many tiny records per step; building each from shared pieces instead of
+    Reductions are many tiny records per step; building each from cached pieces instead of
     through the general encoder keeps the writer thread's Python work (and so its hold on the
     GIL, which the training thread waits for) small.
     """
@@ -177,13 +191,20 @@ def encode_scalar_events(
     )
     event_head = _key(1, 1) + struct.pack("<d", wall_time) + _key(2, 0) + _varint(step)
     packed = np.ascontiguousarray(values, dtype="<f8").tobytes()
+    after_tag = metadata + _SCALAR_TENSOR_HEADER
+    if len(_TAG_FIELDS) > _MAX_CACHED_TAGS:
+        _TAG_FIELDS.clear()
     payloads = []
     for index, tag in enumerate(tags):
-        value_fields = b"".join(
-            (_length_delimited(1, tag.encode("utf-8")), metadata, _SCALAR_TENSOR_HEADER, packed[8 * index : 8 * index + 8])
+        tag_field = _TAG_FIELDS.get(tag)
+        if tag_field is None:
+            tag_field = _TAG_FIELDS[tag] = _length_delimited(1, tag.encode("utf-8"))
+        value_length = len(tag_field) + len(after_tag) + 8
+        value_header = _length_header(1, value_length)
+        summary_header = _length_header(5, len(value_header) + value_length)
+        payloads.append(
+            b"".join((event_head, summary_header, value_header, tag_field, after_tag, packed[8 * index : 8 * index + 8]))
         )
-        summary = _header_of_length_delimited(1, len(value_fields)) + value_fields
-        payloads.append(event_head + _header_of_length_delimited(5, len(summary)) + summary)
     return payloads
 
 

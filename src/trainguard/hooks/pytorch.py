@@ -234,11 +234,21 @@ class TorchHook(BaseHook):
         if module not in self._typed_modules:
             self._typed_modules[module] = None
             self._add_typed_memberships(module, name)
-        for index, tensor in enumerate(_flatten_tensors(inputs)):
-            self.save_torch_tensor(f"{name}_input_{index}", tensor)
+        flat_inputs = _flatten_tensors(inputs)
         outputs = _flatten_tensors(output)
+        # Most modules' I/O matches no due collection (e.g. only weights and gradients are
+        # saved): remember that per module and step schedule instead of looking up each name
+        # on every forward. The plan cache is cleared whenever collections change.
+        silent_key = (f"\0io:{name}:{len(flat_inputs)}:{len(outputs)}", self._due)
+        if silent_key in self._plan_cache:
+            return outputs
+        saved = False
+        for index, tensor in enumerate(flat_inputs):
+            saved = self.save_torch_tensor(f"{name}_input_{index}", tensor) or saved
         for index, tensor in enumerate(outputs):
-            self.save_torch_tensor(f"{name}_output_{index}", tensor)
+            saved = self.save_torch_tensor(f"{name}_output_{index}", tensor) or saved
+        if not saved and self.saving_this_step:
+            self._plan_cache[silent_key] = None
         return outputs
 
     def _add_typed_memberships(self, module: torch.nn.Module, name: str) -> None:
@@ -265,16 +275,17 @@ class TorchHook(BaseHook):
         self._match_cache.pop(tensor_name, None)
         self._plan_cache.clear()
 
-    def save_torch_tensor(self, name: str, tensor: torch.Tensor) -> None:
-        """Save now, if ``name`` is due at this step."""
+    def save_torch_tensor(self, name: str, tensor: torch.Tensor) -> bool:
+        """Save now, if ``name`` is due at this step; True if it was."""
         plan = self.plan(name)
         if plan is None:
-            return
+            return False
         if plan.save_raw:
             source, nbytes, proto_dtype = snapshot(tensor)
             self.write_tensor(name, source, nbytes=nbytes, proto_dtype=proto_dtype)
         if plan.reductions:
             self._write_reductions(name, reduce_on_device(tensor, plan.reductions), plan.reductions)
+        return True
 
     def hold_torch_tensor(self, name: str, tensor: torch.Tensor) -> None:
         """Save at the end of the step; a later value of the same name replaces this one."""

@@ -8,7 +8,6 @@ the training stream.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -16,10 +15,7 @@ import torch
 
 from trainguard.format.tensor_codec import DT_BFLOAT16
 
-__all__ = ["HostSnapshot", "reduce_on_device", "snapshot"]
-
-_ON_WRITER_THREAD = threading.local()
-_ON_WRITER_THREAD.active = False
+__all__ = ["DeferredReductions", "HostSnapshot", "compute_reductions", "compute_reductions_many", "reduce_on_device", "snapshot"]
 
 HostSnapshot = tuple[np.ndarray | Callable[[], np.ndarray], int, int | None]  # source, nbytes, dtype
 
@@ -67,77 +63,114 @@ def reduce_on_device(tensor: torch.Tensor, requested: Sequence[tuple[str, bool]]
 
     Norms are elementwise (``l2`` = sqrt of the sum of squares of all elements, whatever the
     rank); ``std``/``variance`` are population statistics (ddof=0), as numpy's defaults.
+    On CUDA the kernels queue on the training stream, which orders them before any later
+    in-place update. On the CPU "where the tensor lives" is here: one copy now, and the writer
+    thread runs the same kernels on the copy, off the training thread.
     """
     x = _plain(tensor)
     if x.numel() == 0:
         return None
-    if x.device.type == "cpu" and not _ON_WRITER_THREAD.active:
-        # On the CPU "where the tensor lives" is here: one copy now; the writer thread runs the
-        # same torch kernels on the copy, off the training thread (they release the GIL).
-        copy = x.clone()
+    if x.device.type == "cpu":
+        return DeferredReductions(x.clone(), tuple(requested)), 8 * len(requested), None
+    return snapshot(compute_reductions(x, requested))
 
-        def reduce_later() -> np.ndarray:
-            _ON_WRITER_THREAD.active = True
-            try:
-                reduced = reduce_on_device(copy, requested)
-            finally:
-                _ON_WRITER_THREAD.active = False
-            assert reduced is not None and not callable(reduced[0])
-            return reduced[0]
 
-        return reduce_later, 8 * len(requested), None
+class DeferredReductions:
+    """A CPU tensor's copy whose reductions the writer thread computes.
+
+    The writer hands all such items of a step to :meth:`resolve_many` at once: multi-tensor
+    kernels then serve every tensor with the same requests (one dispatch for all the norms
+    instead of one per tensor), which is most of the cost for the small tensors of a model.
+    """
+
+    __slots__ = ("tensor", "requested")
+
+    def __init__(self, tensor: torch.Tensor, requested: tuple[tuple[str, bool], ...]) -> None:
+        self.tensor = tensor
+        self.requested = requested
+
+    def __call__(self) -> np.ndarray:
+        return compute_reductions(self.tensor, self.requested).numpy()
+
+    @staticmethod
+    def resolve_many(items: Sequence[DeferredReductions]) -> list[np.ndarray]:
+        """The reductions of every item, in order."""
+        groups: dict[tuple[object, ...], list[tuple[int, torch.Tensor]]] = {}
+        for index, item in enumerate(items):
+            x = _as_float(item.tensor)
+            groups.setdefault((item.requested, x.dtype), []).append((index, x))
+        results: list[np.ndarray] = [np.empty(0)] * len(items)
+        for (requested, _), members in groups.items():
+            table = compute_reductions_many([x for _, x in members], requested).numpy()  # type: ignore[arg-type]
+            for (index, _), row in zip(members, table, strict=True):
+                results[index] = row
+        return results
+
+
+def _as_float(x: torch.Tensor) -> torch.Tensor:
     if x.is_complex():
-        x = x.abs()
+        return x.abs()
     if not x.is_floating_point():
-        x = x.to(torch.float64)
-    elif x.dtype in (torch.float16, torch.bfloat16):
-        x = x.float()
-    absolute = None
-    values: list[torch.Tensor] = []
-    fused: dict[tuple[str, bool], torch.Tensor] = {}
-    wanted = set(requested)
+        return x.to(torch.float64)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return x.float()
+    return x
+
+
+def compute_reductions(x: torch.Tensor, requested: Sequence[tuple[str, bool]]) -> torch.Tensor:
+    """The requested reductions of ``x`` stacked into one float64 tensor on ``x``'s device."""
+    return compute_reductions_many([_as_float(x)], tuple(requested))[0]
+
+
+# Computed by one multi-tensor kernel for all tensors; the others take one kernel per tensor.
+_FOREACH_NORMS = {"l1": 1, "l2": 2}
+
+
+def compute_reductions_many(tensors: list[torch.Tensor], requested: tuple[tuple[str, bool], ...]) -> torch.Tensor:
+    """Reductions of float tensors of one dtype and device: row ``i`` holds ``tensors[i]``'s.
+
+    ``std``/``variance`` take two passes (the mean, then the norm of the deviations): torch's
+    std_mean/var_mean take ten times longer on the CPU, and E[x^2] - E[x]^2 loses all
+    precision when |mean| >> std. Population statistics (ddof=0), as numpy's defaults.
+    """
+    columns: dict[tuple[str, bool], list[torch.Tensor]] = {}
+    bases: dict[bool, list[torch.Tensor]] = {False: tensors}
     for name, use_abs in requested:
-        if (name, use_abs) in fused:
-            values.append(fused[(name, use_abs)])
+        key = (name, use_abs)
+        if key in columns:
             continue
-        if use_abs:
-            if absolute is None:
-                absolute = x.abs()
-            y = absolute
-        else:
-            y = x
-        # Fused kernels: one pass gives two statistics (fewer ops is what costs on the CPU).
-        if name in ("min", "max") and {("min", use_abs), ("max", use_abs)} <= wanted:
-            fused[("min", use_abs)], fused[("max", use_abs)] = torch.aminmax(y)
-            values.append(fused[(name, use_abs)])
-            continue
-        if name in ("mean", "std") and {("mean", use_abs), ("std", use_abs)} <= wanted:
-            fused[("std", use_abs)], fused[("mean", use_abs)] = torch.std_mean(y, correction=0)
-            values.append(fused[(name, use_abs)])
-            continue
-        if name == "min":
-            values.append(y.min())
-        elif name == "max":
-            values.append(y.max())
-        elif name == "mean":
-            values.append(y.mean())
-        elif name == "std":
-            values.append(y.std(correction=0))
-        elif name == "variance":
-            values.append(y.var(correction=0))
+        ys = bases.get(use_abs)
+        if ys is None:
+            ys = bases[use_abs] = torch._foreach_abs(tensors)
+        if name in ("min", "max"):
+            pairs = [torch.aminmax(y) for y in ys]  # one pass gives both
+            columns[("min", use_abs)] = [pair[0] for pair in pairs]
+            columns[("max", use_abs)] = [pair[1] for pair in pairs]
+        elif name in ("mean", "std", "variance"):
+            means = columns.get(("mean", use_abs))
+            if means is None:
+                means = columns[("mean", use_abs)] = [y.mean() for y in ys]
+            if name != "mean":  # the deviations' norm; scaled by 1/sqrt(n) below
+                columns[("std", use_abs)] = list(torch._foreach_norm(torch._foreach_sub(ys, means)))
+        elif name in _FOREACH_NORMS:
+            columns[key] = list(torch._foreach_norm(ys, _FOREACH_NORMS[name]))
         elif name == "sum":
-            values.append(y.sum())
+            columns[key] = [y.sum() for y in ys]
         elif name == "prod":
-            values.append(y.prod())
-        elif name == "l1":
-            values.append(torch.linalg.vector_norm(y, 1))
-        elif name == "l2":
-            values.append(torch.linalg.vector_norm(y, 2))
+            columns[key] = [y.prod() for y in ys]
         elif name == "zero_fraction":
-            values.append((y == 0).sum() / y.numel())
+            # 1 - nonzero/n: count_nonzero is twice as fast as (y == 0).sum()
+            columns[key] = [1.0 - torch.count_nonzero(y).to(y.dtype) / y.numel() for y in ys]
         else:  # validated at configuration time; reaching here is a bug
             raise ValueError(f"unknown reduction {name!r}")
-    stacked = torch.stack(values).to(torch.float64)
-    if stacked.device.type == "cpu":
-        return stacked.numpy(), 8 * len(values), None  # a fresh tensor: no copy needed
-    return snapshot(stacked)
+    sources = list(dict.fromkeys(("std", key[1]) if key[0] == "variance" else key for key in requested))
+    table = torch.stack([value for key in sources for value in columns[key]]).to(torch.float64)
+    table = table.reshape(len(sources), len(tensors))
+    rows = dict(zip(sources, table, strict=True))
+    if any(key[0] == "std" for key in sources):
+        scale = torch.tensor([tensor.numel() for tensor in tensors], dtype=torch.float64, device=table.device).rsqrt()
+        for key in sources:
+            if key[0] == "std":
+                rows[key] = rows[key] * scale
+    picked = [rows[("std", key[1])].square() if key[0] == "variance" else rows[key] for key in requested]
+    return torch.stack(picked, dim=1)

@@ -205,13 +205,13 @@ class StepWriter:
             if state is not None:  # a step left open: finish it rather than lose it
                 self._finish_step(state)
             _, step, mode, mode_step = item
-            return {"step": step, "mode": mode, "mode_step": mode_step, "file": None, "offset": 0, "entries": []}
+            return {"step": step, "mode": mode, "mode_step": mode_step, "file": None, "offset": 0, "entries": [],
+                    "reductions": []}  # fmt: skip
         if kind == "reductions":
             if state is None:
                 return state
             _, names, vector, _, _ = item
-            values = np.asarray(vector() if callable(vector) else vector, dtype=np.float64)
-            self._write_scalar_records(state, names, values)
+            state["reductions"].append((names, vector))  # written together at the step's end
             return state
         if kind == "tensor":
             if state is None:
@@ -280,7 +280,34 @@ class StepWriter:
         state["file"].write(bytes(buffer))
         time.sleep(0)  # hand the GIL back to training once per batch (see _write_record)
 
+    def _write_reductions(self, state: dict[str, Any]) -> None:
+        """All of a step's reductions: computed together, encoded as one batch, one write.
+
+        Deferred reductions of one kind (e.g. CPU tensor copies) resolve in one call of their
+        ``resolve_many``, which shares multi-tensor kernels between tensors; per-step pieces of
+        the records (mode, step, wall time) are encoded once.
+        """
+        pending, state["reductions"] = state["reductions"], []
+        if not pending:
+            return
+        vectors: list[Any] = [vector for _, vector in pending]
+        batches: dict[Any, list[int]] = {}
+        for index, vector in enumerate(vectors):
+            resolve_many = getattr(type(vector), "resolve_many", None)
+            if resolve_many is not None:
+                batches.setdefault(resolve_many, []).append(index)
+            elif callable(vector):
+                vectors[index] = vector()
+        for resolve_many, indices in batches.items():
+            for index, values in zip(indices, resolve_many([vectors[index] for index in indices]), strict=True):
+                vectors[index] = values
+        names = [name for (group, _), values in zip(pending, vectors, strict=True) if values is not None for name in group]
+        values = [np.asarray(values, dtype=np.float64).reshape(-1) for values in vectors if values is not None]
+        if names:  # None above: reductions that could not be taken
+            self._write_scalar_records(state, names, np.concatenate(values))
+
     def _finish_step(self, state: dict[str, Any]) -> None:
+        self._write_reductions(state)
         if state["file"] is None:
             return
         state["file"].commit()  # the event file first: an index must never name a missing file
