@@ -14,6 +14,7 @@ import trainguard.pytorch as tg
 from tests.hooks._util import PARAMS, as_numpy, batches, seeded_model
 from trainguard.errors import TensorUnavailableForStep
 from trainguard.format.layout import END_OF_TRAINING
+from trainguard.hooks.pytorch import TorchHook
 from trainguard.trials import create_trial
 
 TRAIN, EVAL = tg.modes.TRAIN, tg.modes.EVAL
@@ -239,25 +240,49 @@ def _accumulating_run(make_hook, run_dir, optimizer_steps, micro_batches=2):
     return create_trial(run_dir), expected
 
 
-def test_gradient_accumulation_is_one_step_once_the_optimizer_has_stepped(make_hook, run_dir):
+def test_gradient_accumulation_is_one_step_per_optimizer_step(make_hook, run_dir):
     trial, expected = _accumulating_run(make_hook, run_dir, optimizer_steps=4)
-    # The first window is split into one step per micro-batch (see the xfail below); every later
-    # optimizer step is exactly one step, holding the accumulated gradient the optimizer used and
-    # the weights both micro-batches saw.
+    # Every optimizer step is exactly one step, the first window too (an optimizer holding the
+    # model's parameters exists by the first forward), holding the accumulated gradient the
+    # optimizer used and the weights both micro-batches saw.
     train_steps = trial.steps(TRAIN)
-    assert train_steps == list(range(4 + 1))
-    for step, (weights, grad, _) in zip(train_steps[2:], expected[1:], strict=True):
+    assert train_steps == [0, 1, 2, 3]
+    for step, (weights, grad, _) in zip(train_steps, expected, strict=True):
         np.testing.assert_array_equal(trial.tensor("Net_fc1.weight").value(step, TRAIN), as_numpy(weights))
         np.testing.assert_array_equal(trial.tensor("gradient/Net_fc1.weight").value(step, TRAIN), as_numpy(grad))
-    # the second half of the split first window ends at optimizer.step(): it holds the gradient applied
-    np.testing.assert_array_equal(trial.tensor("gradient/Net_fc1.weight").value(1, TRAIN), as_numpy(expected[0][1]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limitation (hooks/pytorch.py): before the first optimizer.step() every root forward "
-    "begins a step, so the first accumulation window is split into one step per micro-batch",
-)
+def test_optimizer_that_never_steps_falls_back_to_one_step_per_forward(make_hook, run_dir):
+    """An optimizer exists but the loop updates the weights by hand: the presumption is dropped."""
+    model, criterion, optimizer, hook = _setup(make_hook)
+    limit = TorchHook.MAX_PRESUMED_FORWARDS
+    forwards = limit + 6
+    for x, y in batches(forwards):
+        model.zero_grad()
+        criterion(model(x), y).backward()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter -= 0.01 * parameter.grad
+    hook.close()
+    trial = create_trial(run_dir)
+    # the presumed first step spans limit + 1 forwards; after it, one step per forward
+    steps = trial.steps(TRAIN)
+    assert steps == list(range(forwards - limit))
+    assert trial.tensor("gradient/Net_fc1.weight").steps() == steps
+
+
+def test_loop_without_an_optimizer_is_one_step_per_forward(make_hook, run_dir):
+    model, criterion = seeded_model(), nn.CrossEntropyLoss()
+    hook = make_hook(save_config=tg.SaveConfig(save_interval=1))
+    hook.register_module(model)
+    hook.register_loss(criterion)
+    for x, y in batches(3):
+        model.zero_grad()
+        criterion(model(x), y).backward()
+    hook.close()
+    assert create_trial(run_dir).steps(TRAIN) == [0, 1, 2]
+
+
 def test_gradient_accumulation_first_window_is_one_step(make_hook, run_dir):
     trial, _ = _accumulating_run(make_hook, run_dir, optimizer_steps=3)
     assert trial.steps(TRAIN) == [0, 1, 2]

@@ -14,6 +14,8 @@ when accumulated, for loops without a torch optimizer.
 
 from __future__ import annotations
 
+import gc
+import logging
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -29,6 +31,8 @@ from trainguard.hooks.torch_tensors import HostSnapshot, reduce_on_device, snaps
 from trainguard.modes import ModeKeys
 
 __all__ = ["TorchHook"]
+
+logger = logging.getLogger("trainguard")
 
 
 def _flatten_tensors(value: Any) -> list[torch.Tensor]:
@@ -70,6 +74,11 @@ class TorchHook(BaseHook):
         self._held: dict[str, tuple[HostSnapshot | None, HostSnapshot | None, tuple[tuple[str, bool], ...]]] = {}
         self._explicit_mode = False
         self._optimizer_driven = False
+        # Before any optimizer has stepped: whether one that holds our parameters exists (then
+        # the first accumulation window is one step too), and how many forwards that guess has
+        # covered without an optimizer.step() (see _presume_optimizer).
+        self._optimizer_probed = False
+        self._presumed_forwards: int | None = None
         # optimizer.step() ran: the step ends at the next forward (or mode change, or close), so
         # save_scalar("loss", ...) written after optimizer.step() still lands in this step.
         self._end_pending = False
@@ -154,10 +163,58 @@ class TorchHook(BaseHook):
         mode = self._mode_of(module)
         if mode != self.mode:
             BaseHook.set_mode(self, mode)
+        if mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL):
+            self._presume_optimizer()
         if mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._optimizer_driven:
             self.ensure_step()
         else:
             self.begin_step()
+
+    # Forwards one presumed optimizer step may span before the guess is given up: far more
+    # micro-batches than any accumulation window uses, few enough to keep a step small.
+    MAX_PRESUMED_FORWARDS = 64
+
+    def _presume_optimizer(self) -> None:
+        """Decide, before the first optimizer.step(), whether steps will end with one.
+
+        Once an optimizer has stepped, a step ends at optimizer.step(), so several micro-batch
+        forwards (gradient accumulation) are one step. Before that, a hook cannot see the
+        future; but an optimizer that holds the model's parameters already exists by the
+        first training forward in any usual script, so its presence decides. A loop that has
+        such an optimizer and still never steps it falls back to one step per forward after
+        MAX_PRESUMED_FORWARDS forwards.
+        """
+        if self._presumed_forwards is not None:
+            self._presumed_forwards += 1
+            if self._presumed_forwards > self.MAX_PRESUMED_FORWARDS:
+                self._take_gradients()
+                self._optimizer_driven = False
+                self._presumed_forwards = None
+                logger.info("trainguard: no optimizer.step() in %d forwards: one step per forward",
+                            self.MAX_PRESUMED_FORWARDS)  # fmt: skip
+            return
+        if self._optimizer_probed or self._optimizer_driven:
+            return
+        self._optimizer_probed = True
+        if self._an_optimizer_holds_our_parameters():
+            self._optimizer_driven = True
+            self._presumed_forwards = 0
+
+    def _an_optimizer_holds_our_parameters(self) -> bool:
+        ours = {id(parameter) for reference, _ in self._roots if (root := reference()) is not None
+                for parameter in root.parameters()}  # fmt: skip
+        if not ours:
+            return False
+        # Optimizers keep no registry; one scan of the tracked objects, once per hook.
+        optimizer_type = torch.optim.Optimizer
+        for candidate in gc.get_objects():
+            # type(), not isinstance(): that would read __class__ of every object, and some
+            # (deprecated torch aliases) warn when touched
+            if issubclass(type(candidate), optimizer_type):
+                for group in candidate.param_groups:
+                    if any(id(parameter) in ours for parameter in group["params"]):
+                        return True
+        return False
 
     @fail_open
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -176,6 +233,7 @@ class TorchHook(BaseHook):
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._roots:
             self._optimizer_driven = True
+            self._presumed_forwards = None  # not presumed any more: seen
             self._end_pending = True
 
     def _on_step_begin(self) -> None:
@@ -208,7 +266,7 @@ class TorchHook(BaseHook):
         @fail_open
         def hook(self: TorchHook, parameter: torch.Tensor) -> None:
             if self.saving_this_step and parameter.grad is not None and self.plan(name) is not None:
-                if not self._optimizer_driven:
+                if not self._optimizer_driven or self._presumed_forwards is not None:
                     # No optimizer has stepped (there may be none, and the step may then end after
                     # the gradients were zeroed): copy now; an optimizer.step() re-reads them.
                     self.hold_torch_tensor(name, parameter.grad)
