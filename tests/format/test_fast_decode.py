@@ -21,7 +21,12 @@ INTEROP = Path(__file__).resolve().parents[1] / "interop"
 def assert_same(payload: bytes, path: str = "f", offset: int = 0) -> np.ndarray:
     expected = decode_event(payload, path, offset)
     fast = decode_tensor_event(memoryview(payload), path, offset)
-    assert (fast.tag, fast.step, fast.mode, fast.mode_step) == (expected.tag, expected.step, expected.mode, expected.mode_step)
+    assert (fast.tag, fast.step, fast.mode, fast.mode_step) == (
+        expected.tag,
+        expected.step,
+        expected.mode,
+        expected.mode_step,
+    )
     assert np.float64(fast.wall_time).tobytes() == np.float64(expected.wall_time).tobytes()
     assert fast.value.dtype == expected.value.dtype
     assert fast.value.shape == expected.value.shape
@@ -74,8 +79,9 @@ def test_steps_modes_and_large_step_numbers() -> None:
 
 def test_scalar_batches_from_the_reduction_writer() -> None:
     tags = ["smdebug/reductions/mean/a", "smdebug/reductions/abs_max/β"]
-    payloads = encode_scalar_events(tags, np.array([1.5, -2.25]), step=9, mode=ModeKeys.EVAL, mode_step=4, wall_time=3.0)
-    for tag, payload in zip(tags, payloads):
+    values = np.array([1.5, -2.25])
+    payloads = encode_scalar_events(tags, values, step=9, mode=ModeKeys.EVAL, mode_step=4, wall_time=3.0)
+    for tag, payload in zip(tags, payloads, strict=True):
         assert parse_plain_event(payload)[0] == tag
         assert_same(payload)
 
@@ -154,7 +160,8 @@ def test_malformed_payloads_fail_exactly_as_decode_event() -> None:
 
 
 def test_invalid_mode_metadata_raises_like_decode_event() -> None:
-    payload = encoded(np.arange(2.0), mode=ModeKeys.EVAL).replace(b"mode\x12\x01" + str(ModeKeys.EVAL.value).encode(), b"mode\x12\x019")
+    good_mode = b"mode\x12\x01" + str(ModeKeys.EVAL.value).encode()
+    payload = encoded(np.arange(2.0), mode=ModeKeys.EVAL).replace(good_mode, b"mode\x12\x019")  # no mode 9
     with pytest.raises(ValueError) as expected:
         decode_event(payload)
     with pytest.raises(ValueError) as fast:
@@ -212,5 +219,5 @@ def test_framed_records_decode_from_a_shared_file_buffer() -> None:
     arrays = [np.arange(n, dtype=np.float32) * n for n in (1, 50, 7)]
     data = b"".join(frame(encoded(array)) for array in arrays)
     values = [decode_tensor_event(payload).value for _, payload in iter_records(data, "f")]
-    for array, value in zip(arrays, values):
+    for array, value in zip(arrays, values, strict=True):
         np.testing.assert_array_equal(value, array)

@@ -94,7 +94,10 @@ def _text(data: memoryview, span: tuple[int, int]) -> str:
         raise _Unusual from None
 
 
-def parse_plain_event(payload: bytes | memoryview) -> tuple[str, int, float, ModeKeys, int, int, tuple[int, ...], memoryview]:
+PlainEvent = tuple[str, int, float, ModeKeys, int, int, tuple[int, ...], memoryview]
+
+
+def parse_plain_event(payload: bytes | memoryview) -> PlainEvent:
     """(tag, step, wall_time, mode, mode_step, dtype number, shape, tensor_content) of a plain
     tensor event. Raises ``_Unusual`` for anything else."""
     data = memoryview(payload)

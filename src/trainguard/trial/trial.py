@@ -14,7 +14,6 @@ import numpy as np
 
 from trainguard.config.collections import Collection, CollectionManager
 from trainguard.errors import (
-    FormatError,
     InvalidWorker,
     MissingCollectionFiles,
     NoMoreData,
@@ -28,20 +27,15 @@ from trainguard.errors import (
     WaitTimeout,
 )
 from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, COLLECTIONS_PREFIX, END_OF_TRAINING, is_collections_key
-from trainguard.format.fast_decode import decode_tensor_event
-from trainguard.format.record import parse_record
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 from trainguard.storage.cache import MAX_SEPARATE_RANGES, WHOLE_OBJECT_FRACTION, read_ranges
+from trainguard.trial.records import decode_record
 from trainguard.trial.state import REDUCTION_PREFIX as _REDUCTION_PREFIX
 from trainguard.trial.state import Location, RunState
 from trainguard.trial.tensor import Tensor
 
 __all__ = ["StepState", "Trial"]
-
-# A record read as part of a larger buffer is copied out of it when it is less than 1/this of
-# the buffer (see Trial._read_values).
-_PIN_FRACTION = 16
 
 
 class StepState(enum.Enum):
@@ -379,18 +373,8 @@ class Trial:
             ranges = [(location.entry.start, location.entry.length) for _, location in items]
             chunks, buffer_size = self._read_event_ranges(event_file, ranges)
             path = f"{self.path}/{event_file}"
-            for (name, location), chunk in zip(items, chunks):
-                if len(chunk) != location.entry.length:
-                    raise FormatError(
-                        path, location.entry.start, f"file ends before the {location.entry.length}-byte record the index names"
-                    )
-                payload, _ = parse_record(chunk, 0, path)
-                if len(payload) * _PIN_FRACTION < buffer_size:
-                    # A small tensor would keep the whole event file alive (its array is a view
-                    # of the buffer): a caller keeping, say, one scalar per step must not hold
-                    # every step's file. Copying a small record costs little.
-                    payload = bytes(payload)
-                values[name] = decode_tensor_event(payload, path, location.entry.start).value
+            for (name, location), chunk in zip(items, chunks, strict=True):
+                values[name] = decode_record(chunk, location.entry.start, location.entry.length, buffer_size, path)
         return values
 
     def _read_event_ranges(self, event_file: str, ranges: list[tuple[int, int]]) -> tuple[list[memoryview], int]:
@@ -420,3 +404,4 @@ class Trial:
                 return [data[start : start + length] for start, length in ranges], len(data)
         chunks = [memoryview(chunk) for chunk in read_ranges(self.store, key, ranges)]
         return chunks, max((len(chunk) for chunk in chunks), default=0)
+

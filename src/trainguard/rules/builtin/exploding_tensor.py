@@ -11,6 +11,7 @@ import numpy as np
 
 from trainguard.rules.base import Rule, StepResult
 from trainguard.rules.builtin._helpers import all_finite, check_regexes, is_complete, names_at, read_values, select
+from trainguard.rules.builtin._parallel import map_tensors
 from trainguard.rules.params import Param
 
 
@@ -41,11 +42,12 @@ class ExplodingTensor(Rule):
         if not names:
             return None
         bad: dict[str, dict[str, int]] = {}
-        for name, value in read_values(trial, names, step).items():
-            array = np.asarray(value)
-            if array.dtype.kind not in "fc" or array.size == 0:
-                continue
-            if all_finite(trial, step, name, array):  # one pass; shared with the other rules
+        values = {name: np.asarray(value) for name, value in read_values(trial, names, step).items()}
+        floats = {name: array for name, array in values.items() if array.dtype.kind in "fc" and array.size}
+        # one pass per tensor, on two cores; the verdicts are shared with the other rules
+        finite = map_tensors(lambda name, array: all_finite(trial, step, name, array), floats)
+        for name, array in floats.items():
+            if finite[name]:
                 continue
             nan = int(np.count_nonzero(np.isnan(array)))
             inf = 0 if self.only_nan else int(np.count_nonzero(np.isinf(array)))

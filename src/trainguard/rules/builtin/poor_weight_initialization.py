@@ -44,8 +44,8 @@ from trainguard.rules.builtin._helpers import (
     select,
     training_mode,
 )
+from trainguard.rules.builtin._parallel import map_tensors
 from trainguard.rules.params import Param
-
 
 _PERCENTS = np.true_divide(np.array([5, 95]), 100)  # as np.percentile turns [5, 95] into quantiles
 
@@ -159,7 +159,10 @@ class PoorWeightInitialization(Rule):
             if array is None or array.size < 2:
                 continue
             raw = np.asarray(values[name])
-            finite = all_finite(self.base_trial, step, name, raw) if raw.dtype.kind == "f" else np.all(np.isfinite(array))
+            if raw.dtype.kind == "f":
+                finite = all_finite(self.base_trial, step, name, raw)  # shared with the other rules
+            else:
+                finite = bool(np.all(np.isfinite(array)))
             if finite:
                 variances[name] = float(np.var(array))
         if len(variances) < 2:
@@ -176,21 +179,20 @@ class PoorWeightInitialization(Rule):
         return None
 
     def _gradients(self, step: int, names: list[str], values: dict, details: dict) -> str | None:
-        spreads = {}
-        for name in names:
-            if name not in values:
-                continue
-            raw = np.asarray(values[name])
+        def spread(name: str, value: np.ndarray) -> float | None:
+            raw = np.asarray(value)
             if raw.dtype.kind == "f":  # real floats: select in their own precision (see _spread)
                 if raw.size < max(self.min_gradient_size, 2) or not all_finite(self.base_trial, step, name, raw):
-                    continue
-                spreads[name] = _spread(raw)
-                continue
+                    return None
+                return _spread(raw)
             array = as_float(raw)
             if array is None or array.size < max(self.min_gradient_size, 2) or not np.all(np.isfinite(array)):
-                continue
+                return None
             p5, p95 = np.percentile(array, [5, 95])
-            spreads[name] = float(p95 - p5)
+            return float(p95 - p5)
+
+        found = map_tensors(spread, {name: values[name] for name in names if name in values})  # two cores
+        spreads = {name: value for name, value in found.items() if value is not None}
         if not spreads:
             return None
         narrowest = min(spreads, key=lambda key: spreads[key])

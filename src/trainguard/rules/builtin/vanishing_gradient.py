@@ -11,6 +11,7 @@ import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
 from trainguard.rules.builtin._helpers import all_finite, as_float, fmt, is_complete, read_values, select
+from trainguard.rules.builtin._parallel import map_tensors
 from trainguard.rules.params import Param
 
 
@@ -31,6 +32,20 @@ class VanishingGradient(Rule):
         check=lambda value: None if value >= 0 else "must be >= 0",
     )
 
+    def _mean_abs(self, step: int, name: str, value: np.ndarray) -> float | None:
+        """mean(|g|) in float64; None for empty, non-finite or non-numeric gradients."""
+        raw = np.asarray(value)
+        if raw.dtype.kind == "f":
+            if raw.size == 0 or not all_finite(self.base_trial, step, name, raw):
+                return None
+            # |x| is exact in any float precision: abs written straight into float64 gives
+            # the very values widening first did, in one pass instead of two
+            return float(np.mean(np.abs(raw, out=np.empty(raw.shape, dtype=np.float64))))
+        array = as_float(value)
+        if array is None or array.size == 0 or not np.all(np.isfinite(array)):
+            return None
+        return float(np.mean(np.abs(array)))
+
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial
         if not is_complete(trial, step):
@@ -44,19 +59,10 @@ class VanishingGradient(Rule):
             return None
         smallest: tuple[float, str] | None = None
         vanished: list[tuple[str, float]] = []
-        for name, value in read_values(trial, names, step).items():
-            raw = np.asarray(value)
-            if raw.dtype.kind == "f":
-                if raw.size == 0 or not all_finite(trial, step, name, raw):
-                    continue
-                # |x| is exact in any float precision, so widening after abs gives the very
-                # float64 values widening first did, with a half-size temporary
-                mean_abs = float(np.mean(np.abs(raw).astype(np.float64)))
-            else:
-                array = as_float(value)
-                if array is None or array.size == 0 or not np.all(np.isfinite(array)):
-                    continue
-                mean_abs = float(np.mean(np.abs(array)))
+        values = read_values(trial, names, step)
+        for name, mean_abs in map_tensors(lambda name, value: self._mean_abs(step, name, value), values).items():
+            if mean_abs is None:
+                continue
             if smallest is None or mean_abs < smallest[0]:
                 smallest = (mean_abs, name)
             if mean_abs < self.threshold:

@@ -26,6 +26,7 @@ from trainguard.rules.builtin._helpers import (
     select,
     training_mode,
 )
+from trainguard.rules.builtin._parallel import map_tensors
 from trainguard.rules.params import Param
 
 
@@ -123,18 +124,26 @@ class WeightUpdateRatio(Rule):
                 if before is not None:
                     previous[name] = (before, _norm(before))
         ratios: dict[str, float] = {}
-        for name, value in current.items():
+
+        def measure(name: str, value: np.ndarray) -> tuple[np.ndarray, float, float | None] | None:
             array = _as_real(value)
             if array is None:
-                continue
+                return None
             norm = _norm(array)
-            self._cache[name] = (step, array, norm)
             if name not in previous or previous[name][0].shape != array.shape or array.size == 0:
-                continue
+                return array, norm, None
             before, before_norm = previous[name]
             with np.errstate(all="ignore"):
                 ratio = _norm(array - before) / (before_norm + self.epsilon)
-            ratios[name] = ratio if np.isfinite(ratio) else float("inf")
+            return array, norm, ratio if np.isfinite(ratio) else float("inf")
+
+        for name, measured in map_tensors(measure, current).items():  # numpy work on two cores
+            if measured is None:
+                continue
+            array, norm, ratio = measured
+            self._cache[name] = (step, array, norm)
+            if ratio is not None:
+                ratios[name] = ratio
         if not ratios:
             return None
         large = {name: r for name, r in ratios.items() if r > self.large_threshold}

@@ -1,0 +1,27 @@
+"""One tensor record out of a buffer read from an event file."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainguard.errors import FormatError
+from trainguard.format.fast_decode import decode_tensor_event
+from trainguard.format.record import parse_record
+
+__all__ = ["PIN_FRACTION", "decode_record"]
+
+# A record read as part of a larger buffer (a whole event file) is copied out of it when it is
+# less than 1/this of the buffer: the array of a small tensor would otherwise keep the whole file
+# alive, and a caller keeping, say, one scalar per step must not hold every step's file.
+# Copying a small record costs little; large ones stay views of the buffer (no copy at all).
+PIN_FRACTION = 16
+
+
+def decode_record(chunk: memoryview, start: int, length: int, buffer_size: int, path: str) -> np.ndarray:
+    """The array of the framed record ``chunk`` (index entry ``start``/``length`` of ``path``)."""
+    if len(chunk) != length:
+        raise FormatError(path, start, f"file ends before the {length}-byte record the index names")
+    payload, _ = parse_record(chunk, 0, path)
+    if len(payload) * PIN_FRACTION < buffer_size:
+        payload = bytes(payload)
+    return decode_tensor_event(payload, path, start).value
