@@ -70,6 +70,12 @@ class TorchHook(BaseHook):
         self._typed_modules: weakref.WeakKeyDictionary[torch.nn.Module, None] = weakref.WeakKeyDictionary()
         self._roots: list[tuple[weakref.ref[torch.nn.Module], str]] = []
         self._hooked_parameters: set[int] = set()
+        # What gets hooks only while a step is saved: on the other steps a module without
+        # forward hooks, and a parameter without a grad hook, cost PyTorch nothing extra (a
+        # few µs per module and parameter and step otherwise: 3% of a 1 ms MLP step).
+        self._io_modules: list[weakref.ref[torch.nn.Module]] = []
+        self._gradient_sources: list[tuple[weakref.ref[torch.Tensor], Any]] = []
+        self._step_handles: list[Any] = []
         # name -> (raw snapshot, reductions snapshot, requested reductions), written at step end
         self._held: dict[str, tuple[HostSnapshot | None, HostSnapshot | None, tuple[tuple[str, bool], ...]]] = {}
         self._explicit_mode = False
@@ -124,7 +130,7 @@ class TorchHook(BaseHook):
             if parameter.requires_grad and id(parameter) not in self._hooked_parameters:
                 self._hooked_parameters.add(id(parameter))
                 full_name = f"{root_name}_{parameter_name}"
-                self._handles.append(parameter.register_post_accumulate_grad_hook(self._gradient_hook(full_name)))
+                self._gradient_sources.append((weakref.ref(parameter), self._gradient_hook(full_name)))
         return root_name
 
     def register_module(self, module: torch.nn.Module) -> None:
@@ -133,15 +139,14 @@ class TorchHook(BaseHook):
             raise TypeError(f"register_module needs a torch.nn.Module, got {type(module).__name__}")
         self._name_tree(module)
         self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
-        for child in module.modules():
-            self._handles.append(child.register_forward_hook(self._after_forward))
+        self._io_modules.extend(weakref.ref(child) for child in module.modules())
 
     register_hook = register_module  # smdebug's older name
 
     def register_loss(self, loss_module: torch.nn.Module) -> None:
         """Capture a loss module's output (``<LossClass>_output_0``) and its inputs."""
         self._module_names[loss_module] = loss_module._get_name()
-        self._handles.append(loss_module.register_forward_hook(self._after_forward))
+        self._io_modules.append(weakref.ref(loss_module))
 
     # -- step boundaries ----------------------------------------------------------------------
     def set_mode(self, mode: ModeKeys) -> None:
@@ -236,7 +241,30 @@ class TorchHook(BaseHook):
             self._presumed_forwards = None  # not presumed any more: seen
             self._end_pending = True
 
+    def _attach_step_hooks(self) -> None:
+        """Hook module outputs and gradients for this (saved) step; removed when it ends.
+
+        Attached from the root's forward pre-hook: PyTorch reads a module's forward hooks when
+        the module is called, so the children (and the root's own output) see them already.
+        """
+        if self._step_handles:
+            return
+        for reference in self._io_modules:
+            module = reference()
+            if module is not None:
+                self._step_handles.append(module.register_forward_hook(self._after_forward))
+        for reference, hook in self._gradient_sources:
+            parameter = reference()
+            if parameter is not None:
+                self._step_handles.append(parameter.register_post_accumulate_grad_hook(hook))
+
+    def _detach_step_hooks(self) -> None:
+        handles, self._step_handles = self._step_handles, []
+        for handle in handles:
+            handle.remove()
+
     def _on_step_begin(self) -> None:
+        self._attach_step_hooks()
         self._grad_parameters.clear()
         for reference, root_name in self._roots:
             module = reference()
@@ -248,6 +276,8 @@ class TorchHook(BaseHook):
     def end_step(self) -> None:
         self._end_pending = False
         super().end_step()
+        if self._step_handles:
+            self._detach_step_hooks()
 
     def _on_step_end(self) -> None:
         if self._optimizer_driven:
@@ -400,3 +430,4 @@ class TorchHook(BaseHook):
             handle.remove()
         self._handles.clear()
         super().close()
+        self._detach_step_hooks()
