@@ -76,6 +76,10 @@ class TorchHook(BaseHook):
         self._io_modules: list[weakref.ref[torch.nn.Module]] = []
         self._gradient_sources: list[tuple[weakref.ref[torch.Tensor], Any]] = []
         self._step_handles: list[Any] = []
+        # Host copies taken this step, by tensor: in a Sequential, a module's output is the next
+        # one's input, and both names are saved; one copy serves both (same object, unchanged
+        # version), which halves the copying of activations.
+        self._step_snapshots: dict[int, tuple[torch.Tensor, int, HostSnapshot]] = {}
         # name -> (raw snapshot, reductions snapshot, requested reductions), written at step end
         self._held: dict[str, tuple[HostSnapshot | None, HostSnapshot | None, tuple[tuple[str, bool], ...]]] = {}
         self._explicit_mode = False
@@ -276,6 +280,7 @@ class TorchHook(BaseHook):
     def end_step(self) -> None:
         self._end_pending = False
         super().end_step()
+        self._step_snapshots.clear()
         if self._step_handles:
             self._detach_step_hooks()
 
@@ -369,11 +374,19 @@ class TorchHook(BaseHook):
         if plan is None:
             return False
         if plan.save_raw:
-            source, nbytes, proto_dtype = snapshot(tensor)
+            source, nbytes, proto_dtype = self._snapshot_once(tensor)
             self.write_tensor(name, source, nbytes=nbytes, proto_dtype=proto_dtype)
         if plan.reductions:
             self._write_reductions(name, reduce_on_device(tensor, plan.reductions), plan.reductions)
         return True
+
+    def _snapshot_once(self, tensor: torch.Tensor) -> HostSnapshot:
+        taken = self._step_snapshots.get(id(tensor))
+        if taken is not None and taken[0] is tensor and taken[1] == tensor._version:
+            return taken[2]
+        copy = snapshot(tensor)
+        self._step_snapshots[id(tensor)] = (tensor, tensor._version, copy)
+        return copy
 
     def hold_torch_tensor(self, name: str, tensor: torch.Tensor) -> None:
         """Save at the end of the step; a later value of the same name replaces this one."""
