@@ -1,10 +1,12 @@
 """The PyTorch hook, with smdebug's API: an smdebug script ports by changing its import.
 
-Step boundaries: once an optimizer has stepped, a TRAIN step ends with ``optimizer.step()``
-(global optimizer hooks), so gradient accumulation and several forwards per step stay one
-step. It is written out at the next forward, mode change or ``close()``, so that values saved
-right after ``optimizer.step()`` (``hook.save_scalar("loss", loss)``) still belong to it.
-Before that, and in EVAL/PREDICT, every root forward begins a step (smdebug's rule).
+Step boundaries: in a loop driven by a torch optimizer (one holding the model's parameters
+exists at the first training forward, or one has stepped), a TRAIN step ends with
+``optimizer.step()`` (global optimizer hooks), so gradient accumulation and several forwards
+per step stay one step, from the first window on. It is written out at the next forward, mode
+change or ``close()``, so that values saved right after ``optimizer.step()``
+(``hook.save_scalar("loss", loss)``) still belong to it. Otherwise, and in EVAL/PREDICT, every
+root forward begins a step (smdebug's rule).
 Weights are saved when a step begins (the values the forward uses), gradients as the
 optimizer steps (a global step pre-hook reads ``.grad`` of the parameters whose
 ``register_post_accumulate_grad_hook`` fired): the gradient the optimizer applies, after DDP's
