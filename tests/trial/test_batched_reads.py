@@ -67,3 +67,20 @@ def test_a_record_cut_short_names_the_file_and_offset(tmp_path) -> None:
     event_file.write_bytes(bytes(data[: start + 100]))
     with pytest.raises(FormatError, match="file ends before"):
         trial.tensor_values(sorted(written), 1)
+
+
+def test_selections_follow_a_growing_run(tmp_path) -> None:
+    """tensor_names keeps selections between calls, but never past a new tensor or collection."""
+    path = tmp_path / "run"
+    write_run(path, {0: {"gradient/a": np.ones(2)}}, collections={"gradients": ["gradient/a"]}, finished=False)
+    trial = open_trial(path)
+    assert trial.tensor_names(collection="gradients") == ["gradient/a"]
+    assert trial.tensor_names(regex="^gradient/") == ["gradient/a"]
+    steps = {0: {"gradient/a": np.ones(2)}, 1: {"gradient/a": np.ones(2), "gradient/b": np.ones(2), "x": np.ones(1)}}
+    write_run(path, steps, collections={"gradients": ["gradient/a", "gradient/b"]}, finished=True)
+    trial.refresh(force=True)
+    assert trial.tensor_names(collection="gradients") == ["gradient/a", "gradient/b"]
+    assert trial.tensor_names(regex="^gradient/") == ["gradient/a", "gradient/b"]
+    names = trial.tensor_names()
+    names.append("changed by the caller")  # callers get their own list
+    assert "changed by the caller" not in trial.tensor_names()

@@ -66,6 +66,8 @@ class Trial:
         self._collections, num_workers = self._load_collections(collection_wait_timeout)
         self._collections_final = False
         self._state = RunState(store, num_workers, parallel_reads=parallel_reads)
+        self._selections: dict[tuple[Any, ...], tuple[str, ...]] = {}
+        self._selection_version: tuple[Any, ...] | None = None
         self.refresh(force=True)
 
     def __repr__(self) -> str:
@@ -206,6 +208,17 @@ class Trial:
     ) -> list[str]:
         self.refresh()
         state = self._state
+        cache_key = None
+        if step is None and mode == ModeKeys.GLOBAL and (collection is None or isinstance(collection, str)):
+            # Rules ask for the same selections at every step: keep them until a tensor name or
+            # the collections change (names are only ever added, so their count is a version).
+            version = (len(state.tensors), len(state.reductions_of), self._collections)
+            if self._selection_version != version:
+                self._selections, self._selection_version = {}, version
+            patterns = regex if regex is None or isinstance(regex, str) else tuple(regex)
+            cache_key = (show_prefixed_tensors, patterns, collection)
+            if cache_key in self._selections:
+                return list(self._selections[cache_key])
         names: Iterable[str] = set(state.tensors) | set(state.reductions_of)
         if not show_prefixed_tensors:
             names = [name for name in names if not name.startswith(_REDUCTION_PREFIX)]
@@ -221,7 +234,10 @@ class Trial:
         if collection is not None:
             group = self.collection(collection) if isinstance(collection, str) else collection
             names = [name for name in names if group.matches(name)]
-        return sorted(names)
+        selected = sorted(names)
+        if cache_key is not None:
+            self._selections[cache_key] = tuple(selected)
+        return selected
 
     def has_tensor(self, name: str) -> bool:
         self.refresh()
