@@ -64,7 +64,6 @@ class StepReadCache:
             return {name: _read_only_view(entry[name]) for name in names}
         return {name: np.array(entry[name], copy=True) for name in names}
 
-
     def stat(self, step: int, mode: Any, worker: str | None, name: str, what: str, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per (tensor, step, ``what``) while the step's values are cached."""
         key = (step, mode, worker)
