@@ -394,8 +394,9 @@ class Trial:
         return values
 
     def _read_event_ranges(self, event_file: str, ranges: list[tuple[int, int]]) -> tuple[list[memoryview], int]:
-        """The records at ``ranges`` as views of what was read, and the size of the largest buffer
-        they share (a whole-file read when many records are wanted: one read, no per-record copy)."""
+        """The records at ``ranges`` as views of what was read, and the size of the buffer they
+        share when one whole-file read served them all (many records wanted: one read, no
+        per-record copy), else 0."""
         # The index is written after its event file, but on eventually consistent stores or
         # with several writers the event file can lag a moment: retry briefly, never forever.
         deadline = time.monotonic() + self._missing_event_wait
@@ -418,6 +419,6 @@ class Trial:
             if many or sum(length for _, length in ranges) > WHOLE_OBJECT_FRACTION * self.store.size(key):
                 data = memoryview(self.store.read(key))
                 return [data[start : start + length] for start, length in ranges], len(data)
-        chunks = [memoryview(chunk) for chunk in read_ranges(self.store, key, ranges)]
-        return chunks, max((len(chunk) for chunk in chunks), default=0)
+        # each record its own buffer: nothing to copy out of (buffer size 0)
+        return [memoryview(chunk) for chunk in read_ranges(self.store, key, ranges)], 0
 
