@@ -49,7 +49,7 @@ def capture_run(out_dir: str, steps: int) -> dict[str, float]:
     data = torch.randn(steps * 128, 784)
     labels = torch.randint(0, 10, (steps * 128,))
 
-    def train(hooked: bool) -> float:
+    def train(hooked: bool) -> tuple[float, float]:
         net = model()
         criterion = nn.CrossEntropyLoss()
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
@@ -58,7 +58,7 @@ def capture_run(out_dir: str, steps: int) -> dict[str, float]:
             hook = tg.Hook(out_dir, save_config=tg.SaveConfig(save_interval=1), include_collections=collections)
             hook.register_module(net)
             hook.register_loss(criterion)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         for step in range(steps):
             x, y = data[step * 128 : (step + 1) * 128], labels[step * 128 : (step + 1) * 128]
             optimizer.zero_grad()
@@ -67,31 +67,33 @@ def capture_run(out_dir: str, steps: int) -> dict[str, float]:
             optimizer.step()
         if hook is not None:
             hook.close()
-        return steps / (time.perf_counter() - started)
+        return steps / (time.perf_counter() - started), steps / (time.process_time() - cpu_started)
 
-    plain = train(False)
-    captured = train(True)
+    plain, _ = train(False)
+    captured, captured_cpu = train(True)
     return {
         "plain_steps_per_s": plain,
         "captured_steps_per_s": captured,
+        "captured_steps_per_cpu_s": captured_cpu,
         "parameters": sum(p.numel() for p in model().parameters()),
     }
 
 
-def evaluate_rate(run: str, names: list[str]) -> float:
+def evaluate_rate(run: str, names: list[str]) -> tuple[float, float]:
+    """Steps per wall second and per CPU second (all threads of this process)."""
     from trainguard.rules import RuleSpec
     from trainguard.rules.runner import RuleRunner
     from trainguard.trial import create_trial
 
     steps = len(create_trial(run, collection_wait_timeout=0).steps())
     with tempfile.TemporaryDirectory() as output:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         final = RuleRunner(run, [RuleSpec(name) for name in names], output_dir=output, poll_interval=0.05).run()
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     errors = {name: u.status_details for name, u in final.items() if u.status.value == "Error"}
     if errors:
         raise RuntimeError(f"rules failed: {errors}")
-    return steps / elapsed
+    return steps / elapsed, steps / cpu
 
 
 def latency_runs(runs: int, out_root: Path) -> list[dict[str, float]]:
@@ -150,12 +152,15 @@ def main() -> None:
             rates = capture_run(run, args.steps)
             print(f"(a) model: {rates['parameters']:,} parameters, {args.steps} steps, every step saved")
             print(f"    training without capture : {rates['plain_steps_per_s']:.1f} steps/s")
-            print(f"    training with capture    : {rates['captured_steps_per_s']:.1f} steps/s")
-            together = evaluate_rate(run, names)
+            print(f"    training with capture    : {rates['captured_steps_per_s']:.1f} steps/s "
+                  f"({rates['captured_steps_per_cpu_s']:.1f} per CPU second)")  # fmt: skip
+            together, together_cpu = evaluate_rate(run, names)
             print(f"    default rules ({len(names)}) eval : {together:.1f} steps/s "
-                  f"= {together / rates['captured_steps_per_s']:.2f}x the capture rate")  # fmt: skip
+                  f"= {together / rates['captured_steps_per_s']:.2f}x the capture rate "
+                  f"({together_cpu:.1f} per CPU second = "
+                  f"{together_cpu / rates['captured_steps_per_cpu_s']:.2f}x capture's)")  # fmt: skip
             for name in names:
-                print(f"      {name:<26} {evaluate_rate(run, [name]):8.1f} steps/s alone", flush=True)
+                print(f"      {name:<26} {evaluate_rate(run, [name])[0]:8.1f} steps/s alone", flush=True)
         if not args.skip_latency:
             samples = latency_runs(args.runs, Path(scratch))
             for key, label in (

@@ -137,3 +137,22 @@ def test_all_finite_is_computed_once_per_tensor_and_step(tmp_path) -> None:
     assert calls == [] and cache.misses == 1
     assert all_finite(trial, 3, "x", np.array([1, 2])) is True  # integers are finite
     assert all_finite(trial, 3, "x", np.array(["a"])) is False  # strings are not numbers
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_map_tensors_works_in_a_forked_child(monkeypatch) -> None:
+    """A child forked after the helper thread started must not wait on the parent's thread."""
+    import multiprocessing
+
+    monkeypatch.setattr(_parallel, "PARALLEL_MIN_BYTES", 0)
+    arrays = {"a": np.ones(10), "b": np.arange(10.0)}
+    assert map_tensors(lambda name, array: float(array.sum()), arrays) == {"a": 10.0, "b": 45.0}
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        result = pool.apply_async(_sum_in_child, (arrays,))
+        assert result.get(timeout=30) == {"a": 10.0, "b": 45.0}
+
+
+def _sum_in_child(arrays: dict) -> dict:
+    _parallel.PARALLEL_MIN_BYTES = 0
+    return map_tensors(lambda name, array: float(array.sum()), arrays)

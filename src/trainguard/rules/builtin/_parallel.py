@@ -32,6 +32,17 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+def _forget_pool_after_fork() -> None:
+    # A forked child inherits the pool object but not its thread: work submitted to it would
+    # wait forever. The child starts its own on first use.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def _helper() -> ThreadPoolExecutor | None:
     global _pool
     if _pool is None:
