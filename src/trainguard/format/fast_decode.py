@@ -17,6 +17,7 @@ errors) are the same as that function's, value for value and byte for byte.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -54,30 +55,44 @@ def _varint(data: memoryview, pos: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(data: memoryview, pos: int, end: int):  # type: ignore[no-untyped-def]
-    """Yield (field number, wire type, value) of one message; a length-delimited value is its
-    (start, end) span, a varint its number, a fixed64 its 8 bytes' start."""
+def _fields(data: memoryview, pos: int, end: int) -> list[tuple[int, int, Any]]:
+    """(field number, wire type, value) of each field of one message, in order: a
+    length-delimited value is its (start, end) span, a varint its number, a fixed64 the start
+    of its 8 bytes. One list per message: cheaper than a generator for these few fields."""
+    fields = []
+    append = fields.append
     while pos < end:
-        key, pos = _varint(data, pos, end)
-        field, wire_type = key >> 3, key & 7
-        if wire_type == 0:
-            value, pos = _varint(data, pos, end)
-            yield field, 0, value
-        elif wire_type == 2:
-            length, pos = _varint(data, pos, end)
-            if pos + length > end:
+        key = data[pos]  # keys and most values here are one-byte varints: decode those inline
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _varint(data, pos, end)
+        wire_type = key & 7
+        if wire_type == 2 or wire_type == 0:
+            if pos >= end:
                 raise _Unusual
-            yield field, 2, (pos, pos + length)
-            pos += length
+            value = data[pos]
+            if value < 0x80:
+                pos += 1
+            else:
+                value, pos = _varint(data, pos, end)
+            if wire_type == 2:
+                if pos + value > end:
+                    raise _Unusual
+                append((key >> 3, 2, (pos, pos + value)))
+                pos += value
+            else:
+                append((key >> 3, 0, value))
         elif wire_type == 1:
             if pos + 8 > end:
                 raise _Unusual
-            yield field, 1, pos
+            append((key >> 3, 1, pos))
             pos += 8
         else:  # fixed32 and groups never occur in a plain tensor event
             raise _Unusual
     if pos != end:
         raise _Unusual
+    return fields
 
 
 def _once(seen: set[int], field: int) -> None:
@@ -147,28 +162,11 @@ def parse_plain_event(payload: bytes | memoryview) -> PlainEvent:
             raise _Unusual
     if tensor is None:
         raise _Unusual
-    mode = ModeKeys.GLOBAL
-    mode_step = step
+    mode, mode_step = ModeKeys.GLOBAL, step
     if metadata is not None:
-        for field, wire_type, value in _fields(data, *metadata):
-            if field != 1 or wire_type != 2:
-                raise _Unusual
-            name, content = "", b""
-            for inner, inner_type, span in _fields(data, *value):
-                if inner_type != 2 or inner not in (1, 2):
-                    raise _Unusual
-                if inner == 1:
-                    name = _text(data, span)
-                else:
-                    content = bytes(data[span[0] : span[1]])
-            text = content.decode("utf-8", "replace")
-            try:  # the same conversions as decode_event, so a bad value fails the same way there
-                if name == "mode":
-                    mode = ModeKeys(int(text))
-                elif name == "mode_step":
-                    mode_step = int(text)
-            except ValueError:
-                raise _Unusual from None
+        mode, saved_mode_step = _cached(_METADATA, data, metadata, _metadata)
+        if saved_mode_step is not None:
+            mode_step = saved_mode_step
     dtype_number = 0
     shape: tuple[int, ...] = ()
     content_span = (0, 0)
@@ -178,7 +176,7 @@ def parse_plain_event(payload: bytes | memoryview) -> PlainEvent:
             dtype_number = value
         elif field == 2 and wire_type == 2:
             _once(seen, 2)
-            shape = _shape(data, value)
+            shape = _cached(_SHAPES, data, value, _shape)
         elif field == 3 and wire_type == 0:
             pass  # version_number: unused
         elif field == 4 and wire_type == 2:
@@ -186,6 +184,49 @@ def parse_plain_event(payload: bytes | memoryview) -> PlainEvent:
         else:
             raise _Unusual  # typed repeated values, strings: protobuf's job
     return tag, step, wall_time, mode, mode_step, dtype_number, shape, data[content_span[0] : content_span[1]]
+
+
+# Every record of a step carries the same metadata bytes, and a tensor keeps its shape from step
+# to step: parsed once, looked up by their bytes afterwards (bounded: cleared when full).
+_METADATA: dict[bytes, tuple[ModeKeys, int | None]] = {}
+_SHAPES: dict[bytes, tuple[int, ...]] = {}
+_MAX_CACHED = 4096
+
+
+def _cached(cache: dict[bytes, Any], data: memoryview, span: tuple[int, int], parse: Any) -> Any:
+    key = bytes(data[span[0] : span[1]])
+    found = cache.get(key)
+    if found is None:
+        found = parse(data, span)  # _Unusual propagates: nothing is cached for odd bytes
+        if len(cache) >= _MAX_CACHED:
+            cache.clear()
+        cache[key] = found
+    return found
+
+
+def _metadata(data: memoryview, span: tuple[int, int]) -> tuple[ModeKeys, int | None]:
+    """(mode, mode step or None) from a Value's SummaryMetadata plugin data."""
+    mode, mode_step = ModeKeys.GLOBAL, None
+    for field, wire_type, value in _fields(data, *span):
+        if field != 1 or wire_type != 2:
+            raise _Unusual
+        name, content = "", b""
+        for inner, inner_type, inner_span in _fields(data, *value):
+            if inner_type != 2 or inner not in (1, 2):
+                raise _Unusual
+            if inner == 1:
+                name = _text(data, inner_span)
+            else:
+                content = bytes(data[inner_span[0] : inner_span[1]])
+        text = content.decode("utf-8", "replace")
+        try:  # the same conversions as decode_event, so a bad value fails the same way there
+            if name == "mode":
+                mode = ModeKeys(int(text))
+            elif name == "mode_step":
+                mode_step = int(text)
+        except ValueError:
+            raise _Unusual from None
+    return mode, mode_step
 
 
 def _shape(data: memoryview, span: tuple[int, int]) -> tuple[int, ...]:
