@@ -36,7 +36,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.errors import (
@@ -59,6 +58,7 @@ from trainguard.rules.progress import (
 )
 from trainguard.rules.read_cache import StepReadCache
 from trainguard.rules.spec import RuleSpec
+from trainguard.rules.status_update import StatusUpdate
 
 __all__ = ["RuleRunner", "StatusUpdate", "validate_specs"]
 
@@ -71,60 +71,6 @@ logger = logging.getLogger("trainguard.rules")
 OUTPUT_INTERVAL = 1.0
 # Consecutive failed polls of the store (network, permissions) before every rule gets Error.
 _MAX_STORE_FAILURES = 30
-
-
-@dataclass(frozen=True)
-class StatusUpdate:
-    """One status transition or finding of one rule configuration."""
-
-    configuration_name: str
-    rule: str
-    status: RuleStatus
-    status_details: str = ""
-    step: int | None = None
-    result: StepResult | None = None
-    last_evaluated_step: int | None = None
-    timestamp: float = field(default_factory=time.time)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "configuration_name": self.configuration_name,
-            "rule": self.rule,
-            "status": RuleStatus(self.status).value,
-            "status_details": self.status_details,
-            "step": self.step,
-            "result": self.result.to_dict() if self.result is not None else None,
-            "last_evaluated_step": self.last_evaluated_step,
-            "timestamp": self.timestamp,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StatusUpdate:
-        """The inverse of :meth:`to_dict` (for a parent reading a runner's JSON lines)."""
-        from trainguard.rules.base import MissingTensor
-
-        raw = data.get("result")
-        result = None
-        if raw:
-            result = StepResult(
-                rule=raw["rule"],
-                step=int(raw["step"]),
-                fired=bool(raw["fired"]),
-                message=raw.get("message", ""),
-                fix_hint=raw.get("fix_hint", ""),
-                details=raw.get("details") or {},
-                missing=tuple(MissingTensor(m["what"], m.get("collection")) for m in raw.get("missing") or ()),
-            )
-        return cls(
-            configuration_name=data["configuration_name"],
-            rule=data["rule"],
-            status=RuleStatus(data["status"]),
-            status_details=data.get("status_details") or "",
-            step=data.get("step"),
-            result=result,
-            last_evaluated_step=data.get("last_evaluated_step"),
-            timestamp=float(data.get("timestamp") or time.time()),
-        )
 
 
 def _overrides(rule: Rule, method: str) -> bool:
