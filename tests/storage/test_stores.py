@@ -275,3 +275,19 @@ def test_open_store_memory_and_local(tmp_path) -> None:
     assert isinstance(local, LocalStore) and local.root == tmp_path / "run"
     assert isinstance(open_store(f"file://{tmp_path}/run"), LocalStore)
     assert isinstance(open_store(str(tmp_path)), LocalStore)
+
+
+def test_local_store_maps_a_whole_file_read_only(tmp_path) -> None:
+    store = LocalStore(tmp_path)
+    payload = bytes(range(256)) * 64
+    store.write("events/a.tfevents", payload)
+    store.write("events/empty", b"")
+    mapped = store.read_mapped("events/a.tfevents")
+    assert mapped.readonly and bytes(mapped) == payload == store.read("events/a.tfevents")
+    assert bytes(mapped[300:310]) == payload[300:310]
+    assert bytes(store.read_mapped("events/empty")) == b""
+    with pytest.raises(ObjectNotFound):
+        store.read_mapped("events/missing")
+    # a published file is replaced by rename, never rewritten in place: the mapping keeps the old bytes
+    store.write("events/a.tfevents", b"new")
+    assert bytes(mapped[:4]) == payload[:4]

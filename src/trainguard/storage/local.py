@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -95,6 +96,24 @@ class LocalStore:
         except FileNotFoundError:
             raise ObjectNotFound(f"{path} does not exist") from None
         except OSError as error:
+            raise _storage_error("read", path, error) from error
+
+    def read_mapped(self, key: str) -> memoryview:
+        """A whole file mapped read-only: the page cache's own pages, no copy.
+
+        For files that are complete and never rewritten in place (event files behind an index:
+        writers publish them by rename). A reader that needs most of a large file (the rules
+        read every tensor of every step) saves copying it into fresh memory.
+        """
+        path = self.path_of(key)
+        try:
+            with open(path, "rb") as file:
+                if os.fstat(file.fileno()).st_size == 0:
+                    return memoryview(b"")
+                return memoryview(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ))
+        except FileNotFoundError:
+            raise ObjectNotFound(f"{path} does not exist") from None
+        except (OSError, ValueError) as error:
             raise _storage_error("read", path, error) from error
 
     def exists(self, key: str) -> bool:

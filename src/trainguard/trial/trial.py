@@ -417,7 +417,8 @@ class Trial:
             # per-range copies of the whole object
             many = len(ranges) > MAX_SEPARATE_RANGES
             if many or sum(length for _, length in ranges) > WHOLE_OBJECT_FRACTION * self.store.size(key):
-                data = memoryview(self.store.read(key))
+                read_mapped = getattr(self.store, "read_mapped", None)  # local files: no copy
+                data = read_mapped(key) if read_mapped is not None else memoryview(self.store.read(key))
                 return [data[start : start + length] for start, length in ranges], len(data)
         # each record its own buffer: nothing to copy out of (buffer size 0)
         return [memoryview(chunk) for chunk in read_ranges(self.store, key, ranges)], 0
