@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,16 @@ from trainguard.modes import ModeKeys
 __all__ = ["TorchHook"]
 
 logger = logging.getLogger("trainguard")
+
+
+def eager(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` run as plain Python even inside a ``torch.compile``d model.
+
+    Dynamo would otherwise trace the hook's bookkeeping (locks, files, weak references) into the
+    compiled graph, which it cannot, and capture would stop; here it breaks the graph around the
+    hook instead, as for any Python side effect.
+    """
+    return torch.compiler.disable(function, recursive=True)
 
 
 def _flatten_tensors(value: Any) -> list[torch.Tensor]:
@@ -72,10 +82,10 @@ class TorchHook(BaseHook):
         self._typed_modules: weakref.WeakKeyDictionary[torch.nn.Module, None] = weakref.WeakKeyDictionary()
         self._roots: list[tuple[weakref.ref[torch.nn.Module], str]] = []
         self._hooked_parameters: set[int] = set()
-        # What gets hooks only while a step is saved: on the other steps a module without
-        # forward hooks, and a parameter without a grad hook, cost PyTorch nothing extra (a
-        # few µs per module and parameter and step otherwise: 3% of a 1 ms MLP step).
-        self._io_modules: list[weakref.ref[torch.nn.Module]] = []
+        # Gradient hooks exist only while a step is saved: on the other steps autograd calls no
+        # Python per parameter (a few µs each). Module forward hooks stay registered: with
+        # torch.compile, Dynamo does not guard on hooks, so hooks added after a module was
+        # compiled would never run (and removed ones would).
         self._gradient_sources: list[tuple[weakref.ref[torch.Tensor], Any]] = []
         self._step_handles: list[Any] = []
         # Host copies taken this step, by tensor: in a Sequential, a module's output is the next
@@ -144,15 +154,17 @@ class TorchHook(BaseHook):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"register_module needs a torch.nn.Module, got {type(module).__name__}")
         self._name_tree(module)
-        self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
-        self._io_modules.extend(weakref.ref(child) for child in module.modules())
+        self._handles.append(module.register_forward_pre_hook(eager(self._root_pre_forward)))
+        forward_hook = eager(self._after_forward)
+        for child in module.modules():
+            self._handles.append(child.register_forward_hook(forward_hook))
 
     register_hook = register_module  # smdebug's older name
 
     def register_loss(self, loss_module: torch.nn.Module) -> None:
         """Capture a loss module's output (``<LossClass>_output_0``) and its inputs."""
         self._module_names[loss_module] = loss_module._get_name()
-        self._io_modules.append(weakref.ref(loss_module))
+        self._handles.append(loss_module.register_forward_hook(eager(self._after_forward)))
 
     # -- step boundaries ----------------------------------------------------------------------
     def set_mode(self, mode: ModeKeys) -> None:
@@ -248,17 +260,9 @@ class TorchHook(BaseHook):
             self._end_pending = True
 
     def _attach_step_hooks(self) -> None:
-        """Hook module outputs and gradients for this (saved) step; removed when it ends.
-
-        Attached from the root's forward pre-hook: PyTorch reads a module's forward hooks when
-        the module is called, so the children (and the root's own output) see them already.
-        """
+        """Hook the gradients for this (saved) step; removed when it ends."""
         if self._step_handles:
             return
-        for reference in self._io_modules:
-            module = reference()
-            if module is not None:
-                self._step_handles.append(module.register_forward_hook(self._after_forward))
         for reference, hook in self._gradient_sources:
             parameter = reference()
             if parameter is not None:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from trainguard.hooks.fail_open import fail_open
-from trainguard.hooks.pytorch import TorchHook, is_loss_module
+from trainguard.hooks.pytorch import TorchHook, eager, is_loss_module
 
 __all__ = ["FUNCTIONAL_LOSSES", "ZeroCodeHook"]
 
@@ -46,8 +46,8 @@ class ZeroCodeHook(TorchHook):
         super().__init__(*args, **kwargs)
         self._stack: list[torch.nn.Module] = []
         self._loss_tensor_ids: set[int] = set()
-        self._handles.append(register_module_forward_pre_hook(self._global_pre_forward))
-        self._handles.append(register_module_forward_hook(self._global_forward, always_call=True))
+        self._handles.append(register_module_forward_pre_hook(eager(self._global_pre_forward)))
+        self._handles.append(register_module_forward_hook(eager(self._global_forward), always_call=True))
         self._originals: list[tuple[Any, str, Any]] = []
         for name in FUNCTIONAL_LOSSES:
             original = getattr(F, name, None)
