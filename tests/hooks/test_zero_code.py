@@ -400,3 +400,38 @@ def test_weights_match_a_run_without_capture(tmp_path):
     assert captured.returncode == 0, captured.stderr
     assert printed(plain.stdout, "train_loss") == printed(captured.stdout, "train_loss")
     assert np.isfinite(list(printed(plain.stdout, "train_loss").values())).all()
+
+
+COMPILED_SCRIPT = """
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+runner = torch.compile(model, backend="eager") if sys.argv[1] == "compiled" else model
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    optimizer.zero_grad()
+    x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+    loss = nn.functional.cross_entropy(runner(x), y)
+    loss.backward()
+    optimizer.step()
+    print("train_loss", step, loss.item().hex())
+"""
+
+
+def test_compiled_model_gets_the_names_and_values_of_the_eager_one(tmp_path):
+    """torch.compile's wrapper module is looked through: same tensor names, same losses, as eager."""
+    script = tmp_path / "train_compiled.py"
+    script.write_text(COMPILED_SCRIPT)
+    trials, losses = {}, {}
+    for variant in ("eager", "compiled"):
+        result = trainguard_run(tmp_path / variant, script, variant)
+        assert result.returncode == 0, result.stderr
+        trials[variant], losses[variant] = create_trial(tmp_path / variant), printed(result.stdout, "train_loss")
+    assert losses["compiled"] == losses["eager"] and len(losses["eager"]) == 4
+    eager, compiled = trials["eager"], trials["compiled"]
+    assert compiled.tensor_names() == eager.tensor_names()
+    assert "Sequential_0.weight" in compiled.tensor_names() and "gradient/Sequential_2.bias" in compiled.tensor_names()
+    assert compiled.steps(TRAIN) == eager.steps(TRAIN) == [0, 1, 2, 3]
+    for name in ("Sequential_0.weight", "gradient/Sequential_0.weight", "1_output_0"):
+        np.testing.assert_array_equal(compiled.tensor(name).value(3), eager.tensor(name).value(3))

@@ -39,6 +39,11 @@ FUNCTIONAL_LOSSES = (
 BACKWARD_LOSS_NAME = "loss_backward_output_0"
 
 
+def _is_compile_wrapper(module: torch.nn.Module) -> bool:
+    """``torch.compile(model)``'s wrapper (by name: no import of torch._dynamo for the check)."""
+    return type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod")
+
+
 class ZeroCodeHook(TorchHook):
     """A TorchHook that finds models, losses and steps by itself."""
 
@@ -61,6 +66,8 @@ class ZeroCodeHook(TorchHook):
 
     # -- modules ------------------------------------------------------------------------------
     def _global_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if _is_compile_wrapper(module):
+            return  # the model it wraps runs next, with its own names: that one is the root
         if not self._stack and not is_loss_module(module):
             self._on_root_forward(module)
         self._stack.append(module)
@@ -72,6 +79,8 @@ class ZeroCodeHook(TorchHook):
         self.root_forward(module)
 
     def _global_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if _is_compile_wrapper(module):
+            return
         # Keep the stack right even when a forward raised (always_call=True brings us here).
         if self._stack and self._stack[-1] is module:
             self._stack.pop()
