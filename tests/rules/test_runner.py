@@ -330,3 +330,19 @@ def test_s3_run_with_endpoint(tmp_path: Path, s3_endpoint: str, s3_bucket: str) 
                        poll_interval=0.1).run()  # fmt: skip
     assert final["r"].status == RuleStatus.ISSUES_FOUND
     assert "at step 4 resulted" in final["r"].status_details
+    # the rule output goes next to debug-output, as SageMaker lays a job out: where reports look
+    document = json.loads(client.get_object(Bucket=s3_bucket, Key="job/rule-output/r.json")["Body"].read())
+    assert document["status"] == "IssuesFound" and document["findings"][0]["step"] == 4
+    from trainguard.report import gather_report
+
+    report = gather_report(f"s3://{s3_bucket}/job/debug-output", endpoint_url=s3_endpoint)
+    assert [outcome.configuration_name for outcome in report.rule_outcomes] == ["r"]
+
+
+def test_unwritable_s3_output_is_logged_and_evaluation_goes_on(tmp_path: Path, s3_endpoint: str, s3_bucket: str,  # noqa: F811
+                                                               caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    run = write_run(tmp_path / "run", _values({2}))
+    final = RuleRunner(run, [_spec("ValueAbove", "r")], output_dir="s3://no-such-bucket-here/job",
+                       endpoint_url=s3_endpoint, poll_interval=0.1).run()  # fmt: skip
+    assert final["r"].status == RuleStatus.ISSUES_FOUND
+    assert "cannot save rule progress or output" in caplog.text

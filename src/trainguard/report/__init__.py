@@ -12,7 +12,6 @@ says so. The page embeds everything (inline SVG and CSS) and fetches nothing.
 from __future__ import annotations
 
 import os
-import posixpath
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from trainguard.report.findings import RuleOutcome, read_rule_outputs
 from trainguard.report.html import render_html
 from trainguard.report.profiler_data import ProfilerSections, gather_profiler_sections
 from trainguard.report.tensors import TensorSections, gather_tensor_sections
-from trainguard.storage import is_remote, open_store
+from trainguard.storage import is_remote, open_store, sidecar_root
 from trainguard.summary import format_bytes
 
 __all__ = ["ReportData", "gather_report", "render_html", "write_report"]
@@ -44,15 +43,6 @@ class ReportData:
     profiler: ProfilerSections = field(default_factory=ProfilerSections)
     generated_at: float = field(default_factory=time.time)
     read_seconds: float = 0.0
-
-
-def _sidecar_root(path: str) -> str:
-    """Where rule-output/ and profiler-output/ live: the run itself, or for SageMaker's layout
-    (``<job>/debug-output``) the job folder next to it."""
-    trimmed = path.rstrip("/")
-    if trimmed.rsplit("/", 1)[-1] == "debug-output":
-        return posixpath.dirname(trimmed) if is_remote(trimmed) else os.path.dirname(trimmed)
-    return path
 
 
 def _points_within_budget(overview: dict[str, Any], max_points: int, budget: int) -> int:
@@ -106,7 +96,7 @@ def gather_report(
                 f"and the report reads at most {format_bytes(read_budget_bytes)}.",
             )
 
-    sidecar = open_store(_sidecar_root(text), **options)
+    sidecar = open_store(sidecar_root(text), **options)
     data.rule_outcomes, data.finding_problems = read_rule_outputs(sidecar)
     data.profiler = gather_profiler_sections(sidecar)
     if (

@@ -161,24 +161,31 @@ def write_progress(path: str | os.PathLike[str], trial_path: str, rules: dict[st
     )
 
 
-def write_rule_output(output_dir: str | os.PathLike[str], progress: RuleProgress) -> Path:
-    """``<output_dir>/rule-output/<RuleConfigurationName>.json`` in the shared format."""
+def rule_output_key(progress: RuleProgress) -> str:
+    """``rule-output/<RuleConfigurationName>.json``, relative to the output location."""
     name = progress.configuration_name
     if "/" in name or name in {"", ".", ".."}:
         raise ConfigError(f"rule configuration name {name!r} cannot be a file name: use letters, digits and dashes")
-    path = Path(output_dir) / RULE_OUTPUT_DIR / f"{name}.json"
-    write_json_atomic(
-        path,
-        {
-            "configuration_name": name,
-            "rule": progress.rule,
-            "status": progress.status,
-            "status_details": progress.status_details,
-            "last_evaluated_step": progress.last_evaluated_step,
-            "findings": progress.findings,
-            "dropped_findings": progress.dropped_findings,
-            "missing": progress.missing,
-            "updated_at": time.time(),
-        },
-    )
+    return f"{RULE_OUTPUT_DIR}/{name}.json"
+
+
+def rule_output_document(progress: RuleProgress) -> dict[str, Any]:
+    """A rule's rule-output file, in the shared format (read by reports and summaries)."""
+    return {
+        "configuration_name": progress.configuration_name,
+        "rule": progress.rule,
+        "status": progress.status,
+        "status_details": progress.status_details,
+        "last_evaluated_step": progress.last_evaluated_step,
+        "findings": progress.findings,
+        "dropped_findings": progress.dropped_findings,
+        "missing": progress.missing,
+        "updated_at": time.time(),
+    }
+
+
+def write_rule_output(output_dir: str | os.PathLike[str], progress: RuleProgress) -> Path:
+    """``<output_dir>/rule-output/<RuleConfigurationName>.json`` in a local directory."""
+    path = Path(output_dir) / rule_output_key(progress)
+    write_json_atomic(path, rule_output_document(progress))
     return path

@@ -23,8 +23,10 @@ the others go on. Missing tensors are reported in the status details, never rais
 
 With ``progress_file`` the runner's state is saved after every evaluated step (throttled to
 ``progress_interval``; at once on every finding and transition), so a restarted runner carries on
-after the last saved step and records no finding twice. With ``output_dir`` (default: the run
-directory when it is local) it keeps ``<output_dir>/rule-output/<RuleConfigurationName>.json``.
+after the last saved step and records no finding twice. It keeps
+``<output_dir>/rule-output/<RuleConfigurationName>.json``; ``output_dir`` defaults to the run
+directory for a local run, and for an ``s3://`` run to the run's prefix, or for SageMaker's
+layout (``<job>/debug-output``) to the job prefix next to it, where reports look.
 
 Run as a process: ``python -m trainguard.rules.runner RUN --rule NAME ...`` (same options as
 ``trainguard rules run``).
@@ -32,6 +34,7 @@ Run as a process: ``python -m trainguard.rules.runner RUN --rule NAME ...`` (sam
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -53,6 +56,8 @@ from trainguard.rules.compat import make_rule, validate_specs
 from trainguard.rules.progress import (
     RuleProgress,
     load_progress,
+    rule_output_document,
+    rule_output_key,
     write_progress,
     write_rule_output,
 )
@@ -119,7 +124,7 @@ class RuleRunner:
         progress_interval: float = 0.05,
         other_trials: Sequence[Any] = (),
     ) -> None:
-        from trainguard.storage import is_remote
+        from trainguard.storage import is_remote, sidecar_root
 
         self.trial_path = str(trial_path)
         self.specs = list(specs)
@@ -129,9 +134,12 @@ class RuleRunner:
         if start_step is not None and end_step is not None and end_step <= start_step:
             raise ConfigError(f"end_step={end_step} must be greater than start_step={start_step} (end is exclusive)")
         self.progress_file = progress_file
-        self.output_dir = (
-            output_dir if output_dir is not None else (None if is_remote(self.trial_path) else self.trial_path)
-        )
+        # Local runs keep their rule output inside the run; runs on S3 next to it as SageMaker's
+        # layout does (<job>/rule-output beside <job>/debug-output), where reports look for it.
+        if output_dir is None:
+            output_dir = sidecar_root(self.trial_path) if is_remote(self.trial_path) else self.trial_path
+        self.output_dir = output_dir
+        self._output_store: Any = None
         self.start_step = start_step
         self.end_step = end_step
         self.endpoint_url = endpoint_url
@@ -460,10 +468,21 @@ class RuleRunner:
             if self.output_dir and self._dirty and (force or now - self._last_output >= OUTPUT_INTERVAL):
                 self._last_output = now
                 for name in sorted(self._dirty):
-                    write_rule_output(self.output_dir, self.progress[name])
+                    self._write_output(self.progress[name])
                 self._dirty.clear()
-        except OSError as error:
-            logger.warning("trainguard rules: cannot save rule progress: %s", error)
+        except (OSError, StorageError) as error:  # never stop evaluating over a file we keep for people
+            logger.warning("trainguard rules: cannot save rule progress or output: %s", error)
+
+    def _write_output(self, progress: RuleProgress) -> None:
+        from trainguard.storage import is_remote, open_store
+
+        if not is_remote(self.output_dir):
+            write_rule_output(self.output_dir, progress)
+            return
+        if self._output_store is None:
+            self._output_store = open_store(self.output_dir, endpoint_url=self.endpoint_url)
+        document = json.dumps(rule_output_document(progress), indent=1, default=str).encode()
+        self._output_store.write(rule_output_key(progress), document)
 
 
 def _describe_missing(item: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@ Use :func:`open_store` to get one from a URL; it is the only place that looks at
 from __future__ import annotations
 
 import os
+import posixpath
 from typing import Any
 
 from trainguard.errors import ConfigError
@@ -13,11 +14,20 @@ from trainguard.storage.base import Buffer, Store, StoreWriter
 from trainguard.storage.local import LocalStore
 from trainguard.storage.memory import MemoryStore
 
-__all__ = ["Buffer", "LocalStore", "MemoryStore", "Store", "StoreWriter", "is_remote", "open_store"]
+__all__ = ["Buffer", "LocalStore", "MemoryStore", "Store", "StoreWriter", "is_remote", "open_store", "sidecar_root"]
 
 
 def is_remote(url: str | os.PathLike[str]) -> bool:
     return str(url).startswith("s3://")
+
+
+def sidecar_root(run: str | os.PathLike[str]) -> str:
+    """Where a run's ``rule-output/`` and ``profiler-output/`` live: the run itself, or for
+    SageMaker's layout (``<job>/debug-output``) the job folder next to it."""
+    trimmed = str(run).rstrip("/")
+    if trimmed.rsplit("/", 1)[-1] == "debug-output":
+        return posixpath.dirname(trimmed) if is_remote(trimmed) else os.path.dirname(trimmed)
+    return str(run)
 
 
 def open_store(url: str | os.PathLike[str], **options: Any) -> Store:
