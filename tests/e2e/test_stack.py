@@ -6,6 +6,7 @@ Skipped with the reason where Docker cannot be had (not root, no engine); CI (ro
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -58,6 +59,7 @@ def test_faulty_job_is_found_by_its_rule_container_and_stopped(stack):  # noqa: 
     assert rule["findings"] and rule["findings"][0]["fired"] is True
     assert "learning rate" in rule["findings"][0]["fix_hint"]
     assert [t["status"] for t in job["secondary_status_transitions"]][-2:] == ["Stopping", "Stopped"]
+    _rule_output_status_is(stack, name, "IssuesFound")
     # The training container really ran PyTorch, hit the fault, and was stopped long before the end.
     log = stack.logs(name)
     assert "first non-finite loss at step" in log and "trainguard-demo: done" not in log
@@ -76,6 +78,16 @@ def test_healthy_job_completes_with_no_issues_and_its_run_is_on_s3(stack):  # no
     on_s3 = stack.s3_objects(f"jobs/{name}/debug-output")
     assert on_s3 == volume_files(f"tg-{name}-tensors")
     assert "training_job_end.ts" in on_s3 and len([k for k in on_s3 if k.startswith("index/")]) == 20
+    # the rule container's rule-output file, next to debug-output (SageMaker's layout; reports read it)
+    _rule_output_status_is(stack, name, "NoIssuesFound")
+
+
+def _rule_output_status_is(stack, name: str, status: str) -> None:  # noqa: ANN001
+    prefix = f"jobs/{name}/rule-output"
+    wait_for(lambda: stack.s3_objects(prefix), 60, f"the rule container's file under {prefix}/")
+    (key,) = stack.s3_objects(prefix)
+    document = json.loads(stack.s3().get_object(Bucket="trainguard", Key=f"{prefix}/{key}")["Body"].read())
+    assert key.endswith(".json") and document["status"] == status, document
 
 
 def test_boto3_sagemaker_client_drives_the_stack(stack):  # noqa: ANN001
