@@ -46,7 +46,9 @@ def test_constant_tensor_has_no_spread_beyond_float32_rounding():
 def test_integer_and_half_tensors_are_reduced_in_float():
     ints = torch.arange(10, dtype=torch.int32)
     halves = torch.linspace(-1, 1, 101, dtype=torch.float16)
-    np.testing.assert_allclose(compute_reductions(ints, (("mean", False), ("std", False))).numpy(), [4.5, np.arange(10).std()])
+    np.testing.assert_allclose(
+        compute_reductions(ints, (("mean", False), ("std", False))).numpy(), [4.5, np.arange(10).std()]
+    )
     np.testing.assert_allclose(
         compute_reductions(halves, (("mean", False), ("max", True))).numpy(),
         [halves.float().mean().item(), 1.0], atol=1e-6,

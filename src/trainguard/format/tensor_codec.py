@@ -202,9 +202,8 @@ def encode_scalar_events(
         value_length = len(tag_field) + len(after_tag) + 8
         value_header = _length_header(1, value_length)
         summary_header = _length_header(5, len(value_header) + value_length)
-        payloads.append(
-            b"".join((event_head, summary_header, value_header, tag_field, after_tag, packed[8 * index : 8 * index + 8]))
-        )
+        value = packed[8 * index : 8 * index + 8]
+        payloads.append(b"".join((event_head, summary_header, value_header, tag_field, after_tag, value)))
     return payloads
 
 

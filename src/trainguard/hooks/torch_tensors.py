@@ -15,7 +15,14 @@ import torch
 
 from trainguard.format.tensor_codec import DT_BFLOAT16
 
-__all__ = ["DeferredReductions", "HostSnapshot", "compute_reductions", "compute_reductions_many", "reduce_on_device", "snapshot"]
+__all__ = [
+    "DeferredReductions",
+    "HostSnapshot",
+    "compute_reductions",
+    "compute_reductions_many",
+    "reduce_on_device",
+    "snapshot",
+]
 
 HostSnapshot = tuple[np.ndarray | Callable[[], np.ndarray], int, int | None]  # source, nbytes, dtype
 

@@ -299,12 +299,11 @@ class StepWriter:
             elif callable(vector):
                 vectors[index] = vector()
         for resolve_many, indices in batches.items():
-            for index, values in zip(indices, resolve_many([vectors[index] for index in indices]), strict=True):
-                vectors[index] = values
-        names = [name for (group, _), values in zip(pending, vectors, strict=True) if values is not None for name in group]
-        values = [np.asarray(values, dtype=np.float64).reshape(-1) for values in vectors if values is not None]
-        if names:  # None above: reductions that could not be taken
-            self._write_scalar_records(state, names, np.concatenate(values))
+            for index, resolved in zip(indices, resolve_many([vectors[index] for index in indices]), strict=True):
+                vectors[index] = resolved
+        names = [name for group, _ in pending for name in group]
+        values = np.concatenate([np.asarray(vector, dtype=np.float64).reshape(-1) for vector in vectors])
+        self._write_scalar_records(state, names, values)
 
     def _finish_step(self, state: dict[str, Any]) -> None:
         self._write_reductions(state)
