@@ -18,6 +18,7 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trainguard.config.collections import SCALAR_COLLECTIONS, Collection, CollectionManager, compile_regex
 from trainguard.config.reduction_config import ReductionConfig
@@ -121,7 +122,9 @@ class BaseHook:
         self.step_open = False
         self.saving_this_step = False
         self._due: frozenset[str] = frozenset()
-        self._plan_cache: dict[tuple[str, frozenset[str]], SavePlan | None] = {}
+        # (tensor name, due collections) -> plan; adapters keep other per-schedule facts here
+        # too (keys of their own shape), so that all of it is forgotten when collections change
+        self._plan_cache: dict[tuple[Any, ...], Any] = {}
         self._collections_dirty = False
         self._stopped_because: dict[str, object] | None = None
         self._match_cache: dict[str, tuple[Collection, ...]] = {}

@@ -82,8 +82,9 @@ class TorchHook(BaseHook):
         self._typed_modules: weakref.WeakKeyDictionary[torch.nn.Module, None] = weakref.WeakKeyDictionary()
         self._roots: list[tuple[weakref.ref[torch.nn.Module], str]] = []
         self._hooked_parameters: set[int] = set()
-        # Gradient hooks exist only while a step is saved: on the other steps autograd calls no
-        # Python per parameter (a few µs each). Module forward hooks stay registered: with
+        # Gradient hooks exist only while steps are saved: on the other steps autograd calls no
+        # Python per parameter (a few µs each). They stay from one saved step to the next and
+        # go when a step that saves nothing begins. Module forward hooks stay registered: with
         # torch.compile, Dynamo does not guard on hooks, so hooks added after a module was
         # compiled would never run (and removed ones would).
         self._gradient_sources: list[tuple[weakref.ref[torch.Tensor], Any]] = []
@@ -92,6 +93,8 @@ class TorchHook(BaseHook):
         # one's input, and both names are saved; one copy serves both (same object, unchanged
         # version), which halves the copying of activations.
         self._step_snapshots: dict[int, tuple[torch.Tensor, int, HostSnapshot]] = {}
+        # (tensor name, requested reductions) -> the reductions' tensor names
+        self._reduction_names: dict[tuple[str, tuple[tuple[str, bool], ...]], list[str]] = {}
         # name -> (raw snapshot, reductions snapshot, requested reductions), written at step end
         self._held: dict[str, tuple[HostSnapshot | None, HostSnapshot | None, tuple[tuple[str, bool], ...]]] = {}
         self._explicit_mode = False
@@ -283,12 +286,15 @@ class TorchHook(BaseHook):
             for parameter_name, parameter in module.named_parameters():
                 self.save_torch_tensor(f"{root_name}_{parameter_name}", parameter)
 
+    def begin_step(self) -> None:
+        super().begin_step()
+        if not self.saving_this_step and self._step_handles:
+            self._detach_step_hooks()
+
     def end_step(self) -> None:
         self._end_pending = False
         super().end_step()
         self._step_snapshots.clear()
-        if self._step_handles:
-            self._detach_step_hooks()
 
     def _on_step_end(self) -> None:
         if self._optimizer_driven:
@@ -329,25 +335,28 @@ class TorchHook(BaseHook):
         return name
 
     def capture_module_io(self, module: torch.nn.Module, inputs: Any, output: Any) -> list[torch.Tensor]:
+        flat_inputs = _flatten_tensors(inputs)
+        outputs = _flatten_tensors(output)
+        # Most modules' I/O matches no due collection (e.g. only weights and gradients are
+        # saved): remember that per module, I/O arity and step schedule, and skip the name
+        # lookups on every later forward. Keyed by id() with a weak reference that proves the
+        # module is the same one (ids are reused after a module dies); kept with the plans, so
+        # it is forgotten whenever collections change.
+        silent_key = (id(module), len(flat_inputs), len(outputs), self._due)
+        known = self._plan_cache.get(silent_key)
+        if known is not None and known() is module:
+            return outputs
         name = self.module_name(module)
         if module not in self._typed_modules:
             self._typed_modules[module] = None
             self._add_typed_memberships(module, name)
-        flat_inputs = _flatten_tensors(inputs)
-        outputs = _flatten_tensors(output)
-        # Most modules' I/O matches no due collection (e.g. only weights and gradients are
-        # saved): remember that per module and step schedule instead of looking up each name
-        # on every forward. The plan cache is cleared whenever collections change.
-        silent_key = (f"\0io:{name}:{len(flat_inputs)}:{len(outputs)}", self._due)
-        if silent_key in self._plan_cache:
-            return outputs
         saved = False
         for index, tensor in enumerate(flat_inputs):
             saved = self.save_torch_tensor(f"{name}_input_{index}", tensor) or saved
         for index, tensor in enumerate(outputs):
             saved = self.save_torch_tensor(f"{name}_output_{index}", tensor) or saved
         if not saved and self.saving_this_step:
-            self._plan_cache[silent_key] = None
+            self._plan_cache[silent_key] = weakref.ref(module)
         return outputs
 
     def _add_typed_memberships(self, module: torch.nn.Module, name: str) -> None:
@@ -403,10 +412,13 @@ class TorchHook(BaseHook):
         reduced = reduce_on_device(tensor, plan.reductions) if plan.reductions else None
         self._held[name] = (raw, reduced, plan.reductions)
 
-    def _write_reductions(self, name: str, reduced: HostSnapshot | None, requested: Sequence[tuple[str, bool]]) -> None:
+    def _write_reductions(self, name: str, reduced: HostSnapshot | None, requested: tuple[tuple[str, bool], ...]) -> None:
         if reduced is None or self._writer is None:
             return
-        names = [reduction_tensor_name(name, reduction, absolute=absolute) for reduction, absolute in requested]
+        names = self._reduction_names.get((name, requested))
+        if names is None:
+            names = [reduction_tensor_name(name, reduction, absolute=absolute) for reduction, absolute in requested]
+            self._reduction_names[(name, requested)] = names
         self._writer.add_reductions(names, reduced[0])
 
     # -- user API -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from trainguard.format.tensor_codec import DT_BFLOAT16
+from trainguard.hooks.torch_reductions import as_float, compute_reductions, compute_reductions_many
 
 __all__ = [
     "DeferredReductions",
@@ -104,7 +105,7 @@ class DeferredReductions:
         """The reductions of every item, in order."""
         groups: dict[tuple[object, ...], list[tuple[int, torch.Tensor]]] = {}
         for index, item in enumerate(items):
-            x = _as_float(item.tensor)
+            x = as_float(item.tensor)
             groups.setdefault((item.requested, x.dtype), []).append((index, x))
         results: list[np.ndarray] = [np.empty(0)] * len(items)
         for (requested, _), members in groups.items():
@@ -112,72 +113,3 @@ class DeferredReductions:
             for (index, _), row in zip(members, table, strict=True):
                 results[index] = row
         return results
-
-
-def _as_float(x: torch.Tensor) -> torch.Tensor:
-    if x.is_complex():
-        return x.abs()
-    if not x.is_floating_point():
-        return x.to(torch.float64)
-    if x.dtype in (torch.float16, torch.bfloat16):
-        return x.float()
-    return x
-
-
-def compute_reductions(x: torch.Tensor, requested: Sequence[tuple[str, bool]]) -> torch.Tensor:
-    """The requested reductions of ``x`` stacked into one float64 tensor on ``x``'s device."""
-    return compute_reductions_many([_as_float(x)], tuple(requested))[0]
-
-
-# Computed by one multi-tensor kernel for all tensors; the others take one kernel per tensor.
-_FOREACH_NORMS = {"l1": 1, "l2": 2}
-
-
-def compute_reductions_many(tensors: list[torch.Tensor], requested: tuple[tuple[str, bool], ...]) -> torch.Tensor:
-    """Reductions of float tensors of one dtype and device: row ``i`` holds ``tensors[i]``'s.
-
-    ``std``/``variance`` take two passes (the mean, then the norm of the deviations): torch's
-    std_mean/var_mean take ten times longer on the CPU, and E[x^2] - E[x]^2 loses all
-    precision when |mean| >> std. Population statistics (ddof=0), as numpy's defaults.
-    """
-    columns: dict[tuple[str, bool], list[torch.Tensor]] = {}
-    bases: dict[bool, list[torch.Tensor]] = {False: tensors}
-    for name, use_abs in requested:
-        key = (name, use_abs)
-        if key in columns:
-            continue
-        ys = bases.get(use_abs)
-        if ys is None:
-            ys = bases[use_abs] = torch._foreach_abs(tensors)
-        if name in ("min", "max"):
-            pairs = [torch.aminmax(y) for y in ys]  # one pass gives both
-            columns[("min", use_abs)] = [pair[0] for pair in pairs]
-            columns[("max", use_abs)] = [pair[1] for pair in pairs]
-        elif name in ("mean", "std", "variance"):
-            means = columns.get(("mean", use_abs))
-            if means is None:
-                means = columns[("mean", use_abs)] = [y.mean() for y in ys]
-            if name != "mean":  # the deviations' norm; scaled by 1/sqrt(n) below
-                columns[("std", use_abs)] = list(torch._foreach_norm(torch._foreach_sub(ys, means)))
-        elif name in _FOREACH_NORMS:
-            columns[key] = list(torch._foreach_norm(ys, _FOREACH_NORMS[name]))
-        elif name == "sum":
-            columns[key] = [y.sum() for y in ys]
-        elif name == "prod":
-            columns[key] = [y.prod() for y in ys]
-        elif name == "zero_fraction":
-            # 1 - nonzero/n: count_nonzero is twice as fast as (y == 0).sum()
-            columns[key] = [1.0 - torch.count_nonzero(y).to(y.dtype) / y.numel() for y in ys]
-        else:  # validated at configuration time; reaching here is a bug
-            raise ValueError(f"unknown reduction {name!r}")
-    sources = list(dict.fromkeys(("std", key[1]) if key[0] == "variance" else key for key in requested))
-    table = torch.stack([value for key in sources for value in columns[key]]).to(torch.float64)
-    table = table.reshape(len(sources), len(tensors))
-    rows = dict(zip(sources, table, strict=True))
-    if any(key[0] == "std" for key in sources):
-        scale = torch.tensor([tensor.numel() for tensor in tensors], dtype=torch.float64, device=table.device).rsqrt()
-        for key in sources:
-            if key[0] == "std":
-                rows[key] = rows[key] * scale
-    picked = [rows[("std", key[1])].square() if key[0] == "variance" else rows[key] for key in requested]
-    return torch.stack(picked, dim=1)
