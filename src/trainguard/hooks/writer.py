@@ -94,11 +94,13 @@ class StepWriter:
 
     # -- training-thread side ---------------------------------------------------------------
     # A step's pieces (begin, tensors, reductions) are queued without waking the writer thread
-    # until the step ends or this many bytes wait, so that large tensors start writing while
-    # the step runs. A wake-up is a GIL hand-over and a context switch, about 30 µs on a small
-    # CPU, where a step of reductions has a dozen pieces. (Queued under the lock all the same:
-    # hooks may fire on several threads, e.g. nn.DataParallel's replicas.)
-    WAKE_BYTES = 4 << 20
+    # until the step ends or this many bytes wait. A wake-up is a GIL hand-over and a context
+    # switch, about 30 µs on a small CPU, where a step of reductions has a dozen pieces. Raw
+    # tensors soon pass this and start writing while the step runs (with 4 MiB here, a small
+    # model's saved step was written during the next steps instead, slowing them by 10-20 %).
+    # (Queued under the lock all the same: hooks may fire on several threads, e.g.
+    # nn.DataParallel's replicas.)
+    WAKE_BYTES = 256 << 10
 
     def _put(self, item: tuple[Any, ...], nbytes: int = 0, *, wake: bool = True) -> None:
         if not self.active:
