@@ -10,7 +10,7 @@ bare step, interleaved over rounds (median of rounds):
   read once          one float32 pass over every weight and gradient (``dot`` with itself): the
                      least any reduction must do, whoever computes it, on this thread
   reductions (sync)  min, max, mean, std and l2 of every weight and gradient, on this thread,
-                     with trainguard's CPU kernels, batched (trainguard.hooks.numpy_reductions)
+                     with trainguard's CPU kernels, batched (trainguard.hooks.torch_reductions)
   copies             one host copy of every weight and gradient (what an asynchronous writer
                      needs, since the optimizer changes them right after)
   py thread 20%      a thread of this process running pure Python 20 % of the time (a writer
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _overhead_worker import BATCH, make_model  # noqa: E402
 
-from trainguard.hooks.numpy_reductions import reduce_arrays  # noqa: E402
+from trainguard.hooks.torch_reductions import compute_reductions_many  # noqa: E402
 
 REQUESTED = (("min", False), ("max", False), ("mean", False), ("std", False), ("l2", False))
 
@@ -73,7 +73,7 @@ def main() -> None:
             torch.dot(flat, flat)
 
     def reductions_sync() -> None:
-        reduce_arrays([tensor.numpy() for tensor in tensors()], REQUESTED)
+        compute_reductions_many(tensors(), REQUESTED)
 
     def copies() -> None:
         for tensor in tensors():

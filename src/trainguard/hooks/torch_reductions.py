@@ -1,9 +1,21 @@
-"""Reductions (min, max, mean, std, norms...) of many torch tensors at once.
+"""Reductions (min, max, mean, std, norms...) of many torch tensors at once, fast and exact enough.
 
-CPU tensors are reduced as numpy views by :mod:`trainguard.hooks.numpy_reductions` (the one
-CPU implementation, also used by the writer process; measurements there). On other devices
-everything stays there, queued without a host synchronisation: ``aminmax``, multi-tensor norms,
-and two passes for the spread (the mean, then the norm of the deviations).
+Measured on a 2-core x86 CPU, one torch thread, a 256x784 float32 weight:
+- ``torch.aminmax`` takes 52 µs, numpy's ``min`` + ``max`` on the same memory 26 µs;
+- the deviations' norm for ``std`` (a subtraction into a new tensor, then a norm) takes 57 µs,
+  while the sum of squares is already at hand from ``l2`` or costs one ``dot`` (12 µs);
+- torch's float32 CPU norms accumulate in float32: at 20 M elements ``vector_norm`` is off by
+  1e-3 (``l2``) and 3e-2 (``l1``) relative. Large tensors are therefore reduced in chunks whose
+  partial results add up in float64.
+
+So, on the CPU: min/max by numpy, sum by ``torch.sum`` (cascade summation, accurate), the sum of
+squares by chunked ``torch.dot`` (not numpy's: numpy's OpenBLAS runs threads of its own, which
+ignore ``torch.set_num_threads``; a numpy dot of 1 M floats kept 1.46 cores busy here, taking
+the training thread's core), and the variance from the first two moments wherever that is well
+conditioned; where the mean dominates the spread (|mean| >> std, or a constant tensor) the
+moments formula would cancel away every digit, and those tensors take two passes (the mean,
+then the norm of the deviations). On other devices everything stays there, queued without a
+host synchronisation: aminmax, and always two passes for the spread.
 """
 
 from __future__ import annotations
@@ -13,9 +25,17 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from trainguard.hooks.numpy_reductions import reduce_arrays
+__all__ = ["as_float", "compute_reductions", "compute_reductions_many"]
 
-__all__ = ["as_float", "compute_reductions", "compute_reductions_many", "host_array"]
+# Elements per chunk of a float32 accumulation: the relative error of a float32 dot product of
+# 1 M elements is about 1e-6, small against the 5e-5 the results promise; fewer, larger
+# chunks keep the per-call overhead (a few µs) negligible.
+CHUNK = 1 << 20
+# Tensors up to this size share one multi-tensor norm kernel (its error is ~1e-6 there).
+SMALL = 1 << 16
+# The moments formula var = E[x^2] - mean^2 is used only where var >= 10 % of E[x^2]: its
+# relative error is then at most ten times that of the sum of squares (~1e-6).
+WELL_CONDITIONED = 0.9
 
 Requested = tuple[tuple[str, bool], ...]
 
@@ -43,16 +63,100 @@ def compute_reductions_many(tensors: list[torch.Tensor], requested: Requested) -
     rank; ``zero_fraction`` is the share of exact zeros.
     """
     if tensors and tensors[0].device.type == "cpu":
-        return torch.from_numpy(reduce_arrays([host_array(tensor) for tensor in tensors], requested))
+        return torch.from_numpy(_ReductionTable(tensors, requested).table())
     return _on_device(tensors, requested)
 
 
-def host_array(tensor: torch.Tensor) -> np.ndarray:
-    """A float CPU tensor as a numpy array (a view where it can be: no copy)."""
-    tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
-        tensor = tensor.float()
-    return tensor.resolve_conj().resolve_neg().numpy()
+class _ReductionTable:
+    """The CPU path: one float64 numpy row per tensor; the heavy passes release the GIL."""
+
+    def __init__(self, tensors: list[torch.Tensor], requested: Requested) -> None:
+        self.tensors = [tensor.reshape(-1) for tensor in tensors]
+        self.requested = requested
+        self.sizes = np.array([tensor.numel() for tensor in self.tensors], dtype=np.float64)
+        self._bases: dict[bool, list[torch.Tensor]] = {False: self.tensors}
+        self._columns: dict[tuple[str, bool], np.ndarray] = {}
+
+    def table(self) -> np.ndarray:
+        return np.stack([self._column(name, use_abs) for name, use_abs in self.requested], axis=1)
+
+    def _base(self, use_abs: bool) -> list[torch.Tensor]:
+        if use_abs not in self._bases:
+            self._bases[use_abs] = torch._foreach_abs(self.tensors)
+        return self._bases[use_abs]
+
+    def _column(self, name: str, use_abs: bool) -> np.ndarray:
+        key = (name, use_abs)
+        column = self._columns.get(key)
+        if column is None:
+            column = self._columns[key] = self._compute(name, use_abs)
+        return column
+
+    def _compute(self, name: str, use_abs: bool) -> np.ndarray:
+        ys = self._base(use_abs)
+        if name in ("min", "max"):
+            minima, maxima = zip(*(_min_max(y) for y in ys), strict=True)
+            self._columns[("min", use_abs)] = np.array(minima, dtype=np.float64)
+            self._columns[("max", use_abs)] = np.array(maxima, dtype=np.float64)
+            return self._columns[(name, use_abs)]
+        if name == "sum":
+            return np.array([float(y.sum()) for y in ys], dtype=np.float64)
+        if name == "mean":
+            return self._column("sum", use_abs) / self.sizes
+        if name == "l2":
+            return np.sqrt(self._column("\0sumsq", use_abs))
+        if name == "\0sumsq":
+            return _sums_of_squares(ys)
+        if name == "l1":
+            return np.array([float((y if use_abs else y.abs()).sum()) for y in ys], dtype=np.float64)
+        if name == "variance":
+            return self._variances(ys, use_abs)
+        if name == "std":
+            return np.sqrt(self._column("variance", use_abs))
+        if name == "prod":
+            return np.array([float(y.prod()) for y in ys], dtype=np.float64)
+        if name == "zero_fraction":
+            # 1 - nonzero/n: count_nonzero is twice as fast as (y == 0).sum()
+            return 1.0 - np.array([int(torch.count_nonzero(y)) for y in ys], dtype=np.float64) / self.sizes
+        raise ValueError(f"unknown reduction {name!r}")  # validated at configuration time
+
+    def _variances(self, ys: list[torch.Tensor], use_abs: bool) -> np.ndarray:
+        means = self._column("mean", use_abs)
+        second_moments = self._column("\0sumsq", use_abs) / self.sizes
+        squared_means = means * means
+        with np.errstate(invalid="ignore"):  # NaN/inf tensors give NaN, as numpy's std does
+            variances = np.maximum(second_moments - squared_means, 0.0)
+            unstable = ~(squared_means <= WELL_CONDITIONED * second_moments)
+        for index in np.flatnonzero(unstable):
+            y, mean = ys[index], means[index]
+            if not np.isfinite(mean):
+                variances[index] = np.nan
+                continue
+            deviations = y - torch.tensor(mean, dtype=y.dtype)
+            variances[index] = _sums_of_squares([deviations])[0] / self.sizes[index]
+        return variances
+
+
+def _min_max(y: torch.Tensor) -> tuple[float, float]:
+    if y.dtype in (torch.float32, torch.float64) and y.is_contiguous():
+        array = y.numpy()  # numpy's min/max are vectorised: twice as fast as torch.aminmax here
+        return float(array.min()), float(array.max())
+    low, high = torch.aminmax(y)
+    return float(low), float(high)
+
+
+def _sums_of_squares(ys: list[torch.Tensor]) -> np.ndarray:
+    """Sum of squares of each tensor, in float64 across chunks of float32 accumulation."""
+    result = np.empty(len(ys), dtype=np.float64)
+    small = [index for index, y in enumerate(ys) if y.numel() <= SMALL]
+    if small:  # one multi-tensor kernel for all the small ones
+        norms = torch._foreach_norm([ys[index] for index in small], 2)
+        result[small] = np.square(torch.stack(norms).to(torch.float64).numpy())
+    for index, y in enumerate(ys):
+        if y.numel() > SMALL:
+            y = y.contiguous()
+            result[index] = sum(float(torch.dot(chunk, chunk)) for chunk in y.split(CHUNK))
+    return result
 
 
 def _on_device(tensors: list[torch.Tensor], requested: Requested) -> torch.Tensor:
