@@ -63,6 +63,12 @@ class StepResult:
     fix_hint: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
     missing: tuple[MissingTensor, ...] = ()
+    # Whether this finding is certain enough to stop training (non-finite values, a condition
+    # confirmed over its whole persistence window). ``--stop-on-issue`` and the stoptraining
+    # action act only on certain findings; uncertain ones are reported.
+    certain: bool = False
+    # The worker (``worker_<rank>``) the finding is on; None when the rule judged the whole run.
+    worker: str | None = None
 
     @property
     def evaluated(self) -> bool:
@@ -84,6 +90,8 @@ class StepResult:
             "fix_hint": self.fix_hint,
             "details": dict(self.details),
             "missing": [{"what": m.what, "collection": m.collection} for m in self.missing],
+            "certain": self.certain,
+            "worker": self.worker,
         }
 
 
@@ -105,6 +113,11 @@ class Rule:
 
     rule_name: ClassVar[str] = ""
     fix_hint: ClassVar[str] = ""
+    # Framework-specific fix hints ("pytorch", "keras", "xgboost"); :meth:`hint_for` picks one
+    # by the run's framework and falls back to ``fix_hint``.
+    fix_hints: ClassVar[Mapping[str, str]] = {}
+    # When a finding of this rule may stop training, in one sentence for ``rules describe``.
+    stop_policy: ClassVar[str] = "never stops training: findings are reported only"
     collections: ClassVar[tuple[str, ...]] = ()
     kind: ClassVar[str] = "debugger"
 
@@ -173,8 +186,29 @@ class Rule:
             return None
 
     # -- result builders -----------------------------------------------------------------------
-    def issue(self, step: int, message: str, *, fix_hint: str | None = None, **details: Any) -> StepResult:
-        return StepResult(self.name(), step, True, message, fix_hint or self.fix_hint, details)
+    def issue(
+        self, step: int, message: str, *, fix_hint: str | None = None, certain: bool = False, **details: Any
+    ) -> StepResult:
+        """A finding. ``certain=True`` only when it is sure enough to stop training (see ``stop_policy``)."""
+        return StepResult(
+            self.name(), step, True, message, fix_hint or self.hint_for(self.framework()), details, certain=certain
+        )
+
+    def framework(self) -> str | None:
+        """The run's framework ("pytorch", "keras", "xgboost"), or None when the trial does not say."""
+        getter = getattr(self.base_trial, "framework", None)
+        try:
+            value = getter() if callable(getter) else getter
+        except Exception:  # a trial that cannot tell is not an error for the rule
+            return None
+        return value if isinstance(value, str) else None
+
+    @classmethod
+    def hint_for(cls, framework: str | None) -> str:
+        """The fix hint for that framework, else the generic one."""
+        if framework and framework in cls.fix_hints:
+            return cls.fix_hints[framework]
+        return cls.fix_hint
 
     def no_issue(self, step: int, message: str = "", **details: Any) -> StepResult:
         return StepResult(self.name(), step, False, message, "", details)

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainguard.errors import ConfigError
 
-__all__ = ["Param", "parse_bool", "parse_list"]
+__all__ = ["CALIBRATED", "SAGEMAKER", "Param", "parse_bool", "parse_list", "semantics_param"]
 
 _NONE_STRINGS = {"none", "null", ""}
 
@@ -114,3 +114,27 @@ class Param:
             if problem:
                 raise ConfigError(f"{rule_name}: parameter {self.name}={value!r}: {problem}")
         return parsed
+
+
+# A rule's semantics: trainguard's calibrated verdicts (trends against the run's own noise,
+# persistence over a window) or SageMaker's documented single-step conditions, kept for users
+# who ask for them explicitly.
+CALIBRATED = "calibrated"
+SAGEMAKER = "sagemaker"
+
+
+def _check_semantics(value: Any) -> str | None:
+    if value not in (CALIBRATED, SAGEMAKER):
+        return f"must be {CALIBRATED!r} or {SAGEMAKER!r}"
+    return None
+
+
+def semantics_param() -> Param:
+    """The ``semantics`` parameter a rule with both behaviours declares (default: calibrated)."""
+    return Param(
+        str,
+        CALIBRATED,
+        f"{CALIBRATED!r}: trends and persistence judged against the run's own noise (default); "
+        f"{SAGEMAKER!r}: SageMaker's documented single-step condition",
+        check=_check_semantics,
+    )

@@ -50,6 +50,8 @@ class StatusUpdate:
                 fix_hint=raw.get("fix_hint", ""),
                 details=raw.get("details") or {},
                 missing=tuple(MissingTensor(m["what"], m.get("collection")) for m in raw.get("missing") or ()),
+                certain=bool(raw.get("certain", False)),
+                worker=raw.get("worker"),
             )
         return cls(
             configuration_name=data["configuration_name"],
