@@ -66,7 +66,7 @@ done
 
 # trainguard itself: rebuilt when the source changes; SOURCE_DATE_EPOCH makes the wheel's bytes
 # reproducible, so an unchanged source keeps docker's cached layer.
-app_stamp="$( (find src -type f -not -path '*__pycache__*' -not -name '*.pyc' | LC_ALL=C sort | xargs sha256sum; sha256sum pyproject.toml) | sha256sum | cut -c1-16)"
+app_stamp="$( (find src services -type f -not -path '*__pycache__*' -not -name '*.pyc' | LC_ALL=C sort | xargs sha256sum; sha256sum pyproject.toml setup.py) | sha256sum | cut -c1-16)"
 if [ ! -f "$WHEELHOUSE/app/.stamp" ] || [ "$(cat "$WHEELHOUSE/app/.stamp")" != "$app_stamp" ]; then
     log "wheelhouse/app: trainguard wheel"
     rm -rf "$WHEELHOUSE/app" && mkdir -p "$WHEELHOUSE/app"

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
-from services.actions.context import ActionContext
-from services.actions.event import build_event, parse_action_json
+from trainguard.services.actions.context import ActionContext
+from trainguard.services.actions.event import build_event, parse_action_json
 
 __all__ = ["ENTRY_POINT_GROUP", "ActionContext", "action_names", "build_event", "get_handler", "parse_action_json"]
 
@@ -26,7 +26,7 @@ Handler = Callable[[Mapping[str, Any], Mapping[str, Any], ActionContext], str]
 
 
 def _builtin_handlers() -> dict[str, Handler]:
-    from services.actions import handlers
+    from trainguard.services.actions import handlers
 
     return {
         "stoptraining": handlers.stop_training,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from email.message import EmailMessage
 from typing import Any
 
-from services.actions.context import ActionContext
+from trainguard.services.actions.context import ActionContext
 
 __all__ = ["email", "sms", "sns_publish", "stop_training", "webhook"]
 

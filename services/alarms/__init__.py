@@ -8,6 +8,6 @@ rule runner reports is one evaluation period: rules evaluate per step, not per m
 Actions run once, on the transition into ``ALARM``.
 """
 
-from services.alarms.evaluate import AlarmSpec, AlarmState, breaches, evaluate_alarm, implicit_rule_alarm
+from trainguard.services.alarms.evaluate import AlarmSpec, AlarmState, breaches, evaluate_alarm, implicit_rule_alarm
 
 __all__ = ["AlarmSpec", "AlarmState", "breaches", "evaluate_alarm", "implicit_rule_alarm"]

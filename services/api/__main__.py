@@ -1,36 +1,43 @@
-"""``python -m services.api``: run the control API with uvicorn (settings from the environment)."""
+"""``python -m trainguard.services.api``: run the control API with uvicorn (settings from the environment)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from collections.abc import Mapping
 
-from services.api.settings import ENVIRONMENT, Settings
+from trainguard.services.api.settings import ENVIRONMENT, Settings
 from trainguard.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.api",
+        prog="python -m trainguard.services.api",
         description="trainguard control API",
         epilog="environment:\n" + "\n".join(f"  {key}: {text}" for key, text in ENVIRONMENT.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return run_api(os.environ, args.log_level)
+
+
+def run_api(environ: Mapping[str, str], log_level: str = "info") -> int:
+    """Build the settings from ``environ`` and serve until interrupted (exit status 2: bad settings)."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        settings = Settings.from_env()
+        settings = Settings.from_env(environ)
     except ConfigError as error:
         print(f"trainguard api: {error}", file=sys.stderr)
         return 2
     import uvicorn
 
-    from services.api.app import create_app
+    from trainguard.services.api.app import create_app
 
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level.lower())
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level.lower())
     return 0
 
 

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from services.api.db import make_engine, make_session_factory
-from services.api.jobs import JobService
-from services.api.reconciler import Reconciler
-from services.api.routes_native import native_router
-from services.api.routes_sagemaker import sagemaker_router
-from services.api.settings import Settings
-from services.launchers.base import Launcher
+from trainguard.services.api.db import make_engine, make_session_factory
+from trainguard.services.api.jobs import JobService
+from trainguard.services.api.reconciler import Reconciler
+from trainguard.services.api.routes_native import native_router
+from trainguard.services.api.routes_sagemaker import sagemaker_router
+from trainguard.services.api.settings import Settings
+from trainguard.services.launchers.base import Launcher
 
 __all__ = ["create_app", "make_launcher"]
 
@@ -22,14 +22,14 @@ log = logging.getLogger("trainguard.api")
 
 
 def _docker_launcher(settings: Settings) -> Launcher:
-    from services.launchers import docker as docker_module  # lazy: the Docker SDK is optional
+    from trainguard.services.launchers import docker as docker_module  # lazy: the Docker SDK is optional
 
     return docker_module.DockerLauncher(network=settings.docker_network or None)
 
 
 def make_launcher(settings: Settings) -> Launcher:
     """TRAINGUARD_LAUNCHER=local|docker; unset: docker if the engine answers, else local."""
-    from services.launchers.local import LocalLauncher
+    from trainguard.services.launchers.local import LocalLauncher
 
     if settings.launcher == "local":
         return LocalLauncher(settings.data_dir / "local")

@@ -16,7 +16,7 @@ import re
 
 from fastapi import HTTPException, Request, status
 
-from services.api.settings import Settings
+from trainguard.services.api.settings import Settings
 
 __all__ = ["bearer_token", "check_bearer", "sagemaker_access_key", "sagemaker_allowed"]
 

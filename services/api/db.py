@@ -37,7 +37,7 @@ class JobRow(Base):
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
     arn: Mapped[str] = mapped_column(String(256))
     source: Mapped[str] = mapped_column(String(16))  # "native" | "sagemaker"
-    spec: Mapped[dict] = mapped_column(JSON)  # the normalised job spec (services.api.schemas.JobSpec)
+    spec: Mapped[dict] = mapped_column(JSON)  # the normalised job spec (trainguard.services.api.schemas.JobSpec)
     request: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # SageMaker request, echoed by Describe
     launcher: Mapped[str] = mapped_column(String(16))
     runner_token: Mapped[str] = mapped_column(String(128))
@@ -113,7 +113,7 @@ class AlarmRow(Base):
 
     job_name: Mapped[str] = mapped_column(ForeignKey("jobs.name", ondelete="CASCADE"), primary_key=True)
     name: Mapped[str] = mapped_column(String(256), primary_key=True)
-    spec: Mapped[dict] = mapped_column(JSON)  # services.alarms.AlarmSpec.to_dict()
+    spec: Mapped[dict] = mapped_column(JSON)  # trainguard.services.alarms.AlarmSpec.to_dict()
     state: Mapped[str] = mapped_column(String(20), default="INSUFFICIENT_DATA")
     state_reason: Mapped[str] = mapped_column(Text, default="")
     updated: Mapped[float] = mapped_column(Float)

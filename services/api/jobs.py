@@ -1,7 +1,7 @@
 """The job service: creates jobs, records what rule runners report, evaluates alarms, runs actions.
 
 Every state change goes through here and into the database, so the API process itself holds no
-state a restart could lose. The reconciler (services.api.reconciler) drives the lifecycle from
+state a restart could lose. The reconciler (trainguard.services.api.reconciler) drives the lifecycle from
 what the launcher reports; this module owns the transitions.
 """
 
@@ -19,14 +19,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.actions import ActionContext, build_event, get_handler
-from services.alarms import AlarmSpec, AlarmState, evaluate_alarm, implicit_rule_alarm
-from services.api.db import ActionRow, AlarmRow, ComponentRow, JobRow, MetricRow, RuleRow, TransitionRow
-from services.api.planner import plan_job
-from services.api.schemas import JobSpec
-from services.api.settings import Settings
-from services.api.views import native_description, sagemaker_description, sagemaker_summary
-from services.launchers.base import Launcher, LauncherError
+from trainguard.services.actions import ActionContext, build_event, get_handler
+from trainguard.services.alarms import AlarmSpec, AlarmState, evaluate_alarm, implicit_rule_alarm
+from trainguard.services.api.db import ActionRow, AlarmRow, ComponentRow, JobRow, MetricRow, RuleRow, TransitionRow
+from trainguard.services.api.planner import plan_job
+from trainguard.services.api.schemas import JobSpec
+from trainguard.services.api.settings import Settings
+from trainguard.services.api.views import native_description, sagemaker_description, sagemaker_summary
+from trainguard.services.launchers.base import Launcher, LauncherError
 
 __all__ = ["JobExists", "JobNotFound", "JobService", "TERMINAL", "RULE_TERMINAL"]
 

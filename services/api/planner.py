@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.api.schemas import JobSpec, RuleConfig
-from services.api.settings import Settings
-from services.launchers.base import ComponentSpec, JobLaunch
+from trainguard.services.api.schemas import JobSpec, RuleConfig
+from trainguard.services.api.settings import Settings
+from trainguard.services.launchers.base import ComponentSpec, JobLaunch
 
 __all__ = ["RULE_ROLE_PREFIX", "job_dir", "plan_job", "rule_role", "tensors_location"]
 
@@ -121,7 +121,7 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
                 ComponentSpec(
                     role=rule_role(rule.configuration_name),
                     image=settings.service_image,
-                    command=(sys.executable, "-m", "services.rule_runner"),
+                    command=(sys.executable, "-m", "trainguard.services.rule_runner"),
                     environment=_rule_environment(spec, rule, settings, base_trial, runner_token, str(directory)),
                     working_dir=working_dir,
                 )
@@ -143,7 +143,7 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
             working_dir=spec.working_dir,
         )
     )
-    uploader = ["python", "-m", "services.uploader", "--source", CONTAINER_TENSORS, "--dest", base_trial]
+    uploader = ["python", "-m", "trainguard.services.uploader", "--source", CONTAINER_TENSORS, "--dest", base_trial]
     if settings.s3_endpoint_url:
         uploader += ["--endpoint-url", settings.s3_endpoint_url]
     components.append(
@@ -162,7 +162,7 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
             ComponentSpec(
                 role=rule_role(rule.configuration_name),
                 image=settings.service_image,
-                command=("python", "-m", "services.rule_runner"),
+                command=("python", "-m", "trainguard.services.rule_runner"),
                 environment={**aws, **_rule_environment(spec, rule, settings, base_trial, runner_token, None)},
                 cpus=settings.rule_cpus,
                 memory_mb=settings.rule_memory_mb,

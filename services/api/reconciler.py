@@ -17,10 +17,10 @@ import time
 
 from sqlalchemy import select
 
-from services.api.db import ComponentRow, JobRow, RuleRow
-from services.api.jobs import RULE_TERMINAL, JobService
-from services.api.planner import RULE_ROLE_PREFIX, rule_role
-from services.launchers.base import ComponentState, ComponentStatus
+from trainguard.services.api.db import ComponentRow, JobRow, RuleRow
+from trainguard.services.api.jobs import RULE_TERMINAL, JobService
+from trainguard.services.api.planner import RULE_ROLE_PREFIX, rule_role
+from trainguard.services.launchers.base import ComponentState, ComponentStatus
 
 __all__ = ["Reconciler"]
 

@@ -7,9 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from services.api.auth import check_bearer
-from services.api.jobs import JobExists, JobNotFound, JobService
-from services.api.schemas import JobSpec
+from trainguard.services.api.auth import check_bearer
+from trainguard.services.api.jobs import JobExists, JobNotFound, JobService
+from trainguard.services.api.schemas import JobSpec
 
 __all__ = ["native_router"]
 

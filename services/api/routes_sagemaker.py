@@ -14,9 +14,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from services.api.auth import sagemaker_allowed
-from services.api.jobs import JobExists, JobNotFound, JobService
-from services.api.sagemaker import SageMakerError, job_spec_from_request
+from trainguard.services.api.auth import sagemaker_allowed
+from trainguard.services.api.jobs import JobExists, JobNotFound, JobService
+from trainguard.services.api.sagemaker import SageMakerError, job_spec_from_request
 
 __all__ = ["sagemaker_router"]
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from services.actions import parse_action_json
-from services.api.schemas import JobSpec
+from trainguard.services.actions import parse_action_json
+from trainguard.services.api.schemas import JobSpec
 
 __all__ = ["SageMakerError", "job_spec_from_request", "validation_message"]
 

@@ -38,7 +38,7 @@ class StoppingCondition(BaseModel):
 
 
 def _validate_actions(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from services.actions import action_names
+    from trainguard.services.actions import action_names
 
     known = action_names()
     for index, action in enumerate(actions):

@@ -1,6 +1,6 @@
 """API settings, read from the environment when the app is built (never at import).
 
-Every variable is listed in :data:`ENVIRONMENT` with its meaning; ``python -m services.api
+Every variable is listed in :data:`ENVIRONMENT` with its meaning; ``python -m trainguard.services.api
 --help`` prints them. The API token has no default on purpose: the server refuses to start
 without one.
 """
@@ -21,8 +21,8 @@ ENVIRONMENT: dict[str, str] = {
     "TRAINGUARD_DATABASE_URL": "SQLAlchemy URL of the state database (default sqlite:///<data dir>/trainguard.db)",
     "TRAINGUARD_DATA_DIR": "where jobs' local files live (default ./trainguard-service)",
     "TRAINGUARD_LAUNCHER": "local | docker (default: docker if the engine answers, else local)",
-    "TRAINGUARD_HOST": "bind address of `python -m services.api` (default 127.0.0.1)",
-    "TRAINGUARD_PORT": "port of `python -m services.api` (default 8080)",
+    "TRAINGUARD_HOST": "bind address of `python -m trainguard.services.api` (default 127.0.0.1)",
+    "TRAINGUARD_PORT": "port of `python -m trainguard.services.api` (default 8080)",
     "TRAINGUARD_PUBLIC_URL": "the API's URL as rule runners reach it (default http://127.0.0.1:<port>)",
     "TRAINGUARD_STOP_GRACE_SECONDS": "SIGTERM-to-SIGKILL grace of a stop (default 120, as SageMaker)",
     "TRAINGUARD_RECONCILE_INTERVAL": "seconds between launcher polls (default 1.0)",

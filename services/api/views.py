@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.api.db import ActionRow, AlarmRow, ComponentRow, JobRow, RuleRow, TransitionRow
+from trainguard.services.api.db import ActionRow, AlarmRow, ComponentRow, JobRow, RuleRow, TransitionRow
 
 __all__ = ["native_description", "rule_parameters_for_request", "sagemaker_description", "sagemaker_summary"]
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from services.launchers.base import ComponentSpec, ComponentState, ComponentStatus, JobLaunch, LauncherError
+from trainguard.services.launchers.base import ComponentSpec, ComponentState, ComponentStatus, JobLaunch, LauncherError
 
 __all__ = ["DockerLauncher", "JOB_LABEL", "ROLE_LABEL", "container_name", "docker_available"]
 
@@ -71,7 +71,7 @@ def _exit_reason(state: dict[str, Any]) -> str:
 
 
 class DockerLauncher:
-    """:class:`services.launchers.base.Launcher` on a Docker engine. Every method is idempotent."""
+    """:class:`trainguard.services.launchers.base.Launcher` on a Docker engine. Every method is idempotent."""
 
     name = "docker"
 

@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from services.launchers.base import ComponentSpec, ComponentState, ComponentStatus, JobLaunch, LauncherError
+from trainguard.services.launchers.base import ComponentSpec, ComponentState, ComponentStatus, JobLaunch, LauncherError
 
 __all__ = ["LocalLauncher"]
 

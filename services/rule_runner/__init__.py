@@ -1,4 +1,4 @@
-"""The rule-runner process: ``python -m services.rule_runner`` (configured by environment).
+"""The rule-runner process: ``python -m trainguard.services.rule_runner`` (configured by environment).
 
 Runs trainguard's RuleRunner on one rule configuration of one job, reports every status
 transition to the control API, and emits CloudWatch-style metrics:

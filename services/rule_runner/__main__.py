@@ -1,4 +1,4 @@
-"""``python -m services.rule_runner``: run one rule configuration of one job (see the package doc).
+"""``python -m trainguard.services.rule_runner``: run one rule configuration of one job (see the package doc).
 
 Environment: TRAINING_JOB_NAME, RULE_CONFIGURATION_NAME, RULE_TO_INVOKE, RULE_PARAMETERS_JSON,
 BASE_TRIAL (required); RULE_ACTIONS_JSON, RULE_SOURCE_URI, RULE_OUTPUT_DIR, RULE_PROGRESS_FILE,
@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from services.rule_runner.reporting import ApiReporter, MetricsEmitter
+from trainguard.services.rule_runner.reporting import ApiReporter, MetricsEmitter
 
 log = logging.getLogger("trainguard.rule_runner")
 EXIT_CODES = {"NoIssuesFound": 0, "IssuesFound": 1, "Error": 2, "Stopped": 143, "Stopping": 143}

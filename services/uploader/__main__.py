@@ -1,4 +1,4 @@
-"""``python -m services.uploader --source DIR --dest s3://bucket/prefix [--endpoint-url URL]
+"""``python -m trainguard.services.uploader --source DIR --dest s3://bucket/prefix [--endpoint-url URL]
 [--state-file PATH] [--poll-interval 0.5]``; env fallbacks UPLOADER_SOURCE, UPLOADER_DEST,
 S3_ENDPOINT_URL, UPLOADER_STATE_FILE, UPLOADER_POLL_INTERVAL, UPLOADER_DRAIN_S, UPLOADER_GIVE_UP_AFTER_S.
 
@@ -18,12 +18,12 @@ import signal
 import sys
 import threading
 
-from services.uploader.uploader import Uploader, UploaderError
+from trainguard.services.uploader.uploader import Uploader, UploaderError
 
 
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    parser = argparse.ArgumentParser(prog="python -m services.uploader", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainguard.services.uploader", description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default=env("UPLOADER_SOURCE"), help="local run directory to follow")
     parser.add_argument("--dest", default=env("UPLOADER_DEST"), help="s3://bucket/prefix")
     parser.add_argument("--endpoint-url", default=env("S3_ENDPOINT_URL"), help="S3-compatible endpoint")

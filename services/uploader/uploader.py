@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.uploader.state import UploadState
+from trainguard.services.uploader.state import UploadState
 from trainguard.format.layout import END_OF_TRAINING, event_key, is_collections_key, parse_index_key
 
 __all__ = ["UploadStats", "Uploader", "UploaderError", "parse_s3_url"]

@@ -246,6 +246,22 @@ def _register_command_modules(commands: argparse._SubParsersAction) -> None:
     for module_info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
         if not module_info.name.startswith("_"):
             importlib.import_module(f"{package.__name__}.{module_info.name}").register(commands)
+    _register_plugin_commands(commands)
+
+
+def _register_plugin_commands(commands: argparse._SubParsersAction) -> None:
+    """Add verbs other packages declare in the ``trainguard.commands`` entry-point group (``serve``).
+
+    A plugin that fails to load (its extra not installed, a broken install) costs only its verb:
+    the rest of the CLI must keep working, so the failure is reported on stderr and skipped.
+    """
+    from importlib.metadata import entry_points
+
+    for entry_point in sorted(entry_points(group="trainguard.commands"), key=lambda point: point.name):
+        try:
+            entry_point.load()(commands)
+        except Exception as error:  # noqa: BLE001 - one broken plugin must not take the CLI down
+            print(f"trainguard: command {entry_point.name!r} unavailable: {error}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

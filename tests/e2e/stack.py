@@ -62,7 +62,7 @@ class Stack:
         self.compose("up", "-d", "--wait")
 
     def down(self) -> None:
-        from services.launchers.docker import DockerLauncher
+        from trainguard.services.launchers.docker import DockerLauncher
 
         launcher = DockerLauncher()
         for job in self.jobs:

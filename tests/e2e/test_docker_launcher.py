@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from services.launchers.base import ComponentSpec, ComponentState, JobLaunch, LauncherError
-from services.launchers.docker import JOB_LABEL, ROLE_LABEL, DockerLauncher, container_name
+from trainguard.services.launchers.base import ComponentSpec, ComponentState, JobLaunch, LauncherError
+from trainguard.services.launchers.docker import JOB_LABEL, ROLE_LABEL, DockerLauncher, container_name
 from tests.e2e.docker_env import BASE_IMAGE, docker_client, require_image
 
 # A process that answers SIGTERM by exiting 0 after saying so, and one that ignores SIGTERM.

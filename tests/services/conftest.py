@@ -1,8 +1,8 @@
 """Fixtures for the service tests: the real API in a uvicorn subprocess, the real boto3 client.
 
-Nothing is mocked: the API runs as ``python -m services.api`` (uvicorn) with the local-process
+Nothing is mocked: the API runs as ``python -m trainguard.services.api`` (uvicorn) with the local-process
 launcher, jobs run real PyTorch training under ``trainguard run``, rule runners are real
-``python -m services.rule_runner`` processes reporting over HTTP, and S3/SNS/CloudWatch are the
+``python -m trainguard.services.rule_runner`` processes reporting over HTTP, and S3/SNS/CloudWatch are the
 moto server subprocess from tests/s3_server.py.
 """
 
@@ -34,7 +34,7 @@ for _module in ("fastapi", "uvicorn", "sqlalchemy"):
 
 
 class ApiServer:
-    """``python -m services.api`` in a subprocess; restartable on the same database."""
+    """``python -m trainguard.services.api`` in a subprocess; restartable on the same database."""
 
     def __init__(self, data_dir: Path, extra_env: dict[str, str]) -> None:
         self.data_dir = data_dir
@@ -61,7 +61,7 @@ class ApiServer:
     def start(self, timeout: float = 30.0) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.api"], cwd=REPO, env=self.environment, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "trainguard.services.api"], cwd=REPO, env=self.environment, stdout=log, stderr=subprocess.STDOUT
         )
         log.close()
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from services.actions import ActionContext, build_event, get_handler, parse_action_json
-from services.alarms import AlarmSpec, AlarmState, evaluate_alarm
+from trainguard.services.actions import ActionContext, build_event, get_handler, parse_action_json
+from trainguard.services.alarms import AlarmSpec, AlarmState, evaluate_alarm
 from tests.s3_server import set_dummy_credentials
 from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, REPO, training_command, wait_for
 from tests.services.notify_servers import RecordingHttpServer, RecordingSmtpServer
@@ -191,8 +191,8 @@ def _install_action_plugin(root) -> None:
 
 
 def test_custom_action_handlers_come_from_entry_points(tmp_path, monkeypatch) -> None:
-    from services.actions import action_names
-    from services.api.schemas import RuleConfig
+    from trainguard.services.actions import action_names
+    from trainguard.services.api.schemas import RuleConfig
 
     _install_action_plugin(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

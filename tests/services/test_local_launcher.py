@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from services.launchers.base import ComponentSpec, ComponentState, JobLaunch
-from services.launchers.local import LocalLauncher
+from trainguard.services.launchers.base import ComponentSpec, ComponentState, JobLaunch
+from trainguard.services.launchers.local import LocalLauncher
 from tests.services.conftest import wait_for
 
 

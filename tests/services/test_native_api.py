@@ -17,8 +17,8 @@ from tests.services.conftest import CUSTOM_RULE, REPO, TOKEN
 pytest.importorskip("httpx", reason="TestClient needs httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from services.api.app import create_app  # noqa: E402
-from services.api.settings import Settings  # noqa: E402
+from trainguard.services.api.app import create_app  # noqa: E402
+from trainguard.services.api.settings import Settings  # noqa: E402
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -130,7 +130,7 @@ def test_missing_job_is_404(client) -> None:
 def test_server_refuses_to_start_without_a_token(tmp_path: Path) -> None:
     environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "TRAINGUARD_DATA_DIR": str(tmp_path)}
     finished = subprocess.run(
-        [sys.executable, "-m", "services.api"], cwd=REPO, env=environment, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "trainguard.services.api"], cwd=REPO, env=environment, capture_output=True, text=True, timeout=60
     )
     assert finished.returncode == 2
     assert "TRAINGUARD_API_TOKEN is not set" in finished.stderr

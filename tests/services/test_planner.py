@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.api.planner import plan_job
-from services.api.schemas import JobSpec
-from services.api.settings import Settings
+from trainguard.services.api.planner import plan_job
+from trainguard.services.api.schemas import JobSpec
+from trainguard.services.api.settings import Settings
 from tests.services.conftest import CUSTOM_RULE
 
 
@@ -44,10 +44,10 @@ def test_docker_plan_follows_the_service_contract(tmp_path: Path) -> None:
     assert training.volumes == {"tg-plan-me-tensors": "/opt/ml/output/tensors"} == uploader.volumes
     assert json.loads(training.environment["TRAINGUARD_HOOK_CONFIG_JSON"])["HookParameters"] == {"save_interval": "5"}
     assert training.environment["LR"] == "0.1" and training.environment["TRAINING_JOB_NAME"] == "plan-me"
-    assert uploader.command == ("python", "-m", "services.uploader", "--source", "/opt/ml/output/tensors",
+    assert uploader.command == ("python", "-m", "trainguard.services.uploader", "--source", "/opt/ml/output/tensors",
                                 "--dest", "s3://bkt/out/plan-me/debug-output", "--endpoint-url", "http://s3:5000")  # fmt: skip
     assert rule.role == "rule:Loss" and rule.image == "trainguard-service:local" and rule.cpus == 0.25
-    assert rule.command == ("python", "-m", "services.rule_runner")
+    assert rule.command == ("python", "-m", "trainguard.services.rule_runner")
     environment = rule.environment
     assert environment["BASE_TRIAL"] == "s3://bkt/out/plan-me/debug-output"
     assert environment["RULE_TO_INVOKE"] == CUSTOM_RULE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.api.sagemaker import SageMakerError, job_spec_from_request
+from trainguard.services.api.sagemaker import SageMakerError, job_spec_from_request
 from tests.services.conftest import CUSTOM_RULE
 
 RULES_IMAGE = "895741380848.dkr.ecr.us-west-2.amazonaws.com/sagemaker-debugger-rules:latest"

@@ -70,8 +70,8 @@ def test_submit_json_healthy_job_without_wait_then_errors(api, tmp_path: Path) -
 
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*") if p.suffix in (".yaml", ".json")))
 def test_example_job_specs_are_valid(example: str) -> None:
-    from services.api.sagemaker import job_spec_from_request
-    from services.api.schemas import JobSpec
+    from trainguard.services.api.sagemaker import job_spec_from_request
+    from trainguard.services.api.schemas import JobSpec
     from trainguard.rules import rule_names
 
     path = EXAMPLES / example

@@ -53,7 +53,7 @@ def _start_training(out_dir: Path, steps: int, step_sleep: float) -> subprocess.
 
 def _start_uploader(source: Path, dest: str, endpoint: str, state: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "services.uploader", "--source", str(source), "--dest", dest,
+        [sys.executable, "-m", "trainguard.services.uploader", "--source", str(source), "--dest", dest,
          "--endpoint-url", endpoint, "--state-file", str(state), "--poll-interval", "0.1", *extra],
         cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )
@@ -177,7 +177,7 @@ def test_sigterm_keeps_following_until_the_end_marker_within_the_drain(s3_endpoi
 
 def test_bad_destination_is_a_clear_error(tmp_path):  # noqa: ANN001
     result = subprocess.run(
-        [sys.executable, "-m", "services.uploader", "--source", str(tmp_path), "--dest", "bucket/prefix"],
+        [sys.executable, "-m", "trainguard.services.uploader", "--source", str(tmp_path), "--dest", "bucket/prefix"],
         cwd=REPO, capture_output=True, text=True, timeout=30,
     )
     assert result.returncode == 2
@@ -190,7 +190,7 @@ def test_required_arguments(tmp_path, missing):  # noqa: ANN001
     arguments.pop(missing)
     env = {k: v for k, v in os.environ.items() if k not in ("UPLOADER_SOURCE", "UPLOADER_DEST")}
     result = subprocess.run(
-        [sys.executable, "-m", "services.uploader", *[x for kv in arguments.items() for x in kv]],
+        [sys.executable, "-m", "trainguard.services.uploader", *[x for kv in arguments.items() for x in kv]],
         cwd=REPO, capture_output=True, text=True, timeout=30, env=env,
     )
     assert result.returncode == 2 and missing in result.stderr

@@ -69,10 +69,14 @@ class StepResult:
     certain: bool = False
     # The worker (``worker_<rank>``) the finding is on; None when the rule judged the whole run.
     worker: str | None = None
+    # Why the rule could not evaluate at all (its data is missing, the run is too short); None when
+    # it did evaluate. A rule whose only results are "not evaluated" ends with status Error and
+    # details "RuleNotEvaluated: <reason>", never NoIssuesFound: silence must mean "checked".
+    not_evaluated: str | None = None
 
     @property
     def evaluated(self) -> bool:
-        return not self.missing
+        return not self.missing and self.not_evaluated is None
 
     def condition_met_details(self) -> str:
         """SageMaker's StatusDetails text for a rule that fired at this step."""
@@ -92,6 +96,7 @@ class StepResult:
             "missing": [{"what": m.what, "collection": m.collection} for m in self.missing],
             "certain": self.certain,
             "worker": self.worker,
+            "not_evaluated": self.not_evaluated,
         }
 
 
@@ -209,6 +214,10 @@ class Rule:
         if framework and framework in cls.fix_hints:
             return cls.fix_hints[framework]
         return cls.fix_hint
+
+    def not_evaluated(self, reason: str, step: int = -1) -> StepResult:
+        """The rule cannot judge this run (``reason`` says what is missing); never a finding."""
+        return StepResult(self.name(), step, False, f"RuleNotEvaluated: {reason}", "", {}, not_evaluated=reason)
 
     def no_issue(self, step: int, message: str = "", **details: Any) -> StepResult:
         return StepResult(self.name(), step, False, message, "", details)

@@ -52,6 +52,7 @@ class StatusUpdate:
                 missing=tuple(MissingTensor(m["what"], m.get("collection")) for m in raw.get("missing") or ()),
                 certain=bool(raw.get("certain", False)),
                 worker=raw.get("worker"),
+                not_evaluated=raw.get("not_evaluated"),
             )
         return cls(
             configuration_name=data["configuration_name"],

@@ -1,0 +1,127 @@
+"""Run one SageMaker training job job-side: ``python -m trainguard.services.sagemaker_container``.
+
+Reads the contract from ``$TRAINGUARD_SM_CONTRACT`` (JSON, see contract.py), lays out the
+``/opt/ml`` tree under ``$SAGEMAKER_BASE_DIR`` (default ``/opt/ml``), fetches the channels, runs
+the training and uploads its outputs; exits with the training's exit code. S3 is reached at
+``$S3_ENDPOINT_URL`` when set.
+
+The training runs as a child process, so the capture hook (installed by ``trainguard run`` or the
+training image's entrypoint through ``PYTHONPATH``) sees the user's process as it would on
+SageMaker. SIGTERM (StopTrainingJob) is passed on to the child; its outputs are uploaded as
+SageMaker does for a stopped job.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from trainguard.services.sagemaker_container.channels import ChannelError, download_channel
+from trainguard.services.sagemaker_container.contract import CONTRACT_ENV, ContractError, JobContract, MlPaths
+from trainguard.services.sagemaker_container.outputs import read_failure, upload_outputs
+
+logger = logging.getLogger("trainguard.sagemaker_container")
+
+# The toolkit's own entry point, as SageMaker's framework containers call it.
+_TOOLKIT_TRAIN = "from sagemaker_training import trainer; trainer.train()"
+
+
+def _s3_client(contract: JobContract):  # type: ignore[no-untyped-def]
+    import boto3
+
+    return boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None, region_name=contract.region)
+
+
+def _fail(paths: MlPaths, reason: str) -> None:
+    paths.failure.parent.mkdir(parents=True, exist_ok=True)
+    paths.failure.write_text(reason)
+    logger.error("%s", reason)
+
+
+def _training_command(contract: JobContract, paths: MlPaths) -> list[str] | None:
+    if contract.command:
+        return list(contract.command)
+    if contract.framework_mode:
+        if importlib.util.find_spec("sagemaker_training") is None:
+            _fail(paths, "ClientError: this training environment lacks the sagemaker-training toolkit that runs "
+                  "sagemaker_program jobs: pip install 'trainguard[sagemaker]' (or sagemaker-training) there")  # fmt: skip
+            return None
+        return [sys.executable, "-c", _TOOLKIT_TRAIN]
+    _fail(paths, "ClientError: nothing to run: give AlgorithmSpecification.ContainerEntrypoint, or "
+          "sagemaker_program and sagemaker_submit_directory in HyperParameters (what the SageMaker SDK sends)")  # fmt: skip
+    return None
+
+
+def _run(command: list[str], environment: dict[str, str], cwd: Path) -> int:
+    child = subprocess.Popen(command, env=environment, cwd=str(cwd))
+
+    def forward(signum: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_job(contract: JobContract, paths: MlPaths) -> int:
+    """Every step of the job; the training's exit code (1 when it could not start)."""
+    contract.write_config(paths)
+    s3 = _s3_client(contract)
+    host_index = contract.hosts.index(contract.current_host) if contract.current_host in contract.hosts else 0
+    try:
+        for channel in contract.channels:
+            download_channel(s3, channel, paths.channel(channel.name),
+                             host_index=host_index, host_count=contract.instance_count)  # fmt: skip
+    except (ChannelError, ContractError) as error:
+        _fail(paths, f"ClientError: {error}")
+        return 1
+    command = _training_command(contract, paths)
+    if command is None:
+        return 1
+    environment = {**os.environ, **contract.environment(paths)}
+    if contract.instance_count == 1:
+        # The toolkit waits (up to 15 min) until every host name resolves, which only a
+        # multi-host cluster's DNS provides; one host needs no peers (its Studio-local switch).
+        environment.setdefault("SM_STUDIO_LOCAL_MODE", "true")
+    code = _run(command, environment, paths.code if contract.framework_mode else Path.cwd())
+    if code != 0 and read_failure(paths) is None:
+        _fail(paths, f"AlgorithmError: the training process exited with code {code}")
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            uploaded = upload_outputs(s3, contract, paths, Path(scratch))
+        except Exception as error:  # an output that cannot be uploaded fails the job loudly
+            _fail(paths, f"ClientError: could not upload the job's outputs: {error}")
+            return code or 1
+    for label, uri in uploaded.items():
+        logger.info("uploaded %s to %s", label, uri)
+    return code
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="trainguard-sagemaker: %(message)s")
+    base = Path(os.environ.get("SAGEMAKER_BASE_DIR") or "/opt/ml")
+    paths = MlPaths(base)
+    raw = os.environ.get(CONTRACT_ENV)
+    if not raw:
+        print(f"trainguard-sagemaker: ${CONTRACT_ENV} is not set: nothing to run", file=sys.stderr)
+        return 2
+    try:
+        contract = JobContract.from_json(raw)
+    except (ValueError, TypeError) as error:
+        _fail(paths, f"ClientError: the job contract is unreadable: {error}")
+        return 2
+    return run_job(contract, paths)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
