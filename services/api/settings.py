@@ -35,6 +35,8 @@ ENVIRONMENT: dict[str, str] = {
     "S3_ENDPOINT_URL": "S3 endpoint passed to uploaders and rule runners (docker launcher)",
     "CLOUDWATCH_ENDPOINT_URL": "CloudWatch endpoint rule runners put their metrics to (optional)",
     "TRAINGUARD_TRAINING_IMAGE": "default training image (default trainguard-training:local)",
+    "TRAINGUARD_TRAINING_IMAGE_MAP": "JSON object {regex: image}: SageMaker TrainingImage URIs to run as another image "
+    "(checked before the built-in map of AWS framework images to TRAINGUARD_TRAINING_IMAGE; see docs/sagemaker-sdk.md)",
     "TRAINGUARD_SERVICE_IMAGE": "image of uploaders and rule runners (default trainguard-service:local)",
     "TRAINGUARD_RULE_CPUS": "CPU limit of each rule runner (default 0.5)",
     "TRAINGUARD_RULE_MEMORY_MB": "memory limit of each rule runner (default 1024)",
@@ -63,6 +65,26 @@ def _float(environ: Mapping[str, str], key: str, default: float) -> float:
     return value
 
 
+def _image_map(raw: str) -> tuple[tuple[str, str], ...]:
+    if not raw.strip():
+        return ()
+    import json
+    import re
+
+    try:
+        document = json.loads(raw)
+    except ValueError as error:
+        raise ConfigError(f"TRAINGUARD_TRAINING_IMAGE_MAP is not JSON: {error}") from None
+    if not isinstance(document, dict) or not all(isinstance(v, str) and v for v in document.values()):
+        raise ConfigError("TRAINGUARD_TRAINING_IMAGE_MAP must be a JSON object of regex -> image name")
+    for pattern in document:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ConfigError(f"TRAINGUARD_TRAINING_IMAGE_MAP: {pattern!r} is not a regex: {error}") from None
+    return tuple(document.items())
+
+
 @dataclass(frozen=True)
 class Settings:
     api_token: str
@@ -83,6 +105,7 @@ class Settings:
     s3_endpoint_url: str = ""
     cloudwatch_endpoint_url: str = ""
     training_image: str = "trainguard-training:local"
+    training_image_map: tuple[tuple[str, str], ...] = ()  # (regex, image) pairs, first match wins
     service_image: str = "trainguard-service:local"
     rule_cpus: float = 0.5
     rule_memory_mb: int = 1024
@@ -140,6 +163,7 @@ class Settings:
             s3_endpoint_url=environ.get("S3_ENDPOINT_URL", ""),
             cloudwatch_endpoint_url=environ.get("CLOUDWATCH_ENDPOINT_URL", ""),
             training_image=environ.get("TRAINGUARD_TRAINING_IMAGE") or "trainguard-training:local",
+            training_image_map=_image_map(environ.get("TRAINGUARD_TRAINING_IMAGE_MAP") or ""),
             service_image=environ.get("TRAINGUARD_SERVICE_IMAGE") or "trainguard-service:local",
             rule_cpus=_float(environ, "TRAINGUARD_RULE_CPUS", 0.5),
             rule_memory_mb=int(_float(environ, "TRAINGUARD_RULE_MEMORY_MB", 1024)),
