@@ -1,11 +1,15 @@
 """``python -m trainguard.services.uploader --source DIR --dest s3://bucket/prefix [--endpoint-url URL]
 [--state-file PATH] [--poll-interval 0.5]``; env fallbacks UPLOADER_SOURCE, UPLOADER_DEST,
-S3_ENDPOINT_URL, UPLOADER_STATE_FILE, UPLOADER_POLL_INTERVAL, UPLOADER_DRAIN_S, UPLOADER_GIVE_UP_AFTER_S.
+S3_ENDPOINT_URL, UPLOADER_STATE_FILE, UPLOADER_POLL_INTERVAL, UPLOADER_DRAIN_S, UPLOADER_GIVE_UP_AFTER_S,
+UPLOADER_VERIFY_INTERVAL_S.
 
 Exits 0 once the end marker is uploaded (at once if a previous run already finished), and on
-SIGTERM/SIGINT after following up to --drain seconds more for the end marker and a last pass;
-2 on bad arguments; 1 when S3 kept failing past the give-up time.
-The last line printed is a JSON summary (files, bytes, PUTs, upload lag percentiles).
+SIGTERM/SIGINT (training is over, or the job is stopped) after following up to --drain seconds
+more for the end marker and final passes that write the end marker itself if training wrote none;
+2 on bad arguments; 1 when S3 kept failing past the give-up time. Before the end marker, and every
+--verify-interval seconds, the destination is listed and whatever it lacks is sent again.
+Printed last: a JSON summary (files, bytes, PUTs, re-sent files, upload lag percentiles), then on
+failure the error naming the files that are not on S3.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="on SIGTERM, seconds to keep following for the end marker before the last pass")
     parser.add_argument("--give-up-after", type=float, default=float(env("UPLOADER_GIVE_UP_AFTER_S", "600")),
                         help="seconds of continuous S3 failure before exiting 1")
+    parser.add_argument("--verify-interval", type=float, default=float(env("UPLOADER_VERIFY_INTERVAL_S", "10")),
+                        help="seconds between listings of the destination that check what was sent is there")
     return parser
 
 
@@ -52,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         uploader = Uploader(
             args.source, args.dest, endpoint_url=args.endpoint_url, state_file=args.state_file,
             poll_interval=args.poll_interval, give_up_after_s=args.give_up_after, drain_s=args.drain,
-            stop_event=stop,
+            stop_event=stop, verify_interval_s=args.verify_interval,
         )
     except UploaderError as error:
         print(f"uploader: {error}", file=sys.stderr)
@@ -61,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stats = uploader.run()
     except UploaderError as error:
-        print(f"uploader: {error}", file=sys.stderr)
+        # The error goes last: the control API quotes the log's last line as the job's failure reason.
         print(json.dumps({"uploader": "failed", **uploader.stats.summary()}), flush=True)
+        print(f"uploader: {error}", file=sys.stderr, flush=True)
         return 1
     print(json.dumps({"uploader": "stopped" if stop.is_set() else "done", **stats.summary()}), flush=True)
     return 0

@@ -59,6 +59,18 @@ class UploadState:
         if time.monotonic() - self._last_flush >= self.flush_interval_s:
             self.flush()
 
+    def size_of(self, key: str) -> int | None:
+        value = self._uploaded.get(key)
+        return value[0] if value else None
+
+    def keys(self) -> list[str]:
+        return list(self._uploaded)
+
+    def forget(self, key: str) -> None:
+        """``key`` is not (or no longer) on S3: the next round uploads it again."""
+        if self._uploaded.pop(key, None) is not None:
+            self._dirty = True
+
     def flush(self) -> None:
         if not self._dirty:
             return

@@ -45,6 +45,8 @@ class UploadStats:
     bytes: int = 0
     puts: int = 0
     skipped_existing: int = 0  # found already on S3 after a restart (HEAD matched), not re-sent
+    resent: int = 0  # recorded as sent, then found missing on S3 (endpoint wiped, bucket deleted): sent again
+    verifications: int = 0  # listings of the destination compared with the state
     lags_s: list[float] = field(default_factory=list)  # upload done - file mtime
 
     def summary(self) -> dict[str, Any]:
@@ -55,7 +57,7 @@ class UploadStats:
 
         return {
             "files": self.files, "bytes": self.bytes, "puts": self.puts,
-            "skipped_existing": self.skipped_existing,
+            "skipped_existing": self.skipped_existing, "resent": self.resent,
             "lag_p50_s": pct(0.5), "lag_p95_s": pct(0.95), "lag_max_s": round(lags[-1], 3) if lags else None,
         }
 
@@ -84,9 +86,12 @@ class Uploader:
         create_bucket: bool = True,
         client: Any | None = None,
         stop_event: threading.Event | None = None,
+        verify_interval_s: float = 10.0,
     ) -> None:
         if poll_interval <= 0:
             raise UploaderError(f"poll interval must be > 0 seconds, got {poll_interval}")
+        if not verify_interval_s > 0:
+            raise UploaderError(f"verify interval must be > 0 seconds, got {verify_interval_s}")
         self.source = Path(source)
         self.destination = destination
         self.bucket, self.prefix = parse_s3_url(destination)
@@ -103,15 +108,33 @@ class Uploader:
         # kill: HEAD them before any PUT. Filled by the first listing.
         self._unverified: set[str] | None = None
         self._index_targets: dict[str, str] = {}
+        # What the state says is sent is checked against a listing of the destination every
+        # verify_interval_s and always before the end marker: an endpoint restarted empty or a
+        # deleted bucket must cost re-uploads, never files missing behind a finished run.
+        self.verify_interval_s = verify_interval_s
+        self._next_verify = 0.0  # monotonic time; 0 = at the first round
 
     # -- public ---------------------------------------------------------------------------------
     def run(self) -> UploadStats:
         """Upload until the end marker is up.
 
-        When ``stop_event`` is set (SIGTERM: the job is being stopped, and the training process
-        with it) it keeps following for up to ``drain_s`` so the training's last steps and end
-        marker still go up, then makes one last pass that uploads whatever is there.
+        When ``stop_event`` is set (SIGTERM: training is over, or the job is being stopped) it keeps
+        following for up to ``drain_s`` so the training's last steps and end marker still go up,
+        then makes final passes that upload whatever is there, verify it on S3 and put the end
+        marker last, writing one itself when training wrote none (a run that captured nothing
+        still ends, so its rules end). Raises :class:`UploaderError` naming the files not on S3
+        when S3 kept failing past ``give_up_after_s``.
         """
+        try:
+            return self._run()
+        except UploaderError as error:
+            missing = self.missing()
+            if not missing:
+                raise
+            shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+            raise UploaderError(f"{error}; {len(missing)} file(s) not on S3: {shown}") from error
+
+    def _run(self) -> UploadStats:
         self._with_retries("check bucket", self._ensure_bucket)
         while True:
             if self.scan_once():
@@ -123,8 +146,19 @@ class Uploader:
             if self.scan_once():
                 return self.stats
             time.sleep(min(self.poll_interval, 0.2))
-        self.scan_once(final=True)
+        give_up = time.monotonic() + self.give_up_after_s
+        while not self.scan_once(final=True):
+            if time.monotonic() > give_up:
+                raise UploaderError(f"files kept disappearing from S3 for {self.give_up_after_s:.0f} s")
+            time.sleep(min(self.poll_interval, 0.2))
         return self.stats
+
+    def missing(self) -> list[str]:
+        """Local files (end marker aside) that are not recorded as on S3 as they are now."""
+        return sorted(
+            key for key, item in self._list().items()
+            if key != END_OF_TRAINING and not self.state.is_current(key, item.size, item.mtime_ns)
+        )
 
     def scan_once(self, final: bool = False) -> bool:
         """One round; True once the end marker is uploaded and nothing else is pending."""
@@ -134,6 +168,8 @@ class Uploader:
             self.state.flush()
 
     def _scan(self, final: bool) -> bool:
+        if time.monotonic() >= self._next_verify:
+            self._verify_remote()
         files = self._list()
         if self._unverified is None:
             self._unverified = {key for key in files if key not in self.state}
@@ -159,9 +195,15 @@ class Uploader:
                 self._upload(item)
             else:
                 waiting += 1  # its event file is not up yet (written after this round's listing)
-        if end_marker is None or waiting:
+        if waiting or (end_marker is None and not final):
             return False
-        if not self.state.is_current(end_marker.key, end_marker.size, end_marker.mtime_ns):
+        # Everything is up: check that S3 really holds it before the end marker says so.
+        if self._verify_remote(required=True):
+            return False  # something vanished: the next round sends it again
+        if end_marker is None:
+            if END_OF_TRAINING not in self.state:
+                self._put_end_marker()
+        elif not self.state.is_current(end_marker.key, end_marker.size, end_marker.mtime_ns):
             self._upload(end_marker)
         return True
 
@@ -228,6 +270,66 @@ class Uploader:
         self.stats.bytes += item.size
         self.stats.lags_s.append(max(0.0, time.time() - item.mtime_ns / 1e9))
 
+    def _put_end_marker(self) -> None:
+        """Training ended without writing one (nothing captured, or killed): write it on S3 ourselves."""
+        s3_key = self._s3_key(END_OF_TRAINING)
+        self._with_retries(END_OF_TRAINING, lambda: self._client.put_object(Bucket=self.bucket, Key=s3_key, Body=b""))
+        self.stats.puts += 1
+        self.state.record(END_OF_TRAINING, 0, -1)
+        log.info("training ended without an end marker: wrote %s", END_OF_TRAINING)
+
+    def _verify_remote(self, required: bool = False) -> int:
+        """List the destination, forget every recorded file S3 lacks (or holds at another size).
+
+        Returns how many were forgotten; the following rounds upload them again, in the usual
+        reader-safe order. A vanished bucket is created again first. ``required`` (before the
+        end marker): retried like any S3 call until it succeeds or the give-up time is over;
+        otherwise (the periodic check) a failed listing is tried again at a later round.
+        """
+        import botocore.exceptions
+
+        started = time.monotonic()
+        prefix = f"{self.prefix}/" if self.prefix else ""
+
+        def listing() -> dict[str, int]:
+            remote: dict[str, int] = {}
+            try:
+                for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                    for entry in page.get("Contents", []):
+                        remote[entry["Key"][len(prefix):]] = int(entry.get("Size", -1))
+            except botocore.exceptions.ClientError as error:
+                if _error_code(error) != "NoSuchBucket" or not self._create_bucket:
+                    raise
+                log.warning("bucket %s is gone: creating it again and re-sending everything", self.bucket)
+                self._ensure_bucket()
+                return {}
+            return remote
+
+        if required:
+            remote = self._with_retries("verify the destination", listing)
+        else:
+            try:
+                remote = listing()
+            except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+                log.warning("could not list s3://%s/%s to verify (%s); will try again", self.bucket, prefix, error)
+                self._next_verify = time.monotonic() + min(self.verify_interval_s, 2.0)
+                return 0
+        self.stats.verifications += 1
+        lost = [
+            key for key in self.state.keys()
+            if remote.get(key) != self.state.size_of(key) and not (key == END_OF_TRAINING and key in remote)
+        ]
+        for key in lost:
+            self.state.forget(key)
+            self._index_targets.pop(key, None)
+        if lost:
+            self.stats.resent += len(lost)
+            shown = ", ".join(sorted(lost)[:5]) + (" ..." if len(lost) > 5 else "")
+            log.warning("%d file(s) recorded as sent are not on S3 (%s): sending them again", len(lost), shown)
+        # A large run's listing costs more: never spend more than a tenth of the time listing.
+        self._next_verify = time.monotonic() + max(self.verify_interval_s, 10 * (time.monotonic() - started))
+        return len(lost)
+
     def _already_there(self, item: _LocalFile, s3_key: str) -> bool:
         """After a restart: a file PUT just before the kill is on S3 but not in the state."""
         import botocore.exceptions
@@ -249,7 +351,7 @@ class Uploader:
         try:
             self._client.head_bucket(Bucket=self.bucket)
         except botocore.exceptions.ClientError as error:
-            code = str(error.response.get("Error", {}).get("Code", ""))
+            code = _error_code(error)
             if code not in ("404", "NoSuchBucket", "NotFound") or not self._create_bucket:
                 raise
             self._client.create_bucket(Bucket=self.bucket)
@@ -264,6 +366,18 @@ class Uploader:
             try:
                 return action()
             except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+                if (
+                    isinstance(error, botocore.exceptions.ClientError)
+                    and _error_code(error) == "NoSuchBucket"
+                    and self._create_bucket
+                ):
+                    # The endpoint lost the bucket (restarted empty): create it again, and check
+                    # everything recorded as sent at the next round.
+                    self._next_verify = 0.0
+                    try:
+                        self._ensure_bucket()
+                    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
+                        pass  # retried below like any S3 failure
                 if time.monotonic() + delay > deadline:
                     raise UploaderError(
                         f"S3 kept failing for {self.give_up_after_s:.0f} s on {what} "
@@ -272,6 +386,10 @@ class Uploader:
                 log.warning("S3 error on %s (%s); retrying in %.1f s", what, error, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
+
+
+def _error_code(error: Any) -> str:
+    return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
 
 
 def _stat(item: _LocalFile | None) -> tuple[int, int]:
