@@ -18,6 +18,8 @@ from typing import Any
 from trainguard.services.api.schemas import JobSpec, RuleConfig
 from trainguard.services.api.settings import Settings
 from trainguard.services.launchers.base import ComponentSpec, JobLaunch
+from trainguard.services.sagemaker_container.contract import CONTRACT_ENV
+from trainguard.services.sagemaker_container.images import training_image_for
 
 __all__ = ["RULE_ROLE_PREFIX", "job_dir", "plan_job", "rule_role", "tensors_location"]
 
@@ -81,6 +83,28 @@ def _rule_environment(
     return environment
 
 
+def _contract_environment(spec: JobSpec, settings: Settings, base_dir: str) -> dict[str, str]:
+    """What a job under SageMaker's container contract needs beside its own environment.
+
+    The job-side runner reads the channels and writes the model to S3 itself, as a SageMaker
+    training container does, so it gets the S3 endpoint and the credentials the service holds.
+    """
+    if CONTRACT_ENV not in spec.environment:
+        return {}
+    environment = {"SAGEMAKER_BASE_DIR": base_dir, "AWS_REGION": settings.region}
+    if settings.s3_endpoint_url:
+        environment["S3_ENDPOINT_URL"] = settings.s3_endpoint_url
+    environment.update({key: os.environ[key] for key in _PASSED_AWS_VARIABLES if os.environ.get(key)})
+    return environment
+
+
+def _local_command(command: list[str]) -> list[str]:
+    """The contract runner under this interpreter (``python`` on PATH may be another one)."""
+    if command[:3] == ["python", "-m", "trainguard.services.sagemaker_container"]:
+        return [sys.executable, *command[1:]]
+    return command
+
+
 def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str) -> JobLaunch:
     """The components of ``spec`` for ``launcher`` ("local" or "docker")."""
     base_trial = tensors_location(settings, spec, launcher)
@@ -103,14 +127,14 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
         working_dir = spec.working_dir or os.getcwd()
         command = (
             sys.executable, "-m", "trainguard.cli", "run", "--out", base_trial, "--config", str(config_file),
-            "--", *spec.command,
+            "--", *_local_command(spec.command),
         )  # fmt: skip
         components.append(
             ComponentSpec(
                 role="training",
                 image=spec.image or "",
                 command=command,
-                environment=training_environment,
+                environment={**training_environment, **_contract_environment(spec, settings, str(directory / "ml"))},
                 cpus=spec.resources.cpus,
                 memory_mb=spec.resources.memory_mb,
                 working_dir=working_dir,
@@ -134,9 +158,9 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
     components.append(
         ComponentSpec(
             role="training",
-            image=spec.image or settings.training_image,
+            image=training_image_for(spec.image, settings.training_image, settings.training_image_map),
             command=tuple(spec.command),
-            environment=training_environment,
+            environment={**training_environment, **_contract_environment(spec, settings, "/opt/ml")},
             cpus=spec.resources.cpus,
             memory_mb=spec.resources.memory_mb,
             volumes={volume: CONTAINER_TENSORS},

@@ -16,11 +16,11 @@ import threading
 import time
 
 from sqlalchemy import select
-
 from trainguard.services.api.db import ComponentRow, JobRow, RuleRow
 from trainguard.services.api.jobs import RULE_TERMINAL, JobService
 from trainguard.services.api.planner import RULE_ROLE_PREFIX, rule_role
 from trainguard.services.launchers.base import ComponentState, ComponentStatus
+from trainguard.services.sagemaker_container.contract import failure_reason_from_log
 
 __all__ = ["Reconciler"]
 
@@ -221,6 +221,12 @@ class Reconciler:
         return lines[-1][:500] if lines else ""
 
     def _failure_reason(self, name: str, training: ComponentStatus) -> str:
+        try:  # a SageMaker-contract job says why it failed (/opt/ml/output/failure) in its log
+            written = failure_reason_from_log(self.service.launcher.logs(name, "training", tail=400))
+        except Exception:  # noqa: BLE001 - the generic reason below still tells the exit code
+            written = None
+        if written:
+            return written
         reason = f"AlgorithmError: training exited with code {training.exit_code}"
         if training.reason:
             reason += f" ({training.reason})"

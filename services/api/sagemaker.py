@@ -10,19 +10,21 @@
 * Profiler rules trainguard does not have (``ProfilerReport``, ``DetailedProfilerProcessing``
   auto-added by the SDK) are accepted and reported as ``Error`` with the reason, not rejected.
 * ``other_trial_0..N`` become the rule's ``other_trials`` (comma-separated, in index order).
+* The training runs under SageMaker's container contract (``trainguard.services.sagemaker_container``):
+  the SDK's ``sagemaker_program``/``sagemaker_submit_directory`` jobs and explicit
+  ``ContainerEntrypoint`` jobs alike get ``/opt/ml``, their channels and their outputs.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import Any
 
 from pydantic import ValidationError
-
 from trainguard.services.actions import parse_action_json
 from trainguard.services.api.schemas import JobSpec
+from trainguard.services.sagemaker_container.contract import CONTRACT_ENV, ContractError, contract_from_request
 
 __all__ = ["SageMakerError", "job_spec_from_request", "validation_message"]
 
@@ -31,6 +33,8 @@ AWS_RULE_IMAGES = re.compile(
     r"(sagemaker-debugger-rules|sagemaker-debugger-rule-evaluator|detailed-profiler-processing)"
 )
 _OTHER_TRIAL = re.compile(r"^other_trial_\d+$")
+# The job-side runner of SageMaker's container contract (services/sagemaker_container).
+CONTRACT_RUNNER = ("python", "-m", "trainguard.services.sagemaker_container")
 
 
 class SageMakerError(Exception):
@@ -88,13 +92,16 @@ def job_spec_from_request(request: dict[str, Any]) -> tuple[JobSpec, list[dict[s
     if not name:
         raise SageMakerError("ValidationException", "TrainingJobName is required")
     algorithm = request.get("AlgorithmSpecification") or {}
-    command = [*(algorithm.get("ContainerEntrypoint") or []), *(algorithm.get("ContainerArguments") or [])]
+    # Every SageMaker job runs through SageMaker's training-container contract (the /opt/ml tree,
+    # channels, SM_* variables, the SDK's source and program, model.tar.gz and the failure file):
+    # the job-side runner gets the contract in its environment and runs the training itself.
+    try:
+        contract = contract_from_request(request)
+    except ContractError as error:
+        raise SageMakerError("ValidationException", str(error)) from None
+    command = list(CONTRACT_RUNNER)
     environment = {str(k): str(v) for k, v in (request.get("Environment") or {}).items()}
-    hyperparameters = request.get("HyperParameters") or {}
-    if hyperparameters:
-        environment.setdefault("SM_HPS", json.dumps(hyperparameters))
-        for key, value in hyperparameters.items():
-            environment.setdefault(f"SM_HP_{re.sub(r'[^A-Za-z0-9]', '_', key).upper()}", str(value))
+    environment[CONTRACT_ENV] = contract.to_json()
     rules: list[dict[str, Any]] = []
     labels: dict[int, str] = {}
     unavailable: list[dict[str, str]] = []
@@ -117,7 +124,7 @@ def job_spec_from_request(request: dict[str, Any]) -> tuple[JobSpec, list[dict[s
     max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
     document = {
         "name": name,
-        "image": algorithm.get("TrainingImage"),
+        "image": algorithm.get("TrainingImage") or None,
         "command": command,
         "environment": environment,
         "hook_config": hook_config,

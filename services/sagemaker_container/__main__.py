@@ -14,16 +14,25 @@ SageMaker does for a stopped job.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from collections import deque
 from pathlib import Path
 
 from trainguard.services.sagemaker_container.channels import ChannelError, download_channel
-from trainguard.services.sagemaker_container.contract import CONTRACT_ENV, ContractError, JobContract, MlPaths
+from trainguard.services.sagemaker_container.contract import (
+    CONTRACT_ENV,
+    FAILURE_REASON_MARKER,
+    ContractError,
+    JobContract,
+    MlPaths,
+)
 from trainguard.services.sagemaker_container.outputs import read_failure, upload_outputs
 
 logger = logging.getLogger("trainguard.sagemaker_container")
@@ -41,7 +50,9 @@ def _s3_client(contract: JobContract):  # type: ignore[no-untyped-def]
 def _fail(paths: MlPaths, reason: str) -> None:
     paths.failure.parent.mkdir(parents=True, exist_ok=True)
     paths.failure.write_text(reason)
-    logger.error("%s", reason)
+    # One machine-readable line in the job's log: how the service, which sees only the log and
+    # the exit code on every launcher, learns the FailureReason (see FAILURE_REASON_MARKER).
+    print(FAILURE_REASON_MARKER + json.dumps(reason), file=sys.stderr, flush=True)
 
 
 def _training_command(contract: JobContract, paths: MlPaths) -> list[str] | None:
@@ -49,17 +60,47 @@ def _training_command(contract: JobContract, paths: MlPaths) -> list[str] | None
         return list(contract.command)
     if contract.framework_mode:
         if importlib.util.find_spec("sagemaker_training") is None:
-            _fail(paths, "ClientError: this training environment lacks the sagemaker-training toolkit that runs "
-                  "sagemaker_program jobs: pip install 'trainguard[sagemaker]' (or sagemaker-training) there")  # fmt: skip
+            _fail(
+                paths,
+                "ClientError: this training environment lacks the sagemaker-training toolkit that runs "
+                "sagemaker_program jobs: pip install 'trainguard[sagemaker]' (or sagemaker-training) there",
+            )
             return None
         return [sys.executable, "-c", _TOOLKIT_TRAIN]
-    _fail(paths, "ClientError: nothing to run: give AlgorithmSpecification.ContainerEntrypoint, or "
-          "sagemaker_program and sagemaker_submit_directory in HyperParameters (what the SageMaker SDK sends)")  # fmt: skip
+    _fail(
+        paths,
+        "ClientError: nothing to run: give AlgorithmSpecification.ContainerEntrypoint, or "
+        "sagemaker_program and sagemaker_submit_directory in HyperParameters (what the SageMaker SDK sends)",
+    )
     return None
 
 
-def _run(command: list[str], environment: dict[str, str], cwd: Path) -> int:
-    child = subprocess.Popen(command, env=environment, cwd=str(cwd))
+def _last_error_line(lines: list[str]) -> str:
+    """The exception line ("ValueError: ...") of the last Python traceback in ``lines``, or ''."""
+    starts = [index for index, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return ""
+    for line in lines[starts[-1] + 1 :]:
+        if line.strip() and not line[:1].isspace():
+            return line.strip()
+    return ""
+
+
+def _run(command: list[str], environment: dict[str, str], cwd: Path, stderr_tail: deque[str]) -> int:
+    """Run ``command``; its stderr is passed through and its last lines kept in ``stderr_tail``."""
+    child = subprocess.Popen(
+        command, env=environment, cwd=str(cwd), stderr=subprocess.PIPE, text=True, errors="replace"
+    )
+
+    def relay() -> None:
+        assert child.stderr is not None
+        for line in child.stderr:
+            sys.stderr.write(line)
+            stderr_tail.append(line)
+        sys.stderr.flush()
+
+    relay_thread = threading.Thread(target=relay, name="stderr-relay", daemon=True)
+    relay_thread.start()
 
     def forward(signum: int, _frame: object) -> None:
         if child.poll() is None:
@@ -67,7 +108,9 @@ def _run(command: list[str], environment: dict[str, str], cwd: Path) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return child.wait()
+        code = child.wait()
+        relay_thread.join(timeout=10)
+        return code
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -75,7 +118,12 @@ def _run(command: list[str], environment: dict[str, str], cwd: Path) -> int:
 
 def run_job(contract: JobContract, paths: MlPaths) -> int:
     """Every step of the job; the training's exit code (1 when it could not start)."""
-    contract.write_config(paths)
+    hook_json = os.environ.get("TRAINGUARD_HOOK_CONFIG_JSON")
+    try:
+        hook_document = json.loads(hook_json) if hook_json else None
+    except ValueError:
+        hook_document = None  # the capture side reports a bad config itself
+    contract.write_config(paths, hook_document)
     s3 = _s3_client(contract)
     host_index = contract.hosts.index(contract.current_host) if contract.current_host in contract.hosts else 0
     try:
@@ -93,9 +141,17 @@ def run_job(contract: JobContract, paths: MlPaths) -> int:
         # The toolkit waits (up to 15 min) until every host name resolves, which only a
         # multi-host cluster's DNS provides; one host needs no peers (its Studio-local switch).
         environment.setdefault("SM_STUDIO_LOCAL_MODE", "true")
-    code = _run(command, environment, paths.code if contract.framework_mode else Path.cwd())
-    if code != 0 and read_failure(paths) is None:
-        _fail(paths, f"AlgorithmError: the training process exited with code {code}")
+    stderr_tail: deque[str] = deque(maxlen=200)
+    code = _run(command, environment, paths.code if contract.framework_mode else Path.cwd(), stderr_tail)
+    if code != 0:
+        # SageMaker's FailureReason names the user's error; the toolkit's own failure file often
+        # carries only the exit code ('ErrorMessage ""'), so the last traceback line is added.
+        error_line = _last_error_line(list(stderr_tail))
+        written = read_failure(paths)
+        if written is None:
+            _fail(paths, f"AlgorithmError: {error_line or 'the training process failed'} (exit code {code})")
+        elif error_line and error_line not in written:
+            _fail(paths, f"AlgorithmError: {error_line}\n{written}")
     with tempfile.TemporaryDirectory() as scratch:
         try:
             uploaded = upload_outputs(s3, contract, paths, Path(scratch))

@@ -25,10 +25,34 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONTRACT_ENV", "Channel", "ContractError", "JobContract", "MlPaths", "contract_from_request"]
+__all__ = [
+    "CONTRACT_ENV",
+    "FAILURE_REASON_MARKER",
+    "Channel",
+    "ContractError",
+    "JobContract",
+    "MlPaths",
+    "contract_from_request",
+    "failure_reason_from_log",
+]
 
 # The environment variable that carries the contract's JSON to the job side.
 CONTRACT_ENV = "TRAINGUARD_SM_CONTRACT"
+# The job-side runner's log line that carries /opt/ml/output/failure to the service.
+FAILURE_REASON_MARKER = "trainguard-sagemaker: FailureReason="
+
+
+def failure_reason_from_log(log: str) -> str | None:
+    """The last FailureReason the job-side runner logged, or None."""
+    for line in reversed(log.splitlines()):
+        if line.startswith(FAILURE_REASON_MARKER):
+            try:
+                reason = json.loads(line[len(FAILURE_REASON_MARKER) :])
+            except ValueError:
+                return None
+            return reason if isinstance(reason, str) else None
+    return None
+
 
 _CHANNEL_NAME = re.compile(r"^[A-Za-z0-9\.\-_]{1,64}$")
 _DATA_TYPES = {"S3Prefix", "ManifestFile", "AugmentedManifestFile"}
@@ -153,8 +177,12 @@ class JobContract:
         return cls(**data)
 
     # -- the /opt/ml tree ----------------------------------------------------------------------
-    def write_config(self, paths: MlPaths) -> None:
-        """Create the tree and the ``input/config`` files (not the channel data)."""
+    def write_config(self, paths: MlPaths, hook_document: Mapping[str, Any] | None = None) -> None:
+        """Create the tree and the ``input/config`` files (not the channel data).
+
+        ``hook_document`` is the DebugHookConfig as the service resolved it (its ``LocalPath`` is
+        where the capture must go); without it the request's, written to SageMaker's default path.
+        """
         for directory in (paths.config, paths.data, paths.model, paths.output_data, paths.code, paths.checkpoints):
             directory.mkdir(parents=True, exist_ok=True)
         for channel in self.channels:
@@ -175,8 +203,10 @@ class JobContract:
                 entry["ContentType"] = channel.content_type
             channels[channel.name] = entry
         _write_json(paths.config / "inputdataconfig.json", channels)
-        if self.hook_config is not None:
-            _write_json(paths.config / "debughookconfig.json", dict(self.hook_config))
+        if hook_document is None and self.hook_config is not None:
+            hook_document = {**self.hook_config, "LocalPath": str(paths.output / "tensors")}
+        if hook_document is not None:
+            _write_json(paths.config / "debughookconfig.json", dict(hook_document))
         if self.profiler_config is not None:
             _write_json(paths.config / "profilerconfig.json", dict(self.profiler_config))
 
@@ -229,7 +259,11 @@ def _gpu_count() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([item for item in visible.split(",") if item.strip()])
-    return len([entry for entry in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", entry)]) if os.path.isdir("/dev") else 0
+    return (
+        len([entry for entry in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", entry)])
+        if os.path.isdir("/dev")
+        else 0
+    )
 
 
 def _write_json(path: Path, document: Any) -> None:
@@ -257,7 +291,9 @@ def _channels(request: Mapping[str, Any]) -> tuple[Channel, ...]:
                 "must be 1-64 letters, digits, '.', '-' or '_'")  # fmt: skip
         _member(name not in seen, f"{label}.ChannelName", f"channel {name!r} is given twice")
         seen.add(name)
-        source = (item.get("DataSource") or {}).get("S3DataSource") if isinstance(item.get("DataSource"), dict) else None
+        source = (
+            (item.get("DataSource") or {}).get("S3DataSource") if isinstance(item.get("DataSource"), dict) else None
+        )
         _member(isinstance(source, dict), f"{label}.DataSource.S3DataSource",
                 "trainguard reads channels from S3 only (FileSystemDataSource is not supported)")  # fmt: skip
         uri = source.get("S3Uri")

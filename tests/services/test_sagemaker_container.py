@@ -16,7 +16,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from trainguard.services.sagemaker_container.channels import ChannelError, download_channel
 from trainguard.services.sagemaker_container.contract import (
     CONTRACT_ENV,
@@ -26,6 +25,7 @@ from trainguard.services.sagemaker_container.contract import (
     MlPaths,
     contract_from_request,
 )
+
 from tests.s3_server import s3_bucket, s3_client, s3_endpoint  # noqa: F401  (fixtures by name)
 
 REPO = Path(__file__).resolve().parents[2]

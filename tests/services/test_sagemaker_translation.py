@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
 from trainguard.services.api.sagemaker import SageMakerError, job_spec_from_request
+from trainguard.services.sagemaker_container.contract import CONTRACT_ENV, JobContract
+
 from tests.services.conftest import CUSTOM_RULE
 
 RULES_IMAGE = "895741380848.dkr.ecr.us-west-2.amazonaws.com/sagemaker-debugger-rules:latest"
@@ -19,8 +20,12 @@ def test_command_environment_and_hyperparameters() -> None:
     spec, unavailable, _ = job_spec_from_request(
         _request(Environment={"A": "1"}, HyperParameters={"learning-rate": "0.1"}, StoppingCondition={"MaxRuntimeInSeconds": 60})
     )
-    assert spec.command == ["python", "train.py", "--epochs", "2"] and spec.image == "img"
-    assert spec.environment["A"] == "1" and spec.environment["SM_HP_LEARNING_RATE"] == "0.1"
+    # Every SageMaker job runs through the container-contract runner, which gets the request's
+    # entry point, hyperparameters and channels as the contract (SM_HP_* are set job-side).
+    assert spec.command == ["python", "-m", "trainguard.services.sagemaker_container"] and spec.image == "img"
+    contract = JobContract.from_json(spec.environment[CONTRACT_ENV])
+    assert contract.command == ("python", "train.py", "--epochs", "2")
+    assert contract.hyperparameters == {"learning-rate": "0.1"} and spec.environment["A"] == "1"
     assert spec.stopping_condition.max_runtime_seconds == 60 and unavailable == []
 
 
