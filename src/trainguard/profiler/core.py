@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import weakref
 import os
 import queue
 import socket
@@ -28,10 +29,23 @@ from trainguard.profiler.output import ProfilerOutput, SystemMetricsWriter, open
 from trainguard.profiler.timeline import TimelineWriter
 from trainguard.storage.base import Store
 
-__all__ = ["MIN_INTERVAL_MS", "Profiler", "start_from_environment"]
+__all__ = ["DEFAULT_FLUSH_S", "MIN_INTERVAL_MS", "Profiler", "flush_running_profilers", "start_from_environment"]
 
 logger = logging.getLogger("trainguard")
 MIN_INTERVAL_MS = 100
+# How often the step timeline is closed into a file (and store files rewritten): live profiler
+# rules see a stall within this many seconds, so jobs of a minute or less are profiled live too.
+DEFAULT_FLUSH_S = 5.0
+
+# Started and not yet stopped: the hook flushes them before it writes the end-of-training marker,
+# so that a live rule runner, which stops reading at that marker, has seen every step timing.
+_running: weakref.WeakSet[Profiler] = weakref.WeakSet()
+
+
+def flush_running_profilers(*, training_ended: bool = False) -> None:
+    """Write out now whatever every running profiler of this process holds. Never raises."""
+    for profiler in list(_running):
+        profiler.flush(training_ended=training_ended)
 
 
 def _default_rank() -> int:
@@ -59,7 +73,8 @@ class Profiler:
         node_id: the node name in file names and records (default ``$SM_CURRENT_HOST``, then
             ``$TRAINGUARD_NODE_ID``, then the host name).
         rank: this process's rank (default ``$RANK``, else 0).
-        rotate_max_bytes / rotate_interval_s: when a framework timeline file is closed.
+        rotate_max_bytes / rotate_interval_s: when a framework timeline file is closed (every
+            ``DEFAULT_FLUSH_S`` seconds by default, and always before the hook's end marker).
         flush_interval_s: for store outputs, how often the current minute file is rewritten.
         store_options: passed to :func:`trainguard.storage.open_store` (e.g. ``endpoint_url``).
     """
@@ -74,8 +89,8 @@ class Profiler:
         node_id: str | None = None,
         rank: int | None = None,
         rotate_max_bytes: int = 10 * 1024 * 1024,
-        rotate_interval_s: float = 60.0,
-        flush_interval_s: float = 10.0,
+        rotate_interval_s: float = DEFAULT_FLUSH_S,
+        flush_interval_s: float = DEFAULT_FLUSH_S,
         **store_options: Any,
     ) -> None:
         try:
@@ -105,6 +120,8 @@ class Profiler:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        # file I/O happens on the background thread, and on the hook's thread in flush()
+        self._io_lock = threading.Lock()
         self.samples = 0
         self.thread_cpu_s = 0.0  # CPU seconds used by the background thread (set at stop)
 
@@ -131,6 +148,7 @@ class Profiler:
             self._thread = threading.Thread(target=self._run, name="trainguard-profiler", daemon=True)
             self._thread.start()
             atexit.register(self.stop)
+            _running.add(self)
         return self
 
     def _start_framework(self) -> Any:
@@ -160,6 +178,7 @@ class Profiler:
                 return
             self._stop.set()
         atexit.unregister(self.stop)
+        _running.discard(self)
         try:
             if self._framework is not None:
                 self._framework.close()
@@ -167,14 +186,31 @@ class Profiler:
             self._disable(error)
         thread.join(timeout=30)
         try:
-            self.timeline.rotate()
-            self._write_pending_files()
-            self._system_writer.close()
-            self.output.close()
+            with self._io_lock:
+                self.timeline.rotate()
+                self._write_pending_files()
+                self._system_writer.close()
+                self.output.close()
         except Exception as error:  # noqa: BLE001
             self._disable(error)
         if self._gpus is not None:
             self._gpus.close()
+
+    def flush(self, *, training_ended: bool = False) -> None:
+        """Close the current timeline file and make every file visible now (the run goes on
+        being profiled). ``training_ended``: the step in progress is the last one, record it
+        too. Call it from the training thread. Fails open: never raises."""
+        if not self.enabled:
+            return
+        try:
+            if training_ended and self._framework is not None:
+                self._framework.close_open_step()
+            with self._io_lock:
+                self.timeline.rotate()
+                self._write_pending_files()
+                self.output.flush(force=True)
+        except Exception as error:  # noqa: BLE001 - fail open
+            self._disable(error)
 
     def __enter__(self) -> Profiler:
         return self.start()
@@ -205,13 +241,14 @@ class Profiler:
 
     def _tick(self) -> None:
         now = time.time()
-        if self._host is not None:
-            metrics = self._host.sample(now) + self._gpus.sample()
-            self._system_writer.write_sample(now, metrics)
-            self.samples += 1
-        self.timeline.maybe_rotate(now)
-        self._write_pending_files()
-        self.output.flush()
+        with self._io_lock:
+            if self._host is not None:
+                metrics = self._host.sample(now) + self._gpus.sample()
+                self._system_writer.write_sample(now, metrics)
+                self.samples += 1
+            self.timeline.maybe_rotate(now)
+            self._write_pending_files()
+            self.output.flush()
 
     def _write_pending_files(self) -> None:
         while True:
@@ -235,8 +272,9 @@ def start_from_environment(environ: Any = None) -> Profiler | None:
     """Start a profiler if ``TRAINGUARD_PROFILER=1`` (what ``trainguard run`` sets for zero-code).
 
     Reads ``TRAINGUARD_OUT_DIR`` (the run directory; default ``./trainguard-runs/profiler``),
-    ``TRAINGUARD_PROFILER_INTERVAL_MS`` (default 500) and ``TRAINGUARD_PROFILER_FRAMEWORK``
-    (``0`` turns the PyTorch step timings off). Returns None when not asked for, or when the
+    ``TRAINGUARD_PROFILER_INTERVAL_MS`` (default 500), ``TRAINGUARD_PROFILER_FLUSH_S`` (how
+    often step timings become visible to live rules, default 5 s) and
+    ``TRAINGUARD_PROFILER_FRAMEWORK`` (``0`` turns the PyTorch step timings off). Returns None when not asked for, or when the
     configuration is bad (logged; the script runs unprofiled).
     """
     environ = os.environ if environ is None else environ
@@ -247,9 +285,18 @@ def start_from_environment(environ: Any = None) -> Profiler | None:
     if out_dir.startswith("s3://") and environ.get("S3_ENDPOINT_URL"):
         options["endpoint_url"] = environ["S3_ENDPOINT_URL"]
     try:
+        raw_flush = environ.get("TRAINGUARD_PROFILER_FLUSH_S") or DEFAULT_FLUSH_S
+        try:
+            flush_s = float(raw_flush)
+        except ValueError:
+            raise ConfigError(f"TRAINGUARD_PROFILER_FLUSH_S={raw_flush!r} is not a number of seconds") from None
+        if not flush_s > 0:
+            raise ConfigError(f"TRAINGUARD_PROFILER_FLUSH_S={raw_flush!r} must be positive")
         profiler = Profiler(
             out_dir,
             interval_ms=environ.get("TRAINGUARD_PROFILER_INTERVAL_MS") or 500,
+            rotate_interval_s=flush_s,
+            flush_interval_s=flush_s,
             framework=environ.get("TRAINGUARD_PROFILER_FRAMEWORK", "1") != "0",
             **options,
         )

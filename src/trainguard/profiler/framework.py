@@ -138,8 +138,7 @@ class TorchStepProfiler:
 
     def close(self) -> None:
         """Write the step still open, remove every hook and wrapper."""
-        if self.enabled and self._step is not None:
-            self._close_step()
+        self.close_open_step()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -147,6 +146,12 @@ class TorchStepProfiler:
             setattr(owner, name, original)
         self._originals.clear()
         self.enabled = False
+
+    @fail_open
+    def close_open_step(self) -> None:
+        """Record the step in progress now (training is over: no forward will close it)."""
+        if self.enabled and self._step is not None:
+            self._close_step()
 
     # -- data -------------------------------------------------------------------------------
     def _iter_wrapper(self, original: Any) -> Any:
