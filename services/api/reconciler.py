@@ -7,6 +7,14 @@ a final status themselves; when a job stops or fails, its rule runners are stopp
 
 Everything is read back from the database and the launcher on each tick, so a restarted API
 re-attaches to running jobs with no extra step.
+
+Supervision (nothing lost): an uploader that dies (killed, crashed) while its job is in progress
+is restarted through the launcher and resumes from its state file, up to a few times; one that
+cannot be restarted, or gave up on S3 itself, fails the job at once, while training still runs,
+with the uploader's last words (the files not on S3) as the reason. Once training has ended the
+uploader is told so (SIGTERM): it sends what is left, verifies S3 and writes the end marker, also
+when training captured nothing. Without an uploader (local launcher) the reconciler writes the
+end marker of a run that ended without one, so its rules end instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ import time
 from sqlalchemy import select
 from trainguard.services.api.db import ComponentRow, JobRow, RuleRow
 from trainguard.services.api.jobs import RULE_TERMINAL, JobService
-from trainguard.services.api.planner import RULE_ROLE_PREFIX, rule_role
+from trainguard.format.layout import END_OF_TRAINING
+from trainguard.services.api.planner import RULE_ROLE_PREFIX, job_dir, rule_role
 from trainguard.services.launchers.base import ComponentState, ComponentStatus
 from trainguard.services.sagemaker_container.contract import failure_reason_from_log
 
@@ -27,6 +36,14 @@ __all__ = ["Reconciler"]
 log = logging.getLogger("trainguard.reconciler")
 _ACTIVE = (ComponentState.RUNNING, ComponentState.PENDING)
 _RULE_STOP_GRACE = 10.0
+_UPLOADER_ROLE = "uploader"
+_UPLOADER_RESTARTS = 5  # per job; each resumes from the state file, so a restart costs no re-upload
+# Exit codes restarting cannot help: 1 = S3 kept failing past the uploader's own give-up time
+# (its message names the files not on S3), 2 = bad arguments.
+_UPLOADER_FINAL_CODES = (1, 2)
+# After training exits the uploader normally finds the end marker within a poll or two; past this,
+# it is told training is over (SIGTERM) so it finishes even when no end marker will ever come.
+_UPLOADER_FINISH_AFTER_S = 5.0
 
 
 class Reconciler:
@@ -35,6 +52,8 @@ class Reconciler:
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._uploader_restarts: dict[str, int] = {}  # job -> restarts so far (since this API started)
+        self._uploader_told: set[str] = set()  # jobs whose uploader was told training is over
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="trainguard-reconciler", daemon=True)
@@ -71,6 +90,7 @@ class Reconciler:
         service = self.service
         stop_rules: list[str] = []
         stop_all = False
+        finish_uploader = False
         with service.lock, service.sessions() as session:
             job = session.get(JobRow, name)
             if job is None or job.settled:
@@ -99,7 +119,11 @@ class Reconciler:
                         name, cause=f"MaxRuntimeInSeconds ({max_runtime}) exceeded", status="MaxRuntimeExceeded"
                     )
                     return
-                if training is None or training.state is ComponentState.MISSING:
+                uploader_failure = self._supervise_uploader(name, uploader)
+                if uploader_failure:
+                    service._finish(session, job, "Failed", "Failed", uploader_failure)
+                    stop_all = True
+                elif training is None or training.state is ComponentState.MISSING:
                     if now - job.creation_time > 30:
                         service._finish(
                             session,
@@ -119,12 +143,23 @@ class Reconciler:
                     job.exit_code = training.exit_code
                     if training.exit_code == 0:
                         service._transition(session, job, "Uploading", "Uploading generated training model")
-                        if uploader is None or uploader.state not in _ACTIVE:
+                        training_row = session.get(ComponentRow, (name, "training"))
+                        ended_for = now - training_row.updated if training_row is not None else 0.0
+                        if uploader is None:
+                            self._ensure_local_end_marker(name)
+                        elif uploader.state in _ACTIVE and ended_for > _UPLOADER_FINISH_AFTER_S:
+                            finish_uploader = name not in self._uploader_told
+                        if uploader is not None and uploader.state is ComponentState.EXITED and (
+                            uploader.exit_code not in (0, None)
+                        ):
+                            pass  # restarted above; the job goes on Uploading
+                        elif uploader is None or uploader.state not in _ACTIVE:
                             if uploader is not None and uploader.exit_code not in (0, None):
                                 reason = f"InternalServerError: the uploader exited with code {uploader.exit_code}"
                                 if uploader.reason:
                                     reason += f": {uploader.reason}"
-                                service._finish(session, job, "Failed", "Failed", reason)
+                                tail = self._log_tail(name, _UPLOADER_ROLE)
+                                service._finish(session, job, "Failed", "Failed", f"{reason}: {tail}" if tail else reason)
                             else:
                                 service._finish(session, job, "Completed", "Completed", "Training job completed")
                     else:
@@ -182,12 +217,58 @@ class Reconciler:
             elif job.status in ("Failed", "Stopped") and others_active:
                 stop_all = True
             session.commit()
+        if finish_uploader and not stop_all:
+            self._uploader_told.add(name)
+            log.info("training of %s ended: telling its uploader to finish (end marker last)", name)
+            threading.Thread(
+                target=service._launcher_stop,
+                args=(name, (_UPLOADER_ROLE,), service.settings.stop_grace_seconds),
+                daemon=True,
+            ).start()
         if stop_all:
             service._launcher_stop(name, None, service.settings.stop_grace_seconds)
         elif stop_rules:
             threading.Thread(
                 target=service._launcher_stop, args=(name, tuple(stop_rules), _RULE_STOP_GRACE), daemon=True
             ).start()
+
+    def _supervise_uploader(self, name: str, uploader: ComponentStatus | None) -> str:
+        """Restart a dead uploader; the job's failure reason when that cannot be done ("" otherwise)."""
+        if uploader is None or uploader.state is not ComponentState.EXITED or uploader.exit_code in (0, None):
+            return ""
+        what = f"exit code {uploader.exit_code}" + (f", {uploader.reason}" if uploader.reason else "")
+        tail = self._log_tail(name, _UPLOADER_ROLE)
+        said = f": {tail}" if tail else ""
+        if uploader.exit_code in _UPLOADER_FINAL_CODES:
+            return f"InternalServerError: the uploader failed ({what}){said}"[:1024]
+        restarts = self._uploader_restarts.get(name, 0)
+        if restarts >= _UPLOADER_RESTARTS:
+            return (
+                f"InternalServerError: the uploader died {restarts + 1} times (last: {what}) "
+                f"and is not restarted again; captured files may be missing from S3{said}"
+            )[:1024]
+        self._uploader_restarts[name] = restarts + 1
+        self._uploader_told.discard(name)  # a restarted uploader must be told again that training ended
+        log.warning("the uploader of %s died (%s): restarting it (restart %d)", name, what, restarts + 1)
+        try:
+            self.service.launcher.restart(name, _UPLOADER_ROLE)
+        except Exception as error:  # noqa: BLE001 - LauncherError or the engine's own errors
+            return f"InternalServerError: the uploader died ({what}) and could not be restarted: {error}"[:1024]
+        return ""
+
+    def _ensure_local_end_marker(self, name: str) -> None:
+        """A local run that ended without an end marker (nothing captured) gets one, so rules end."""
+        if self.service.launcher.name != "local":
+            return
+        marker = job_dir(self.service.settings, name) / "debug-output" / END_OF_TRAINING
+        if marker.exists():
+            return
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_bytes(b"")
+            log.info("training of %s ended without an end marker (nothing captured?): wrote %s", name, marker)
+        except OSError as error:
+            log.warning("could not write the end marker %s: %s", marker, error)
 
     def _rule_exited(self, session, job: JobRow, rule: RuleRow, component: ComponentStatus | None) -> None:  # noqa: ANN001
         service = self.service

@@ -76,6 +76,11 @@ class Launcher(Protocol):
     def stop(self, job_name: str, roles: tuple[str, ...] | None = None, grace_seconds: float = 120.0) -> None:
         """SIGTERM the components (all, or ``roles``), SIGKILL those still alive after the grace."""
 
+    def restart(self, job_name: str, role: str) -> None:
+        """Start an exited component again, as it was first started (same command, environment,
+        volumes, files): how a dead uploader is supervised. No-op while it runs; raises
+        LauncherError when the back-end has no such component or cannot start it."""
+
     def logs(self, job_name: str, role: str = "training", tail: int | None = None) -> str:
         """The component's combined stdout/stderr so far."""
 

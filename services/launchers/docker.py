@@ -170,6 +170,22 @@ class DockerLauncher:
         if errors:
             raise LauncherError(f"could not stop job {job_name!r}: " + "; ".join(errors))
 
+    def restart(self, job_name: str, role: str) -> None:
+        """Start the role's exited container again: same config, volumes and writable layer."""
+        import docker.errors
+
+        for container in self._containers(job_name):
+            if self._role(container) != role:
+                continue
+            if container.attrs.get("State", {}).get("Status") in _RUNNING_STATES:
+                return
+            try:
+                container.start()
+            except docker.errors.APIError as error:
+                raise LauncherError(f"could not restart {container.name}: {error.explanation}") from error
+            return
+        raise LauncherError(f"job {job_name!r} has no {role!r} container to restart")
+
     def logs(self, job_name: str, role: str = "training", tail: int | None = None) -> str:
         for container in self._containers(job_name):
             if self._role(container) == role:

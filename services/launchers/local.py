@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from trainguard.services.launchers.base import ComponentSpec, ComponentState, ComponentStatus, JobLaunch, LauncherError
@@ -164,27 +165,48 @@ class LocalLauncher:
             "started_at": time.time(),
         }
         (directory / "spec.json").write_text(json.dumps(spec, indent=2))
-        environment = {**os.environ, **component.environment}
-        working_dir = component.working_dir or None
+        self._spawn(directory, component.role, component.command, component.environment, component.working_dir)
+
+    def _spawn(
+        self, directory: Path, role: str, command: Sequence[str], environment: Mapping[str, str], working_dir: str | None
+    ) -> None:
+        full_environment = {**os.environ, **environment}
+        working_dir = working_dir or None
         if working_dir:
             Path(working_dir).mkdir(parents=True, exist_ok=True)
         with open(directory / "output.log", "ab") as log:
             try:
                 child = subprocess.Popen(
-                    [self.python, "-c", _WRAPPER, str(directory), *component.command],
+                    [self.python, "-c", _WRAPPER, str(directory), *command],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=environment,
+                    env=full_environment,
                     cwd=working_dir,
                     start_new_session=True,  # own process group: stop() signals the whole tree
                 )
             except OSError as error:
-                raise LauncherError(f"cannot start {component.role}: {error}") from error
+                raise LauncherError(f"cannot start {role}: {error}") from error
         start_time = _process_start_time(child.pid)
         (directory / "pid").write_text(f"{child.pid}\n{start_time or ''}\n")
         with self._lock:
             self._children[child.pid] = child
+
+    def restart(self, job_name: str, role: str) -> None:
+        """Run an exited component's recorded spec again in the same directory (its log goes on)."""
+        directory = self._component_dirs(job_name).get(role)
+        if directory is None:
+            raise LauncherError(f"job {job_name!r} has no component {role!r} to restart")
+        if self._component_status(role, directory).state is ComponentState.RUNNING:
+            return
+        spec = json.loads((directory / "spec.json").read_text())
+        for name in ("exit_code", "kill_at", "reason", "pid"):
+            (directory / name).unlink(missing_ok=True)
+        restarts = int(self._read_text(directory / "restarts") or 0) + 1
+        (directory / "restarts").write_text(f"{restarts}\n")
+        with open(directory / "output.log", "ab") as log:
+            log.write(f"trainguard launcher: restarting {role} (restart {restarts})\n".encode())
+        self._spawn(directory, role, spec["command"], spec.get("environment") or {}, spec.get("working_dir"))
 
     def status(self, job_name: str) -> dict[str, ComponentStatus]:
         self._reap()

@@ -1,0 +1,104 @@
+"""Real faults for the reliability suite and bench/chaos.py: an S3 endpoint (moto server) that can be
+killed and restarted empty on the same port, and helpers that compare a run directory with S3.
+
+Nothing here mocks a component: the S3 server is moto's HTTP server in its own process, and a
+"restart empty" is what an S3 endpoint without persistence does when it restarts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.s3_server import DUMMY_CREDENTIALS, free_port
+
+__all__ = ["RestartableS3", "local_run_files", "s3_run_files", "uploader_command"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RestartableS3:
+    """A moto server on a fixed port: :meth:`restart_empty` kills it (SIGKILL) and starts a fresh one."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        environment = {**os.environ, **DUMMY_CREDENTIALS, "NO_PROXY": "127.0.0.1,localhost"}
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=log, stderr=subprocess.STDOUT, env=environment,
+            )  # fmt: skip
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"moto server exited with {self.process.returncode}")
+            try:
+                with opener.open(f"{self.endpoint}/moto-api/data.json", timeout=1):
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not answer on {self.endpoint}") from None
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+
+    def restart_empty(self, down_s: float = 0.0) -> None:
+        self.kill()
+        time.sleep(down_s)
+        self.start()
+
+    def client(self):  # noqa: ANN201 - a botocore S3 client
+        import boto3
+        from botocore.config import Config
+
+        return boto3.session.Session(
+            aws_access_key_id=DUMMY_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=DUMMY_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name=DUMMY_CREDENTIALS["AWS_DEFAULT_REGION"],
+        ).client("s3", endpoint_url=self.endpoint, config=Config(retries={"max_attempts": 1}))
+
+
+def local_run_files(root: Path) -> dict[str, int]:
+    """What a run directory holds (hidden temp/state files aside): key -> size."""
+    return {
+        p.relative_to(root).as_posix(): p.stat().st_size
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    }
+
+
+def s3_run_files(client, bucket: str, prefix: str) -> dict[str, int]:  # noqa: ANN001
+    """What S3 holds under ``prefix``: key relative to it -> size ({} when the bucket is gone)."""
+    import botocore.exceptions
+
+    found: dict[str, int] = {}
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+            for entry in page.get("Contents", []):
+                found[entry["Key"][len(prefix) + 1 :]] = entry["Size"]
+    except (botocore.exceptions.ClientError, botocore.exceptions.EndpointConnectionError):
+        return {}
+    return found
+
+
+def uploader_command(source: Path, dest: str, endpoint: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "trainguard.services.uploader", "--source", str(source), "--dest", dest,
+        "--endpoint-url", endpoint, "--poll-interval", "0.1", "--verify-interval", "0.5", *extra,
+    ]  # fmt: skip

@@ -1,0 +1,87 @@
+"""The uploader under S3 faults: an endpoint restarted empty mid-run, an endpoint gone for good, and
+a run that captured nothing. A real PyTorch training run writes while a real uploader process
+follows it into a real (moto) S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.polling import wait_for
+from tests.reliability.faults import REPO, RestartableS3, local_run_files, s3_run_files, uploader_command
+from tests.s3_server import DUMMY_CREDENTIALS
+from trainguard.format.layout import END_OF_TRAINING
+
+TRAIN = REPO / "tests" / "uploader" / "_train.py"
+
+
+@pytest.fixture
+def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    for name, value in DUMMY_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    server = RestartableS3(tmp_path / "moto.log")
+    server.start()
+    yield server
+    server.kill()
+
+
+def _uploader(source: Path, dest: str, endpoint: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        uploader_command(source, dest, endpoint, *extra), cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def test_endpoint_restarted_empty_mid_run_loses_nothing(s3: RestartableS3, tmp_path: Path) -> None:
+    s3.client().create_bucket(Bucket="runs")
+    run = tmp_path / "run"
+    training = subprocess.Popen([sys.executable, str(TRAIN), str(run), "--steps", "60", "--step-sleep", "0.08"], cwd=REPO)
+    uploader = _uploader(run, "s3://runs/job/debug-output", s3.endpoint)
+    try:
+        wait_for(lambda: len(s3_run_files(s3.client(), "runs", "job/debug-output")) >= 15, 60, "15 files on S3")
+        s3.restart_empty(down_s=0.5)  # everything sent so far is gone, the bucket with it
+        assert s3_run_files(s3.client(), "runs", "job/debug-output") == {}
+        assert training.wait(timeout=120) == 0
+        out, err = uploader.communicate(timeout=120)
+    finally:
+        training.kill()
+        uploader.kill()
+    assert uploader.returncode == 0, err[-2000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    local = local_run_files(run)
+    on_s3 = s3_run_files(s3.client(), "runs", "job/debug-output")
+    assert len(local) > 30 and END_OF_TRAINING in local
+    assert on_s3 == local, f"missing on S3: {sorted(set(local) - set(on_s3))}"
+    assert summary["resent"] >= 15  # what the restart wiped was found missing and sent again
+
+
+def test_run_that_captured_nothing_still_gets_its_end_marker(s3: RestartableS3, tmp_path: Path) -> None:
+    """Training wrote nothing (no hook); when told training is over (SIGTERM) the uploader ends the run."""
+    s3.client().create_bucket(Bucket="runs")
+    uploader = _uploader(tmp_path / "never-created", "s3://runs/empty/debug-output", s3.endpoint, "--drain", "0.5")
+    time.sleep(1.5)
+    assert uploader.poll() is None  # nothing captured, no end marker: it keeps following
+    uploader.send_signal(signal.SIGTERM)
+    out, err = uploader.communicate(timeout=60)
+    assert uploader.returncode == 0, err[-2000:]
+    assert s3_run_files(s3.client(), "runs", "empty/debug-output") == {END_OF_TRAINING: 0}
+
+
+def test_endpoint_gone_for_good_fails_naming_the_missing_files(s3: RestartableS3, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert subprocess.run([sys.executable, str(TRAIN), str(run), "--steps", "3", "--step-sleep", "0"], cwd=REPO).returncode == 0
+    s3.kill()
+    uploader = _uploader(run, "s3://runs/lost/debug-output", s3.endpoint, "--give-up-after", "2")
+    out, err = uploader.communicate(timeout=120)
+    assert uploader.returncode == 1
+    last = err.strip().splitlines()[-1]
+    assert "not on S3" in last and "events/" in last, last
+    assert json.loads(out.strip().splitlines()[-1])["uploader"] == "failed"
