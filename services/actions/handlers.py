@@ -6,6 +6,7 @@ import json
 import smtplib
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from email.message import EmailMessage
@@ -13,7 +14,9 @@ from typing import Any
 
 from trainguard.services.actions.context import ActionContext
 
-__all__ = ["email", "sms", "sns_publish", "stop_training", "webhook"]
+__all__ = ["check_webhook_url", "email", "sms", "sns_publish", "stop_training", "webhook"]
+
+WEBHOOK_SCHEMES = ("http", "https")
 
 SNS_TOPIC = "SMDebugRules"  # SageMaker's topic name, so existing subscriptions keep working
 
@@ -58,13 +61,46 @@ def stop_training(event: Mapping[str, Any], action: Mapping[str, Any], context: 
     return f"stop requested for {target}"
 
 
+def check_webhook_url(url: str) -> str:
+    """The URL if it is http(s) with a host; ValueError otherwise (file://, ftp://, data:, ... never)."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme.lower() not in WEBHOOK_SCHEMES or not parsed.hostname:
+        raise ValueError(f"webhook url {url[:200]!r}: only http:// or https:// URLs with a host are allowed")
+    if any(ch in url for ch in "\r\n\x00 "):
+        raise ValueError("webhook url: must not contain spaces, line breaks or NUL bytes")
+    return url
+
+
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow redirects to http(s) only (urllib's default also follows ftp://)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 - urllib's signature
+        check_webhook_url(newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _http_opener() -> urllib.request.OpenerDirector:
+    """An opener that speaks HTTP(S) only: no file://, ftp:// or data: handler, no proxy from the environment."""
+    opener = urllib.request.OpenerDirector()
+    for handler in (
+        urllib.request.ProxyHandler({}),
+        urllib.request.HTTPHandler(),
+        urllib.request.HTTPSHandler(),
+        urllib.request.HTTPDefaultErrorHandler(),
+        _HttpOnlyRedirects(),
+        urllib.request.HTTPErrorProcessor(),
+    ):
+        opener.add_handler(handler)
+    return opener
+
+
 def webhook(event: Mapping[str, Any], action: Mapping[str, Any], context: ActionContext) -> str:
     """POST the event as JSON; retried with backoff on connection errors and 5xx/429 answers."""
-    url = str(action["url"])
+    url = check_webhook_url(str(action["url"]))
     attempts = max(1, int(action.get("retries", 3)) + 1)
     headers = {"Content-Type": "application/json", **{str(k): str(v) for k, v in (action.get("headers") or {}).items()}}
     body = json.dumps(event).encode()
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    opener = _http_opener()
     last_error = ""
     for attempt in range(attempts):
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from trainguard.services.api.settings import ENVIRONMENT, Settings
+from trainguard.services.api.settings import ENVIRONMENT, Settings, secure_state
 from trainguard.errors import ConfigError
 
 
@@ -32,6 +32,7 @@ def run_api(environ: Mapping[str, str], log_level: str = "info") -> int:
     except ConfigError as error:
         print(f"trainguard api: {error}", file=sys.stderr)
         return 2
+    secure_state(settings)  # data dir 0700, database 0600, umask 077 for everything created later
     import uvicorn
 
     from trainguard.services.api.app import create_app

@@ -1,26 +1,62 @@
-"""Token authentication.
+"""Authentication of the control API.
 
 * Native REST: ``Authorization: Bearer <TRAINGUARD_API_TOKEN>``.
 * Rule-runner reports: the API token or the job's own runner token (handed to its runners only).
-* SageMaker endpoint: boto3 signs with SigV4. The signature is NOT verified; the access key id in
-  the ``Credential=`` part must be the API token or one of TRAINGUARD_SAGEMAKER_ACCESS_KEYS
-  (``AWS_ACCESS_KEY_ID=$TRAINGUARD_API_TOKEN`` on the client side, any secret key). With
-  TRAINGUARD_SAGEMAKER_ALLOW_ANY_SIGNATURE=1 any signed request is accepted (local use only).
-  Run the API behind TLS whenever the network is not trusted: tokens travel in headers.
+* SageMaker endpoint (``POST /``): AWS Signature Version 4, verified. The server recomputes the
+  signature with the secret of the access key id named in ``Credential=`` (pairs configured in
+  TRAINGUARD_SAGEMAKER_ACCESS_KEYS / _FILE, see :mod:`trainguard.services.api.access_keys`) over the
+  canonical request, including the SHA-256 of the body, and refuses: an unknown key id, a wrong
+  signature, a date more than 15 minutes off the server's clock (AWS's window), a scope for another
+  region or service, or a signature that does not cover ``host``, ``x-amz-date`` and
+  ``x-amz-target`` (the operation). As on AWS, the same signed request may be replayed within the
+  window; changing any signed part of it (body, operation, host) breaks the signature.
+  ``Authorization: Bearer <TRAINGUARD_API_TOKEN>`` is accepted there too (the master credential).
+  An access key id is never a bearer token: it travels in clear in every request.
+
+Run the API behind TLS whenever the network is not trusted: the bearer token travels in a header.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import hmac
 import re
+from collections.abc import Iterable
+from urllib.parse import quote, unquote
 
 from fastapi import HTTPException, Request, status
 
 from trainguard.services.api.settings import Settings
 
-__all__ = ["bearer_token", "check_bearer", "sagemaker_access_key", "sagemaker_allowed"]
+__all__ = [
+    "MAX_CLOCK_SKEW",
+    "SigV4Error",
+    "bearer_token",
+    "check_bearer",
+    "sagemaker_access_key",
+    "sagemaker_precheck",
+    "verify_sagemaker_request",
+    "verify_sigv4",
+]
 
+MAX_CLOCK_SKEW = dt.timedelta(minutes=15)  # AWS refuses requests whose X-Amz-Date is further off
+SERVICE = "sagemaker"
+ALGORITHM = "AWS4-HMAC-SHA256"
+_REQUIRED_SIGNED = ("host", "x-amz-date", "x-amz-target")
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
+_AUTH_FIELD = re.compile(r"(Credential|SignedHeaders|Signature)=([^,\s]*)")
+_AMZ_DATE = "%Y%m%dT%H%M%SZ"
+_UNSIGNED = "UNSIGNED-PAYLOAD"
+
+
+class SigV4Error(Exception):
+    """A SageMaker request whose signature does not hold. ``code`` is AWS's error code for it."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 def bearer_token(request: Request) -> str:
@@ -49,12 +85,166 @@ def sagemaker_access_key(request: Request) -> str:
     return match.group(1) if match else ""
 
 
-def sagemaker_allowed(request: Request, settings: Settings) -> bool:
+# -- SigV4 ---------------------------------------------------------------------------------------
+def _hmac(key: bytes, message: str) -> bytes:
+    return hmac.new(key, message.encode("utf-8"), hashlib.sha256).digest()
+
+
+def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
+    key = _hmac(f"AWS4{secret}".encode(), date)
+    key = _hmac(key, region)
+    key = _hmac(key, service)
+    return _hmac(key, "aws4_request")
+
+
+def _canonical_uri(raw_path: str) -> str:
+    # Clients encode each path segment once (botocore: quote(normalized path, safe='/~')).
+    return quote(unquote(raw_path) or "/", safe="/~")
+
+
+def _canonical_query(raw_query: str) -> str:
+    pairs = []
+    for pair in raw_query.split("&") if raw_query else []:
+        key, _, value = pair.partition("=")
+        pairs.append((quote(unquote(key), safe="-_.~"), quote(unquote(value), safe="-_.~")))
+    return "&".join(f"{k}={v}" for k, v in sorted(pairs))
+
+
+def canonical_request(
+    method: str, raw_path: str, raw_query: str, headers: Iterable[tuple[str, str]], signed: list[str], payload_hash: str
+) -> str:
+    values: dict[str, list[str]] = {}
+    for name, value in headers:
+        values.setdefault(name.lower(), []).append(" ".join(value.split()))
+    lines = [f"{name}:{','.join(values[name])}" for name in signed]
+    return "\n".join(
+        [method.upper(), _canonical_uri(raw_path), _canonical_query(raw_query), "\n".join(lines) + "\n",
+         ";".join(signed), payload_hash]  # fmt: skip
+    )
+
+
+def _parse_authorization(header: str) -> tuple[list[str], list[str], str]:
+    algorithm, _, rest = header.strip().partition(" ")
+    if algorithm != ALGORITHM:
+        raise SigV4Error("IncompleteSignatureException", f"Authorization must use {ALGORITHM} (AWS Signature Version 4)")
+    fields = dict(_AUTH_FIELD.findall(rest))
+    missing = [name for name in ("Credential", "SignedHeaders", "Signature") if not fields.get(name)]
+    if missing:
+        raise SigV4Error("IncompleteSignatureException", f"Authorization header lacks {', '.join(missing)}")
+    scope = fields["Credential"].split("/")
+    signed = fields["SignedHeaders"].split(";")
+    if len(scope) != 5 or scope[4] != "aws4_request":
+        raise SigV4Error("IncompleteSignatureException", "Credential must be AKID/yyyymmdd/region/service/aws4_request")
+    if signed != sorted(set(signed)) or any(not name or name != name.lower() for name in signed):
+        raise SigV4Error("IncompleteSignatureException", "SignedHeaders must be lowercase, sorted and unique")
+    if not re.fullmatch(r"[0-9a-f]{64}", fields["Signature"]):
+        raise SigV4Error("IncompleteSignatureException", "Signature must be 64 lowercase hex digits")
+    return scope, signed, fields["Signature"]
+
+
+def verify_sigv4(
+    *,
+    method: str,
+    raw_path: str,
+    raw_query: str,
+    headers: list[tuple[str, str]],
+    body: bytes | None,
+    settings: Settings,
+    now: dt.datetime | None = None,
+) -> str:
+    """Check a SigV4-signed request; returns the access key's name, raises :class:`SigV4Error`.
+
+    ``body=None`` checks everything that does not need the body (key, scope, date, signed headers)
+    so a request can be refused before its body is read; the signature itself needs the body.
+    """
+    header_map: dict[str, str] = {}
+    for name, value in headers:
+        header_map.setdefault(name.lower(), value)
+    scope, signed, signature = _parse_authorization(header_map.get("authorization", ""))
+    key_id, date, region, service = scope[:4]
+    key = settings.sagemaker_keys.lookup(key_id)
+    if key is None:
+        raise SigV4Error("UnrecognizedClientException", "The security token included in the request is invalid.")
+    if service != SERVICE:
+        raise SigV4Error("InvalidSignatureException", f"Credential should be scoped to correct service: '{SERVICE}'.")
+    if region != settings.region:
+        raise SigV4Error(
+            "InvalidSignatureException", f"Credential should be scoped to a valid region, not '{region}'. "
+            f"This endpoint serves '{settings.region}'."
+        )
+    not_signed = [name for name in _REQUIRED_SIGNED if name not in signed]
+    if not_signed:
+        raise SigV4Error("IncompleteSignatureException", f"SignedHeaders must include {', '.join(not_signed)}")
+    absent = [name for name in signed if name not in header_map]
+    if absent:
+        raise SigV4Error("IncompleteSignatureException", f"signed header(s) {', '.join(absent)} missing from the request")
+    amz_date = header_map["x-amz-date"]
+    try:
+        when = dt.datetime.strptime(amz_date, _AMZ_DATE).replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        raise SigV4Error("IncompleteSignatureException", f"X-Amz-Date {amz_date!r} is not yyyymmddThhmmssZ") from None
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if abs(now - when) > MAX_CLOCK_SKEW:
+        raise SigV4Error(
+            "InvalidSignatureException",
+            f"Signature expired: {amz_date} is now earlier than or later than {now.strftime(_AMZ_DATE)} "
+            "by more than 15 minutes.",
+        )
+    if date != amz_date[:8]:
+        raise SigV4Error("InvalidSignatureException", "the Credential date does not match X-Amz-Date")
+    if body is None:
+        return key.name
+    body_hash = hashlib.sha256(body).hexdigest()
+    claimed = header_map.get("x-amz-content-sha256")
+    if claimed is not None and claimed != body_hash:
+        # UNSIGNED-PAYLOAD included: an unsigned body could be swapped by anyone replaying the request.
+        raise SigV4Error("InvalidSignatureException", "X-Amz-Content-SHA256 does not match the body (signed payload required)")
+    string_to_sign = "\n".join(
+        [ALGORITHM, amz_date, "/".join(scope[1:]),
+         hashlib.sha256(canonical_request(method, raw_path, raw_query, headers, signed, body_hash).encode()).hexdigest()]
+    )  # fmt: skip
+    expected = hmac.new(signing_key(key.secret, date, region, service), string_to_sign.encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, signature):
+        raise SigV4Error(
+            "InvalidSignatureException",
+            "The request signature we calculated does not match the signature you provided. "
+            "Check your AWS Secret Access Key and signing method.",
+        )
+    return key.name
+
+
+def _request_parts(request: Request) -> dict:
+    scope = request.scope
+    raw_path = scope.get("raw_path")
+    return {
+        "method": request.method,
+        "raw_path": raw_path.decode("latin-1") if raw_path else scope.get("path", "/"),
+        "raw_query": (scope.get("query_string") or b"").decode("latin-1"),
+        "headers": [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])],
+        "settings": request.app.state.settings,
+    }
+
+
+def sagemaker_precheck(request: Request) -> bool:
+    """True for the master bearer token; else checks what SigV4 allows before the body (raises SigV4Error).
+
+    Returns False when a SigV4 signature must still be verified over the body with
+    :func:`verify_sagemaker_request`.
+    """
+    settings: Settings = request.app.state.settings
     if _equal(bearer_token(request), settings.api_token):
         return True
-    key = sagemaker_access_key(request)
-    if not key:
-        return False
-    if settings.sagemaker_allow_any_signature:
-        return True
-    return _equal(key, settings.api_token) or any(_equal(key, allowed) for allowed in settings.sagemaker_access_keys)
+    if not request.headers.get("authorization"):
+        raise SigV4Error("MissingAuthenticationTokenException", "Missing Authentication Token: sign the request with SigV4")
+    verify_sigv4(body=None, **_request_parts(request))
+    return False
+
+
+def verify_sagemaker_request(request: Request, body: bytes) -> str:
+    """The full check of a SageMaker request over its body; returns who signed it, raises SigV4Error."""
+    settings: Settings = request.app.state.settings
+    if _equal(bearer_token(request), settings.api_token):
+        return "api-token"
+    if not request.headers.get("authorization"):
+        raise SigV4Error("MissingAuthenticationTokenException", "Missing Authentication Token: sign the request with SigV4")
+    return verify_sigv4(body=body, **_request_parts(request))

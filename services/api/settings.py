@@ -11,10 +11,18 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from trainguard.errors import ConfigError
+from trainguard.services.api.access_keys import AccessKeyStore
 
-__all__ = ["ENVIRONMENT", "Settings"]
+__all__ = ["ENVIRONMENT", "Settings", "secure_state"]
+
+# Removed: it let any invented key id in. Refusing to start says so louder than ignoring it would.
+_REMOVED = {
+    "TRAINGUARD_SAGEMAKER_ALLOW_ANY_SIGNATURE": "it was removed: SageMaker requests are SigV4-verified against "
+    "TRAINGUARD_SAGEMAKER_ACCESS_KEYS (AKID:SECRET pairs); configure a key pair and unset it",
+}
 
 ENVIRONMENT: dict[str, str] = {
     "TRAINGUARD_API_TOKEN": "required: the bearer token every request (but GET /health) must carry",
@@ -27,8 +35,10 @@ ENVIRONMENT: dict[str, str] = {
     "TRAINGUARD_STOP_GRACE_SECONDS": "SIGTERM-to-SIGKILL grace of a stop (default 120, as SageMaker)",
     "TRAINGUARD_RECONCILE_INTERVAL": "seconds between launcher polls (default 1.0)",
     "TRAINGUARD_RULE_FINISH_TIMEOUT": "seconds rule runners may run on after training ended (default 600)",
-    "TRAINGUARD_SAGEMAKER_ACCESS_KEYS": "comma-separated AWS access key ids accepted on the SageMaker endpoint",
-    "TRAINGUARD_SAGEMAKER_ALLOW_ANY_SIGNATURE": "1 = accept any SigV4-signed SageMaker request (local use only)",
+    "TRAINGUARD_SAGEMAKER_ACCESS_KEYS": "SageMaker endpoint credentials, '[name=]AKID:SECRET,...' (SigV4-verified)",
+    "TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE": "file of '[name=]AKID:SECRET' lines (mode 0600; re-read when it changes)",
+    "TRAINGUARD_RULE_MODULES": "comma-separated modules whose 'module:Class' rules may be imported (default: none)",
+    "TRAINGUARD_SOURCE_ROOTS": "comma-separated directories a rule's local source_uri may point into (default: none)",
     "TRAINGUARD_ACCOUNT_ID": "12-digit account id used in ARNs (default 000000000000)",
     "AWS_REGION": "region used in ARNs, SNS and CloudWatch (default us-east-1)",
     "TRAINGUARD_S3_OUTPUT": "default DebugHookConfig.S3OutputPath for the docker launcher (s3://bucket/prefix)",
@@ -97,8 +107,9 @@ class Settings:
     stop_grace_seconds: float = 120.0
     reconcile_interval: float = 1.0
     rule_finish_timeout: float = 600.0
-    sagemaker_access_keys: frozenset[str] = frozenset()
-    sagemaker_allow_any_signature: bool = False
+    sagemaker_keys: AccessKeyStore = field(default_factory=AccessKeyStore)
+    rule_modules: tuple[str, ...] = ()
+    source_roots: tuple[Path, ...] = ()
     account_id: str = "000000000000"
     region: str = "us-east-1"
     s3_output: str = ""
@@ -136,14 +147,22 @@ class Settings:
             port = int(port_text)
         except ValueError:
             raise ConfigError(f"TRAINGUARD_PORT={port_text!r} is not a port number") from None
-        keys = frozenset(
-            k.strip() for k in (environ.get("TRAINGUARD_SAGEMAKER_ACCESS_KEYS") or "").split(",") if k.strip()
+        for name, why in _REMOVED.items():
+            if environ.get(name):
+                raise ConfigError(f"{name} is set, but {why}")
+        keys = AccessKeyStore.from_environ(environ, token.strip())
+        rule_modules = tuple(m.strip() for m in (environ.get("TRAINGUARD_RULE_MODULES") or "").split(",") if m.strip())
+        source_roots = tuple(
+            Path(r.strip()).resolve() for r in (environ.get("TRAINGUARD_SOURCE_ROOTS") or "").split(",") if r.strip()
         )
         smtp = {
             key: environ[f"TRAINGUARD_SMTP_{key.upper()}"]
             for key in ("host", "port", "from", "user", "password", "starttls")
             if environ.get(f"TRAINGUARD_SMTP_{key.upper()}")
         }
+        event_webhook_url = environ.get("TRAINGUARD_EVENT_WEBHOOK_URL", "")
+        if event_webhook_url and urlsplit(event_webhook_url).scheme.lower() not in ("http", "https"):
+            raise ConfigError(f"TRAINGUARD_EVENT_WEBHOOK_URL={event_webhook_url!r}: only http(s) URLs are allowed")
         return cls(
             api_token=token.strip(),
             database_url=database_url,
@@ -155,8 +174,9 @@ class Settings:
             stop_grace_seconds=_float(environ, "TRAINGUARD_STOP_GRACE_SECONDS", 120.0),
             reconcile_interval=max(0.05, _float(environ, "TRAINGUARD_RECONCILE_INTERVAL", 1.0)),
             rule_finish_timeout=_float(environ, "TRAINGUARD_RULE_FINISH_TIMEOUT", 600.0),
-            sagemaker_access_keys=keys,
-            sagemaker_allow_any_signature=environ.get("TRAINGUARD_SAGEMAKER_ALLOW_ANY_SIGNATURE") == "1",
+            sagemaker_keys=keys,
+            rule_modules=rule_modules,
+            source_roots=source_roots,
             account_id=environ.get("TRAINGUARD_ACCOUNT_ID") or "000000000000",
             region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or "us-east-1",
             s3_output=environ.get("TRAINGUARD_S3_OUTPUT", ""),
@@ -170,5 +190,22 @@ class Settings:
             docker_network=environ.get("TRAINGUARD_DOCKER_NETWORK", ""),
             smtp=smtp,
             sns_endpoint_url=environ.get("TRAINGUARD_SNS_ENDPOINT_URL", ""),
-            event_webhook_url=environ.get("TRAINGUARD_EVENT_WEBHOOK_URL", ""),
+            event_webhook_url=event_webhook_url,
         )
+
+
+def secure_state(settings: Settings) -> None:
+    """Make the API's state private to its user: data dir 0700, SQLite files 0600, umask 077.
+
+    The database holds runner tokens and jobs' environments; the data dir holds jobs' files. The
+    umask makes every file the API creates afterwards private too (job dirs, the database's journal).
+    """
+    os.umask(0o077)
+    settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(settings.data_dir, 0o700)
+    prefix = "sqlite:///"
+    if settings.database_url.startswith(prefix):
+        database = Path(settings.database_url[len(prefix):])
+        for path in (database, *database.parent.glob(database.name + "-*")):  # -journal, -wal, -shm
+            if path.is_file():
+                os.chmod(path, 0o600)

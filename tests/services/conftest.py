@@ -27,6 +27,9 @@ from tests.s3_server import DUMMY_CREDENTIALS, free_port, s3_endpoint  # noqa: F
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-token-0123456789abcdef"
+# The SageMaker endpoint's SigV4 credentials: a key pair of its own, never the API token.
+SAGEMAKER_KEY_ID = "AKIDTRAINGUARDTEST01"
+SAGEMAKER_SECRET = "test-secret-for-sigv4-0123456789"
 
 for _module in ("fastapi", "uvicorn", "sqlalchemy"):
     if importlib.util.find_spec(_module) is None:
@@ -47,6 +50,8 @@ class ApiServer:
             **DUMMY_CREDENTIALS,
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             "TRAINGUARD_API_TOKEN": TOKEN,
+            "TRAINGUARD_SAGEMAKER_ACCESS_KEYS": f"tests={SAGEMAKER_KEY_ID}:{SAGEMAKER_SECRET}",
+            "TRAINGUARD_RULE_MODULES": "tests.services.rules_for_tests",  # the custom rules the tests use
             "TRAINGUARD_DATA_DIR": str(data_dir),
             "TRAINGUARD_LAUNCHER": "local",
             "TRAINGUARD_PORT": str(self.port),
@@ -119,7 +124,7 @@ class ApiServer:
         import boto3
 
         session = boto3.session.Session(
-            aws_access_key_id=self.token, aws_secret_access_key="unused-not-verified", region_name=region
+            aws_access_key_id=SAGEMAKER_KEY_ID, aws_secret_access_key=SAGEMAKER_SECRET, region_name=region
         )
         return session.client("sagemaker", endpoint_url=self.url)
 
