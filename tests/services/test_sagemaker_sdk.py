@@ -1,0 +1,112 @@
+"""The real SageMaker Python SDK (2.257) against trainguard's SageMaker endpoint, job unchanged.
+
+A user's ``PyTorch(entry_point=..., source_dir=..., rules=[...]).fit({"train": "s3://..."})``
+with only the endpoints pointed at trainguard (AWS_ENDPOINT_URL_SAGEMAKER/_S3, read by botocore).
+The SDK uploads the source to S3 (moto server), sends CreateTrainingJob with an AWS PyTorch
+image URI, and reads back the status, model artifacts, rule summary and debugger artifacts
+path. The job runs for real on the local launcher under SageMaker's container contract.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.s3_server import s3_bucket, s3_client  # noqa: F401  (fixtures by name)
+from tests.services.conftest import SAGEMAKER_KEY_ID, SAGEMAKER_SECRET
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).resolve().parent / "sdk_scripts" / "pytorch_estimator.py"
+
+TRAIN_PY = textwrap.dedent(
+    """
+    import argparse, os
+    import torch
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=0.1)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    rows = [list(map(float, line.split(","))) for line in
+            open(os.path.join(os.environ["SM_CHANNEL_TRAIN"], "data.csv")).read().split()]
+    data = torch.tensor(rows)
+    x, y = data[:, :2], data[:, 2:]
+    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    for epoch in range(args.epochs):
+        for start in range(0, len(x), 8):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x[start:start + 8]), y[start:start + 8])
+            loss.backward()
+            optimizer.step()
+        print(f"epoch={epoch} loss={loss.item():.6f}", flush=True)
+    torch.save(model.state_dict(), os.path.join(os.environ["SM_MODEL_DIR"], "model.pt"))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def sdk_python() -> Path:
+    from tests.services.sdk_env import ensure_sdk_venv
+
+    try:
+        return ensure_sdk_venv()
+    except (RuntimeError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"the SageMaker SDK venv cannot be built here: {error}")
+
+
+def _run_sdk(sdk_python: Path, settings: dict) -> dict:
+    result = subprocess.run(
+        [str(sdk_python), str(SCRIPT), json.dumps(settings)], capture_output=True, text=True, timeout=600
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("SDK-RESULT ")]
+    assert lines, f"the SDK script failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return json.loads(lines[-1].removeprefix("SDK-RESULT "))
+
+
+def _source_dir(tmp_path: Path) -> Path:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "train.py").write_text(TRAIN_PY)
+    (source / "requirements.txt").write_text("")
+    return source
+
+
+def _seed_data(client, bucket: str) -> str:  # noqa: ANN001
+    rows = [f"{a / 10:.2f},{b / 10:.2f},{(a - b) / 10:.2f}" for a in range(8) for b in range(8)]
+    client.put_object(Bucket=bucket, Key="datasets/xy/data.csv", Body="\n".join(rows).encode())
+    return f"s3://{bucket}/datasets/xy"
+
+
+@pytest.mark.parametrize("lr, healthy", [(0.05, True), (1e6, False)])
+def test_pytorch_estimator_fit_unchanged(api_factory, s3_endpoint, s3_bucket, sdk_python, tmp_path, lr, healthy):  # noqa: F811
+    api = api_factory(S3_ENDPOINT_URL=s3_endpoint)
+    client = s3_client(s3_endpoint)
+    settings = {
+        "api_url": api.url, "s3_url": s3_endpoint, "bucket": s3_bucket, "key_id": SAGEMAKER_KEY_ID,
+        "secret": SAGEMAKER_SECRET, "source_dir": str(_source_dir(tmp_path)), "data_uri": _seed_data(client, s3_bucket),
+        "lr": lr, "wait_logs": False,
+    }  # fmt: skip
+    result = _run_sdk(sdk_python, settings)
+    assert result["failure"] is None, result
+    assert result["status"] == "Completed" and result["has_times"], result
+    # estimator.model_data is the model.tar.gz the job-side runner packed from /opt/ml/model
+    assert result["model_data"].startswith(f"s3://{s3_bucket}/output/"), result
+    bucket, _, key = result["model_data"].removeprefix("s3://").partition("/")
+    archive = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        assert "model.pt" in tar.getnames()
+    summary = {entry["RuleConfigurationName"]: entry for entry in result["rule_summary"]}
+    assert "ExplodingTensor" in summary, result["rule_summary"]
+    expected = "NoIssuesFound" if healthy else "IssuesFound"
+    assert summary["ExplodingTensor"]["RuleEvaluationStatus"] == expected, result["rule_summary"]
+    assert result["debugger_artifacts_path"], result
