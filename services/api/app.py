@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
 from trainguard.services.api.db import make_engine, make_session_factory
+from trainguard.services.api.guard import RequestGuard, max_body_bytes
 from trainguard.services.api.jobs import JobService
 from trainguard.services.api.reconciler import Reconciler
 from trainguard.services.api.routes_native import native_router
@@ -47,6 +49,7 @@ def make_launcher(settings: Settings) -> Launcher:
 def create_app(settings: Settings | None = None, launcher: Launcher | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    body_limit = max_body_bytes(settings, dict(os.environ))  # a bad value stops the start, not a request
     launcher = launcher or make_launcher(settings)
     sessions = make_session_factory(make_engine(settings.database_url))
     service = JobService(sessions, launcher, settings)
@@ -81,4 +84,6 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
 
     app.include_router(native_router)
     app.include_router(sagemaker_router)
+    # Outermost: authentication from the headers and the body limit come before any route reads.
+    app.add_middleware(RequestGuard, max_body_bytes=body_limit)
     return app

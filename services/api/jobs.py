@@ -57,6 +57,7 @@ class JobService:
         self.launcher = launcher
         self.settings = settings
         self.lock = threading.RLock()
+        self._create_lock = threading.Lock()  # a job name is checked and taken by one creation at a time
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainguard-action")
         self.starting: set[str] = set()  # jobs whose components the launcher is starting right now
         self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
@@ -74,10 +75,18 @@ class JobService:
         request: dict[str, Any] | None = None,
         unavailable_rules: list[dict[str, str]] = (),
     ) -> dict[str, Any]:
-        """Record and start a job. Raises JobExists, ValueError (bad spec for this launcher)."""
+        """Record and start a job. Raises JobExists, ValueError (bad spec for this launcher).
+
+        One transaction: everything that can refuse the job (policy, planning) runs before its rows
+        are committed, and a launch that fails on the request's content deletes them again, so a
+        refused job leaves no row behind and its name stays free.
+        """
+        self._check_policy(spec)
         token = secrets.token_urlsafe(24)
         now = time.time()
-        with self.lock, self.sessions() as session:
+        # Only creations wait for each other here (plan + insert take milliseconds); status reports,
+        # describes and lists go on meanwhile. The launch itself runs outside any lock.
+        with self._create_lock, self.sessions() as session:
             if session.get(JobRow, spec.name) is not None:
                 raise JobExists(spec.name)
             launch = plan_job(spec, self.settings, self.launcher.name, token)
@@ -139,10 +148,56 @@ class JobService:
                     f"InternalServerError: the launcher could not start the job: {error}",
                 )
                 session.commit()
+        except BaseException as error:
+            # Not an infrastructure failure: the request itself could not be launched (a value the
+            # launcher cannot pass on). Undo the creation; a ValueError is the client's 4xx.
+            self._undo_create(spec.name)
+            if isinstance(error, ValueError):
+                raise ValueError(f"the job could not be launched: {error}") from None
+            raise
         finally:
             self.starting.discard(spec.name)
         self.flush_notifications()
         return self.describe(spec.name)
+
+    def _check_policy(self, spec: JobSpec) -> None:
+        """What the server's policy forbids (trainguard.services.api.policy), as ValueError 'field: why'."""
+        from trainguard.services.api.planner import job_dir
+        from trainguard.services.api.policy import PolicyError, SourcePolicy
+        from trainguard.services.api.schemas import check_rule_class
+
+        policy = SourcePolicy.from_settings(self.settings)
+        for index, rule in enumerate(spec.rules):
+            try:
+                if rule.source_uri:
+                    policy.check_source_uri(rule.source_uri)
+                else:
+                    policy.check_rule_reference(rule.rule)
+                    if ":" in rule.rule:
+                        check_rule_class(rule)  # imported only now that the policy allowed its module
+            except PolicyError as error:
+                field = "source_uri" if rule.source_uri else "rule"
+                raise ValueError(f"rules.{index}.{field}: {error}") from None
+            except ValueError as error:
+                raise ValueError(f"rules.{index}.{error}") from None
+        if spec.working_dir:
+            try:
+                policy.check_working_dir(spec.working_dir, job_dir(self.settings, spec.name))
+            except PolicyError as error:
+                raise ValueError(f"working_dir: {error}") from None
+
+    def _undo_create(self, name: str) -> None:
+        """Remove every row of a job whose launch was refused; stop whatever part of it started."""
+        try:
+            self.launcher.stop(name, None, 0)
+        except Exception as error:  # noqa: BLE001 - nothing may have started; the rows go regardless
+            log.info("cleaning up the refused job %s: %s", name, error)
+        with self.lock, self.sessions() as session:
+            for model in (ActionRow, MetricRow, AlarmRow, ComponentRow, RuleRow, TransitionRow):
+                session.query(model).filter(model.job_name == name).delete(synchronize_session=False)
+            session.query(JobRow).filter(JobRow.name == name).delete(synchronize_session=False)
+            session.commit()
+        self._changed.discard(name)
 
     @staticmethod
     def _class_fix_hint(rule: str) -> str:
@@ -312,8 +367,11 @@ class JobService:
                     float(point["value"]),
                     point.get("step"),
                 )
+            applied = True
             if not status:
                 pass  # datapoints only
+            elif rule.status in RULE_TERMINAL and status != rule.status:
+                applied = False  # a final status is final: a late or duplicate report never replaces it
             elif rule.status in ("Stopping", "Stopped") and status in (
                 "InProgress",
                 "NoIssuesFound",
@@ -321,14 +379,15 @@ class JobService:
                 "Stopping",
             ):
                 pass  # a stop is under way: the runner's own end is reported as Stopped by the reconciler
-            elif rule.status in RULE_TERMINAL and status == "InProgress":
-                pass  # late duplicate
             else:
                 self.set_rule_status(session, job, rule, status, str(update.get("status_details") or ""))
             if status == "IssuesFound" and not (result and result.get("fired")) and "datapoints" not in update:
                 self.add_datapoint(session, job, configuration, "RuleIssuesFound", 1.0, update.get("step"))
             session.commit()
         self.flush_notifications()
+        if not applied:
+            return {"accepted": True, "applied": False, "status": rule.status,
+                    "reason": f"the rule already ended {rule.status}; a final status is not replaced"}  # fmt: skip
         return {"accepted": True}
 
     # -- metrics, alarms, actions -----------------------------------------------------------------

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import re
+from typing import Any, Literal
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from trainguard.services.api.auth import check_bearer
 from trainguard.services.api.jobs import JobExists, JobNotFound, JobService
-from trainguard.services.api.schemas import JobSpec
+from trainguard.services.api.schemas import JOB_NAME_PATTERN, MAX_GRACE_SECONDS, JobSpec, RuleStatusReport
 
 __all__ = ["native_router"]
 
@@ -24,6 +25,13 @@ def _authenticated(request: Request) -> None:
 
 def _not_found(name: str) -> HTTPException:
     return HTTPException(status_code=404, detail=f"no training job named {name!r}")
+
+
+def _job_name(name: str) -> str:
+    """A name no job can have is a 404 at once (it never reaches the database: NUL, 10 kB, ...)."""
+    if not re.fullmatch(JOB_NAME_PATTERN.strip("^$"), name):
+        raise _not_found(name[:80])
+    return name
 
 
 native_router = APIRouter(prefix="/v1")
@@ -50,8 +58,8 @@ def create_job(spec: JobSpec, request: Request) -> Any:
 @jobs_router.get("", summary="List training jobs, newest first")
 def list_jobs(
     request: Request,
-    status: str | None = Query(None, description="InProgress, Completed, Failed, Stopping or Stopped"),
-    name_contains: str | None = Query(None),
+    status: Literal["InProgress", "Completed", "Failed", "Stopping", "Stopped"] | None = Query(None),
+    name_contains: str | None = Query(None, max_length=63, pattern=r"^[A-Za-z0-9\-]*$"),
 ) -> dict[str, Any]:
     service = _service(request)
     jobs = service.list_jobs(status=status, name_contains=name_contains)
@@ -73,7 +81,7 @@ def list_jobs(
 @jobs_router.get("/{name}", summary="Describe a job: status, transitions, rule statuses with findings and fix hints")
 def describe_job(name: str, request: Request) -> dict[str, Any]:
     try:
-        return _service(request).describe(name)
+        return _service(request).describe(_job_name(name))
     except JobNotFound:
         raise _not_found(name) from None
 
@@ -82,11 +90,13 @@ def describe_job(name: str, request: Request) -> dict[str, Any]:
 def stop_job(
     name: str,
     request: Request,
-    grace_seconds: float | None = Query(None, ge=0, description="default TRAINGUARD_STOP_GRACE_SECONDS (120)"),
+    grace_seconds: float | None = Query(
+        None, ge=0, le=MAX_GRACE_SECONDS, allow_inf_nan=False, description="default TRAINGUARD_STOP_GRACE_SECONDS (120)"
+    ),
 ) -> dict[str, Any]:
     service = _service(request)
     try:
-        stopping = service.stop(name, grace_seconds, cause="stopped by request")
+        stopping = service.stop(_job_name(name), grace_seconds, cause="stopped by request")
         return {"name": name, "stopping": stopping, "status": service.describe(name)["status"]}
     except JobNotFound:
         raise _not_found(name) from None
@@ -97,11 +107,11 @@ def job_logs(
     name: str,
     request: Request,
     component: str = Query("training", description="training, uploader or rule:<RuleConfigurationName>"),
-    tail: int | None = Query(None, ge=0),
+    tail: int | None = Query(None, ge=0, le=1_000_000),
 ) -> str:
     service = _service(request)
     try:
-        description = service.describe(name)
+        description = service.describe(_job_name(name))
     except JobNotFound:
         raise _not_found(name) from None
     roles = [c["role"] for c in description["components"]]
@@ -119,18 +129,16 @@ internal_router = APIRouter(prefix="/internal", tags=["internal"])
     "/jobs/{name}/rules/{configuration}/status",
     summary="Rule runners report status transitions and findings (API token or the job's runner token)",
 )
-def report_rule_status(
-    name: str, configuration: str, request: Request, update: Annotated[dict[str, Any], Body()]
-) -> Any:
+def report_rule_status(name: str, configuration: str, request: Request, update: RuleStatusReport) -> Any:
     service = _service(request)
     try:
-        token = service.runner_token(name)
+        token = service.runner_token(_job_name(name))
     except JobNotFound:
         check_bearer(request, request.app.state.settings)
         raise _not_found(name) from None
     check_bearer(request, request.app.state.settings, token)
     try:
-        return service.report_rule_status(name, configuration, update)
+        return service.report_rule_status(name, configuration, update.model_dump(exclude_unset=True))
     except JobNotFound:
         raise HTTPException(status_code=404, detail=f"job {name} has no rule configuration {configuration!r}") from None
 

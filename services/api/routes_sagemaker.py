@@ -9,14 +9,21 @@ ResourceInUse); an unknown operation is ``UnknownOperationException``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from trainguard.services.api.auth import sagemaker_allowed
+from trainguard.services.api.auth import SigV4Error, sagemaker_precheck, verify_sagemaker_request
 from trainguard.services.api.jobs import JobExists, JobNotFound, JobService
 from trainguard.services.api.sagemaker import SageMakerError, job_spec_from_request
+from trainguard.services.api.sagemaker_validation import (
+    RequestInvalid,
+    check_create_request,
+    check_list_request,
+    check_name_request,
+)
 
 __all__ = ["sagemaker_router"]
 
@@ -34,15 +41,21 @@ def _error(error: SageMakerError) -> Response:
     return _answer({"__type": error.code, "message": error.message}, error.status)
 
 
+def _checked(check: Any, body: dict[str, Any]) -> None:
+    try:
+        check(body)
+    except RequestInvalid as error:
+        raise SageMakerError("ValidationException", str(error)) from None
+
+
 def _name(body: dict[str, Any]) -> str:
-    name = body.get("TrainingJobName")
-    if not isinstance(name, str) or not name:
-        raise SageMakerError("ValidationException", "TrainingJobName is required")
-    return name
+    _checked(check_name_request, body)
+    return body["TrainingJobName"]
 
 
 def _create(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
-    spec, unavailable, _ = job_spec_from_request(body)
+    _checked(check_create_request, body)  # types and bounds first: nothing below sees a wrong type
+    spec, unavailable, labels = job_spec_from_request(body)
     try:
         description = service.create(spec, source="sagemaker", request=body, unavailable_rules=unavailable)
     except JobExists:
@@ -52,8 +65,22 @@ def _create(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
             f"and a training job with this name already exists ({spec.name})",
         ) from None
     except ValueError as error:
-        raise SageMakerError("ValidationException", str(error)) from None
+        raise SageMakerError("ValidationException", _member_message(str(error), labels)) from None
     return {"TrainingJobArn": description["arn"]}
+
+
+_RULE_FIELDS = {"rule": "RuleParameters.rule_to_invoke", "source_uri": "RuleParameters.source_s3_uri",
+                "parameters": "RuleParameters"}  # fmt: skip
+
+
+def _member_message(message: str, labels: dict[int, str]) -> str:
+    """'rules.0.rule: why' from the job service -> 'DebugRuleConfigurations[0].RuleParameters.rule_to_invoke: why'."""
+    match = re.match(r"^rules\.(\d+)\.(\w+): ", message)
+    if not match:
+        return message
+    index, field = int(match.group(1)), match.group(2)
+    member = f"{labels.get(index, f'DebugRuleConfigurations[{index}]')}.{_RULE_FIELDS.get(field, field)}"
+    return f"{member}: {message[match.end():]}"
 
 
 def _describe(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +105,7 @@ def _stop(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _list(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
+    _checked(check_list_request, body)
     jobs = service.list_jobs(status=body.get("StatusEquals"), name_contains=body.get("NameContains"))
     for key, attribute, before in (
         ("CreationTimeAfter", "creation_time", False),
@@ -89,16 +117,9 @@ def _list(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
             limit = float(body[key])
             jobs = [j for j in jobs if (getattr(j, attribute) < limit if before else getattr(j, attribute) > limit)]
     sort_by = body.get("SortBy") or "CreationTime"
-    if sort_by not in _SORT_KEYS:
-        raise SageMakerError("ValidationException", f"SortBy={sort_by!r}: use Name, CreationTime or Status")
     jobs.sort(key=_SORT_KEYS[sort_by], reverse=(body.get("SortOrder") or "Descending") == "Descending")
-    max_results = int(body.get("MaxResults") or 10)
-    if not 1 <= max_results <= 100:
-        raise SageMakerError("ValidationException", f"MaxResults={max_results}: must be between 1 and 100")
-    try:
-        start = int(body.get("NextToken") or 0)
-    except ValueError:
-        raise SageMakerError("ValidationException", "NextToken is not one this server returned") from None
+    max_results = body.get("MaxResults") or 10
+    start = int(body.get("NextToken") or 0)  # checked: 1-9 decimal digits, as this server hands them out
     page = jobs[start : start + max_results]
     answer: dict[str, Any] = {"TrainingJobSummaries": service.summaries(page)}
     if start + max_results < len(jobs):
@@ -123,15 +144,10 @@ async def sagemaker_endpoint(request: Request) -> Response:
         return _error(
             SageMakerError("UnknownOperationException", f"X-Amz-Target {target!r}: expected SageMaker.<Operation>")
         )
-    if not sagemaker_allowed(request, settings):
-        return _error(
-            SageMakerError(
-                "UnrecognizedClientException",
-                "The security token included in the request is invalid: use AWS_ACCESS_KEY_ID=<TRAINGUARD_API_TOKEN> "
-                "(or a key listed in TRAINGUARD_SAGEMAKER_ACCESS_KEYS)",
-                403,
-            )
-        )
+    try:  # key, scope, date and signed headers before the body is read; the signature needs the body
+        bearer = sagemaker_precheck(request)
+    except SigV4Error as error:
+        return _error(SageMakerError(error.code, error.message, 403))
     handler = _OPERATIONS.get(operation)
     if handler is None:
         return _error(
@@ -140,10 +156,18 @@ async def sagemaker_endpoint(request: Request) -> Response:
                 f"trainguard does not implement SageMaker.{operation}; supported: {', '.join(_OPERATIONS)}",
             )
         )
+    raw = await request.body()
+    if not bearer:
+        try:
+            verify_sagemaker_request(request, raw)
+        except SigV4Error as error:
+            return _error(SageMakerError(error.code, error.message, 403))
     try:
-        body = json.loads(await request.body() or b"{}")
+        body = json.loads(raw or b"{}")
         if not isinstance(body, dict):
             raise ValueError("the body is not a JSON object")
+    except RecursionError:
+        return _error(SageMakerError("SerializationException", "request body: nested too deeply"))
     except ValueError as error:
         return _error(SageMakerError("SerializationException", f"request body: {error}"))
     service: JobService = request.app.state.service

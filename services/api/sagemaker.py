@@ -79,10 +79,14 @@ def _rule_available(rule: str) -> str:
     from trainguard.errors import ConfigError
     from trainguard.rules import get_rule_class
 
+    if ":" in rule:
+        return ""  # 'module:Class' is never imported here: the server's policy decides it at creation
     try:
         get_rule_class(rule)
     except ConfigError as error:
         return str(error)
+    except Exception as error:  # noqa: BLE001 - a reference that fails to import any other way
+        return f"cannot load {rule!r}: {type(error).__name__}: {error}"
     return ""
 
 

@@ -7,15 +7,26 @@ config by the same parser the training process uses, action names against the kn
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+from trainguard.services.api.sagemaker_validation import MAX_RUNTIME_SECONDS, unsafe_text
 
 __all__ = ["AlarmConfig", "JobSpec", "Resources", "RuleConfig", "StoppingCondition", "RUNNER_PARAMETERS"]
 
 JOB_NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
 # Parameters the runner consumes itself (every rule accepts them), not the rule class.
 RUNNER_PARAMETERS = frozenset({"start_step", "end_step"})
+# Bounds: a number no launcher, timer or database can take is refused here, not half-way through.
+MAX_CPUS = 1024.0
+MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
+MAX_WEBHOOK_RETRIES = 10
+MAX_GRACE_SECONDS = 3600.0
+MAX_STEP = 2**62
+RULE_REFERENCE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$|^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
+CONFIGURATION_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"  # it names files and component roles: no '/', no '..'
 COMPARISONS = (
     "GreaterThanOrEqualToThreshold",
     "GreaterThanThreshold",
@@ -24,34 +35,132 @@ COMPARISONS = (
 )
 
 
-class Resources(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _safe_text(value: str) -> str:
+    problem = unsafe_text(value)
+    if problem:
+        raise ValueError(f"must {problem}")
+    return value
 
-    cpus: float | None = Field(None, gt=0, description="CPU limit in cores (fractions allowed)")
-    memory_mb: int | None = Field(None, gt=0, description="memory limit in MiB")
+
+def _safe_tree(value: Any, path: str = "") -> Any:
+    """NUL bytes and lone surrogates in free-form documents (hook config, actions) are refused too."""
+    if isinstance(value, str):
+        problem = unsafe_text(value)
+        if problem:
+            raise ValueError(f"{path or 'value'}: must {problem}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _safe_tree(key, f"{path}.{key!r}" if path else repr(key))
+            _safe_tree(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _safe_tree(item, f"{path}[{index}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{path or 'value'}: must be a finite number")
+    return value
+
+
+def _text(max_length: int, min_length: int = 0, pattern: str | None = None) -> Any:
+    """A string of bounded length that a process and a database can take (no NUL, valid Unicode)."""
+    return Annotated[
+        str,
+        StringConstraints(min_length=min_length, max_length=max_length, pattern=pattern),
+        AfterValidator(_safe_text),
+    ]
+
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+class Resources(BaseModel):
+    model_config = _STRICT
+
+    cpus: float | None = Field(
+        None, gt=0, le=MAX_CPUS, allow_inf_nan=False, description="CPU limit in cores (fractions allowed)"
+    )
+    memory_mb: int | None = Field(None, gt=0, le=MAX_MEMORY_MB, description="memory limit in MiB")
 
 
 class StoppingCondition(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    max_runtime_seconds: int | None = Field(None, gt=0, description="stop the job after this many seconds")
+    max_runtime_seconds: int | None = Field(
+        None, gt=0, le=MAX_RUNTIME_SECONDS, description="stop the job after this many seconds (at most 28 days)"
+    )
+
+
+def _number(action: dict[str, Any], key: str, index: int, low: float, high: float, *, integer: bool) -> None:
+    value = action.get(key)
+    if value is None or (isinstance(value, str) and value == ""):
+        return
+    if isinstance(value, str):  # action_json from the SDK carries numbers as text
+        try:
+            value = int(value) if integer else float(value)
+        except ValueError:
+            raise ValueError(f"action {index}: {key}={value!r} is not a number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"action {index}: {key} must be a number, not {type(value).__name__}")
+    if integer and not isinstance(value, int):
+        raise ValueError(f"action {index}: {key}={value!r} must be an integer")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(f"action {index}: {key}={value!r} must be between {low:g} and {high:g}")
+
+
+def _string_member(action: dict[str, Any], key: str, index: int, max_length: int = 2048) -> None:
+    value = action.get(key)
+    if value is not None and (not isinstance(value, str) or len(value) > max_length):
+        raise ValueError(f"action {index}: {key} must be a string of at most {max_length} characters")
 
 
 def _validate_actions(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from trainguard.services.actions import action_names
 
     known = action_names()
+    if len(actions) > 10:
+        raise ValueError(f"at most 10 actions, got {len(actions)}")
     for index, action in enumerate(actions):
-        name = str(action.get("name", "")).lower()
+        _safe_tree(action, f"action {index}")
+        if not isinstance(action.get("name"), str):
+            raise ValueError(f"action {index}: 'name' must be a string; valid: {', '.join(sorted(known))}")
+        name = action["name"].lower()
         if name not in known:
             raise ValueError(f"action {index}: unknown name {action.get('name')!r}; valid: {', '.join(sorted(known))}")
-        if name == "webhook" and not action.get("url"):
-            raise ValueError(f"action {index}: webhook needs 'url'")
+        for key in ("url", "endpoint", "topic_arn", "training_job_prefix"):
+            _string_member(action, key, index)
+        _number(action, "retries", index, 0, MAX_WEBHOOK_RETRIES, integer=True)
+        _number(action, "grace_seconds", index, 0, MAX_GRACE_SECONDS, integer=False)
+        headers = action.get("headers")
+        if headers is not None and (
+            not isinstance(headers, dict)
+            or len(headers) > 20
+            or not all(isinstance(v, str) and len(v) <= 2048 for v in headers.values())
+        ):
+            raise ValueError(f"action {index}: headers must be a map of at most 20 strings")
+        if name == "webhook":
+            url = action.get("url") or ""
+            if not url:
+                raise ValueError(f"action {index}: webhook needs 'url'")
+            if not url.lower().startswith(("http://", "https://")):
+                raise ValueError(f"action {index}: webhook url must be http:// or https://, got {url[:64]!r}")
         if name in ("email", "sms") and not action.get("endpoint"):
             raise ValueError(f"action {index}: {name} needs 'endpoint' (an address or phone number)")
         if name == "sns" and not action.get("topic_arn"):
             raise ValueError(f"action {index}: sns needs 'topic_arn'")
     return actions
+
+
+def _step(parameters: dict[str, Any], key: str) -> int | None:
+    value = parameters.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (
+        isinstance(value, str) and not value.strip().isdigit()
+    ):
+        raise ValueError(f"parameters.{key}: must be a non-negative integer step, got {value!r}")
+    step = int(value)
+    if step > MAX_STEP:
+        raise ValueError(f"parameters.{key}: {step} is too large (at most {MAX_STEP})")
+    return step
 
 
 class _Unopened:
@@ -62,14 +171,18 @@ class _Unopened:
 
 
 class RuleConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    rule: str = Field(description="built-in rule name, entry-point name or 'package.module:Class'")
-    name: str | None = Field(None, max_length=256, description="RuleConfigurationName (default: the rule name)")
-    parameters: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    rule: _text(512, 1) = Field(description="built-in rule name, entry-point name or 'package.module:Class'")
+    name: _text(256, 1, CONFIGURATION_NAME) | None = Field(
+        None, description="RuleConfigurationName (default: the rule name); letters, digits, '_', '.', '-'"
+    )
+    parameters: dict[_text(256, 1), _text(4096) | int | float | bool] = Field(default_factory=dict, max_length=100)
     actions: list[dict[str, Any]] = Field(default_factory=list, description="e.g. [{'name': 'stoptraining'}]")
     kind: Literal["debug", "profiler"] = "debug"
-    source_uri: str | None = Field(None, description="a .py file (s3:// or path) that defines the custom rule class")
+    source_uri: _text(1024) | None = Field(
+        None, description="a .py file (s3:// or path) that defines the custom rule class"
+    )
 
     @property
     def configuration_name(self) -> str:
@@ -78,9 +191,22 @@ class RuleConfig(BaseModel):
     @field_validator("rule")
     @classmethod
     def _known_rule(cls, value: str) -> str:
+        import re
+
         value = value.strip()
         if not value:
             raise ValueError("empty rule name")
+        if not re.match(RULE_REFERENCE, value):
+            raise ValueError(f"{value[:64]!r} is neither a rule name nor 'package.module:Class'")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _finite_parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _safe_tree(value)
+        start, end = _step(value, "start_step"), _step(value, "end_step")
+        if start is not None and end is not None and end < start:
+            raise ValueError(f"end_step={end} is before start_step={start}")
         return value
 
     @field_validator("actions")
@@ -90,43 +216,52 @@ class RuleConfig(BaseModel):
 
     @model_validator(mode="after")
     def _rule_and_parameters(self) -> RuleConfig:
-        if self.source_uri:
-            return self  # the class lives in a file the runner fetches; checked when it starts
-        from trainguard.errors import ConfigError
-        from trainguard.rules import Rule, get_rule_class
-
-        try:
-            rule_class = get_rule_class(self.rule)
-        except ConfigError as error:
-            raise ValueError(f"rule: {error}") from None
-        skipped = RUNNER_PARAMETERS | {"other_trials", "action_json"}
-        parameters = {k: v for k, v in self.parameters.items() if k not in skipped}
-        # A rule opens its other trials when built (a wait per run): validate with unopened
-        # stand-ins; the paths are opened by the rule runner.
-        others = [_Unopened(p) for p in str(self.parameters.get("other_trials") or "").split(",") if p.strip()]
-        if isinstance(rule_class, type) and issubclass(rule_class, Rule):
-            try:
-                strings = {k: str(v) if not isinstance(v, str) else v for k, v in parameters.items()}
-                rule_class(None, other_trials=others, **strings)
-            except ConfigError as error:
-                raise ValueError(f"parameters: {error}") from None
-            except Exception:  # noqa: BLE001 - a rule that needs a trial to construct is checked at run time
-                pass
+        if self.source_uri or ":" in self.rule:
+            # A job's own file is loaded by its runner; a 'module:Class' is imported only after the
+            # server's policy allowed its module (JobService.create calls check_rule_class then).
+            return self
+        check_rule_class(self)
         return self
+
+
+def check_rule_class(config: RuleConfig) -> None:
+    """Load the rule class and let it check its parameters; ValueError 'rule: ...' / 'parameters: ...'."""
+    from trainguard.errors import ConfigError
+    from trainguard.rules import Rule, get_rule_class
+
+    try:
+        rule_class = get_rule_class(config.rule)
+    except ConfigError as error:
+        raise ValueError(f"rule: {error}") from None
+    except Exception as error:  # noqa: BLE001 - an import that fails any other way is still a bad reference
+        raise ValueError(f"rule: cannot load {config.rule!r}: {type(error).__name__}: {error}") from None
+    skipped = RUNNER_PARAMETERS | {"other_trials", "action_json"}
+    parameters = {k: v for k, v in config.parameters.items() if k not in skipped}
+    # A rule opens its other trials when built (a wait per run): validate with unopened
+    # stand-ins; the paths are opened by the rule runner.
+    others = [_Unopened(p) for p in str(config.parameters.get("other_trials") or "").split(",") if p.strip()]
+    if isinstance(rule_class, type) and issubclass(rule_class, Rule):
+        try:
+            strings = {k: str(v) if not isinstance(v, str) else v for k, v in parameters.items()}
+            rule_class(None, other_trials=others, **strings)
+        except ConfigError as error:
+            raise ValueError(f"parameters: {error}") from None
+        except Exception:  # noqa: BLE001 - a rule that needs a trial to construct is checked at run time
+            pass
 
 
 class AlarmConfig(BaseModel):
     """A CloudWatch-style alarm on a rule metric, evaluated by trainguard itself."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    name: str = Field(min_length=1, max_length=256)
+    name: _text(256, 1)
     metric_name: Literal["RuleIssuesFound"] = "RuleIssuesFound"
-    rule: str | None = Field(None, description="RuleConfigurationName the alarm watches (default: every rule)")
-    threshold: float = 1.0
+    rule: _text(256, 1) | None = Field(None, description="RuleConfigurationName the alarm watches (default: every rule)")
+    threshold: float = Field(1.0, allow_inf_nan=False, ge=-1e12, le=1e12)
     comparison: Literal[COMPARISONS] = "GreaterThanOrEqualToThreshold"  # type: ignore[valid-type]
     evaluation_periods: int = Field(1, ge=1, le=100, description="M: how many latest datapoints are evaluated")
-    datapoints_to_alarm: int | None = Field(None, ge=1, description="N of M breaching datapoints (default M)")
+    datapoints_to_alarm: int | None = Field(None, ge=1, le=100, description="N of M breaching datapoints (default M)")
     actions: list[dict[str, Any]] = Field(default_factory=list)
 
     @field_validator("actions")
@@ -146,25 +281,35 @@ class AlarmConfig(BaseModel):
 class JobSpec(BaseModel):
     """A training job: what to run, how to capture, which rules watch it and what they may do."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     name: str = Field(pattern=JOB_NAME_PATTERN, description="1-63 characters: letters, digits, hyphens")
-    image: str | None = Field(None, description="training image (docker launcher; ignored by the local one)")
-    command: list[str] = Field(default_factory=list, description="the training command, e.g. ['python', 'train.py']")
-    environment: dict[str, str] = Field(default_factory=dict)
-    working_dir: str | None = Field(None, description="working directory of the training command")
+    image: _text(1024, 1) | None = Field(None, description="training image (docker launcher; ignored by the local one)")
+    command: list[_text(65536)] = Field(
+        default_factory=list, max_length=1000, description="the training command, e.g. ['python', 'train.py']"
+    )
+    environment: dict[_text(512, 1, r"^[A-Za-z_][A-Za-z0-9_]*$"), _text(262144)] = Field(
+        default_factory=dict, max_length=500
+    )
+    working_dir: _text(4096, 1) | None = Field(None, description="working directory of the training command")
     resources: Resources = Field(default_factory=Resources)
     hook_config: dict[str, Any] | None = Field(None, description="SageMaker DebugHookConfig object")
-    rules: list[RuleConfig] = Field(default_factory=list)
+    rules: list[RuleConfig] = Field(default_factory=list, max_length=40)
     profiler_config: dict[str, Any] | None = Field(None, description="SageMaker ProfilerConfig object")
     stopping_condition: StoppingCondition = Field(default_factory=StoppingCondition)
-    alarms: list[AlarmConfig] = Field(default_factory=list)
+    alarms: list[AlarmConfig] = Field(default_factory=list, max_length=20)
+
+    @field_validator("profiler_config")
+    @classmethod
+    def _safe_profiler_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _safe_tree(value) if value is not None else None
 
     @field_validator("hook_config")
     @classmethod
     def _valid_hook_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is None:
             return None
+        _safe_tree(value)
         from trainguard.errors import ConfigError
         from trainguard.hooks.json_config import hook_kwargs_from_document
 
@@ -172,6 +317,8 @@ class JobSpec(BaseModel):
             hook_kwargs_from_document({k: v for k, v in value.items() if k != "S3OutputPath"})
         except ConfigError as error:
             raise ValueError(str(error)) from None
+        except (TypeError, AttributeError, KeyError, ValueError) as error:  # a member of the wrong type
+            raise ValueError(f"malformed hook config: {type(error).__name__}: {error}") from None
         return value
 
     @model_validator(mode="after")
@@ -192,3 +339,64 @@ class JobSpec(BaseModel):
                 raise ValueError(f"alarms: two alarms are named {alarm.name!r}")
             alarm_names.add(alarm.name)
         return self
+
+
+# -- what rule runners report (POST /v1/internal/jobs/{name}/rules/{configuration}/status) ---------
+RULE_STATUSES = ("InProgress", "IssuesFound", "NoIssuesFound", "Error", "Stopping", "Stopped")
+_Step = Annotated[int, Field(ge=-1, le=MAX_STEP)]
+
+
+class _Open(BaseModel):
+    """Known members are type-checked; members a newer runner adds are kept (forward compatible)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class MissingTensorReport(_Open):
+    what: _text(4096)
+    collection: _text(1024) | None = None
+
+
+class StepResultReport(_Open):
+    rule: _text(512) = ""
+    step: _Step
+    fired: bool = False
+    message: _text(65536) = ""
+    fix_hint: _text(65536) | None = ""
+    details: dict[str, Any] = Field(default_factory=dict)
+    missing: list[MissingTensorReport] = Field(default_factory=list, max_length=1000)
+    certain: bool = False
+    worker: _text(256) | None = None
+    not_evaluated: _text(65536) | None = None
+
+    @field_validator("details")
+    @classmethod
+    def _safe_details(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _safe_tree(value, "details")
+
+
+class DatapointReport(_Open):
+    metric: _text(128, 1) = "RuleIssuesFound"
+    value: float = Field(allow_inf_nan=False, ge=-1e15, le=1e15)
+    step: _Step | None = None
+
+
+class RuleStatusReport(_Open):
+    """One ``StatusUpdate.to_dict()`` (plus batched datapoints) from a rule runner."""
+
+    configuration_name: _text(256) | None = None
+    rule: _text(512) | None = None
+    status: Literal[RULE_STATUSES] | None = Field(  # type: ignore[valid-type]
+        None, description="a RuleEvaluationStatus; absent: datapoints only. A final status is never replaced."
+    )
+    status_details: _text(65536) | None = ""
+    step: _Step | None = None
+    result: StepResultReport | None = None
+    last_evaluated_step: _Step | None = None
+    timestamp: float | None = Field(None, allow_inf_nan=False, ge=0, le=253402300799)
+    datapoints: list[DatapointReport] | None = Field(None, max_length=10000)
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _empty_status(cls, value: Any) -> Any:
+        return None if value == "" else value

@@ -26,8 +26,9 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.fixture
 def client(tmp_path: Path):
     settings = Settings.from_env(
-        {"TRAINGUARD_API_TOKEN": TOKEN, "TRAINGUARD_DATA_DIR": str(tmp_path), "TRAINGUARD_LAUNCHER": "local"}
-    )
+        {"TRAINGUARD_API_TOKEN": TOKEN, "TRAINGUARD_DATA_DIR": str(tmp_path), "TRAINGUARD_LAUNCHER": "local",
+         "TRAINGUARD_RULE_MODULES": "tests.services.rules_for_tests"}  # the custom rules the tests use
+    )  # fmt: skip
     with TestClient(create_app(settings)) as test_client:
         yield test_client
 
