@@ -1,4 +1,11 @@
-"""AllZero: ``fire at step s if ∃ t: 100 · count(t_s == 0) / size(t_s) ≥ threshold``.
+"""AllZero: tensors that are (almost) entirely zero.
+
+Per tensor and step: ``100 · count(t_s == 0) / size(t_s) ≥ threshold``. Calibrated semantics
+(default): a tensor fires only when that held at most of its last ``window`` evaluated steps
+(certain: at all of a full window), and gradients zero by construction are not judged: attention
+key biases, and a weight gradient that is zero while its layer's bias gradient is not (all-zero
+inputs in that batch, e.g. batch size 1 with an all-zero row). Frozen parameters save no
+gradient at all. ``semantics="sagemaker"``: SageMaker's single-step condition.
 
 SageMaker ``rule_to_invoke``: ``AllZero``; parameters ``collection_names``, ``tensor_regex``
 (union of both) and ``threshold`` (100 %, as documented).
@@ -13,22 +20,36 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.base import MissingTensor, StepResult
 from trainguard.rules.builtin._helpers import check_regexes, fmt, is_complete, read_values, select
+from trainguard.rules.builtin._persistence import PersistentRule, is_key_bias, zero_input_weight
 from trainguard.rules.params import Param
 
 DEFAULT_COLLECTIONS = ("weights", "gradients")
 
 
-class AllZero(Rule):
+class AllZero(PersistentRule):
     """Tensors that are (almost) entirely zero."""
 
     rule_name = "AllZero"
     collections = DEFAULT_COLLECTIONS
+    needs = "no weights or gradients (or the selected tensors) were saved"
+    stop_policy = "stops training when a tensor was all zero at every step of a full window; SageMaker semantics never stop"
     fix_hint = (
-        "check the initialisation (an all-zero weight never breaks symmetry: use the default or "
-        "torch.nn.init.kaiming_normal_), and that the data and gradients reaching this tensor are not zero"
+        "check the initialisation (an all-zero weight never breaks symmetry: use the framework's default "
+        "initialiser), and that the data and gradients reaching this tensor are not zero"
     )
+    fix_hints = {
+        "pytorch": (
+            "check the initialisation (an all-zero weight never breaks symmetry: use the default or "
+            "torch.nn.init.kaiming_normal_), and that the data and gradients reaching this tensor are not zero"
+        ),
+        "keras": (
+            "check the initialisation (an all-zero kernel never breaks symmetry: use kernel_initializer="
+            "'glorot_uniform' or 'he_normal', not 'zeros'), and that the data reaching this layer is not zero"
+        ),
+        "xgboost": "check that the features and labels are not all zero and that the trees are being built",
+    }
 
     collection_names = Param(
         list,
@@ -64,23 +85,35 @@ class AllZero(Rule):
             ):
                 return self.missing(step, MissingTensor("weights or gradients", "weights"))
             return None
+        values = read_values(trial, names, step)
         zeros: dict[str, float] = {}
+        certain: dict[str, bool] = {}
+        not_judged: list[str] = []
         most = 0.0
-        for name, value in read_values(trial, names, step).items():
+        for name, value in values.items():
             array = np.asarray(value)
             if array.size == 0 or array.dtype.kind not in "fciub":
                 continue
+            if self.calibrated and name.startswith("gradient/"):
+                if is_key_bias(name) or zero_input_weight(name, array, values):
+                    not_judged.append(name)
+                    continue
             percent = 100.0 * float(np.count_nonzero(array == 0)) / array.size
             most = max(most, percent)
-            if percent >= self.threshold:
+            fire, sure = self.persisted(name, percent >= self.threshold)
+            if fire:
                 zeros[name] = percent
+                certain[name] = sure
         if zeros:
             name = sorted(zeros)[0]
             return self.issue(
                 step,
-                f"{len(zeros)} tensor(s) are ≥ {fmt(self.threshold)}% zeros, e.g. {name} ({fmt(zeros[name])}%)",
+                f"{len(zeros)} tensor(s) are ≥ {fmt(self.threshold)}% zeros {self.persistence_text(name)}, "
+                f"e.g. {name} ({fmt(zeros[name])}%)",
+                certain=any(certain.values()),
                 tensor=name,
                 zero_percent=zeros[name],
                 tensors=zeros,
+                not_judged=not_judged,
             )
-        return self.no_issue(step, max_zero_percent=most)
+        return self.no_issue(step, max_zero_percent=most, not_judged=not_judged)

@@ -3,26 +3,50 @@
 SageMaker ``rule_to_invoke``: ``ExplodingTensor``; parameters ``collection_names``,
 ``tensor_regex`` (union of both; every saved tensor when neither is given) and ``only_nan``
 (default False), all as documented. Integer and boolean tensors cannot hold NaN and are skipped.
+
+Non-finite values never heal, so this finding is immediate and certain under both semantics:
+it is the one tensor-state condition that needs no persistence window. It is also the primary
+finding of a run whose NaNs make other rules fire (dead ReLUs, huge update ratios).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from trainguard.rules.base import Rule, StepResult
+from trainguard.rules.base import StepResult
 from trainguard.rules.builtin._helpers import all_finite, check_regexes, is_complete, names_at, read_values, select
 from trainguard.rules.builtin._parallel import map_tensors
+from trainguard.rules.builtin._persistence import TensorRule
 from trainguard.rules.params import Param
 
 
-class ExplodingTensor(Rule):
+class ExplodingTensor(TensorRule):
     """NaN or infinite values in any inspected tensor."""
 
     rule_name = "ExplodingTensor"
-    fix_hint = (
-        "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_); check for "
-        "log(0), division by zero and unnormalised inputs"
-    )
+    needs = "no floating-point tensor was saved at a complete step"
+    stop_policy = "stops training at the first step with a NaN (or, unless only_nan, infinite) value"
+    fix_hint = "lower the learning rate or clip gradients; check for log(0), division by zero and unnormalised inputs"
+    fix_hints = {
+        "pytorch": (
+            "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_); check for "
+            "log(0), division by zero and unnormalised inputs"
+        ),
+        "keras": (
+            "lower the learning rate or clip gradients (optimizer clipnorm=1.0); check for log(0), "
+            "division by zero and unnormalised inputs"
+        ),
+        "xgboost": (
+            "lower eta, set max_delta_step, and check the labels and features for NaN/inf and the "
+            "custom objective for division by zero"
+        ),
+    }
+    # gradients or losses blew up: the optimisation itself diverged
+    divergence_hints = {
+        "pytorch": "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_)",
+        "keras": "lower the learning rate or clip gradients (optimizer clipnorm=1.0)",
+        "xgboost": "lower eta or set max_delta_step",
+    }
 
     collection_names = Param(list, None, "collections to inspect (comma-separated)")
     tensor_regex = Param(list, None, "regexes of tensor names to inspect (comma-separated)")
@@ -57,14 +81,16 @@ class ExplodingTensor(Rule):
             return self.no_issue(step, tensors_checked=len(names))
         first = sorted(bad)[0]
         what = "NaN" if self.only_nan else "NaN/inf"
-        hint = self.fix_hint
+        framework = self.framework()
+        hint = self.hint_for(framework)
         if any(name.startswith("gradient/") for name in bad) or any("oss" in name for name in bad):
-            hint = "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_)"
+            hint = self.divergence_hints.get(framework or "", "lower the learning rate or clip gradients")
         return self.issue(
             step,
             f"{len(bad)} tensor(s) hold {what} values, e.g. {first} ({bad[first]['nan']} NaN, {bad[first]['inf']} inf "
             f"of {bad[first]['size']})",
             fix_hint=hint,
+            certain=True,
             tensor=first,
             tensors=bad,
         )

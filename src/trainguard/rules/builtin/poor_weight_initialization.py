@@ -26,6 +26,14 @@ Calibration (documented defaults fire on healthy PyTorch runs, rules.md "Measure
 * the loss condition is "stuck" instead of SageMaker's "no longer decreasing": a healthy
   mini-batch loss routinely goes 5 saved steps without a new minimum, and a healthy CNN's
   loss often does not decrease at all in its first 10 SGD steps; both fired on healthy runs.
+
+Calibrated semantics (default) also require the condition at ``confirm_steps`` (2) consecutive
+evaluated training steps (the first of them within ``steps``; the confirming one may come
+later when the hook saves rarely), and do not judge gradients that are narrow by construction:
+attention key biases (softmax is shift invariant: dL/d(b_key) = 0 up to rounding), all-zero
+gradient tensors (no signal reached them in that batch: frozen, unused or fed all-zero inputs;
+zero init is caught by the activation-variance condition), and weight gradients of a layer fed
+all-zero inputs. ``semantics="sagemaker"`` judges every analysed step on its own.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.modes import ModeKeys
-from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.base import MissingTensor, StepResult
 from trainguard.rules.builtin._helpers import (
     all_finite,
     as_float,
@@ -45,7 +53,8 @@ from trainguard.rules.builtin._helpers import (
     training_mode,
 )
 from trainguard.rules.builtin._parallel import map_tensors
-from trainguard.rules.params import Param
+from trainguard.rules.builtin._persistence import TensorRule, is_key_bias, zero_input_weight
+from trainguard.rules.params import SAGEMAKER, Param, semantics_param
 
 _PERCENTS = np.true_divide(np.array([5, 95]), 100)  # as np.percentile turns [5, 95] into quantiles
 
@@ -83,15 +92,30 @@ def _spread(array: np.ndarray) -> float:
     return float(results[1] - results[0])
 
 
-class PoorWeightInitialization(Rule):
+class PoorWeightInitialization(TensorRule):
     """Signs of a bad initialisation in the first training steps."""
 
     rule_name = "PoorWeightInitialization"
     collections = ("relu_input", "gradients", "losses")
-    fix_hint = (
-        "use the layer's default or Xavier/He initialisation (torch.nn.init.kaiming_normal_ for ReLU, "
-        "xavier_uniform_ for tanh/sigmoid); never constant or zero weights"
+    needs = "no ReLU inputs, gradients or losses were saved in the first training steps"
+    stop_policy = (
+        "stops training when zero variance or identical units (infinite variance ratio, zero gradient "
+        "spread) are confirmed at confirm_steps consecutive steps; other findings and SageMaker semantics "
+        "never stop"
     )
+    fix_hint = (
+        "use the layer's default or Xavier/He initialisation; never constant or zero weights"
+    )
+    fix_hints = {
+        "pytorch": (
+            "use the layer's default or Xavier/He initialisation (torch.nn.init.kaiming_normal_ for ReLU, "
+            "xavier_uniform_ for tanh/sigmoid); never constant or zero weights"
+        ),
+        "keras": (
+            "use kernel_initializer='he_normal' for ReLU layers and 'glorot_uniform' for tanh/sigmoid; "
+            "never 'zeros' or 'ones' kernels"
+        ),
+    }
 
     activation_inputs_regex = Param(list, [".*relu_input"], "regexes of activation input names", optional=True)
     threshold = Param(
@@ -115,10 +139,18 @@ class PoorWeightInitialization(Rule):
     )
     loss_tolerance = Param(float, 1e-3, "relative spread below which the loss counts as stuck (trainguard)")
     min_gradient_size = Param(int, 16, "gradients with fewer elements are not judged (trainguard)")
+    semantics = semantics_param()
+    confirm_steps = Param(
+        int,
+        2,
+        "calibrated: consecutive evaluated training steps the condition must hold at (trainguard)",
+        check=lambda value: None if value >= 1 else "must be >= 1",
+    )
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self._losses: dict[int, float] = {}
+        self._streak = 0  # consecutive evaluated steps with a condition met (calibrated)
 
     def validate(self) -> None:
         check_regexes(self, "activation_inputs_regex")
@@ -130,7 +162,9 @@ class PoorWeightInitialization(Rule):
         mode = training_mode(trial)
         if mode != ModeKeys.GLOBAL and trial.mode(step) != mode:
             return None
-        if trial.mode_step(step) > self.steps:
+        calibrated = self.semantics != SAGEMAKER
+        needed = self.confirm_steps if calibrated else 1
+        if trial.mode_step(step) > self.steps and not (calibrated and 0 < self._streak < needed):
             return None
         activations = select(self, step, collections=["relu_input"], regex=self.activation_inputs_regex)
         gradients = select(self, step, collections=["gradients"])
@@ -148,8 +182,12 @@ class PoorWeightInitialization(Rule):
             self._loss(step, losses, values, details),
         ]
         problem = next((text for text in found if text), None)
-        if problem:
-            return self.issue(step, problem, **details)
+        self._streak = self._streak + 1 if problem else 0
+        if problem and self._streak >= needed:
+            if calibrated:
+                problem += f" (at {self._streak} consecutive evaluated steps)"
+            identical = details.get("variance_ratio") == float("inf") or details.get("min_gradient_spread") == 0.0
+            return self.issue(step, problem, certain=calibrated and identical, **details)
         return self.no_issue(step, **details)
 
     def _variance(self, step: int, names: list[str], values: dict, details: dict) -> str | None:
@@ -171,6 +209,14 @@ class PoorWeightInitialization(Rule):
         low = min(variances, key=lambda key: variances[key])
         ratio = variances[high] / variances[low] if variances[low] > 0 else float("inf")
         details.update(variance_ratio=ratio, variances=variances)
+        if variances[low] == 0:
+            return (
+                f"activation input {low} has zero variance (every unit computes the same value) while "
+                f"{high}'s is {fmt(variances[high])}: the weights do not break symmetry"
+                if variances[high] > 0
+                else f"every activation input has zero variance ({len(variances)} layers): the weights do not "
+                "break symmetry"
+            )
         if ratio > self.threshold:
             return (
                 f"activation-input variance differs {fmt(ratio)}× across layers ({high}: {fmt(variances[high])}, "
@@ -191,7 +237,17 @@ class PoorWeightInitialization(Rule):
             p5, p95 = np.percentile(array, [5, 95])
             return float(p95 - p5)
 
-        found = map_tensors(spread, {name: values[name] for name in names if name in values})  # two cores
+        judged = {name: values[name] for name in names if name in values}
+        if self.semantics != SAGEMAKER:
+            # narrow by construction: key biases, all-zero gradients, weights fed all-zero inputs
+            judged = {
+                name: value
+                for name, value in judged.items()
+                if not is_key_bias(name)
+                and np.any(np.asarray(value))
+                and not zero_input_weight(name, np.asarray(value), values)
+            }
+        found = map_tensors(spread, judged)  # two cores
         spreads = {name: value for name, value in found.items() if value is not None}
         if not spreads:
             return None

@@ -11,13 +11,20 @@ activation's derivative falls below 1e-7). Tensors: collections ``tanh_input`` a
 ``tensor_regex`` ∪ ``collection_names``. A tensor uses the sigmoid bounds when it is in
 ``sigmoid_input`` or its name contains "sigmoid", else the tanh bounds. Nodes as in DeadRelu:
 features (2-D), last axis (3-D), channels (4-D/5-D).
+
+Calibrated semantics (default): a node's activity is pooled over the samples of the last
+``window`` saved steps, and a layer fires when it was over ``threshold_layer`` at most of its
+last ``window`` evaluations (certain: all of a full window). ``semantics="sagemaker"``: the
+documented single-step condition.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
-from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.base import MissingTensor, StepResult
 from trainguard.rules.builtin._helpers import (
     activation_axes,
     as_float,
@@ -27,6 +34,7 @@ from trainguard.rules.builtin._helpers import (
     read_values,
     select,
 )
+from trainguard.rules.builtin._persistence import PersistentRule
 from trainguard.rules.params import Param
 
 
@@ -34,15 +42,30 @@ def _percent(value: float) -> str | None:
     return None if 0 <= value <= 100 else "must be a percentage between 0 and 100"
 
 
-class SaturatedActivation(Rule):
+class SaturatedActivation(PersistentRule):
     """tanh/sigmoid layers whose inputs sit where the activation is flat."""
 
     rule_name = "SaturatedActivation"
     collections = ("tanh_input", "sigmoid_input")
-    fix_hint = (
-        "scale down the initial weights (Xavier init: torch.nn.init.xavier_uniform_), normalise the "
-        "inputs, add BatchNorm before the activation, or use ReLU"
+    needs = "no tanh/sigmoid inputs were captured (nn.Tanh/nn.Sigmoid modules or the tanh_input/sigmoid_input collections)"
+    stop_policy = (
+        "stops training when a layer was saturated at every evaluation of a full window; SageMaker "
+        "semantics never stop"
     )
+    fix_hint = (
+        "scale down the initial weights (Xavier/Glorot initialisation), normalise the inputs, add a "
+        "normalisation layer before the activation, or use ReLU"
+    )
+    fix_hints = {
+        "pytorch": (
+            "scale down the initial weights (Xavier init: torch.nn.init.xavier_uniform_), normalise the "
+            "inputs, add BatchNorm before the activation, or use ReLU"
+        ),
+        "keras": (
+            "scale down the initial weights (kernel_initializer='glorot_uniform'), normalise the inputs, add "
+            "layers.BatchNormalization before the activation, or use activation='relu'"
+        ),
+    }
 
     collection_names = Param(list, None, "extra collections of tanh/sigmoid inputs")
     tensor_regex = Param(list, [".*tanh_input|.*sigmoid_input"], "regexes of activation input names", optional=True)
@@ -65,6 +88,25 @@ class SaturatedActivation(Rule):
             raise ConfigError(f"{self.name()}: threshold_tanh_min must be < threshold_tanh_max")
         if self.threshold_sigmoid_min >= self.threshold_sigmoid_max:
             raise ConfigError(f"{self.name()}: threshold_sigmoid_min must be < threshold_sigmoid_max")
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        # calibrated: per layer, (samples inside the bounds per node, samples) of the last `window` steps
+        self._recent: dict[str, deque[tuple[np.ndarray, int]]] = {}
+
+    def _saturated_percent(self, name: str, inside: np.ndarray) -> float | None:
+        counts, samples = np.count_nonzero(inside, axis=0), inside.shape[0]
+        if not self.single_step:
+            recent = self._recent.get(name)
+            if recent is None or (recent and recent[-1][0].shape != counts.shape):
+                recent = self._recent[name] = deque(maxlen=self.window)
+            recent.append((counts, samples))
+            counts = np.sum([c for c, _ in recent], axis=0)
+            samples = sum(n for _, n in recent)
+        if samples == 0 or counts.size == 0:
+            return None
+        activity = 100.0 * counts / samples
+        return 100.0 * float(np.mean(activity < self.threshold_inactivity))
 
     def _bounds(self, name: str) -> tuple[str, float, float]:
         trial = self.base_trial
@@ -93,6 +135,7 @@ class SaturatedActivation(Rule):
             return None
         worst: tuple[float, str] = (-1.0, "")
         fired: dict[str, dict[str, float | str]] = {}
+        certain = False
         for name, value in read_values(trial, names, step).items():
             array = as_float(value)
             if array is None or array.size == 0:
@@ -101,10 +144,13 @@ class SaturatedActivation(Rule):
             nodes = activation_axes(array)
             with np.errstate(invalid="ignore"):
                 inside = (nodes > low) & (nodes < high)  # NaN is outside: a NaN node does nothing
-            activity = 100.0 * np.mean(inside, axis=0)
-            saturated = 100.0 * float(np.mean(activity < self.threshold_inactivity))
+            saturated = self._saturated_percent(name, inside)
+            if saturated is None:
+                continue
             worst = max(worst, (saturated, name))
-            if saturated > self.threshold_layer:
+            fire, sure = self.persisted(name, saturated > self.threshold_layer)
+            certain = certain or sure
+            if fire:
                 fired[name] = {"saturated_percent": saturated, "activation": kind, "min": low, "max": high}
         if not worst[1]:
             return None
@@ -116,7 +162,8 @@ class SaturatedActivation(Rule):
                 step,
                 f"{fmt(percent)}% of the nodes of {info['activation']} input {name} are saturated "
                 f"(outside ({fmt(low)}, {fmt(high)}) in > {fmt(100 - self.threshold_inactivity)}% "
-                f"of samples); threshold_layer {fmt(self.threshold_layer)}%",
+                f"of samples) {self.persistence_text(name)}; threshold_layer {fmt(self.threshold_layer)}%",
+                certain=certain,
                 tensor=name,
                 saturated_percent=info["saturated_percent"],
                 layers=fired,

@@ -7,6 +7,10 @@ neither threshold the rule could never fire, so trainguard refuses that configur
 ConfigError naming both parameters). Deviation: with neither ``collection_names`` nor
 ``tensor_regex`` the ``weights`` collection is inspected. Non-finite values (ExplodingTensor's
 finding) and tensors with fewer than 2 elements are skipped.
+
+Calibrated semantics (default): a tensor fires when its variance was out of bounds at most of
+its last ``window`` evaluations (certain: all of a full window). ``semantics="sagemaker"``: at
+every step on its own.
 """
 
 from __future__ import annotations
@@ -14,16 +18,22 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.errors import ConfigError
-from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.base import MissingTensor, StepResult
 from trainguard.rules.builtin._helpers import as_float, check_regexes, fmt, is_complete, read_values, select
+from trainguard.rules.builtin._persistence import PersistentRule
 from trainguard.rules.params import Param
 
 
-class TensorVariance(Rule):
+class TensorVariance(PersistentRule):
     """Tensors whose variance is outside [min_threshold, max_threshold]."""
 
     rule_name = "TensorVariance"
     collections = ("weights",)
+    needs = "no weights (or the selected tensors) with finite values were saved"
+    stop_policy = (
+        "stops training when a variance was out of bounds at every evaluation of a full window; SageMaker "
+        "semantics never stop"
+    )
     fix_hint = (
         "very high variance: lower the learning rate or add weight decay / normalisation; very low "
         "variance: check the initialisation and that the tensor is being trained"
@@ -75,12 +85,17 @@ class TensorVariance(Rule):
             return None
         high = {n: v for n, v in variances.items() if self.max_threshold is not None and v > self.max_threshold}
         low = {n: v for n, v in variances.items() if self.min_threshold is not None and v < self.min_threshold}
+        fired = {name: self.persisted(name, name in high or name in low) for name in variances}
+        high = {n: v for n, v in high.items() if fired[n][0]}
+        low = {n: v for n, v in low.items() if fired[n][0]}
         if high or low:
             name = sorted(high or low)[0]
             bound = f"max_threshold {fmt(self.max_threshold)}" if high else f"min_threshold {fmt(self.min_threshold)}"
             return self.issue(
                 step,
-                f"variance of {name} is {fmt(variances[name])}, {'above' if high else 'below'} {bound}",
+                f"variance of {name} is {fmt(variances[name])}, {'above' if high else 'below'} {bound} "
+                f"{self.persistence_text(name)}",
+                certain=any(sure for fire, sure in fired.values() if fire),
                 tensor=name,
                 variance=variances[name],
                 high=high,

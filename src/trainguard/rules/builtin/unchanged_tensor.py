@@ -12,6 +12,16 @@ the parameters are inspected — collections ``weights``, ``biases``, ``gradient
 labels and user scalars such as a constant learning rate legitimately repeat. Parameters
 (``weights``/``biases`` members) are not judged at EVAL/PREDICT steps: weights do not change
 while a model is evaluated. Tensors of differing shapes are "changed".
+
+Calibrated semantics (default): a tensor fires only when it was unchanged at most of its last
+``window`` evaluations (each over ``num_steps`` saved steps; certain: all of a full window), and
+what is unchanged by construction is not judged: all-zero gradients (their layer gets no signal
+in that batch or never: AllZero's and VanishingGradient's findings), attention key biases
+(zero gradient: softmax is shift invariant), and parameters that get no gradient — frozen
+(the run saved gradients but none for this parameter) or with an all-zero gradient at this
+step (e.g. all-zero inputs in a batch of size 1). When every parameter of the model is
+unchanged, none is excused: nothing is learning. ``semantics="sagemaker"``: SageMaker's
+condition at every evaluated step.
 """
 
 from __future__ import annotations
@@ -19,21 +29,38 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.modes import ModeKeys
-from trainguard.rules.base import Rule, StepResult
+from trainguard.rules.base import StepResult
 from trainguard.rules.builtin._helpers import check_regexes, earlier_steps, is_complete, read_values, select
+from trainguard.rules.builtin._persistence import PersistentRule, is_key_bias
 from trainguard.rules.params import Param
 
 DEFAULT_COLLECTIONS = ("weights", "biases", "gradients")
 
 
-class UnchangedTensor(Rule):
+class UnchangedTensor(PersistentRule):
     """Tensors that stay the same over several saved steps (nothing is being learned)."""
 
     rule_name = "UnchangedTensor"
-    fix_hint = (
-        "check that the learning rate is not 0, that the parameters are passed to the optimizer with "
-        "requires_grad=True, and that optimizer.step() is called"
+    needs = "no weights, biases or gradients (or the selected tensors) were saved at num_steps steps of one mode"
+    stop_policy = (
+        "stops training when tensors stayed unchanged at every evaluation of a full window; SageMaker "
+        "semantics never stop"
     )
+    fix_hint = (
+        "check that the learning rate is not 0, that the parameters are given to the optimizer and are "
+        "trainable, and that the optimizer's step is called"
+    )
+    fix_hints = {
+        "pytorch": (
+            "check that the learning rate is not 0, that the parameters are passed to the optimizer with "
+            "requires_grad=True, and that optimizer.step() is called"
+        ),
+        "keras": (
+            "check that the learning rate is not 0, that the layers are trainable (layer.trainable=True) "
+            "and that the model is compiled after changing trainable"
+        ),
+        "xgboost": "check that eta (learning_rate) is not 0 and that boosting rounds add trees",
+    }
 
     collection_names = Param(list, None, "collections to inspect (default: weights, biases, gradients)")
     tensor_regex = Param(list, None, "regexes of tensor names to inspect")
@@ -95,17 +122,58 @@ class UnchangedTensor(Rule):
             if all(self._close(a, b) for a, b in zip(arrays, arrays[1:], strict=False)):
                 unchanged[name] = window
         self._forget(windows)
-        if unchanged:
-            name = sorted(unchanged)[0]
+        excused = self._unchanged_by_construction(step, windows, unchanged) if self.calibrated else set()
+        fired: dict[str, list[int]] = {}
+        certain = False
+        for name in windows:
+            if name in excused:
+                self.persistence.forget(name)
+                continue
+            fire, sure = self.persisted(name, name in unchanged)
+            if fire:
+                fired[name] = unchanged[name]
+                certain = certain or sure
+        if fired:
+            name = sorted(fired)[0]
             return self.issue(
                 step,
-                f"{len(unchanged)} tensor(s) did not change over their last {self.num_steps} saved steps, "
-                f"e.g. {name} at steps {unchanged[name]}",
+                f"{len(fired)} tensor(s) did not change over their last {self.num_steps} saved steps "
+                f"{self.persistence_text(name)}, e.g. {name} at steps {fired[name]}",
+                certain=certain,
                 tensor=name,
-                steps=unchanged[name],
-                tensors=sorted(unchanged),
+                steps=fired[name],
+                tensors=sorted(fired),
+                not_judged=sorted(excused),
             )
-        return self.no_issue(step, tensors_checked=len(windows))
+        return self.no_issue(step, tensors_checked=len(windows), not_judged=sorted(excused))
+
+    def _unchanged_by_construction(
+        self, step: int, windows: dict[str, list[int]], unchanged: dict[str, list[int]]
+    ) -> set[str]:
+        """Unchanged tensors that get no gradient by construction (see the module docstring)."""
+        trial = self.base_trial
+        excused = {name for name in unchanged if is_key_bias(name)}
+        gradients = unchanged.keys() & {name for name in windows if name.startswith("gradient/")}
+        for name in gradients:
+            value = self._values.get((name, step))
+            if value is not None and value.dtype.kind in "fciub" and not np.any(value):
+                excused.add(name)
+        parameters = [name for name in windows if self._is_parameter(name)]
+        if not parameters or all(name in unchanged for name in parameters):
+            return excused  # nothing in the model changes: no parameter is excused
+        saved = set(trial.tensor_names(collection="gradients")) if "gradients" in trial.collections() else set()
+        if not saved:
+            return excused  # the run saved no gradients: frozen cannot be told from not updated
+        candidates = [name for name in parameters if name in unchanged and name not in excused]
+        present = [f"gradient/{name}" for name in candidates if f"gradient/{name}" in saved]
+        current = read_values(trial, present, step)
+        for name in candidates:
+            gradient = f"gradient/{name}"
+            if gradient not in saved:
+                excused.add(name)  # frozen: no gradient ever saved
+            elif gradient in current and not np.any(np.asarray(current[gradient])):
+                excused.add(name)  # no gradient reached it at this step
+        return excused
 
     def _close(self, a: np.ndarray, b: np.ndarray) -> bool:
         if a.shape != b.shape:

@@ -1,50 +1,91 @@
-"""VanishingGradient: ``fire at step s if ∃ g ∈ gradients: mean(|g_s|) < threshold``.
+"""VanishingGradient: the model's gradient flow has vanished.
 
-SageMaker ``rule_to_invoke``: ``VanishingGradient``; parameter ``threshold`` (default 1e-7,
-as documented). Gradients are the ``gradients`` collection (PyTorch ``gradient/<param>``).
-Non-finite gradients are ExplodingTensor's finding and are skipped here; empty tensors too.
+Calibrated semantics (default): at each saved step, the gradients of the model are judged as a
+whole. A gradient tensor counts as vanished when the mean absolute value of its non-zero
+elements is below ``threshold`` (an all-zero tensor counts as 0); the step's condition holds when
+at least ``layer_fraction`` of the judged gradient tensors vanished. The rule fires when the
+condition held at most of the last ``window`` evaluated steps (certain: at all of a full window).
+Not judged, because their gradient is zero by construction (see ``_persistence``): attention key
+biases, frozen parameters (no gradient saved), a weight gradient that is zero while its layer's
+bias gradient is not (all-zero inputs in that batch), and the exactly-zero elements of an
+otherwise non-zero gradient (embedding rows of tokens absent from the batch). Non-finite
+gradients are ExplodingTensor's finding and are skipped here.
+
+``semantics="sagemaker"``: SageMaker's documented condition, ``fire at step s if ∃ g ∈ gradients:
+mean(|g_s|) < threshold`` (``rule_to_invoke`` ``VanishingGradient``, threshold 1e-7).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.base import MissingTensor, StepResult
 from trainguard.rules.builtin._helpers import all_finite, as_float, fmt, is_complete, read_values, select
 from trainguard.rules.builtin._parallel import map_tensors
+from trainguard.rules.builtin._persistence import PersistentRule, is_key_bias, zero_input_weight
 from trainguard.rules.params import Param
 
+_MODEL = "model"  # the persistence key: the model's gradient flow as a whole
 
-class VanishingGradient(Rule):
+
+class VanishingGradient(PersistentRule):
     """Gradients so small that the layers they reach stop learning."""
 
     rule_name = "VanishingGradient"
     collections = ("gradients",)
-    fix_hint = (
-        "use ReLU/LeakyReLU instead of sigmoid/tanh in deep stacks, add BatchNorm or residual "
-        "connections, and use Xavier/He initialisation (torch.nn.init.kaiming_normal_)"
+    needs = "no gradients were saved (save the 'gradients' collection)"
+    stop_policy = (
+        "stops training when gradients vanished in at least layer_fraction of the model at every step "
+        "of a full window; SageMaker semantics never stop"
     )
+    fix_hint = (
+        "use ReLU/LeakyReLU instead of sigmoid/tanh in deep stacks, add normalisation layers or residual "
+        "connections, and use Xavier/He initialisation"
+    )
+    fix_hints = {
+        "pytorch": (
+            "use ReLU/LeakyReLU instead of sigmoid/tanh in deep stacks, add BatchNorm/LayerNorm or residual "
+            "connections, and use Xavier/He initialisation (torch.nn.init.kaiming_normal_)"
+        ),
+        "keras": (
+            "use 'relu' instead of 'sigmoid'/'tanh' activations in deep stacks, add BatchNormalization or "
+            "residual connections, and use kernel_initializer='he_normal' or 'glorot_uniform'"
+        ),
+        "xgboost": "gradients of a tree model do not vanish; check the objective and base_score",
+    }
 
     threshold = Param(
         float,
         1e-7,
-        "fire when the mean absolute value of a gradient is below this",
+        "a gradient whose mean absolute (non-zero) value is below this vanished",
         check=lambda value: None if value >= 0 else "must be >= 0",
+    )
+    layer_fraction = Param(
+        float,
+        0.25,
+        "calibrated: fire when at least this fraction of the judged gradient tensors vanished (trainguard)",
+        check=lambda value: None if 0 < value <= 1 else "must be in (0, 1]",
     )
 
     def _mean_abs(self, step: int, name: str, value: np.ndarray) -> float | None:
-        """mean(|g|) in float64; None for empty, non-finite or non-numeric gradients."""
+        """mean(|g|) in float64 (calibrated: over the non-zero elements); None for empty,
+        non-finite or non-numeric gradients."""
         raw = np.asarray(value)
         if raw.dtype.kind == "f":
             if raw.size == 0 or not all_finite(self.base_trial, step, name, raw):
                 return None
             # |x| is exact in any float precision: abs written straight into float64 gives
             # the very values widening first did, in one pass instead of two
-            return float(np.mean(np.abs(raw, out=np.empty(raw.shape, dtype=np.float64))))
-        array = as_float(value)
-        if array is None or array.size == 0 or not np.all(np.isfinite(array)):
-            return None
-        return float(np.mean(np.abs(array)))
+            magnitudes = np.abs(raw, out=np.empty(raw.shape, dtype=np.float64))
+        else:
+            array = as_float(value)
+            if array is None or array.size == 0 or not np.all(np.isfinite(array)):
+                return None
+            magnitudes = np.abs(array)
+        if self.single_step:
+            return float(np.mean(magnitudes))
+        nonzero = np.count_nonzero(magnitudes)
+        return float(np.sum(magnitudes) / nonzero) if nonzero else 0.0
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial
@@ -57,26 +98,47 @@ class VanishingGradient(Rule):
         names = select(self, step, collections=["gradients"])
         if not names:
             return None
-        smallest: tuple[float, str] | None = None
-        vanished: list[tuple[str, float]] = []
         values = read_values(trial, names, step)
-        for name, mean_abs in map_tensors(lambda name, value: self._mean_abs(step, name, value), values).items():
-            if mean_abs is None:
-                continue
-            if smallest is None or mean_abs < smallest[0]:
-                smallest = (mean_abs, name)
-            if mean_abs < self.threshold:
-                vanished.append((name, mean_abs))
-        if smallest is None:
+        excluded: list[str] = []
+        if self.calibrated:
+            for name in list(values):
+                if is_key_bias(name) or zero_input_weight(name, np.asarray(values[name]), values):
+                    excluded.append(name)
+            judged = {name: value for name, value in values.items() if name not in excluded}
+        else:
+            judged = values
+        means = {
+            name: mean
+            for name, mean in map_tensors(lambda name, value: self._mean_abs(step, name, value), judged).items()
+            if mean is not None
+        }
+        if not means:
             return None
-        if vanished:
-            name, value = min(vanished, key=lambda item: item[1])
+        smallest = min(means, key=means.__getitem__)
+        vanished = {name: mean for name, mean in means.items() if mean < self.threshold}
+        if self.single_step:
+            held = bool(vanished)
+        else:
+            held = len(vanished) >= max(1.0, self.layer_fraction * len(means))
+        fire, certain = self.persisted(_MODEL, held)
+        if fire:
+            name = min(vanished, key=vanished.__getitem__)
             return self.issue(
                 step,
-                f"{len(vanished)} gradient(s) vanished: mean |{name}| = {fmt(value)} < threshold {fmt(self.threshold)}",
+                f"{len(vanished)} of {len(means)} gradient(s) vanished {self.persistence_text(_MODEL)}: "
+                f"mean |{name}| = {fmt(vanished[name])} < threshold {fmt(self.threshold)}",
+                certain=certain,
                 tensor=name,
-                mean_abs=value,
+                mean_abs=vanished[name],
                 threshold=self.threshold,
-                vanished={key: val for key, val in vanished},
+                vanished=vanished,
+                not_judged=excluded,
             )
-        return self.no_issue(step, tensor=smallest[1], min_mean_abs=smallest[0])
+        return self.no_issue(
+            step,
+            tensor=smallest,
+            min_mean_abs=means[smallest],
+            vanished=len(vanished),
+            judged=len(means),
+            not_judged=excluded,
+        )

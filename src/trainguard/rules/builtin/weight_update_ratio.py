@@ -9,6 +9,15 @@ when the run has any (weights do not move during evaluation), else every step. W
 tensor's previous saved step in that mode; with ``num_steps`` it is the earliest saved step
 whose mode step is ≥ s − num_steps (the window must hold at least one earlier step).
 Non-finite weights or updates count as an infinitely large update.
+
+Calibrated semantics (default): W_prev is the weights ``window − 1`` saved steps earlier (the
+oldest saved step in the window when fewer were saved; ``num_steps`` still overrides it), so the
+ratio is the drift over the window — one step's ratio swings with its batch, a diverging or a
+frozen weight does not. A tensor fires when its ratio was out of bounds at most of its last
+``window`` evaluations (certain: all of a full window); a non-finite update fires at once and
+is certain. Weights that get no gradient by construction are never "too small": frozen ones
+(the run saved gradients, none for this weight) and those whose gradient is all zero at this
+step (all-zero inputs). ``semantics="sagemaker"``: the previous saved step, single-step condition.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.modes import ModeKeys
-from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.base import MissingTensor, StepResult
 from trainguard.rules.builtin._helpers import (
     as_float,
     earlier_steps,
@@ -27,6 +36,7 @@ from trainguard.rules.builtin._helpers import (
     training_mode,
 )
 from trainguard.rules.builtin._parallel import map_tensors
+from trainguard.rules.builtin._persistence import PersistentRule
 from trainguard.rules.params import Param
 
 
@@ -47,17 +57,32 @@ def _norm(array: np.ndarray) -> float:
         return float(np.sqrt(np.einsum("i,i->", array, array, dtype=np.float64)))
 
 
-class WeightUpdateRatio(Rule):
+class WeightUpdateRatio(PersistentRule):
     """Weight updates far too large or far too small for the weights they change."""
 
     rule_name = "WeightUpdateRatio"
     collections = ("weights",)
-    fix_hint = "check the learning rate"
-    large_hint = "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_)"
-    small_hint = (
-        "raise the learning rate, lower weight decay, and check that the parameters are given to the "
-        "optimizer and have requires_grad=True"
+    needs = "no weights were saved at two training steps"
+    stop_policy = (
+        "stops training at a non-finite update, or when the ratio was out of bounds at every evaluation of "
+        "a full window; SageMaker semantics never stop"
     )
+    fix_hint = "check the learning rate"
+    large_hints = {
+        "pytorch": "lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_)",
+        "keras": "lower the learning rate or clip gradients (optimizer clipnorm=1.0)",
+        "xgboost": "lower eta",
+    }
+    small_hints = {
+        "pytorch": (
+            "raise the learning rate, lower weight decay, and check that the parameters are given to the "
+            "optimizer and have requires_grad=True"
+        ),
+        "keras": "raise the learning rate, lower weight decay, and check that the layers are trainable",
+        "xgboost": "raise eta",
+    }
+    large_hint = "lower the learning rate or clip gradients"
+    small_hint = "raise the learning rate, lower weight decay, and check that the parameters are being trained"
 
     num_steps = Param(
         int,
@@ -87,8 +112,9 @@ class WeightUpdateRatio(Rule):
             return mode == ModeKeys.GLOBAL or trial.mode(p) == mode
 
         if self.num_steps is None:
-            found = earlier_steps(trial, name, step, in_mode, limit=1)
-            return found[0] if found else None
+            back = 1 if self.single_step else max(1, self.window - 1)
+            found = earlier_steps(trial, name, step, in_mode, limit=back)
+            return found[-1] if found else None
         number = (lambda p: p) if mode == ModeKeys.GLOBAL else trial.mode_step
         oldest = number(step) - self.num_steps
         window = earlier_steps(trial, name, step, in_mode, stop=lambda p: number(p) < oldest)
@@ -148,6 +174,22 @@ class WeightUpdateRatio(Rule):
             return None
         large = {name: r for name, r in ratios.items() if r > self.large_threshold}
         small = {name: r for name, r in ratios.items() if r < self.small_threshold}
+        certain = False
+        if not self.single_step:
+            if small:
+                without = self._without_gradient(names, step)
+                small = {name: r for name, r in small.items() if name not in without}
+            immediate = {name: r for name, r in large.items() if r == float("inf")}  # non-finite
+            large = {name: r for name, r in large.items() if self._persisted(name, "large", True)}
+            small = {name: r for name, r in small.items() if self._persisted(name, "small", True)}
+            for name in ratios.keys() - large.keys():
+                self.persisted((name, "large"), False)
+            for name in ratios.keys() - small.keys():
+                self.persisted((name, "small"), False)
+            certain = bool(immediate) or any(
+                self.persistence.confirmed((name, "large" if name in large else "small")) for name in {**large, **small}
+            )
+            large.update(immediate)
         if large or small:
             # too large wins: a diverging update is the more urgent of the two
             direction, found = ("large", large) if large else ("small", small)
@@ -155,10 +197,15 @@ class WeightUpdateRatio(Rule):
             ratio, before = found[name], previous_steps[name]
             size = f"{fmt(ratio)} times" if large else f"only {fmt(ratio)} of"
             threshold = self.large_threshold if large else self.small_threshold
+            framework = self.framework() or ""
+            hint = self.large_hints.get(framework, self.large_hint) if large else self.small_hints.get(framework, self.small_hint)
+            how_long = "" if self.single_step or ratio == float("inf") else f" {self.persistence_text((name, direction))}"
             return self.issue(
                 step,
-                f"update of {name} is {size} its norm (step {before} → {step}); {direction}_threshold {fmt(threshold)}",
-                fix_hint=self.large_hint if large else self.small_hint,
+                f"update of {name} is {size} its norm (step {before} → {step}){how_long}; "
+                f"{direction}_threshold {fmt(threshold)}",
+                fix_hint=hint,
+                certain=certain,
                 tensor=name,
                 ratio=ratio,
                 direction=direction,
@@ -166,3 +213,23 @@ class WeightUpdateRatio(Rule):
                 ratios=ratios,
             )
         return self.no_issue(step, min_ratio=min(ratios.values()), max_ratio=max(ratios.values()))
+
+    def _persisted(self, name: str, direction: str, held: bool) -> bool:
+        return self.persisted((name, direction), held)[0]
+
+    def _without_gradient(self, names: list[str], step: int) -> set[str]:
+        """Weights that get no gradient by construction: frozen, or all-zero gradient at this step."""
+        trial = self.base_trial
+        saved = set(trial.tensor_names(collection="gradients")) if "gradients" in trial.collections() else set()
+        if not saved:
+            return set()  # the run saved no gradients: cannot tell frozen from not updated
+        frozen = {name for name in names if f"gradient/{name}" not in saved}
+        if len(frozen) == len(names):
+            return set()  # nothing in the model gets a gradient: report it
+        present = [f"gradient/{name}" for name in names if name not in frozen]
+        zero = {
+            gradient.removeprefix("gradient/")
+            for gradient, value in read_values(trial, present, step).items()
+            if not np.any(np.asarray(value))
+        }
+        return frozen | zero
