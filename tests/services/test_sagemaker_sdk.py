@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.s3_server import s3_bucket, s3_client  # noqa: F401  (fixtures by name)
-from tests.services.conftest import SAGEMAKER_KEY_ID, SAGEMAKER_SECRET
+from tests.services.conftest import SAGEMAKER_KEY_ID, SAGEMAKER_SECRET, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,9 @@ TRAIN_PY = textwrap.dedent(
     x, y = data[:, :2], data[:, 2:]
     model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    import time
     for epoch in range(args.epochs):
+        time.sleep(0.02)
         for start in range(0, len(x), 8):
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x[start:start + 8]), y[start:start + 8])
@@ -84,14 +86,13 @@ def _seed_data(client, bucket: str) -> str:  # noqa: ANN001
     return f"s3://{bucket}/datasets/xy"
 
 
-@pytest.mark.parametrize("lr, healthy", [(0.05, True), (1e6, False)])
-def test_pytorch_estimator_fit_unchanged(api_factory, s3_endpoint, s3_bucket, sdk_python, tmp_path, lr, healthy):  # noqa: F811
+def test_pytorch_estimator_fit_unchanged(api_factory, s3_endpoint, s3_bucket, sdk_python, tmp_path):  # noqa: F811
     api = api_factory(S3_ENDPOINT_URL=s3_endpoint)
     client = s3_client(s3_endpoint)
     settings = {
         "api_url": api.url, "s3_url": s3_endpoint, "bucket": s3_bucket, "key_id": SAGEMAKER_KEY_ID,
         "secret": SAGEMAKER_SECRET, "source_dir": str(_source_dir(tmp_path)), "data_uri": _seed_data(client, s3_bucket),
-        "lr": lr, "wait_logs": False,
+        "lr": 0.05, "epochs": 3, "wait_logs": False,
     }  # fmt: skip
     result = _run_sdk(sdk_python, settings)
     assert result["failure"] is None, result
@@ -107,6 +108,32 @@ def test_pytorch_estimator_fit_unchanged(api_factory, s3_endpoint, s3_bucket, sd
         assert "model.pt" in tar.getnames()
     summary = {entry["RuleConfigurationName"]: entry for entry in result["rule_summary"]}
     assert "ExplodingTensor" in summary, result["rule_summary"]
-    expected = "NoIssuesFound" if healthy else "IssuesFound"
-    assert summary["ExplodingTensor"]["RuleEvaluationStatus"] == expected, result["rule_summary"]
+    assert summary["ExplodingTensor"]["RuleEvaluationStatus"] == "NoIssuesFound", result["rule_summary"]
     assert result["debugger_artifacts_path"], result
+    assert result["hyperparameters"]["epochs"] == "3", result
+
+
+def test_faulty_estimator_job_is_stopped_by_its_rule_action(api_factory, s3_endpoint, s3_bucket, sdk_python, tmp_path):  # noqa: F811
+    """lr 1e6 makes the loss non-finite within a few steps; the rule's StopTraining action stops it."""
+    api = api_factory(S3_ENDPOINT_URL=s3_endpoint)
+    client = s3_client(s3_endpoint)
+    settings = {
+        "api_url": api.url, "s3_url": s3_endpoint, "bucket": s3_bucket, "key_id": SAGEMAKER_KEY_ID,
+        "secret": SAGEMAKER_SECRET, "source_dir": str(_source_dir(tmp_path)), "data_uri": _seed_data(client, s3_bucket),
+        "lr": 1e6, "epochs": 3000, "wait_logs": False,
+    }  # fmt: skip
+    result = _run_sdk(sdk_python, settings)
+    summary = {entry["RuleConfigurationName"]: entry for entry in result["rule_summary"]}
+    assert summary["ExplodingTensor"]["RuleEvaluationStatus"] == "IssuesFound", result["rule_summary"]
+    # 3000 epochs take about a minute; the action stops the job long before. The SDK's wait ends
+    # at Stopping (SDK 2.x counts only InProgress/Created as running), then the job is Stopped.
+    assert result["status"] in ("Stopping", "Stopped"), result
+    sagemaker = api.sagemaker()
+    final = wait_for(
+        lambda: (d := sagemaker.describe_training_job(TrainingJobName=result["job_name"]))["TrainingJobStatus"]
+        in ("Stopped", "Completed", "Failed") and d,
+        timeout=60,
+        what="the stopped job to end",
+    )
+    assert final["TrainingJobStatus"] == "Stopped", final
+    assert final["TrainingEndTime"] > final["TrainingStartTime"]

@@ -33,10 +33,11 @@ estimator = PyTorch(
     role="arn:aws:iam::000000000000:role/SageMakerRole",
     instance_count=1,
     instance_type="ml.m5.large",
-    hyperparameters={"epochs": 3, "lr": settings["lr"]},
+    hyperparameters={"epochs": settings.get("epochs", 3), "lr": settings["lr"]},
     sagemaker_session=session,
     output_path=f"s3://{settings['bucket']}/output",
-    rules=[Rule.sagemaker(rule_configs.exploding_tensor())],
+    # SageMaker's documented way to stop a job on a finding: the rule's StopTraining action.
+    rules=[Rule.sagemaker(rule_configs.exploding_tensor(), actions=rule_configs.ActionList(rule_configs.StopTraining()))],
     metric_definitions=[{"Name": "train:loss", "Regex": r"loss=([0-9.eE+-]+|nan|inf)"}],
     disable_profiler=True,
 )
@@ -48,6 +49,7 @@ except Exception as error:  # the SDK raises UnexpectedStatusException for a fai
 job = estimator.latest_training_job
 description = job.describe()
 result = {
+    "job_name": job.name,
     "failure": failure,
     "status": description["TrainingJobStatus"],
     "failure_reason": description.get("FailureReason"),
