@@ -17,6 +17,17 @@ from trainguard.trial import create_trial
 
 SEEDS = range(5)
 
+def sagemaker(spec):
+    """``spec`` under SageMaker's documented single-step semantics (what the oracles below compute);
+    rules without a ``semantics`` parameter are unchanged."""
+    from trainguard.rules import builtin_rules
+
+    spec = RuleSpec.parse(spec) if isinstance(spec, str) else spec
+    if "semantics" not in builtin_rules()[spec.rule].parameters():
+        return spec
+    return RuleSpec(spec.rule, {**spec.parameters, "semantics": "sagemaker"})
+
+
 
 def fired_steps(results):
     return [result.step for result in results if result.fired]
@@ -36,7 +47,7 @@ def test_vanishing_gradient_matches_oracle(tmp_path, seed):
         if any(np.mean(np.abs(g)) < threshold for g in tensors.values()):
             expected.append(step)
     path = write_run(tmp_path / "run", steps)
-    results = evaluate_rule(path, RuleSpec("VanishingGradient", {"threshold": repr(threshold)}))
+    results = evaluate_rule(path, sagemaker(RuleSpec("VanishingGradient", {"threshold": repr(threshold)})))
     assert [r.step for r in results] == list(range(8))
     assert fired_steps(results) == expected
     for result in results:
@@ -46,10 +57,11 @@ def test_vanishing_gradient_matches_oracle(tmp_path, seed):
 
 def test_vanishing_gradient_skips_non_finite_and_reports_missing_gradients(tmp_path):
     path = write_run(tmp_path / "run", {0: {"gradient/w": np.full(3, np.nan)}, 1: {"gradient/w": np.zeros(3)}})
-    assert fired_steps(evaluate_rule(path, "VanishingGradient")) == [1]
+    assert fired_steps(evaluate_rule(path, sagemaker("VanishingGradient"))) == [1]
     no_gradients = write_run(tmp_path / "weights-only", {0: {"net.weight": np.ones(3)}})
-    (result,) = evaluate_rule(no_gradients, "VanishingGradient")
+    result, final = evaluate_rule(no_gradients, sagemaker("VanishingGradient"))
     assert not result.fired and result.missing and result.missing[0].collection == "gradients"
+    assert not final.fired and final.not_evaluated and final.message.startswith("RuleNotEvaluated: no gradients")
 
 
 # -- ExplodingTensor ------------------------------------------------------------------------------
@@ -71,7 +83,7 @@ def test_exploding_tensor_matches_oracle(tmp_path, seed, only_nan):
         if any(np.isnan(t).any() or (not only_nan and np.isinf(t).any()) for t in values):
             expected.append(step)
     path = write_run(tmp_path / "run", steps)
-    results = evaluate_rule(path, RuleSpec("ExplodingTensor", {"only_nan": str(only_nan)}))
+    results = evaluate_rule(path, sagemaker(RuleSpec("ExplodingTensor", {"only_nan": str(only_nan)})))
     assert fired_steps(results) == expected
 
 
@@ -81,10 +93,10 @@ def test_exploding_tensor_selection_is_union_of_collections_and_regex(tmp_path):
         1: {"gradient/w": np.ones(1), "x.weight": np.array([np.nan])},
     }
     path = write_run(tmp_path / "run", steps)
-    assert fired_steps(evaluate_rule(path, RuleSpec("ExplodingTensor", {"collection_names": "gradients"}))) == [0]
-    assert fired_steps(evaluate_rule(path, RuleSpec("ExplodingTensor", {"tensor_regex": "x\\..*"}))) == [1]
+    assert fired_steps(evaluate_rule(path, sagemaker(RuleSpec("ExplodingTensor", {"collection_names": "gradients"})))) == [0]
+    assert fired_steps(evaluate_rule(path, sagemaker(RuleSpec("ExplodingTensor", {"tensor_regex": "x\\..*"})))) == [1]
     assert fired_steps(
-        evaluate_rule(path, RuleSpec("ExplodingTensor", {"collection_names": "gradients", "tensor_regex": "x\\..*"}))
+        evaluate_rule(path, sagemaker(RuleSpec("ExplodingTensor", {"collection_names": "gradients", "tensor_regex": "x\\..*"})))
     ) == [0, 1]
 
 
@@ -121,7 +133,7 @@ def test_dead_relu_matches_oracle(tmp_path, seed, patience):
         if fired:
             expected.append(step)
     path = write_run(tmp_path / "run", steps, collections={"relu_output": list(layer_layout)})
-    results = evaluate_rule(path, RuleSpec("DeadRelu", {"patience": str(patience)}))
+    results = evaluate_rule(path, sagemaker(RuleSpec("DeadRelu", {"patience": str(patience)})))
     assert fired_steps(results) == expected
 
 
@@ -132,11 +144,11 @@ def test_dead_relu_finds_tensors_by_collection_and_by_sagemaker_regex(tmp_path):
     )
     by_name = write_run(tmp_path / "b", {s: {"dense0_relu_output": dead} for s in range(3)})
     unrelated = write_run(tmp_path / "c", {s: {"1_output_0": dead, "w.weight": np.ones(2)} for s in range(3)})
-    assert first_firing(evaluate_rule(by_collection, "DeadRelu")) == 0
-    assert first_firing(evaluate_rule(by_collection, "DeadRelu:patience=3")) == 2
-    assert first_firing(evaluate_rule(by_name, "DeadRelu")) == 0
-    results = evaluate_rule(unrelated, "DeadRelu")
-    assert not any(r.fired for r in results) and results[-1].missing
+    assert first_firing(evaluate_rule(by_collection, sagemaker("DeadRelu"))) == 0
+    assert first_firing(evaluate_rule(by_collection, sagemaker("DeadRelu:patience=3"))) == 2
+    assert first_firing(evaluate_rule(by_name, sagemaker("DeadRelu"))) == 0
+    results = evaluate_rule(unrelated, sagemaker("DeadRelu"))
+    assert not any(r.fired for r in results) and results[-2].missing and results[-1].not_evaluated
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -161,7 +173,7 @@ def test_saturated_activation_matches_oracle(tmp_path, seed):
         if fired:
             expected.append(step)
     path = write_run(tmp_path / "run", steps, collections={"tanh_input": ["3_input_0"], "sigmoid_input": ["5_input_0"]})
-    assert fired_steps(evaluate_rule(path, "SaturatedActivation")) == expected
+    assert fired_steps(evaluate_rule(path, sagemaker("SaturatedActivation"))) == expected
 
 
 def test_saturated_activation_uses_the_sigmoid_bounds_for_sigmoid_inputs(tmp_path):
@@ -169,10 +181,10 @@ def test_saturated_activation_uses_the_sigmoid_bounds_for_sigmoid_inputs(tmp_pat
     value = np.full((10, 4), 12.0)
     as_sigmoid = write_run(tmp_path / "s", {0: {"2_input_0": value}}, collections={"sigmoid_input": ["2_input_0"]})
     as_tanh = write_run(tmp_path / "t", {0: {"2_input_0": value}}, collections={"tanh_input": ["2_input_0"]})
-    assert first_firing(evaluate_rule(as_sigmoid, "SaturatedActivation")) is None
-    assert first_firing(evaluate_rule(as_tanh, "SaturatedActivation")) == 0
+    assert first_firing(evaluate_rule(as_sigmoid, sagemaker("SaturatedActivation"))) is None
+    assert first_firing(evaluate_rule(as_tanh, sagemaker("SaturatedActivation"))) == 0
     custom = RuleSpec("SaturatedActivation", {"threshold_sigmoid_max": "10", "threshold_layer": "99"})
-    assert first_firing(evaluate_rule(as_sigmoid, custom)) == 0
+    assert first_firing(evaluate_rule(as_sigmoid, sagemaker(custom))) == 0
 
 
 # -- WeightUpdateRatio ----------------------------------------------------------------------------
@@ -211,7 +223,7 @@ def test_weight_update_ratio_matches_oracle(tmp_path, seed, num_steps):
             expected.append(step)
     path = write_run(tmp_path / "run", steps, modes=modes)
     spec = RuleSpec("WeightUpdateRatio", {} if num_steps is None else {"num_steps": str(num_steps)})
-    results = evaluate_rule(path, spec)
+    results = evaluate_rule(path, sagemaker(spec))
     assert fired_steps(results) == expected
     assert all(modes[r.step] == "TRAIN" for r in results)
 
@@ -221,12 +233,22 @@ def test_weight_update_ratio_hints_differ_for_large_and_small(tmp_path):
     frozen = write_run(tmp_path / "frozen", {0: {"fc.weight": w}, 1: {"fc.weight": w}})
     jumped = write_run(tmp_path / "jump", {0: {"fc.weight": w}, 1: {"fc.weight": w * 100}})
     exploded = write_run(tmp_path / "nan", {0: {"fc.weight": w}, 1: {"fc.weight": w * np.nan}})
-    (small,) = evaluate_rule(frozen, "WeightUpdateRatio")
-    (large,) = evaluate_rule(jumped, "WeightUpdateRatio")
-    (nan,) = evaluate_rule(exploded, "WeightUpdateRatio")
+    results = {}
+    for framework in ("pytorch", "keras", "xgboost", None):
+        for name, path in (("small", frozen), ("large", jumped), ("nan", exploded)):
+            trial = create_trial(path)
+            trial.framework = framework  # what the run's framework would say (Rule.framework() reads it)
+            (results[framework, name],) = evaluate_rule(trial, sagemaker("WeightUpdateRatio"))
+    small, large, nan = (results["pytorch", name] for name in ("small", "large", "nan"))
     assert small.fired and small.details["direction"] == "small" and "requires_grad" in small.fix_hint
     assert large.fired and large.details["direction"] == "large" and "clip_grad_norm_" in large.fix_hint
     assert nan.fired and nan.details["ratio"] == float("inf")
+    # PyTorch's API is never advised to Keras or XGBoost users, nor to a run of unknown framework
+    for framework in ("keras", "xgboost", None):
+        for name in ("small", "large", "nan"):
+            hint = results[framework, name].fix_hint
+            assert hint and "clip_grad_norm_" not in hint and "requires_grad" not in hint, (framework, hint)
+    assert "clipnorm" in results["keras", "large"].fix_hint and "eta" in results["xgboost", "large"].fix_hint
 
 
 # -- PoorWeightInitialization ---------------------------------------------------------------------
@@ -258,7 +280,7 @@ def test_poor_weight_initialization_matches_oracle(tmp_path, seed):
         if fired:
             expected.append(step)
     path = write_run(tmp_path / "run", steps, collections={"relu_input": ["1_input_0", "3_input_0"]})
-    results = evaluate_rule(path, "PoorWeightInitialization")
+    results = evaluate_rule(path, sagemaker("PoorWeightInitialization"))
     assert fired_steps(results) == expected
     assert max(r.step for r in results) == horizon  # only the first `steps` steps are analysed
 

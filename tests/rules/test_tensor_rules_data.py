@@ -28,6 +28,17 @@ MY_RULES = [
     "WeightUpdateRatio",
 ]
 
+def sagemaker(spec):
+    """``spec`` under SageMaker's documented single-step semantics (what the oracles below compute);
+    rules without a ``semantics`` parameter are unchanged."""
+    from trainguard.rules import builtin_rules
+
+    spec = RuleSpec.parse(spec) if isinstance(spec, str) else spec
+    if "semantics" not in builtin_rules()[spec.rule].parameters():
+        return spec
+    return RuleSpec(spec.rule, {**spec.parameters, "semantics": "sagemaker"})
+
+
 
 def fired_steps(results):
     return [result.step for result in results if result.fired]
@@ -52,14 +63,14 @@ def test_all_zero_matches_oracle(tmp_path, seed):
         if any(100.0 * np.count_nonzero(t == 0) / t.size >= threshold for t in judged):
             expected.append(step)
     path = write_run(tmp_path / "run", steps)
-    assert fired_steps(evaluate_rule(path, RuleSpec("AllZero", {"threshold": str(threshold)}))) == expected
+    assert fired_steps(evaluate_rule(path, sagemaker(RuleSpec("AllZero", {"threshold": str(threshold)})))) == expected
 
 
 def test_all_zero_ignores_zero_biases_by_default_but_checks_them_when_asked(tmp_path):
     path = write_run(tmp_path / "run", {0: {"fc.weight": np.ones(4), "fc.bias": np.zeros(4)}})
-    assert first_firing(evaluate_rule(path, "AllZero")) is None
-    assert first_firing(evaluate_rule(path, RuleSpec("AllZero", {"collection_names": "biases"}))) == 0
-    assert first_firing(evaluate_rule(path, RuleSpec("AllZero", {"tensor_regex": ".*bias"}))) == 0
+    assert first_firing(evaluate_rule(path, sagemaker("AllZero"))) is None
+    assert first_firing(evaluate_rule(path, sagemaker(RuleSpec("AllZero", {"collection_names": "biases"})))) == 0
+    assert first_firing(evaluate_rule(path, sagemaker(RuleSpec("AllZero", {"tensor_regex": ".*bias"})))) == 0
 
 
 # -- TensorVariance -------------------------------------------------------------------------------
@@ -77,7 +88,7 @@ def test_tensor_variance_matches_oracle(tmp_path, seed):
             expected.append(step)
     path = write_run(tmp_path / "run", steps)
     spec = RuleSpec("TensorVariance", {"min_threshold": str(low), "max_threshold": str(high)})
-    assert fired_steps(evaluate_rule(path, spec)) == expected
+    assert fired_steps(evaluate_rule(path, sagemaker(spec))) == expected
 
 
 def test_tensor_variance_needs_a_threshold(tmp_path):
@@ -97,10 +108,10 @@ def test_unchanged_tensor_sagemaker_conformance_vector(tmp_path):
     steps[5] = {f"boo_{i}": np.ones((3, 3)) for i in range(2)}
     path = write_run(tmp_path / "run", steps, modes="GLOBAL")
     spec = RuleSpec("UnchangedTensor", {"tensor_regex": ".*"})
-    assert first_firing(evaluate_rule(path, spec, start=0, end=2)) is None
-    assert first_firing(evaluate_rule(path, spec, start=0, end=3)) == 2
-    assert first_firing(evaluate_rule(path, spec, start=2, end=3)) == 2  # looks back at steps 0-1
-    assert first_firing(evaluate_rule(path, spec, start=3, end=6)) is None
+    assert first_firing(evaluate_rule(path, sagemaker(spec), start=0, end=2)) is None
+    assert first_firing(evaluate_rule(path, sagemaker(spec), start=0, end=3)) == 2
+    assert first_firing(evaluate_rule(path, sagemaker(spec), start=2, end=3)) == 2  # looks back at steps 0-1
+    assert first_firing(evaluate_rule(path, sagemaker(spec), start=3, end=6)) is None
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -124,7 +135,7 @@ def test_unchanged_tensor_matches_oracle(tmp_path, seed, num_steps):
                 expected.append(step)
                 break
     path = write_run(tmp_path / "run", steps)
-    assert fired_steps(evaluate_rule(path, RuleSpec("UnchangedTensor", {"num_steps": str(num_steps)}))) == expected
+    assert fired_steps(evaluate_rule(path, sagemaker(RuleSpec("UnchangedTensor", {"num_steps": str(num_steps)})))) == expected
 
 
 def test_unchanged_tensor_does_not_judge_weights_during_evaluation(tmp_path):
@@ -135,9 +146,9 @@ def test_unchanged_tensor_does_not_judge_weights_during_evaluation(tmp_path):
         steps[step] = {"fc.weight": weight, "Net_input_0": rng.normal(size=2) if step < 3 else np.ones(2)}
         modes[step] = "TRAIN" if step < 3 else "EVAL"
     path = write_run(tmp_path / "run", steps, modes=modes)
-    assert first_firing(evaluate_rule(path, "UnchangedTensor")) is None
+    assert first_firing(evaluate_rule(path, sagemaker("UnchangedTensor"))) is None
     # a tensor named explicitly is judged in EVAL too (inputs repeated over evaluation steps)
-    assert first_firing(evaluate_rule(path, RuleSpec("UnchangedTensor", {"tensor_regex": "Net_input_0"}))) == 5
+    assert first_firing(evaluate_rule(path, sagemaker(RuleSpec("UnchangedTensor", {"tensor_regex": "Net_input_0"})))) == 5
 
 
 # -- SimilarAcrossRuns ----------------------------------------------------------------------------
@@ -153,11 +164,11 @@ def test_similar_across_runs_matches_oracle(tmp_path, seed):
     expected = [s for s in base if any(not np.allclose(base[s][n], other[s][n]) for n in base[s])]
     base_path = write_run(tmp_path / "base", base)
     other_path = write_run(tmp_path / "other", other)
-    results = evaluate_rule(base_path, RuleSpec("SimilarAcrossRuns", {"other_trial_0": other_path}))
+    results = evaluate_rule(base_path, sagemaker(RuleSpec("SimilarAcrossRuns", {"other_trial_0": other_path})))
     assert fired_steps(results) == expected == [diverge]
     assert results[diverge].details["tensor"] == "fc.weight"
     only_gradients = RuleSpec("SimilarAcrossRuns", {"other_trial": other_path, "collection_names": "gradients"})
-    assert first_firing(evaluate_rule(base_path, only_gradients)) is None
+    assert first_firing(evaluate_rule(base_path, sagemaker(only_gradients))) is None
 
 
 def test_similar_across_runs_needs_another_trial(tmp_path):
@@ -193,7 +204,7 @@ def test_not_normalized_data_matches_oracle(tmp_path, seed):
             expected = step
             break
     path = model_run(tmp_path, "run", batches)
-    results = evaluate_rule(path, "NotNormalizedData")
+    results = evaluate_rule(path, sagemaker("NotNormalizedData"))
     assert first_firing(results) == expected
     assert all(
         r.details.get("tensor", "Net_input_0") == "Net_input_0" for r in results
@@ -205,10 +216,10 @@ def test_not_normalized_data_is_per_channel_for_images_and_skips_token_ids(tmp_p
     images = [rng.normal(size=(50, 3, 4, 4)) for _ in range(3)]
     for batch in images:
         batch[:, 2] += 4.0  # one channel off-centre
-    fired = next(r for r in evaluate_rule(model_run(tmp_path, "img", images), "NotNormalizedData") if r.fired)
+    fired = next(r for r in evaluate_rule(model_run(tmp_path, "img", images), sagemaker("NotNormalizedData")) if r.fired)
     assert fired.details["channel"] == 2 and fired.step == 1
     tokens = [rng.integers(0, 500, size=(64, 10)) for _ in range(3)]
-    assert first_firing(evaluate_rule(model_run(tmp_path, "tok", tokens), "NotNormalizedData")) is None
+    assert first_firing(evaluate_rule(model_run(tmp_path, "tok", tokens), sagemaker("NotNormalizedData"))) is None
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -222,7 +233,7 @@ def test_check_input_images_matches_oracle(tmp_path, seed):
         if len(seen) >= 500 and np.any(np.abs(seen.mean(axis=(0, 2, 3))) > 0.2):
             expected = step
             break
-    assert first_firing(evaluate_rule(model_run(tmp_path, "run", batches), "CheckInputImages")) == expected
+    assert first_firing(evaluate_rule(model_run(tmp_path, "run", batches), sagemaker("CheckInputImages"))) == expected
 
 
 def test_check_input_images_channel_and_regex_parameters(tmp_path):
@@ -230,10 +241,10 @@ def test_check_input_images_channel_and_regex_parameters(tmp_path):
     nhwc = [rng.normal(size=(10, 4, 4, 3)) + np.array([0.0, 0.0, 0.5]) for _ in range(3)]
     path = write_run(tmp_path / "run", {s: {"hybridsequential0_input_0": b} for s, b in enumerate(nhwc)})
     spec = RuleSpec("CheckInputImages", {"channel": "3", "threshold_samples": "20"})
-    result = next(r for r in evaluate_rule(path, spec) if r.fired)
+    result = next(r for r in evaluate_rule(path, sagemaker(spec)) if r.fired)
     assert result.step == 1 and result.details["channel"] == 2
     assert (
-        first_firing(evaluate_rule(path, RuleSpec("CheckInputImages", {"channel": "1", "threshold_samples": "20"})))
+        first_firing(evaluate_rule(path, sagemaker(RuleSpec("CheckInputImages", {"channel": "1", "threshold_samples": "20"}))))
         is None
     )
 
@@ -255,7 +266,7 @@ def test_nlp_sequence_ratio_matches_oracle(tmp_path, seed):
             expected.append(step)
     path = write_run(tmp_path / "run", steps, collections={"labels": ["CrossEntropyLoss_input_1"]})
     spec = RuleSpec("NLPSequenceRatio", {"token_values": "0;1", "token_thresholds_percent": "50;20"})
-    results = evaluate_rule(path, spec)
+    results = evaluate_rule(path, sagemaker(spec))
     assert fired_steps(results) == expected
     assert all(r.details.get("tensor", "embedding_input_0") == "embedding_input_0" for r in results)
 

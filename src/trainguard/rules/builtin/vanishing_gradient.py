@@ -138,7 +138,7 @@ class VanishingGradient(PersistentRule):
             step,
             tensor=smallest,
             min_mean_abs=means[smallest],
-            vanished=len(vanished),
+            vanished_count=len(vanished),
             judged=len(means),
             not_judged=excluded,
         )
