@@ -29,10 +29,12 @@ def _two_losses(tmp_path, values, collections=None):
 @pytest.mark.parametrize(
     "spec",
     [
-        RuleSpec("LossNotDecreasing"),  # defaults: the losses collection
-        RuleSpec("LossNotDecreasing", {"tensor_regex": "loss_0,loss_1", "use_losses_collection": "False"}),
-        RuleSpec("LossNotDecreasing", {"collection_names": "default", "use_losses_collection": "False"}),
-        RuleSpec("LossNotDecreasing", {"diff_percent": "0"}),  # the earlier documented default
+        RuleSpec("LossNotDecreasing", {"semantics": "sagemaker"}),  # defaults: the losses collection
+        RuleSpec("LossNotDecreasing", {"tensor_regex": "loss_0,loss_1", "use_losses_collection": "False",
+                                       "semantics": "sagemaker"}),
+        RuleSpec("LossNotDecreasing", {"collection_names": "default", "use_losses_collection": "False",
+                                       "semantics": "sagemaker"}),
+        RuleSpec("LossNotDecreasing", {"diff_percent": "0", "semantics": "sagemaker"}),  # the earlier documented default
     ],
     ids=["losses-collection", "tensor_regex", "collection_names", "diff_percent-0"],
 )
@@ -50,10 +52,10 @@ def test_loss_not_decreasing_vector_2_documented_semantic_and_deleted_test_seman
     run = _two_losses(tmp_path, VECTOR_2, collections={"losses": ["loss_0", "loss_1"]})
     # trainguard's (documented) reading of diff_percent=20: the loss must fall by 20 % over
     # num_steps; at step 12 it is 0.30 against 0.30 at step 0, so the rule fires there.
-    assert first_firing(evaluate_rule(run, "LossNotDecreasing:diff_percent=20")) == 12
+    assert first_firing(evaluate_rule(run, "LossNotDecreasing:diff_percent=20,semantics=sagemaker")) == 12
     # The deleted smdebug test expected step 24 (0.42 vs 0.30 at step 12): "fire if the loss rose
     # by 20 %". In trainguard that reading is a negative diff_percent (a tolerated rise).
-    results = evaluate_rule(run, "LossNotDecreasing:diff_percent=-20")
+    results = evaluate_rule(run, "LossNotDecreasing:diff_percent=-20,semantics=sagemaker")
     assert first_firing(results) == 24
     fired = next(result for result in results if result.fired)
     assert fired.details["losses"]["loss_0"]["kind"] == "diverging"
@@ -95,14 +97,15 @@ def test_loss_not_decreasing_matches_oracle(tmp_path, seed):
     diff_percent = float(rng.choice([0.0, 0.1, 1.0, 5.0, -5.0]))
     losses = dict(zip(steps, ({"CrossEntropyLoss_output_0": v} for v in values), strict=True))
     run = write_single_mode_run(tmp_path / "run", losses)
-    spec = RuleSpec("LossNotDecreasing", {"num_steps": str(num_steps), "diff_percent": str(diff_percent)})
+    spec = RuleSpec("LossNotDecreasing", {"num_steps": str(num_steps), "diff_percent": str(diff_percent),
+                                          "semantics": "sagemaker"})
     assert first_firing(evaluate_rule(run, spec)) == _lnd_oracle(steps, values, num_steps, diff_percent)
 
 
 def test_loss_not_decreasing_nan_loss_fires_as_diverging_and_never_crashes(tmp_path):
     values = [2.0, 1.8, 1.6, float("nan"), float("nan"), 1.0, 0.9]
     run = write_run(tmp_path / "run", {s: {"loss_backward_output_0": v} for s, v in enumerate(values)})
-    results = evaluate_rule(run, "LossNotDecreasing:num_steps=1")
+    results = evaluate_rule(run, "LossNotDecreasing:num_steps=1,semantics=sagemaker")
     assert first_firing(results) == 3
     assert results[2].details["losses"]["loss_backward_output_0"]["kind"] == "diverging"
     # step 4 compares with NaN at step 3 (skipped), step 5 too: nothing raised, no result there
@@ -123,23 +126,24 @@ def test_loss_not_decreasing_prefers_eval_losses_and_counts_mode_steps(tmp_path)
         step += 1
     run = write_run(tmp_path / "run", steps, modes=modes)
     trial = open_trial(run)
-    results = evaluate_rule(trial, "LossNotDecreasing:num_steps=2")
+    results = evaluate_rule(trial, "LossNotDecreasing:num_steps=2,semantics=sagemaker")
     assert all(result.details["mode"] == "EVAL" for result in results)
     # EVAL mode steps 0..5; first comparison at EVAL step 2 (vs step 0): flat → fires
     assert first_firing(results) == trial.global_step("EVAL", 2)
-    train = evaluate_rule(trial, "LossNotDecreasing:num_steps=2,mode=TRAIN")
+    train = evaluate_rule(trial, "LossNotDecreasing:num_steps=2,mode=TRAIN,semantics=sagemaker")
     assert train and first_firing(train) is None
 
 
 def test_loss_not_decreasing_live_run_and_missing_losses(tmp_path):
     live = write_run(tmp_path / "live", {s: {"CrossEntropyLoss_output_0": 1.0} for s in range(5)}, finished=False)
-    rule = create_rule(open_trial(live), "LossNotDecreasing:num_steps=2")
+    rule = create_rule(open_trial(live), "LossNotDecreasing:num_steps=2,semantics=sagemaker")
     assert rule.evaluate(99) is None  # a step that does not exist yet: skipped, not an error
     assert [rule.evaluate(step) for step in range(2)] == [None, None]
     assert rule.evaluate(2).fired
     no_losses = write_run(tmp_path / "none", {0: {"fc.weight": np.ones(3)}, 1: {"fc.weight": np.ones(3)}})
-    result = evaluate_rule(no_losses, "LossNotDecreasing")[0]
-    assert result.missing and result.missing[0].collection == "losses"
+    for semantics in ("calibrated", "sagemaker"):
+        results = evaluate_rule(no_losses, f"LossNotDecreasing:semantics={semantics}")
+        assert len(results) == 1 and results[0].not_evaluated and "losses" in results[0].not_evaluated
 
 
 def test_loss_not_decreasing_parses_sagemaker_strings_and_rejects_bad_values(tmp_path):
@@ -204,7 +208,8 @@ def test_overfit_matches_oracle(tmp_path, seed):
     patience, ratio, window = int(rng.integers(1, 4)), float(rng.choice([0.05, 0.1, 0.25])), int(rng.integers(1, 12))
     steps, modes = _epochs(train, evaluation)
     run = write_run(tmp_path / "run", steps, modes=modes)
-    spec = RuleSpec("Overfit", {"patience": str(patience), "ratio_threshold": str(ratio), "train_window": str(window)})
+    spec = RuleSpec("Overfit", {"patience": str(patience), "ratio_threshold": str(ratio), "train_window": str(window),
+                                "semantics": "sagemaker"})
     results = evaluate_rule(run, spec)
     expected = _overfit_oracle(train, evaluation, patience, ratio, window)
     assert first_firing(results) == expected
@@ -217,25 +222,38 @@ def test_overfit_documented_defaults_fire_on_a_normal_gap_calibrated_ones_do_not
     train = [[2.0 * 0.8**epoch] * 10 for epoch in range(8)]
     evaluation = [[2.0 * 0.8**epoch * 1.15] * 2 for epoch in range(8)]
     run = write_run(tmp_path / "run", *_epochs(train, evaluation)[:1], modes=_epochs(train, evaluation)[1])
-    assert first_firing(evaluate_rule(run, "Overfit:patience=1,ratio_threshold=0.1")) is not None
+    assert first_firing(evaluate_rule(run, "Overfit:patience=1,ratio_threshold=0.1,semantics=sagemaker")) is not None
     assert first_firing(evaluate_rule(run, "Overfit")) is None
-    # the gap widening to 60 % fires after `patience` passes
+    # a gap widening to 105 % while the validation loss still falls: SageMaker's ratio fires after
+    # `patience` passes; calibrated semantics do not (the model still generalises better each pass)
     widening = [[2.0 * 0.8**epoch * (1 + 0.15 * epoch)] * 2 for epoch in range(8)]
-    run = write_run(tmp_path / "over", _epochs(train, widening)[0], modes=_epochs(train, widening)[1])
-    assert first_firing(evaluate_rule(run, "Overfit")) is not None
-
-
-def test_overfit_without_validation_reports_missing_eval_losses(tmp_path):
-    run = write_run(tmp_path / "run", {s: {"CrossEntropyLoss_output_0": 1.0 / (s + 1)} for s in range(6)})
+    run = write_run(tmp_path / "wide", _epochs(train, widening)[0], modes=_epochs(train, widening)[1])
+    assert first_firing(evaluate_rule(run, "Overfit:semantics=sagemaker")) is not None
+    assert first_firing(evaluate_rule(run, "Overfit")) is None
+    # real overfitting: the validation loss turns up after epoch 3 while training keeps falling
+    train = [[2.0 * 0.8**epoch] * 10 for epoch in range(10)]
+    rising = [[2.0 * 0.8 ** min(epoch, 3) * 1.15 * (1 + 0.2 * max(0, epoch - 3))] * 2 for epoch in range(10)]
+    steps, modes = _epochs(train, rising)
+    run = write_run(tmp_path / "over", steps, modes=modes)
     results = evaluate_rule(run, "Overfit")
-    assert len(results) == 1 and results[0].missing and "EVAL" in results[0].missing[0].what
+    fired = next(r for r in results if r.fired)
+    # best pass: epoch 3; passes 4, 5, 6 above it; judged when epoch 7's training starts
+    assert fired.step == sum(len(t) + len(e) for t, e in zip(train[:7], rising[:7], strict=True))
+    assert fired.certain and "rose" in fired.message
+
+
+def test_overfit_without_validation_reports_not_evaluated(tmp_path):
+    run = write_run(tmp_path / "run", {s: {"CrossEntropyLoss_output_0": 1.0 / (s + 1)} for s in range(6)})
+    for semantics in ("calibrated", "sagemaker"):
+        results = evaluate_rule(run, f"Overfit:semantics={semantics}")
+        assert len(results) == 1 and results[0].not_evaluated and "EVAL" in results[0].not_evaluated
 
 
 def test_overfit_nan_validation_pass_is_skipped(tmp_path):
     train = [[1.0] * 3] * 4
     evaluation = [[1.5], [float("nan")], [1.5], [1.5]]
     run = write_run(tmp_path / "run", *_epochs(train, evaluation)[:1], modes=_epochs(train, evaluation)[1])
-    results = evaluate_rule(run, "Overfit:patience=3")
+    results = evaluate_rule(run, "Overfit:patience=3,semantics=sagemaker")
     assert first_firing(results) == 15  # passes 1, 3, 4 count (the NaN pass neither counts nor resets)
 
 
@@ -291,7 +309,7 @@ def test_overtraining_matches_oracle(tmp_path, seed):
     expected = _overtraining_oracle(order, patience_train, patience_validation, delta, smoothing)
     spec = RuleSpec("Overtraining", {"patience_train": str(patience_train),
                                      "patience_validation": str(patience_validation),
-                                     "delta": str(delta), "smoothing": str(smoothing)})
+                                     "delta": str(delta), "smoothing": str(smoothing), "semantics": "sagemaker"})
     assert first_firing(evaluate_rule(run, spec)) == expected
 
 
@@ -299,11 +317,16 @@ def test_overtraining_relative_delta_stays_silent_on_a_small_converging_loss(tmp
     # cross-entropy converging from 0.2 to 0.05: each step improves by ~2 %, never by 0.1 absolute
     values = [0.2 * 0.98**s for s in range(70)]
     run = write_run(tmp_path / "run", {s: {"CrossEntropyLoss_output_0": v} for s, v in enumerate(values)})
-    assert first_firing(evaluate_rule(run, "Overtraining")) is None
-    assert first_firing(evaluate_rule(run, "Overtraining:delta=0.1,patience_train=5,smoothing=1")) is not None
+    assert first_firing(evaluate_rule(run, "Overtraining:semantics=sagemaker")) is None
+    assert first_firing(evaluate_rule(run, "Overtraining:delta=0.1,patience_train=5,smoothing=1,"
+                                           "semantics=sagemaker")) is not None
     flat = write_run(tmp_path / "flat", {s: {"CrossEntropyLoss_output_0": 0.5} for s in range(40)})
-    results = evaluate_rule(flat, "Overtraining")
+    results = evaluate_rule(flat, "Overtraining:semantics=sagemaker")
     assert first_firing(results) == 20 and "converged" in next(r for r in results if r.fired).fix_hint
+    # calibrated: a training loss alone is never overtraining (a flat one is convergence): not evaluated
+    for run in (tmp_path / "run", flat):
+        results = evaluate_rule(run, "Overtraining")
+        assert [r.not_evaluated is not None for r in results] == [True] and "validation" in results[0].not_evaluated
 
 
 # -- Underfitting ------------------------------------------------------------------------------------
@@ -338,15 +361,18 @@ def test_underfitting_matches_oracle(tmp_path, seed):
     window = int(rng.integers(1, 8))
     run = write_run(tmp_path / "run", dict(zip(steps, ({"CrossEntropyLoss_output_0": v} for v in values), strict=True)))
     parameters = {"warmup_steps": str(warmup), "min_improvement": str(min_improvement), "window": str(window),
-                  "baseline": str(baseline)}
+                  "baseline": str(baseline), "semantics": "sagemaker"}
     expected = _underfitting_oracle(steps, values, warmup, min_improvement, baseline, window)
     assert first_firing(evaluate_rule(run, RuleSpec("Underfitting", parameters))) == expected
 
 
 def test_underfitting_flat_loss_fires_after_warmup_learning_loss_does_not(tmp_path):
     flat = write_run(tmp_path / "flat", {s: {"CrossEntropyLoss_output_0": 2.30 + 0.01 * np.sin(s)} for s in range(150)})
+    assert first_firing(evaluate_rule(flat, "Underfitting:semantics=sagemaker")) == 100
+    # calibrated: a verdict on the whole run, given at its end
     results = evaluate_rule(flat, "Underfitting")
-    assert first_firing(results) == 100
-    assert "learning rate" in next(r for r in results if r.fired).fix_hint
+    assert [r.step for r in results] == [149] and results[0].fired and not results[0].certain
+    assert "learning rate" in results[0].fix_hint
     learning = write_run(tmp_path / "learn", {s: {"CrossEntropyLoss_output_0": 2.3 * 0.99**s} for s in range(150)})
     assert first_firing(evaluate_rule(learning, "Underfitting")) is None
+    assert first_firing(evaluate_rule(learning, "Underfitting:semantics=sagemaker")) is None

@@ -25,7 +25,7 @@ from trainguard.errors import TrialError
 from trainguard.modes import ModeKeys
 
 # one implementation for every rule: re-exported for the loss/classification/XGBoost rules
-from trainguard.rules.builtin._helpers import is_complete, read_values
+from trainguard.rules.builtin._helpers import is_complete, read_values, saved_at
 
 __all__ = ["Block", "LossHistory", "fmt", "is_complete", "metric_role", "parse_mode", "read_values"]
 
@@ -72,12 +72,12 @@ def metric_role(name: str) -> ModeKeys | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Block:
     """A run of consecutive saved steps of one mode (a validation pass, or the training between)."""
 
     mode: ModeKeys
-    steps: tuple[int, ...]  # global steps, ascending
+    steps: list[int]  # global steps, ascending
 
     @property
     def first(self) -> int:
@@ -89,7 +89,12 @@ class Block:
 
 
 class LossHistory:
-    """The loss tensors of a run and their values, cached, for complete steps only."""
+    """The loss tensors of a run and their values, cached, for complete steps only.
+
+    Incremental: new complete steps are appended as the run grows (each step's losses read
+    once), and every query costs O(log n + what it returns), so a rule evaluated at every
+    step of a long run does not re-scan the run's history (the cost per step stays flat).
+    """
 
     def __init__(
         self,
@@ -110,12 +115,26 @@ class LossHistory:
         self._metrics_fallback = use_losses_collection and not collection_names and not tensor_regex
         self.from_metrics = False
         self._values: dict[int, dict[str, float]] = {}
-        self._loss_steps: list[tuple[int, ModeKeys | None]] = []
+        # complete global steps with some loss, ascending: all of them and per mode
+        self._steps: list[int] = []
+        self._modes: list[ModeKeys | None] = []
+        self._by_mode: dict[ModeKeys, list[int]] = {}
+        self._mode_steps: dict[ModeKeys, list[int]] = {}  # the mode step of each of _by_mode's steps
+        self._mode_names: dict[ModeKeys, set[str]] = {}
+        # TRAIN/EVAL blocks in order; the last one may still grow
+        self._blocks: list[Block] = []
         self._scanned_upto = -1
+        self._scanned_version: Any = None
+        self._names: list[str] = []
+        self._names_version: Any = None
 
     def names(self, step: int | None = None) -> list[str]:
         """Loss tensor names saved so far (or at global ``step``)."""
         trial = self.trial
+        if step is None:
+            version = _names_version(trial)
+            if version is not None and version == self._names_version:
+                return self._names
         names: set[str] = set()
         known = trial.collections()
         for collection in self.collections:
@@ -126,7 +145,10 @@ class LossHistory:
         if not names and self._metrics_fallback and "metrics" in known:
             names = {name for name in trial.tensor_names(step=step, collection="metrics") if metric_role(name)}
             self.from_metrics = self.from_metrics or bool(names)
-        return sorted(names)
+        selected = sorted(names)
+        if step is None:
+            self._names, self._names_version = selected, _names_version(trial)
+        return selected
 
     def role_names(self, role: ModeKeys) -> set[str]:
         """XGBoost metric losses of one role: TRAIN (``train-*``) or EVAL (``validation-*``...)."""
@@ -139,77 +161,134 @@ class LossHistory:
             return cached
         if not is_complete(self.trial, step):
             return {}
-        raw = read_values(self.trial, self.names(), step)
+        names = [name for name in self.names() if saved_at(self.trial, name, step)]
+        raw = read_values(self.trial, names, step) if names else {}
         values = {name: number for name, value in raw.items() if (number := scalar(value)) is not None}
         self._values[step] = values
         return values
 
     def _scan(self) -> None:
-        """Extend the list of loss steps with complete steps not looked at yet (incremental)."""
-        last = getattr(self.trial, "last_complete_step", None)
-        if isinstance(last, int) and last <= self._scanned_upto:
-            return  # nothing new: skip listing every step (rules call this on every check)
-        steps = self.trial.steps()
-        start = bisect.bisect_right(steps, self._scanned_upto)
-        for step in steps[start:]:
-            if self.values_at(step):
-                self._loss_steps.append((step, _mode_of(self.trial, step)))
-        if steps:
-            self._scanned_upto = max(self._scanned_upto, steps[-1])
+        """Append complete steps not looked at yet (only those after the last one scanned)."""
+        trial = self.trial
+        last = trial.last_complete_step
+        if last is None:
+            return
+        version = (last, _names_version(trial))
+        if version == self._scanned_version:
+            return  # nothing new: rules call this on every check
+        self._scanned_version = version
+        if last <= self._scanned_upto:
+            return
+        new = sorted(step for step in _all_steps(trial) if self._scanned_upto < step <= last)
+        for step in new:
+            if is_complete(trial, step) and self.values_at(step):
+                self._append(step, _mode_of(trial, step))
+        self._scanned_upto = last
 
-    def loss_steps(self, mode: ModeKeys, upto: int | None = None) -> list[int]:
-        """Complete global steps of ``mode`` (any mode for GLOBAL) at which some loss was saved."""
+    def _append(self, step: int, mode: ModeKeys | None) -> None:
+        self._steps.append(step)
+        self._modes.append(mode)
+        if mode is not None:
+            self._by_mode.setdefault(mode, []).append(step)
+            self._mode_steps.setdefault(mode, []).append(_mode_step_of(self.trial, step))
+            self._mode_names.setdefault(mode, set()).update(self._values.get(step, {}))
+        if mode in (ModeKeys.TRAIN, ModeKeys.EVAL):
+            if self._blocks and self._blocks[-1].mode == mode:
+                self._blocks[-1].steps.append(step)
+            else:
+                self._blocks.append(Block(mode, [step]))
+
+    def loss_steps(self, mode: ModeKeys, upto: int | None = None, *, after: int | None = None) -> list[int]:
+        """Complete global steps of ``mode`` (any mode for GLOBAL) with some loss, in
+        ``(after, upto]``; O(log n + returned)."""
         self._scan()
-        return [
-            step
-            for step, step_mode in self._loss_steps
-            if (upto is None or step <= upto) and (mode == ModeKeys.GLOBAL or step_mode == mode)
-        ]
+        steps = self._steps if mode == ModeKeys.GLOBAL else self._by_mode.get(mode, [])
+        low = 0 if after is None else bisect.bisect_right(steps, after)
+        high = len(steps) if upto is None else bisect.bisect_right(steps, upto)
+        return steps[low:high]
+
+    def before_mode_step(self, mode: ModeKeys, mode_step: int, name: str) -> tuple[int, int] | None:
+        """(mode step, global step) of the last step of ``mode`` at or before ``mode_step`` where
+        loss ``name`` was saved; for GLOBAL, mode step = global step. O(log n) in general."""
+        self._scan()
+        if mode == ModeKeys.GLOBAL:
+            steps = mode_steps = self._steps
+        else:
+            steps, mode_steps = self._by_mode.get(mode, []), self._mode_steps.get(mode, [])
+        index = bisect.bisect_right(mode_steps, mode_step) - 1
+        while index >= 0:
+            if name in self._values.get(steps[index], {}):
+                return mode_steps[index], steps[index]
+            index -= 1
+        return None
+
+    def count(self, mode: ModeKeys) -> int:
+        self._scan()
+        return len(self._steps) if mode == ModeKeys.GLOBAL else len(self._by_mode.get(mode, ()))
 
     def modes_with_losses(self) -> set[ModeKeys]:
         self._scan()
-        return {mode for _, mode in self._loss_steps if mode is not None}
+        return set(self._by_mode)
 
-    def blocks(self, upto: int | None = None) -> list[Block]:
-        """TRAIN and EVAL blocks of saved loss steps up to global ``upto`` (PREDICT is ignored)."""
+    def blocks(self, upto: int | None = None, *, start: int = 0) -> list[Block]:
+        """TRAIN and EVAL blocks (PREDICT is ignored) from block index ``start``, up to global ``upto``
+        (the last one cut at ``upto``). Rules keep ``start`` to read only new blocks."""
         self._scan()
-        blocks: list[Block] = []
-        current: list[int] = []
-        current_mode: ModeKeys | None = None
-        for step, mode in self._loss_steps:
-            if upto is not None and step > upto:
+        found: list[Block] = []
+        for block in self._blocks[start:]:
+            if upto is not None and block.first > upto:
                 break
-            if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL):
-                continue
-            if mode != current_mode and current:
-                blocks.append(Block(current_mode, tuple(current)))  # type: ignore[arg-type]
-                current = []
-            current_mode = mode
-            current.append(step)
-        if current:
-            blocks.append(Block(current_mode, tuple(current)))  # type: ignore[arg-type]
-        return blocks
+            if upto is not None and block.last > upto:
+                block = Block(block.mode, block.steps[: bisect.bisect_right(block.steps, upto)])
+            found.append(block)
+        return found
 
     def mode_names(self, mode: ModeKeys) -> set[str]:
         """Loss names saved at some step of ``mode``."""
         self._scan()
-        steps = [step for step, step_mode in self._loss_steps if step_mode == mode]
-        return {name for step in steps for name in self._values.get(step, {})}
+        return set(self._mode_names.get(mode, ()))
 
     def mean(self, steps: Iterable[int], names: set[str] | None = None) -> float | None:
         """Mean over ``steps`` of the mean of the losses in ``names`` (all when None) at each step.
 
         NaN when any value is NaN (never raises); None when none of the steps has those losses.
         """
-        per_step = []
-        for step in steps:
-            values = [value for name, value in self.values_at(step).items() if names is None or name in names]
-            if values:
-                per_step.append(sum(values) / len(values))
+        per_step = [value for step in steps if (value := self.step_mean(step, names)) is not None]
         if not per_step:
             return None
         with np.errstate(all="ignore"):
             return float(np.mean(per_step))
+
+    def step_mean(self, step: int, names: set[str] | None = None) -> float | None:
+        """The mean of the losses in ``names`` (all when None) at one step; None without any."""
+        values = [value for name, value in self.values_at(step).items() if names is None or name in names]
+        if not values:
+            return None
+        with np.errstate(all="ignore"):
+            return float(sum(values) / len(values))
+
+
+def _names_version(trial: Any) -> Any:
+    """Changes whenever a tensor name or a collection may have been added (None: cannot tell)."""
+    state = getattr(trial, "_state", None)
+    if state is None or not hasattr(state, "tensors"):
+        return None
+    return (len(state.tensors), len(getattr(state, "reductions_of", ())), id(getattr(trial, "_collections", None)),
+            len(trial.collections()))
+
+
+def _all_steps(trial: Any) -> Iterable[int]:
+    state = getattr(trial, "_state", None)
+    if state is not None and isinstance(getattr(state, "steps", None), dict):
+        return list(state.steps)
+    return trial.steps()
+
+
+def _mode_step_of(trial: Any, step: int) -> int:
+    try:
+        return int(trial.mode_step(step))
+    except TrialError:
+        return step
 
 
 def _mode_of(trial: Any, step: int) -> ModeKeys | None:

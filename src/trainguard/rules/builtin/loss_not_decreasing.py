@@ -1,4 +1,28 @@
-"""LossNotDecreasing: the loss did not go down by ``diff_percent`` % over ``num_steps`` steps.
+"""LossNotDecreasing: the loss stopped going down (or went up), judged against its own noise.
+
+Calibrated semantics (the default). Mini-batch losses are noisy: two single losses ``num_steps``
+apart "rise" half the time on a healthy run. The rule therefore compares *windows* of ``window``
+saved losses of each selected loss tensor, evaluated every ``num_steps`` mode steps:
+
+* non-finite: the newest loss is NaN/inf after finite ones: fires at once, certain (training
+  cannot recover from a NaN loss);
+* diverging: with A, B, C the last three windows (oldest first), B and C are both above A
+  by a one-sided Mann-Whitney rank test at p < ``alpha`` and mean(C) is more than
+  ``increase_threshold_percent`` % above mean(A). Ranks make one outlier batch count as one
+  value; asking it of two windows in a row makes a transient bump (a hard batch streak, a
+  warm-up wobble) silent. Certain when every value of B and C is above every value of A;
+* not learning: with F the first ``window`` saved losses of the run and R up to the last
+  2 x ``window`` after them, the loss fell from mean(F) to mean(R) by less than
+  ``min_progress_percent`` % with 99.5 % confidence (Welch's standard error of the difference
+  of the means). A noisy run is never "flat" for lack of evidence; a run that converged is
+  far below its start. Reported, never certain.
+
+Losses judged: the training mini-batch losses (mode TRAIN; GLOBAL when the run has no TRAIN
+steps; ``mode`` picks another). A rising validation loss is Overfit's and Overtraining's
+finding, not this rule's. The rule needs 2 x ``window`` saved losses before it can judge;
+a run with fewer (or with no loss tensors) ends "not evaluated".
+
+SageMaker semantics (``semantics="sagemaker"``): the documented single-step condition below.
 
 Formula, for each selected loss tensor ``L`` in the chosen mode (steps are that mode's steps):
 
@@ -28,23 +52,46 @@ Defaults are the final documented ones (``diff_percent`` 0.1, earlier docs 0).
 
 XGBoost runs (no ``losses``, default selection): the metrics where lower is better
 (``validation-logloss``, ``train-rmse``; not auc/ndcg/map) are the losses, one step per round;
-``validation-*``/``eval-*``/``test-*`` metrics play the EVAL role and are preferred, as EVAL is.
+calibrated semantics judge the ``train-*`` metrics (boosting progress); under SageMaker
+semantics ``validation-*``/``eval-*``/``test-*`` metrics play the EVAL role and are preferred.
+
+Cost: every saved loss is read once and kept in a window per tensor; an evaluation costs
+O(window log window) whatever the length of the run.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Any
 
 from trainguard.modes import ModeKeys
-from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.base import Rule, StepResult
+from trainguard.rules.builtin._loss_stats import decrease_upper_bound, mann_whitney_p, mean
 from trainguard.rules.builtin._losses import LossHistory, fmt, is_complete, parse_mode
-from trainguard.rules.params import Param
+from trainguard.rules.params import SAGEMAKER, Param, semantics_param
 
+_DIVERGING_HINTS = {
+    "pytorch": "the loss is rising: lower the learning rate (or warm it up with torch.optim.lr_scheduler), clip "
+    "gradients (torch.nn.utils.clip_grad_norm_), and check the loss gets the model's raw outputs",
+    "keras": "the loss is rising: lower the optimizer's learning_rate (or use a LearningRateSchedule), clip "
+    "gradients with the optimizer's clipnorm= argument, and check from_logits matches the model's last layer",
+    "xgboost": "the training metric is rising: lower eta (learning_rate), reduce max_depth, raise "
+    "min_child_weight, and check the objective matches the labels",
+}
 _DIVERGING_HINT = (
-    "the loss is rising: lower the learning rate or use a scheduler (torch.optim.lr_scheduler), "
-    "clip gradients (torch.nn.utils.clip_grad_norm_), and check the loss gets the model's raw outputs"
+    "the loss is rising: lower the learning rate or use a scheduler, clip gradients, and check the loss "
+    "gets the model's raw outputs"
 )
+_PLATEAU_HINTS = {
+    "pytorch": "the loss is not falling: raise the learning rate, check that the optimizer receives "
+    "model.parameters() (and that optimizer.step() runs), that labels match their inputs and that "
+    "CrossEntropyLoss gets raw logits",
+    "keras": "the loss is not falling: raise the optimizer's learning_rate, check that the layers are "
+    "trainable, that labels match their inputs and that from_logits matches the model's last layer",
+    "xgboost": "the training metric is not falling: raise eta (learning_rate) or max_depth, check that "
+    "num_boost_round is more than a few rounds and that labels match their rows",
+}
 _PLATEAU_HINT = (
     "the loss is flat: if it never dropped, raise the learning rate, check that the optimizer "
     "receives model.parameters() and that labels match their inputs; if it flattened after "
@@ -60,25 +107,61 @@ def _mode_check(value: Any) -> str | None:
     return None
 
 
+class _Series:
+    """One loss tensor's calibrated state: its first window and its last three windows."""
+
+    def __init__(self, window: int) -> None:
+        self.first: list[float] = []
+        self.recent: deque[float] = deque(maxlen=3 * window)
+        self.count = 0  # finite values seen
+        self.last_evaluated: int | None = None
+        self.latest: float | None = None  # the newest value, finite or not
+        self.latest_step = -1
+
+    def add(self, value: float, mode_step: int, window: int) -> None:
+        self.latest, self.latest_step = value, mode_step
+        if not math.isfinite(value):
+            return
+        self.count += 1
+        if len(self.first) < window:
+            self.first.append(value)
+        self.recent.append(value)
+
+
 class LossNotDecreasing(Rule):
     """The loss stopped going down (or went up) over a window of steps."""
 
     rule_name = "LossNotDecreasing"
     collections = ("losses",)
     fix_hint = _PLATEAU_HINT
+    fix_hints = _PLATEAU_HINTS
+    stop_policy = (
+        "stops training on a NaN/inf loss, or on a rise confirmed over two windows in which every "
+        "loss is above every loss of the window before; a flat loss is reported only"
+    )
 
     collection_names = Param(list, None, "collections holding the losses to check", optional=True)
     tensor_regex = Param(list, None, "regexes of the loss tensors to check (scalars)", optional=True)
     use_losses_collection = Param(bool, True, "also check the 'losses' collection")
-    num_steps = Param(int, 10, "compare with the loss at least this many (mode) steps earlier",
+    num_steps = Param(int, 10, "evaluate every this many (mode) steps; SageMaker semantics: compare with "
+                      "the loss at least this many steps earlier",
                       check=lambda value: None if value > 0 else "must be > 0")
-    diff_percent = Param(float, 0.1, "minimum % by which the loss must decrease over num_steps "
-                         "(negative: tolerated % increase)", documented_default="0.1 (earlier docs: 0)",
+    diff_percent = Param(float, 0.1, "SageMaker semantics: minimum % by which the loss must decrease over "
+                         "num_steps (negative: tolerated % increase)", documented_default="0.1 (earlier docs: 0)",
                          check=lambda value: None if -100 < value < 100 else "must be between -100 and 100")
     increase_threshold_percent = Param(float, 5.0, "a rise above this % is reported as diverging, not a plateau",
                                        check=lambda value: None if value >= 0 else "must be >= 0")
-    mode = Param(str, None, "TRAIN, EVAL or GLOBAL; default: EVAL if present, else TRAIN, else GLOBAL",
+    mode = Param(str, None, "TRAIN, EVAL or GLOBAL; default: TRAIN if present, else GLOBAL (SageMaker "
+                 "semantics: EVAL if present, else TRAIN, else GLOBAL)",
                  optional=True, check=_mode_check, documented_default="GLOBAL (final docs); None (earlier docs)")
+    semantics = semantics_param()
+    window = Param(int, 8, "calibrated: saved losses per compared window",
+                   check=lambda value: None if value >= 3 else "must be >= 3")
+    alpha = Param(float, 0.001, "calibrated: significance level of each window comparison",
+                  check=lambda value: None if 0 < value < 0.5 else "must be in (0, 0.5)")
+    min_progress_percent = Param(float, 5.0, "calibrated: a loss that surely fell less than this % from the "
+                                 "run's first window is 'not learning'",
+                                 check=lambda value: None if 0 <= value < 100 else "must be in [0, 100)")
 
     def validate(self) -> None:
         self._mode = parse_mode(self.mode)
@@ -89,7 +172,132 @@ class LossNotDecreasing(Rule):
             use_losses_collection=self.use_losses_collection,
         )
         self._last_evaluated: dict[tuple[str, ModeKeys], int] = {}
+        self._series: dict[str, _Series] = {}
+        self._series_mode: tuple[ModeKeys, frozenset[str] | None] | None = None
+        self._consumed = -1  # last global loss step added to the calibrated windows
+        self._judged = False
+        self._last_step = -1
 
+    # -- shared ------------------------------------------------------------------------------
+    def finish(self) -> StepResult | None:
+        if not self._history.names():
+            return self.not_evaluated("no scalar loss tensors were saved (save the 'losses' collection)",
+                                      self._last_step)
+        if not self._judged:
+            have = max((series.count for series in self._series.values()), default=0)
+            if self.semantics == SAGEMAKER:
+                why = f"no loss was saved {self.num_steps} steps after an earlier one"
+            else:
+                why = (f"{have} finite saved loss(es) of the judged mode; the rule compares windows and needs "
+                       f"2 x window = {2 * self.window}")
+            return self.not_evaluated(why, self._last_step)
+        return None
+
+    def check(self, step: int) -> StepResult | None:
+        trial = self.base_trial
+        if not is_complete(trial, step):
+            return None
+        self._last_step = max(self._last_step, step)
+        if not self._history.names():
+            return None
+        if self.semantics == SAGEMAKER:
+            return self._check_sagemaker(step)
+        return self._check_calibrated(step)
+
+    # -- calibrated ----------------------------------------------------------------------------
+    def _calibrated_selection(self) -> tuple[ModeKeys, frozenset[str] | None]:
+        history = self._history
+        if history.from_metrics:
+            # XGBoost: one GLOBAL step per round; the training metrics show boosting progress
+            names = history.role_names(ModeKeys.TRAIN) or history.role_names(ModeKeys.EVAL)
+            return ModeKeys.GLOBAL, frozenset(names)
+        if self._mode is not None:
+            return self._mode, None
+        return (ModeKeys.TRAIN if ModeKeys.TRAIN in history.modes_with_losses() else ModeKeys.GLOBAL), None
+
+    def _check_calibrated(self, step: int) -> StepResult | None:
+        trial = self.base_trial
+        history = self._history
+        selection = self._calibrated_selection()
+        if selection != self._series_mode:  # the first TRAIN step arrived, or a new metric: start over
+            self._series_mode, self._series, self._consumed = selection, {}, -1
+        mode, names = selection
+        for saved in history.loss_steps(mode, upto=step, after=self._consumed):
+            self._consumed = saved
+            mode_step = saved if mode == ModeKeys.GLOBAL else trial.mode_step(saved)
+            for name, value in history.values_at(saved).items():
+                if names is None or name in names:
+                    self._series.setdefault(name, _Series(self.window)).add(value, mode_step, self.window)
+        if step != self._consumed:
+            return None  # not a loss step of the judged mode
+        mode_step = step if mode == ModeKeys.GLOBAL else trial.mode_step(step)
+        evaluated: dict[str, dict[str, Any]] = {}
+        for name, series in sorted(self._series.items()):
+            if series.latest_step != mode_step:
+                continue
+            if series.latest is not None and not math.isfinite(series.latest):
+                evaluated[name] = {"kind": "non-finite", "fired": True, "certain": True, "value": series.latest,
+                                   "message": f"{name}: loss became {series.latest} at step {mode_step}"}
+                continue
+            if series.last_evaluated is not None and mode_step < series.last_evaluated + self.num_steps:
+                continue
+            if series.count < 2 * self.window:
+                continue
+            series.last_evaluated = mode_step
+            evaluated[name] = self._judge_windows(name, series, mode_step)
+        if not evaluated:
+            return None
+        self._judged = True
+        shown = "TRAIN" if names is not None else mode.name
+        fired = [(name, facts) for name, facts in evaluated.items() if facts["fired"]]
+        losses = {name: {k: v for k, v in facts.items() if k != "message"} for name, facts in evaluated.items()}
+        if not fired:
+            return self.no_issue(step, mode=shown, losses=losses)
+        diverging = [item for item in fired if item[1]["kind"] in ("non-finite", "diverging")]
+        name, facts = (diverging or fired)[0]
+        framework = self.framework()
+        hints = _DIVERGING_HINTS if diverging else _PLATEAU_HINTS
+        hint = hints.get(framework or "", _DIVERGING_HINT if diverging else _PLATEAU_HINT)
+        return self.issue(step, facts["message"], fix_hint=hint, certain=bool(facts["certain"]),
+                          mode=shown, losses=losses)
+
+    def _judge_windows(self, name: str, series: _Series, mode_step: int) -> dict[str, Any]:
+        width = self.window
+        values = list(series.recent)
+        facts: dict[str, Any] = {"kind": "none", "fired": False, "certain": False, "message": ""}
+        if len(values) >= 3 * width:
+            before, middle, current = values[:width], values[width:2 * width], values[2 * width:]
+            p_middle = mann_whitney_p(before, middle)
+            p_current = mann_whitney_p(before, current)
+            base = mean(before)
+            rise = 100.0 * (mean(current) - base) / (abs(base) or 1.0)
+            facts.update(p_rise=max(p_middle, p_current), rise_percent=rise)
+            if p_middle < self.alpha and p_current < self.alpha and rise > self.increase_threshold_percent:
+                certain = min(middle + current) > max(before)
+                facts.update(
+                    kind="diverging", fired=True, certain=certain,
+                    message=f"{name}: loss rose by {fmt(rise)} % (mean of {width} saved losses {fmt(base)} → "
+                    f"{fmt(mean(current))} at step {mode_step}); the two windows after the first are both above it "
+                    f"(rank test p = {fmt(max(p_middle, p_current))} < alpha {fmt(self.alpha)})"
+                    + ("; every loss of them is above every loss before" if certain else ""),
+                )
+                return facts
+        first = series.first
+        after = values[-min(2 * width, series.count - width):]
+        decrease, upper = decrease_upper_bound(first, after)
+        facts.update(decrease_percent=100 * decrease, decrease_upper_percent=100 * upper,
+                     start=mean(first), current=mean(after))
+        if upper < self.min_progress_percent / 100:
+            facts.update(
+                kind="plateau", fired=True,
+                message=f"{name}: the loss is not learning: {fmt(mean(after))} (mean of the last {len(after)} saved "
+                f"losses, step {mode_step}) is {fmt(100 * decrease)} % below its start {fmt(mean(first))} (the first "
+                f"{len(first)}), surely less than min_progress_percent {fmt(self.min_progress_percent)} % "
+                f"(99.5 % bound {fmt(100 * upper)} %)",
+            )
+        return facts
+
+    # -- SageMaker semantics -----------------------------------------------------------------
     def _resolved_mode(self) -> ModeKeys:
         if self._mode is not None:
             return self._mode
@@ -99,15 +307,9 @@ class LossNotDecreasing(Rule):
                 return mode
         return ModeKeys.GLOBAL
 
-    def check(self, step: int) -> StepResult | None:
+    def _check_sagemaker(self, step: int) -> StepResult | None:
         trial = self.base_trial
-        if not is_complete(trial, step):
-            return None
         history = self._history
-        if not history.names():
-            if trial.training_ended:
-                return self.missing(step, MissingTensor("scalar loss tensors", "losses"))
-            return None
         current = history.values_at(step)
         if history.from_metrics:
             # XGBoost: one step per round, the roles are in the names (validation-logloss)
@@ -129,11 +331,10 @@ class LossNotDecreasing(Rule):
             last = self._last_evaluated.get(key)
             if last is not None and mode_step < last + self.num_steps:
                 continue
-            earlier = [p for p in trial.tensor(name).steps(mode) if p <= mode_step - self.num_steps]
-            if not earlier:
+            earlier = history.before_mode_step(mode, mode_step - self.num_steps, name)
+            if earlier is None:
                 continue
-            previous_step = earlier[-1]
-            previous_global = previous_step if mode == ModeKeys.GLOBAL else trial.global_step(mode, previous_step)
+            previous_step, previous_global = earlier
             previous = history.values_at(previous_global).get(name)
             if previous is None:
                 continue
@@ -146,13 +347,18 @@ class LossNotDecreasing(Rule):
                 fired.append((name, facts))
         if not evaluated:
             return None
+        self._judged = True
         if fired:
             diverging = [item for item in fired if item[1]["kind"] == "diverging"]
             name, facts = (diverging or fired)[0]
+            framework = self.framework() or ""
+            hint = (_DIVERGING_HINTS.get(framework, _DIVERGING_HINT) if diverging
+                    else _PLATEAU_HINTS.get(framework, _PLATEAU_HINT))
             return self.issue(
                 step,
                 facts["message"],
-                fix_hint=_DIVERGING_HINT if diverging else _PLATEAU_HINT,
+                fix_hint=hint,
+                certain=any(not math.isfinite(item[1]["value"]) for item in diverging),
                 mode=shown.name,
                 losses={key: {k: v for k, v in item.items() if k != "message"} for key, item in evaluated.items()},
             )

@@ -1,35 +1,47 @@
-"""Overfit: the validation loss stays well above the training loss.
+"""Overfit: the validation loss rose while the training loss kept falling, and the gap is wide.
 
-Formula. Saved loss steps form alternating TRAIN and EVAL *blocks* (an EVAL block is one
-validation pass). For each finished EVAL block B starting at or after ``start_step``:
+Saved loss steps form alternating TRAIN and EVAL *blocks* (an EVAL block is one validation pass).
+For each finished EVAL block B starting at or after ``start_step``:
 
     L_eval  = mean loss over the steps of B
     L_train = mean of the last ``train_window`` TRAIN losses saved before B
     r       = (L_eval - L_train) / |L_train|
-    fire when r > ratio_threshold for ``patience`` consecutive validation passes
 
 Only loss tensors saved in both modes are compared (their per-step mean). An EVAL block is
 finished when a TRAIN step follows it, or at the end of training (``finish``). Passes with a
-non-finite or zero training loss are skipped without resetting the count.
+non-finite or zero training loss are skipped.
 
-Calibrated defaults (SageMaker's parameter names):
+Calibrated semantics (the default). A gap alone is not overfitting: a healthy model's validation
+loss is commonly 10-50 % above its training loss (a small validation set, dropout off in EVAL)
+and stays there. Overfitting is the gap *widening*: the validation loss rises while the training
+loss still falls. With ``noise`` the pass-to-pass spread of the validation loss (1.4826 x median
+|second difference| / sqrt 6: a steady trend is not noise):
 
-* ``patience`` 3 validation passes (documented 1 step): a single pass 10-25 % above the
-  training loss is normal (a small validation set, dropout off in EVAL, a learning-rate step).
-* ``ratio_threshold`` 0.25 (documented 0.1): a healthy model's validation loss is commonly
-  10-20 % above its training loss; overfitting shows as a gap that keeps widening past that.
-* ``train_window`` (trainguard only) 10: the mean of a whole training block would mix the loss
-  of the untrained start of the block into L_train.
+    fire when  the best validation pass is at least ``patience`` passes old,
+               every one of the last ``patience`` passes is above best + max(1 % of best, 4 * noise),
+               L_train now is below L_train at the best pass (training still improves), and
+               r > ratio_threshold
+
+The finding is certain (confirmed by every pass of its window).
+
+SageMaker semantics (``semantics="sagemaker"``): fire when r > ratio_threshold for ``patience``
+consecutive validation passes (SageMaker's condition with its documented defaults patience 1 and
+ratio_threshold 0.1 when given; trainguard's defaults 3 and 0.25 otherwise).
+
+Cost: each pass is judged once from running state (the last ``train_window`` training steps and
+the passes' values); the cost per step does not grow with the run.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from trainguard.modes import ModeKeys
-from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.base import Rule, StepResult
+from trainguard.rules.builtin._loss_stats import BestTracker
 from trainguard.rules.builtin._losses import Block, LossHistory, fmt, is_complete
-from trainguard.rules.params import Param
+from trainguard.rules.params import SAGEMAKER, Param, semantics_param
 
 
 def _positive(value: float) -> str | None:
@@ -37,30 +49,46 @@ def _positive(value: float) -> str | None:
 
 
 class Overfit(Rule):
-    """Validation loss far above training loss for several validation passes."""
+    """Validation loss rising above its best while the training loss keeps falling (the gap widens)."""
 
     rule_name = "Overfit"
     collections = ("losses",)
     fix_hint = (
-        "add regularisation: dropout, weight decay (optimizer weight_decay=...), data augmentation, "
-        "or stop early at the best validation loss; or use a smaller model / more training data"
+        "add regularisation: dropout, weight decay, data augmentation, or stop early at the best validation "
+        "loss; or use a smaller model / more training data"
+    )
+    fix_hints = {
+        "pytorch": "add regularisation: nn.Dropout, weight decay (optimizer weight_decay=...), data augmentation, "
+        "or stop early at the best validation loss (keep that state_dict); or a smaller model / more data",
+        "keras": "add regularisation: Dropout layers, kernel_regularizer=keras.regularizers.L2(...), data "
+        "augmentation, or keras.callbacks.EarlyStopping(monitor='val_loss', restore_best_weights=True)",
+        "xgboost": "regularise the trees: lower max_depth and eta, raise min_child_weight, gamma or reg_lambda, "
+        "subsample/colsample_bytree < 1, and pass early_stopping_rounds= with an evaluation set",
+    }
+    stop_policy = (
+        "stops training when the validation loss stayed above its best, beyond its noise, for every one of "
+        "patience passes while the training loss kept falling (SageMaker semantics: never)"
     )
 
     tensor_regex = Param(list, None, "regexes of the loss tensors (default: the 'losses' collection)", optional=True)
     start_step = Param(int, 0, "ignore validation passes that start before this global step",
                        check=lambda value: None if value >= 0 else "must be >= 0")
-    patience = Param(int, 3, "consecutive validation passes above ratio_threshold before firing",
+    patience = Param(int, 3, "validation passes the condition must hold for",
                      check=_positive, documented_default=1)
-    ratio_threshold = Param(float, 0.25, "fire when (val - train) / train exceeds this",
+    ratio_threshold = Param(float, 0.25, "the gap (val - train) / train must exceed this",
                             documented_default=0.1)
     train_window = Param(int, 10, "training losses (the last saved before a validation pass) averaged as L_train",
                          check=_positive)
+    semantics = semantics_param()
 
     def validate(self) -> None:
         self._history = LossHistory(self, tensor_regex=self.tensor_regex, use_losses_collection=True)
-        self._done: set[int] = set()  # first steps of the EVAL blocks already judged
         self._streak = 0
         self._last_step = -1
+        self._block_index = 0  # the first block not judged yet
+        self._train_steps: deque[int] = deque(maxlen=self.train_window)  # last TRAIN loss steps seen
+        self._validation = BestTracker()
+        self._train_at_pass: list[float] = []  # L_train at each pass the tracker holds
 
     def check(self, step: int) -> StepResult | None:
         if not is_complete(self.base_trial, step):
@@ -71,64 +99,90 @@ class Overfit(Rule):
     def finish(self) -> StepResult | None:
         history = self._history
         if not history.names():
-            return self.missing(self._last_step, MissingTensor("scalar loss tensors", "losses"))
+            return self.not_evaluated("no scalar loss tensors were saved (save the 'losses' collection)",
+                                      self._last_step)
         if history.from_metrics:
-            return self.missing(
-                self._last_step,
-                MissingTensor("losses of TRAIN and EVAL steps; in XGBoost runs use Overtraining, which watches "
-                              "the validation metrics (boosting always drives the training loss far below it)",
-                              "losses"),
-            )
-        if ModeKeys.EVAL not in history.modes_with_losses() or ModeKeys.TRAIN not in history.modes_with_losses():
-            return self.missing(
-                self._last_step,
-                MissingTensor("losses of both TRAIN and EVAL steps (run validation under hook.set_mode(modes.EVAL))",
-                              "losses"),
-            )
-        return self._judge(self._last_step, include_open_block=True)
+            return self.not_evaluated(
+                "an XGBoost run: use Overtraining, which watches the validation metrics (boosting always drives "
+                "the training loss far below it)", self._last_step)
+        result = self._judge(self._last_step, include_open_block=True)
+        modes = history.modes_with_losses()
+        if ModeKeys.EVAL not in modes or ModeKeys.TRAIN not in modes:
+            return self.not_evaluated(
+                "needs losses of both TRAIN and EVAL steps (run validation under hook.set_mode(modes.EVAL))",
+                self._last_step)
+        if result is None and not self._validation.values:
+            return self.not_evaluated("no validation pass had a training loss before it to compare with",
+                                      self._last_step)
+        return result
 
     def _judge(self, step: int, *, include_open_block: bool) -> StepResult | None:
         history = self._history
-        blocks = history.blocks(upto=None if include_open_block else step)
+        blocks = history.blocks(upto=None if include_open_block else step, start=self._block_index)
         if not blocks:
             return None
         common = history.mode_names(ModeKeys.TRAIN) & history.mode_names(ModeKeys.EVAL)
-        if not common:
-            return None
         judged: list[dict[str, float | int]] = []
         fired: dict[str, float | int] | None = None
-        for index, block in enumerate(blocks):
-            if block.mode != ModeKeys.EVAL or block.first in self._done or block.first < self.start_step:
-                continue
-            closed = index + 1 < len(blocks) or include_open_block
+        for offset, block in enumerate(blocks):
+            closed = offset + 1 < len(blocks) or include_open_block
             if not closed:
+                break
+            self._block_index += 1
+            if block.mode == ModeKeys.TRAIN:
+                self._train_steps.extend(block.steps[-self.train_window:])
                 continue
-            self._done.add(block.first)
-            facts = self._ratio(block, blocks[:index], common)
+            if block.first < self.start_step or not common:
+                continue
+            facts = self._ratio(block, common)
             if facts is None:
                 continue
-            self._streak = self._streak + 1 if facts["ratio"] > self.ratio_threshold else 0
-            facts["streak"] = self._streak
+            facts = self._judge_pass(facts)
             judged.append(facts)
-            if self._streak >= self.patience:
+            if facts["fired"]:
                 fired = facts
         if not judged:
             return None
         step = max(step, int(judged[-1]["eval_last_step"]))
         if fired is not None:
-            return self.issue(
-                step,
-                f"validation loss {fmt(fired['eval_loss'])} is {fmt(100 * fired['ratio'])} % above the training loss "
-                f"{fmt(fired['train_loss'])} (ratio_threshold {fmt(self.ratio_threshold)}) for {self._streak} "
-                f"consecutive validation pass(es) (patience {self.patience})",
-                passes=judged,
-            )
+            if self.semantics == SAGEMAKER:
+                message = (
+                    f"validation loss {fmt(fired['eval_loss'])} is {fmt(100 * fired['ratio'])} % above the training "
+                    f"loss {fmt(fired['train_loss'])} (ratio_threshold {fmt(self.ratio_threshold)}) for "
+                    f"{self._streak} consecutive validation pass(es) (patience {self.patience})"
+                )
+            else:
+                message = (
+                    f"validation loss rose to {fmt(fired['eval_loss'])} from its best {fmt(fired['best'])} (step "
+                    f"{fired['best_step']}) and stayed above it by more than {fmt(fired['margin'])} (4 x its "
+                    f"pass-to-pass noise) for {self.patience} passes, while the training loss fell to "
+                    f"{fmt(fired['train_loss'])}: the gap is {fmt(100 * fired['ratio'])} % (ratio_threshold "
+                    f"{fmt(self.ratio_threshold)})"
+                )
+            return self.issue(step, message, certain=self.semantics != SAGEMAKER, passes=judged)
         return self.no_issue(step, passes=judged)
 
-    def _ratio(self, block: Block, before: list[Block], names: set[str]) -> dict[str, float | int] | None:
-        train_steps = [s for previous in before if previous.mode == ModeKeys.TRAIN for s in previous.steps]
-        train_steps = train_steps[-self.train_window:]
-        train = self._history.mean(train_steps, names)
+    def _judge_pass(self, facts: dict[str, float | int]) -> dict[str, float | int]:
+        if self.semantics == SAGEMAKER:
+            self._streak = self._streak + 1 if facts["ratio"] > self.ratio_threshold else 0
+            facts["streak"] = self._streak
+            facts["fired"] = self._streak >= self.patience
+            return facts
+        tracker = self._validation
+        tracker.add(float(facts["eval_loss"]), int(facts["eval_last_step"]))
+        self._train_at_pass.append(float(facts["train_loss"]))
+        risen = tracker.risen(self.patience, 0.01)
+        facts["fired"] = bool(
+            risen is not None
+            and facts["train_loss"] < self._train_at_pass[tracker.best_index]
+            and facts["ratio"] > self.ratio_threshold
+        )
+        if risen is not None:
+            facts.update(risen)
+        return facts
+
+    def _ratio(self, block: Block, names: set[str]) -> dict[str, float | int] | None:
+        train = self._history.mean(self._train_steps, names)
         evaluation = self._history.mean(block.steps, names)
         if train is None or evaluation is None or not math.isfinite(train) or not math.isfinite(evaluation):
             return None

@@ -1,4 +1,23 @@
-"""Overtraining: training or validation loss stopped reaching new optima.
+"""Overtraining: the validation loss rose above its best and stayed there: training longer hurts.
+
+Calibrated semantics (the default). One value per validation pass (a block of consecutive saved
+EVAL steps, judged once a TRAIN step follows it or training ends: the mean of its losses; in
+XGBoost runs the ``validation-*``/``eval-*``/``test-*`` metrics where lower is better, one pass per
+saved round). With ``noise`` the pass-to-pass spread of the validation loss (1.4826 x median
+|second difference| / sqrt 6 over the last 64 passes: a steady trend is not noise):
+
+    fire when the best pass is at least patience_validation passes old and every one of the
+    last patience_validation passes is above best + max(delta * |best|, 4 * noise)
+
+(the lowest of a few dozen noisy passes lies about 2 noise below the loss's level: 4 noise
+above it is 2 above that level, which each pass reaches by chance with odds of about 1 in 40).
+
+A validation loss that only flattens is convergence, and a flat training loss alone is
+convergence too: neither fires. The finding is certain (it is confirmed by every pass of its
+window): stopping then is early stopping, too late by patience_validation passes. A run without
+validation losses ends "not evaluated" (in such a run the rule has nothing to judge).
+
+SageMaker semantics (``semantics="sagemaker"``): trainguard's earlier per-optimum formula below.
 
 Formula. Two series, each tracking its best value ``best`` (the first value starts it):
 
@@ -37,9 +56,10 @@ import math
 from collections import deque
 
 from trainguard.modes import ModeKeys
-from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.base import Rule, StepResult
+from trainguard.rules.builtin._loss_stats import BestTracker
 from trainguard.rules.builtin._losses import LossHistory, fmt, is_complete
-from trainguard.rules.params import Param
+from trainguard.rules.params import SAGEMAKER, Param, semantics_param
 
 
 def _positive(value: float) -> str | None:
@@ -70,6 +90,18 @@ class Overtraining(Rule):
         "stop training at the best validation loss (early stopping, keep that checkpoint); if the "
         "validation loss rises while the training loss falls, add regularisation (dropout, weight decay)"
     )
+    fix_hints = {
+        "pytorch": "stop at the best validation loss (early stopping: keep that epoch's state_dict); add "
+        "regularisation (dropout, weight_decay= in the optimizer) or more training data",
+        "keras": "stop at the best validation loss: keras.callbacks.EarlyStopping(monitor='val_loss', "
+        "restore_best_weights=True); add regularisation (Dropout layers, kernel_regularizer)",
+        "xgboost": "stop at the best validation round: pass early_stopping_rounds= with an evaluation set; "
+        "lower eta, max_depth, or raise min_child_weight / subsample < 1",
+    }
+    stop_policy = (
+        "stops training when the validation loss stayed above its best (beyond its pass-to-pass noise) "
+        "for every one of patience_validation passes: early stopping"
+    )
 
     patience_train = Param(int, 20, "saved TRAIN steps without a new training optimum before firing",
                            check=_positive, documented_default=5)
@@ -78,7 +110,9 @@ class Overtraining(Rule):
     delta = Param(float, 0.01, "relative improvement (fraction of the best loss) that makes a new optimum",
                   check=lambda value: None if value >= 0 else "must be >= 0",
                   documented_default="0.01 absolute (earlier docs: 0.1)")
-    smoothing = Param(int, 10, "TRAIN losses averaged into each training value", check=_positive)
+    smoothing = Param(int, 10, "TRAIN losses averaged into each training value (SageMaker semantics)",
+                      check=_positive)
+    semantics = semantics_param()
 
     def validate(self) -> None:
         self._history = LossHistory(self)
@@ -86,8 +120,11 @@ class Overtraining(Rule):
         self._validation = _Optimum()
         self._recent: deque[float] = deque(maxlen=self.smoothing)
         self._train_upto = -1
-        self._validated: set[int] = set()
         self._last_step = -1
+        self._block_index = 0  # the first block not judged yet
+        self._rounds_upto = -1  # XGBoost: last saved round judged
+        self._passes = BestTracker()
+        self._judged_any = False
 
     def check(self, step: int) -> StepResult | None:
         if not is_complete(self.base_trial, step):
@@ -97,10 +134,21 @@ class Overtraining(Rule):
 
     def finish(self) -> StepResult | None:
         if not self._history.names():
-            return self.missing(self._last_step, MissingTensor("scalar loss tensors", "losses"))
-        return self._judge(self._last_step, final=True)
+            return self.not_evaluated("no scalar loss tensors were saved (save the 'losses' collection)",
+                                      self._last_step)
+        result = self._judge(self._last_step, final=True)
+        if result is None and not self._judged_any:
+            if self.semantics == SAGEMAKER:
+                return self.not_evaluated("no saved loss to judge", self._last_step)
+            return self.not_evaluated(
+                "no validation losses: Overtraining judges the validation loss (run validation under "
+                "hook.set_mode(modes.EVAL), or give XGBoost an evaluation set); a flat training loss alone is "
+                "convergence", self._last_step)
+        return result
 
     def _judge(self, step: int, *, final: bool) -> StepResult | None:
+        if self.semantics != SAGEMAKER:
+            return self._judge_calibrated(step, final=final)
         history = self._history
         progressed = self._add_training(step, final)
         if history.from_metrics:
@@ -139,13 +187,37 @@ class Overtraining(Rule):
             )
         return self.no_issue(step, **details)
 
+    def _judge_calibrated(self, step: int, *, final: bool) -> StepResult | None:
+        history = self._history
+        if history.from_metrics:
+            progressed = self._add_validation_metrics(step, final, self._passes)
+        else:
+            progressed = self._add_validation_passes(step, final, self._passes)
+        if not progressed:
+            return None
+        self._judged_any = True
+        passes = self._passes
+        facts = passes.risen(self.patience_validation, self.delta)
+        details = {"best_validation": passes.best, "best_validation_step": passes.steps[passes.best_index],
+                   "validation_passes_since_best": passes.since_best, "validation_loss": passes.values[-1]}
+        step = max(step, passes.steps[-1])
+        if facts is None:
+            return self.no_issue(step, **details)
+        return self.issue(
+            step,
+            f"validation loss {fmt(facts['latest'])} has stayed above its best {fmt(facts['best'])} (step "
+            f"{facts['best_step']}) for {facts['since_best']} passes; each of the last {self.patience_validation} is "
+            f"above it by more than {fmt(facts['margin'])} (4 x its pass-to-pass noise {fmt(facts['noise'])}, at "
+            f"least delta {fmt(100 * self.delta)} %)",
+            certain=True,
+            **details, **{f"rise_{key}": value for key, value in facts.items()},
+        )
+
     def _add_training(self, step: int, final: bool) -> bool:
         history = self._history
         names = history.role_names(ModeKeys.TRAIN) or None  # XGBoost: the train-* metrics
         progressed = False
-        for train_step in history.loss_steps(ModeKeys.TRAIN, upto=None if final else step):
-            if train_step <= self._train_upto:
-                continue
+        for train_step in history.loss_steps(ModeKeys.TRAIN, upto=None if final else step, after=self._train_upto):
             self._train_upto = train_step
             value = history.mean([train_step], names)
             if value is None or not math.isfinite(value):
@@ -155,37 +227,41 @@ class Overtraining(Rule):
             progressed = True
         return progressed
 
-    def _add_validation_passes(self, step: int, final: bool) -> bool:
+    def _add_validation_passes(self, step: int, final: bool, tracker: BestTracker | None = None) -> bool:
         history = self._history
         progressed = False
-        blocks = history.blocks(upto=None if final else step)
-        for index, block in enumerate(blocks):
-            if block.mode != ModeKeys.EVAL or block.first in self._validated:
+        blocks = history.blocks(upto=None if final else step, start=self._block_index)
+        for offset, block in enumerate(blocks):
+            if offset + 1 == len(blocks) and not final:
+                break  # the last block may still be growing (a validation pass still running)
+            self._block_index += 1
+            if block.mode != ModeKeys.EVAL:
                 continue
-            if index + 1 == len(blocks) and not final:
-                continue  # the validation pass may still be running
-            self._validated.add(block.first)
             value = history.mean(block.steps)
             if value is None or not math.isfinite(value):
                 continue
-            self._validation.add(value, block.last, self.delta)
+            if tracker is not None:
+                tracker.add(value, block.last)
+            else:
+                self._validation.add(value, block.last, self.delta)
             progressed = True
         return progressed
 
-    def _add_validation_metrics(self, step: int, final: bool) -> bool:
+    def _add_validation_metrics(self, step: int, final: bool, tracker: BestTracker | None = None) -> bool:
         """XGBoost: every saved round evaluated the validation data: one pass per saved round."""
         history = self._history
         names = history.role_names(ModeKeys.EVAL)
         if not names:
             return False
         progressed = False
-        for saved in history.loss_steps(ModeKeys.GLOBAL, upto=None if final else step):
-            if saved in self._validated:
-                continue
-            self._validated.add(saved)
-            value = history.mean([saved], names)
+        for saved in history.loss_steps(ModeKeys.GLOBAL, upto=None if final else step, after=self._rounds_upto):
+            self._rounds_upto = saved
+            value = history.step_mean(saved, names)
             if value is None or not math.isfinite(value):
                 continue
-            self._validation.add(value, saved, self.delta)
+            if tracker is not None:
+                tracker.add(value, saved)
+            else:
+                self._validation.add(value, saved, self.delta)
             progressed = True
         return progressed
