@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from collections.abc import AsyncIterator
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from trainguard.services.api.db import make_engine, make_session_factory
 from trainguard.services.api.guard import RequestGuard, max_body_bytes
@@ -21,6 +25,38 @@ from trainguard.services.launchers.base import Launcher
 __all__ = ["create_app", "make_launcher"]
 
 log = logging.getLogger("trainguard.api")
+
+
+def _printable(value: Any) -> Any:
+    """A value a JSON answer can carry: lone surrogates escaped, inf/NaN as text, containers left out."""
+    if isinstance(value, str):
+        value = value if len(value) <= 256 else value[:253] + "..."
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return None  # a whole object echoed back helps nobody (and may be a megabyte)
+
+
+async def _validation_failed(request: Request, error: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422, minus what its default handler cannot encode (a NaN or a lone surrogate crashed it)."""
+    detail = []
+    for item in error.errors():
+        entry = {
+            "type": item.get("type"),
+            "loc": [part if isinstance(part, int) else _printable(str(part)) for part in item.get("loc", ())],
+            "msg": _printable(str(item.get("msg", ""))),
+        }
+        shown = _printable(item.get("input"))
+        if shown is not None:
+            entry["input"] = shown
+        detail.append(entry)
+    return JSONResponse(status_code=422, content={"detail": detail})
 
 
 def _docker_launcher(settings: Settings) -> Launcher:
@@ -75,6 +111,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.add_exception_handler(RequestValidationError, _validation_failed)
     app.state.service = service
     app.state.reconciler = reconciler
 

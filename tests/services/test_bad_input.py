@@ -1,0 +1,310 @@
+"""Every malformed request of issue 12 is a 4xx naming the member, and leaves no job behind.
+
+The app runs in-process (FastAPI's TestClient) with the real local launcher and SQLite; the
+SageMaker endpoint gets raw awsJson (boto3 would refuse these requests on the client side). After
+every refused CreateTrainingJob the name must still be free: DescribeTrainingJob answers
+ResourceNotFound, never 500, and no row is listed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.services.conftest import TOKEN, training_command
+
+pytest.importorskip("httpx", reason="TestClient needs httpx")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from trainguard.services.api.app import create_app  # noqa: E402
+from trainguard.services.api.settings import Settings  # noqa: E402
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+NAME = "bad-input-job"
+
+
+@pytest.fixture
+def client(tmp_path: Path):
+    settings = Settings.from_env(
+        {"TRAINGUARD_API_TOKEN": TOKEN, "TRAINGUARD_DATA_DIR": str(tmp_path), "TRAINGUARD_LAUNCHER": "local",
+         "TRAINGUARD_RECONCILE_INTERVAL": "0.2", "TRAINGUARD_STOP_GRACE_SECONDS": "5"}
+    )  # fmt: skip
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client
+        for job in test_client.get("/v1/jobs", headers=AUTH).json()["jobs"]:
+            test_client.post(f"/v1/jobs/{job['name']}/stop?grace_seconds=0", headers=AUTH)
+
+
+def sagemaker(client: TestClient, operation: str, body: Any, *, raw: bytes | None = None) -> tuple[int, dict]:
+    content = raw if raw is not None else json.dumps(body).encode()
+    response = client.post(
+        "/", content=content,
+        headers={**AUTH, "X-Amz-Target": f"SageMaker.{operation}", "Content-Type": "application/x-amz-json-1.1"},
+    )  # fmt: skip
+    return response.status_code, response.json()
+
+
+def create_request(**members: Any) -> dict[str, Any]:
+    """A valid CreateTrainingJob request with ``members`` replaced (None = removed)."""
+    request = {
+        "TrainingJobName": NAME,
+        "RoleArn": "arn:aws:iam::111122223333:role/R",
+        "OutputDataConfig": {"S3OutputPath": "s3://bkt/"},
+        "AlgorithmSpecification": {"TrainingImage": "img", "TrainingInputMode": "File",
+                                   "ContainerEntrypoint": ["python"], "ContainerArguments": ["train.py"]},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 600},
+        "DebugRuleConfigurations": [{"RuleConfigurationName": "Loss", "RuleEvaluatorImage": "img",
+                                     "RuleParameters": {"rule_to_invoke": "LossNotDecreasing"}}],
+    }  # fmt: skip
+    request.update(members)
+    return {k: v for k, v in request.items() if v is not None}
+
+
+def rule(**parameters: Any) -> list[dict[str, Any]]:
+    return [{"RuleConfigurationName": "Loss", "RuleEvaluatorImage": "img",
+             "RuleParameters": {"rule_to_invoke": "LossNotDecreasing", **parameters}}]  # fmt: skip
+
+
+def assert_no_job(client: TestClient, name: str = NAME) -> None:
+    status, body = sagemaker(client, "DescribeTrainingJob", {"TrainingJobName": name})
+    assert (status, body["__type"]) == (400, "ResourceNotFound"), body
+    assert client.get(f"/v1/jobs/{name}", headers=AUTH).status_code == 404
+    assert all(job["name"] != name for job in client.get("/v1/jobs", headers=AUTH).json()["jobs"])
+
+
+def _sdk_action(**action: Any) -> str:
+    return json.dumps([{"name": "webhook", "url": "http://127.0.0.1:9/hook", **action}])
+
+
+CREATE_CASES = [
+    ({"AlgorithmSpecification": "python train.py"}, "'AlgorithmSpecification'"),
+    ({"AlgorithmSpecification": {"ContainerEntrypoint": "python"}}, "AlgorithmSpecification.ContainerEntrypoint'"),
+    ({"AlgorithmSpecification": {"ContainerEntrypoint": ["python", 3]}}, "AlgorithmSpecification.ContainerEntrypoint[1]"),
+    ({"AlgorithmSpecification": {"ContainerArguments": {"a": 1}}}, "AlgorithmSpecification.ContainerArguments"),
+    ({"Environment": ["A=1"]}, "'Environment'"),
+    ({"Environment": {"A": 1}}, "'Environment.A'"),
+    ({"Environment": {"A": "x" * 600}}, "'Environment.A'"),
+    ({"Environment": {"BAD KEY": "1"}}, "'Environment.BAD KEY'"),
+    ({"HyperParameters": "lr=1"}, "'HyperParameters'"),
+    ({"HyperParameters": {"lr": {"value": 1}}}, "'HyperParameters.lr'"),
+    ({"DebugRuleConfigurations": {"RuleConfigurationName": "Loss"}}, "'DebugRuleConfigurations'"),
+    ({"DebugRuleConfigurations": ["Loss"]}, "'DebugRuleConfigurations[0]'"),
+    ({"DebugRuleConfigurations": [{"RuleParameters": {}}]}, "DebugRuleConfigurations[0].RuleConfigurationName"),
+    ({"DebugRuleConfigurations": [{"RuleConfigurationName": "L", "RuleParameters": "a=1"}]},
+     "DebugRuleConfigurations[0].RuleParameters'"),
+    ({"DebugRuleConfigurations": rule(threshold=5)}, "DebugRuleConfigurations[0].RuleParameters.threshold"),
+    ({"StoppingCondition": 600}, "'StoppingCondition'"),
+    ({"StoppingCondition": {"MaxRuntimeInSeconds": "600"}}, "StoppingCondition.MaxRuntimeInSeconds"),
+    ({"StoppingCondition": {"MaxRuntimeInSeconds": 2**70}}, "StoppingCondition.MaxRuntimeInSeconds"),
+    ({"TrainingJobName": 5}, "'TrainingJobName'"),
+    ({"TrainingJobName": "has_underscore"}, "'TrainingJobName'"),
+    ({"DebugHookConfig": {"HookParameters": ["save_interval"]}}, "DebugHookConfig.HookParameters"),
+    ({"DebugHookConfig": {"CollectionConfigurations": [{"CollectionName": 1}]}},
+     "DebugHookConfig.CollectionConfigurations[0].CollectionName"),
+    ({"ProfilerConfig": {"DisableProfiler": "yes"}}, "ProfilerConfig.DisableProfiler"),
+    ({"InputDataConfig": {"ChannelName": "train"}}, "'InputDataConfig'"),
+    # Rule references and parameters the translation passes on.
+    ({"DebugRuleConfigurations": rule(rule_to_invoke=".x:Y")}, "rule_to_invoke"),
+    ({"DebugRuleConfigurations": rule(rule_to_invoke="os:system")}, "rule_to_invoke"),
+    ({"DebugRuleConfigurations": rule(start_step="abc")}, "start_step"),
+    ({"DebugRuleConfigurations": rule(start_step="5", end_step="2")}, "end_step"),
+    ({"DebugRuleConfigurations": rule(action_json=_sdk_action(retries=1000000))}, "retries"),
+    ({"DebugRuleConfigurations": rule(action_json=_sdk_action(retries="many"))}, "retries"),
+    ({"DebugRuleConfigurations": rule(action_json=json.dumps([{"name": "stoptraining", "grace_seconds": 1e308}]))},
+     "grace_seconds"),
+    ({"DebugRuleConfigurations": rule(action_json=json.dumps([{"name": "stoptraining", "grace_seconds": "inf"}]))},
+     "grace_seconds"),
+    ({"DebugRuleConfigurations": rule(action_json=_sdk_action(url="file:///etc/passwd"))}, "url"),
+    # Text no process or database can take, anywhere in the request.
+    ({"AlgorithmSpecification": {"ContainerEntrypoint": ["python\x00-c"]}}, "AlgorithmSpecification.ContainerEntrypoint[0]"),
+    ({"Environment": {"A": "\x00"}}, "'Environment.A'"),
+    ({"HyperParameters": {"lr": "\ud800"}}, "'HyperParameters.lr'"),
+    ({"Tags": [{"Key": "k", "Value": "\udfff"}]}, "Tags[0].Value"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("members", "member"), CREATE_CASES, ids=[str(i) for i in range(len(CREATE_CASES))])
+def test_create_with_a_bad_member_is_a_validation_exception_naming_it(client, members, member) -> None:
+    status, body = sagemaker(client, "CreateTrainingJob", create_request(**members))
+    assert status == 400, body
+    assert body["__type"] == "ValidationException", body
+    assert member in body["message"], body["message"]
+    assert_no_job(client)
+
+
+def test_lone_surrogate_and_nul_in_raw_json_are_refused_before_anything_is_created(client) -> None:
+    # json.dumps would escape them the same way; written out to be sure the escapes reach the server.
+    template = json.dumps(create_request(Environment={"A": "PLACEHOLDER"}))
+    for escape in ("\\ud800", "\\u0000", "a\\udc00b"):
+        status, body = sagemaker(client, "CreateTrainingJob", None, raw=template.replace("PLACEHOLDER", escape).encode())
+        assert (status, body["__type"]) == (400, "ValidationException"), body
+        assert "Environment.A" in body["message"]
+        assert_no_job(client)
+    # Invalid UTF-8 and absurd nesting are SerializationExceptions, not crashes.
+    status, body = sagemaker(client, "CreateTrainingJob", None, raw=b'{"TrainingJobName": "\xff\xfe"}')
+    assert (status, body["__type"]) == (400, "SerializationException")
+    status, body = sagemaker(client, "CreateTrainingJob", None, raw=b"[" * 100_000 + b"]" * 100_000)
+    assert (status, body["__type"]) == (400, "SerializationException")
+
+
+LIST_CASES = [
+    ({"MaxResults": "abc"}, "MaxResults"),
+    ({"MaxResults": 0}, "MaxResults"),
+    ({"MaxResults": 101}, "MaxResults"),
+    ({"MaxResults": True}, "MaxResults"),
+    ({"CreationTimeAfter": "x"}, "CreationTimeAfter"),
+    ({"LastModifiedTimeBefore": [1]}, "LastModifiedTimeBefore"),
+    ({"NameContains": 5}, "NameContains"),
+    ({"NameContains": "a b"}, "NameContains"),
+    ({"NextToken": "-5"}, "NextToken"),
+    ({"NextToken": 5}, "NextToken"),
+    ({"NextToken": "9" * 100}, "NextToken"),
+    ({"StatusEquals": "Running"}, "StatusEquals"),
+    ({"SortBy": "Size"}, "SortBy"),
+    ({"SortOrder": 1}, "SortOrder"),
+]
+
+
+@pytest.mark.parametrize(("members", "member"), LIST_CASES, ids=[str(i) for i in range(len(LIST_CASES))])
+def test_list_with_a_bad_member_is_a_validation_exception_naming_it(client, members, member) -> None:
+    status, body = sagemaker(client, "ListTrainingJobs", members)
+    assert (status, body["__type"]) == (400, "ValidationException"), body
+    assert f"'{member}'" in body["message"], body["message"]
+
+
+def test_describe_and_stop_of_bad_or_unknown_names(client) -> None:
+    for operation in ("DescribeTrainingJob", "StopTrainingJob"):
+        for body in ({}, {"TrainingJobName": 5}, {"TrainingJobName": "x" * 64}, {"TrainingJobName": "a\x00"}):
+            status, answer = sagemaker(client, operation, body)
+            assert (status, answer["__type"]) == (400, "ValidationException"), (operation, body, answer)
+            assert "TrainingJobName" in answer["message"]
+        status, answer = sagemaker(client, operation, {"TrainingJobName": "never-created"})
+        assert (status, answer["__type"]) == (400, "ResourceNotFound"), answer
+    status, answer = sagemaker(client, "ListTrainingJobs", {"MaxResults": 5, "NextToken": "0", "CreationTimeAfter": 0})
+    assert status == 200 and answer["TrainingJobSummaries"] == []
+
+
+# -- native API ---------------------------------------------------------------------------------------
+def post_json(client: TestClient, path: str, body: Any):  # noqa: ANN201 - a response
+    """httpx refuses NaN/inf and lone surrogates; json.dumps writes them as a careless client would."""
+    return client.post(path, headers={**AUTH, "Content-Type": "application/json"}, content=json.dumps(body).encode())
+
+
+def _native(client: TestClient, spec: dict[str, Any]) -> list[tuple[str, str]]:
+    response = post_json(client, "/v1/jobs", spec)
+    assert response.status_code == 422, response.text
+    return [(".".join(str(p) for p in item["loc"]), item["msg"]) for item in response.json()["detail"]]
+
+
+def _spec(**members: Any) -> dict[str, Any]:
+    return {"name": NAME, "command": ["python", "-c", "pass"], **members}
+
+
+def _stop_action(**action: Any) -> list[dict[str, Any]]:
+    return [{"rule": "LossNotDecreasing", "actions": [{"name": "stoptraining", **action}]}]
+
+
+NATIVE_CASES = [
+    (_spec(command="python train.py"), "body.command"),
+    (_spec(command=["python", 1]), "body.command.1"),
+    (_spec(command=["python", "a\x00b"]), "body.command.1"),
+    (_spec(environment={"A": "\ud800"}), "body.environment.A"),
+    (_spec(environment={"A": 1}), "body.environment.A"),
+    (_spec(environment="A=1"), "body.environment"),
+    (_spec(resources={"cpus": 1e308}), "body.resources.cpus"),
+    (_spec(resources={"cpus": math.inf}), "body.resources.cpus"),
+    (_spec(resources={"memory_mb": 2**70}), "body.resources.memory_mb"),
+    (_spec(resources={"memory_mb": "512"}), "body.resources.memory_mb"),
+    (_spec(stopping_condition={"max_runtime_seconds": 10**12}), "body.stopping_condition.max_runtime_seconds"),
+    (_spec(alarms=[{"name": "a", "threshold": math.nan}]), "body.alarms.0.threshold"),
+    (_spec(alarms=[{"name": "a", "threshold": math.inf}]), "body.alarms.0.threshold"),
+    (_spec(rules=[{"rule": ".x:Y"}]), "body.rules.0.rule"),
+    (_spec(rules=[{"rule": "os:system"}]), "body.rules.0.rule"),
+    (_spec(rules=[{"rule": "LossNotDecreasing", "parameters": {"start_step": "abc"}}]), "body.rules.0.parameters"),
+    (_spec(rules=[{"rule": "LossNotDecreasing", "parameters": {"threshold": math.nan}}]), "body.rules.0.parameters"),
+    (_spec(rules=[{"rule": "LossNotDecreasing", "name": "../../etc"}]), "body.rules.0.name"),
+    (_spec(rules=_stop_action(grace_seconds=1e308)), "body.rules.0.actions"),
+    (_spec(rules=_stop_action(grace_seconds="inf")), "body.rules.0.actions"),
+    (_spec(rules=[{"rule": "LossNotDecreasing", "actions": [{"name": "webhook", "url": "http://x", "retries": 10**6}]}]),
+     "body.rules.0.actions"),
+    (_spec(rules=[{"rule": "LossNotDecreasing", "actions": [{"name": "webhook", "url": "file:///etc/passwd"}]}]),
+     "body.rules.0.actions"),
+    (_spec(hook_config={"HookParameters": {"save_interval": "1\x00"}}), "body.hook_config"),
+    (_spec(working_dir="/etc"), "body.working_dir"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("spec", "location"), NATIVE_CASES, ids=[str(i) for i in range(len(NATIVE_CASES))])
+def test_native_bad_spec_is_422_with_the_field_path(client, spec, location) -> None:
+    errors = _native(client, spec)
+    assert any(loc == location or loc.startswith(location + ".") for loc, _ in errors), errors
+    assert_no_job(client)
+
+
+def test_native_query_and_path_bounds(client) -> None:
+    assert client.get("/v1/jobs?status=Bogus", headers=AUTH).status_code == 422
+    assert client.get("/v1/jobs?name_contains=" + "a" * 64, headers=AUTH).status_code == 422
+    assert client.post("/v1/jobs/x/stop?grace_seconds=inf", headers=AUTH).status_code == 422
+    assert client.post("/v1/jobs/x/stop?grace_seconds=1e308", headers=AUTH).status_code == 422
+    assert client.get("/v1/jobs/x/logs?tail=abc", headers=AUTH).status_code == 422
+    for name in ("a%00b", "x" * 300, "..", "never-created"):
+        assert client.get(f"/v1/jobs/{name}", headers=AUTH).status_code == 404
+        assert client.post(f"/v1/jobs/{name}/stop", headers=AUTH).status_code == 404
+
+
+def test_a_refused_job_leaves_its_name_free_and_a_valid_one_then_runs(client) -> None:
+    assert _native(client, _spec(command=["python", "-c", "print('a\x00')"]))
+    assert_no_job(client)
+    response = client.post("/v1/jobs", headers=AUTH, json=_spec(command=training_command("--steps", "3")))
+    assert response.status_code == 201, response.text
+    assert response.json()["status"] == "InProgress"
+    assert client.post("/v1/jobs", headers=AUTH, json=_spec()).status_code == 409
+
+
+# -- the rule-status route ----------------------------------------------------------------------------
+@pytest.fixture
+def rule_job(client) -> str:
+    spec = _spec(command=training_command("--steps", "400", "--step-seconds", "0.05"),
+                 rules=[{"rule": "LossNotDecreasing", "name": "Loss"}])  # fmt: skip
+    response = client.post("/v1/jobs", headers=AUTH, json=spec)
+    assert response.status_code == 201, response.text
+    return f"/v1/internal/jobs/{NAME}/rules/Loss/status"
+
+
+STATUS_CASES = [
+    ({"status": "Bogus"}, "body.status"),
+    ({"status": 3}, "body.status"),
+    ({"last_evaluated_step": "7"}, "body.last_evaluated_step"),
+    ({"last_evaluated_step": 2**70}, "body.last_evaluated_step"),
+    ({"step": 1e400}, "body.step"),
+    ({"datapoints": [{"value": "x"}]}, "body.datapoints.0.value"),
+    ({"datapoints": [{"value": math.inf, "step": 1}]}, "body.datapoints.0.value"),
+    ({"datapoints": [{"value": 1.0, "step": 2**80}]}, "body.datapoints.0.step"),
+    ({"datapoints": "many"}, "body.datapoints"),
+    ({"result": {"step": 1, "fired": "yes"}}, "body.result.fired"),
+    ({"result": {"step": 1, "missing": [{"what": 5}]}}, "body.result.missing.0.what"),
+    ({"result": {"step": 1, "message": "a\x00"}}, "body.result.message"),
+    ({"status_details": ["x"]}, "body.status_details"),
+    ({"timestamp": "now"}, "body.timestamp"),
+]
+
+
+def test_rule_status_route_refuses_wrong_types_and_keeps_final_statuses(client, rule_job) -> None:
+    for update, location in STATUS_CASES:
+        response = post_json(client, rule_job, update)
+        assert response.status_code == 422, (update, response.text)
+        locations = [".".join(str(p) for p in item["loc"]) for item in response.json()["detail"]]
+        assert any(loc.startswith(location) for loc in locations), (update, locations)
+    assert client.post(rule_job.replace("/Loss/", "/Nope/"), headers=AUTH, json={}).status_code == 404
+    assert client.post(rule_job.replace(NAME, "no-such-job"), headers=AUTH, json={}).status_code == 404
+    # A valid final status sticks: a later different one is acknowledged but not applied.
+    ended = client.post(rule_job, headers=AUTH, json={"status": "NoIssuesFound", "last_evaluated_step": 9})
+    assert ended.status_code == 200 and ended.json() == {"accepted": True}
+    late = client.post(rule_job, headers=AUTH, json={"status": "IssuesFound", "status_details": "late"})
+    assert late.status_code == 200 and late.json()["applied"] is False
+    rules = client.get(f"/v1/jobs/{NAME}", headers=AUTH).json()["rules"]
+    assert rules[0]["status"] == "NoIssuesFound", rules
