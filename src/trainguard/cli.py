@@ -1,10 +1,14 @@
 """The ``trainguard`` command.
 
 trainguard run [--out DIR] [--config hook.json] [--save-interval N]
-               [--rules [A,B:key=v,...]] [--stop-on-issue] [--stop-grace S]
+               [--rules [A,B:key=v,...]] [--stop-on-issue] [--stop-grace S] [--allow-not-evaluated]
                [--profile] [--profile-interval-ms MS] -- python train.py ...
 trainguard summary RUN [--json]
 trainguard tensorboard RUN OUT_DIR
+
+``trainguard run`` exits with the training command's status, 3 when a rule stopped training (only
+certain findings stop it), and 4 when training succeeded but a rule could not evaluate the run
+(its data is missing) unless ``--allow-not-evaluated``.
 """
 
 from __future__ import annotations
@@ -177,6 +181,12 @@ def _supervise(
     _print_summary(out_dir, rules=rules, stopped=watch.stop_record if watch is not None else None)
     if watch is not None and watch.stopped:
         return EXIT_STOPPED_BY_RULE
+    if returncode == 0 and rules and not args.allow_not_evaluated:
+        from trainguard.commands.rules import EXIT_NOT_EVALUATED, is_not_evaluated
+
+        # "could not check" must not read as "checked, all fine" (the summary says which and why)
+        if any(is_not_evaluated(rule.get("status"), rule.get("status_details")) for rule in rules):
+            return EXIT_NOT_EVALUATED
     # A child killed by a signal: the shell convention 128 + signal, not a wrapped negative number.
     return 128 - returncode if returncode < 0 else returncode
 
@@ -222,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run rules beside training (no value: the default set; 'trainguard rules list' shows all)",
     )  # fmt: skip
     run.add_argument("--stop-on-issue", action="store_true", help="stop training when a rule fires (implies --rules)")
+    run.add_argument(
+        "--allow-not-evaluated", action="store_true",
+        help="exit with training's status even when a rule could not evaluate the run (default: 4 then)",
+    )  # fmt: skip
     run.add_argument("--stop-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
     run.add_argument("--profile", action="store_true", help="also record system and framework metrics")
     run.add_argument("--profile-interval-ms", type=int, help="profiler sampling interval (implies --profile)")

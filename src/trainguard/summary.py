@@ -10,11 +10,12 @@ from trainguard.format.layout import EVENTS_PREFIX
 from trainguard.modes import ModeKeys
 from trainguard.trial import Trial
 
-__all__ = ["describe_run", "format_bytes", "read_rule_results", "render_rule_results", "rule_results_from_updates"]
+__all__ = ["describe_run", "format_bytes", "is_not_evaluated", "read_rule_results", "render_rule_results", "rule_results_from_updates"]
 
 RULE_OUTPUT_PREFIX = "rule-output/"
 STOP_RECORD = "trainguard-stop.json"
 _FINDINGS_SHOWN = 3
+_NOT_EVALUATED = "RuleNotEvaluated:"
 
 
 def format_bytes(count: int) -> str:
@@ -95,16 +96,35 @@ def rule_results_from_updates(latest: Mapping[str, Any], findings: Sequence[Any]
     return results
 
 
+def is_not_evaluated(result: Mapping[str, Any]) -> bool:
+    """A rule result whose rule could not evaluate the run (Error, ``RuleNotEvaluated: ...``)."""
+    details = str(result.get("status_details") or "").lstrip()
+    return result.get("status") == "Error" and details.startswith(_NOT_EVALUATED)
+
+
 def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[str, Any] | None = None) -> str:
-    """Lines for each rule: its status, and each finding with its step and fix hint."""
+    """The diagnosis first (primary finding and its fix, what it explains), then each rule: its
+    status, and each finding with its step, worker and fix hint."""
+    from trainguard.rules.diagnosis import diagnose, names_workers, render_diagnosis
+
     if not results:
         return ""
     with_issues = [r for r in results if r.get("status") == "IssuesFound"]
-    lines = [f"  rules       : {len(results)} run, {len(with_issues)} found issues"]
+    not_evaluated = [r for r in results if is_not_evaluated(r)]
+    head = f"  rules       : {len(results)} run, {len(with_issues)} found issues"
+    lines = [head + (f", {len(not_evaluated)} not evaluated" if not_evaluated else "")]
+    diagnosis = diagnose(results)
+    diagnosis["not_evaluated"] = []  # listed with their rule below
+    lines.extend(render_diagnosis(diagnosis))
     width = max(len(str(r.get("configuration_name"))) for r in results)
+    show_workers = names_workers(f for r in results for f in r.get("findings") or [] if f.get("fired"))
     for result in results:
         name, status = str(result.get("configuration_name")), str(result.get("status"))
         fired = [f for f in result.get("findings") or [] if f.get("fired")]
+        if is_not_evaluated(result):
+            why = str(result.get("status_details")).strip()[len(_NOT_EVALUATED) :].strip()
+            lines.append(f"    {name:<{width}}  not evaluated (Error): {why}")
+            continue
         if not fired:
             details = str(result.get("status_details") or "").strip()
             lines.append(
@@ -113,7 +133,8 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
             continue
         lines.append(f"    {name:<{width}}  {status}: {len(fired)} finding(s), first at step {fired[0].get('step')}")
         for finding in fired[:_FINDINGS_SHOWN]:
-            lines.append(f"      step {finding.get('step')}: {finding.get('message')}")
+            worker = f" ({finding.get('worker')})" if show_workers and finding.get("worker") else ""
+            lines.append(f"      step {finding.get('step')}{worker}: {finding.get('message')}")
         if len(fired) > _FINDINGS_SHOWN:
             lines.append(f"      ... and {len(fired) - _FINDINGS_SHOWN} more")
         hint = next((f.get("fix_hint") for f in fired if f.get("fix_hint")), "")

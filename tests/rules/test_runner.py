@@ -41,6 +41,7 @@ class ValueAbove(Rule):
     tensor = Param(str, "w", "tensor to read")
     log = Param(str, None, "file to append each evaluated step to", optional=True)
     delay = Param(float, 0.0, "seconds to sleep per step (to kill the runner mid-run)")
+    certain = Param(bool, True, "whether a finding is certain (only certain ones stop training)")
 
     def check(self, step: int):
         _log(self.log, f"check {step}")
@@ -48,7 +49,7 @@ class ValueAbove(Rule):
             time.sleep(self.delay)
         value = float(np.max(self.base_trial.tensor(self.tensor).value(step)))
         if value > self.threshold:
-            return self.issue(step, f"max(w) = {value:g} > {self.threshold:g}", value=value)
+            return self.issue(step, f"max(w) = {value:g} > {self.threshold:g}", certain=self.certain, value=value)
         return self.no_issue(step, value=value)
 
     def check_idle(self, now: float):
@@ -146,7 +147,9 @@ def test_missing_tensor_is_reported_not_raised(tmp_path: Path) -> None:
     updates: list[StatusUpdate] = []
     final = RuleRunner(run, [_spec("ValueAbove", "absent", tensor="absent_tensor")], on_update=updates.append).run()
     update = final["absent"]
-    assert update.status == RuleStatus.NO_ISSUES_FOUND
+    # missing at every step: the rule never evaluated, which is not "no issues"
+    assert update.status == RuleStatus.ERROR
+    assert update.status_details.startswith("RuleNotEvaluated: missing data:")
     assert "absent_tensor" in update.status_details and "'weights'" in update.status_details
     live = [u for u in updates if u.status == RuleStatus.IN_PROGRESS and "Missing data" in u.status_details]
     assert len(live) == 1, "the same missing collection is reported once, not once per step"
@@ -177,6 +180,19 @@ def test_stop_action_ends_the_rule_after_it_fires(tmp_path: Path) -> None:
     log2 = tmp_path / "log2"
     RuleRunner(run, [_spec("ValueAbove", "escaped", log=log2, action_json=escaped)], output_dir=str(tmp_path)).run()
     assert _lines(log2)[-1] == "check 3"
+
+
+def test_an_uncertain_finding_never_stops_the_rule(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", _values({3, 6}))
+    log = tmp_path / "log"
+    stop = ({"name": "StopTraining"},)
+    final = RuleRunner(run, [_spec("ValueAbove", "unsure", stop, log=log, certain=False)]).run()
+    assert final["unsure"].status == RuleStatus.ISSUES_FOUND
+    # reported, but evaluation (and training, for trainguard run) goes on to the end
+    assert [line for line in _lines(log) if line.startswith("check")] == [f"check {s}" for s in range(10)]
+    assert "finish" in _lines(log)
+    document = json.loads((tmp_path / "run" / "rule-output" / "unsure.json").read_text())
+    assert [(f["step"], f["certain"]) for f in document["findings"]] == [(3, False), (6, False)]
 
 
 def test_start_and_end_step(tmp_path: Path) -> None:
@@ -299,7 +315,7 @@ def test_progress_file_resumes_without_repeating(tmp_path: Path) -> None:
 def test_specs_are_validated_up_front(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown rule 'NoSuchRule'.*Built-in rules"):
         RuleRunner(str(tmp_path), [RuleSpec("NoSuchRule")])
-    with pytest.raises(ConfigError, match="unknown parameter.*nope.*valid parameters: delay, log, tensor, threshold"):
+    with pytest.raises(ConfigError, match="unknown parameter.*nope.*valid parameters: certain, delay, log, tensor, threshold"):
         RuleRunner(str(tmp_path), [_spec("ValueAbove", nope=1)])
     with pytest.raises(ConfigError, match="threshold='high' is not a valid float"):
         RuleRunner(str(tmp_path), [_spec("ValueAbove", threshold="high")])

@@ -51,7 +51,11 @@ def _kill_mid_run(tmp_path: Path, signum: int) -> tuple[list[int], dict, Path]:
     second = _start(run, log, progress, delay=0.0)
     out, err = second.communicate(timeout=120)
     assert second.returncode == 1, err  # issues found
-    final = [json.loads(line) for line in out.splitlines() if line.startswith("{")][-1]
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    # --json ends with the run's diagnosis; the status updates come before it
+    diagnosis = lines[-1]["diagnosis"]
+    assert [(f["rule"], f["step"]) for f in diagnosis["primary"]] == [("ValueAbove", 5)]
+    final = lines[-2]
     return _checks(log), final, Path(run)
 
 

@@ -5,8 +5,13 @@
     trainguard rules list [--json]
     trainguard rules describe NAME
 
-``rules run`` exits 0 when no rule found an issue, 1 when one did, 2 on an error (a rule that
-could not run, a run that did not appear, bad arguments).
+``rules run`` exits 0 when every rule evaluated the run and none found an issue, 1 when one
+found an issue, 2 on an error (a rule that crashed, a run that did not appear, bad arguments),
+and 4 when no rule found an issue but at least one could not evaluate the run (status Error,
+details ``RuleNotEvaluated: <why>``: its data is missing) unless ``--allow-not-evaluated``. In that
+order: 2 before 1 before 4. With ``--json`` the last line is ``{"diagnosis": {...}}`` (the primary
+finding with its fix, its consequences, the other findings and the rules not evaluated; see
+:mod:`trainguard.rules.diagnosis`); without it, the final table ends with the same diagnosis.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from trainguard.errors import ConfigError, TrainguardError
 
 __all__ = ["add_run_arguments", "exit_code", "module_main", "parse_rule_list", "register", "run_rules"]
 
-EXIT_NO_ISSUES, EXIT_ISSUES, EXIT_ERROR = 0, 1, 2
+EXIT_NO_ISSUES, EXIT_ISSUES, EXIT_ERROR, EXIT_NOT_EVALUATED = 0, 1, 2, 4
+NOT_EVALUATED_PREFIX = "RuleNotEvaluated:"
 
 
 def parse_rule_list(text: str) -> list[Any]:
@@ -66,6 +72,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wait-timeout", type=float, default=120.0, help="seconds to wait for the run to appear (default 120)"
     )
+    parser.add_argument(
+        "--allow-not-evaluated", action="store_true",
+        help="exit 0, not 4, when a rule could not evaluate the run (its data is missing) and none found an issue",
+    )  # fmt: skip
     parser.add_argument("--end-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -88,24 +98,49 @@ def _specs_from_args(args: argparse.Namespace) -> list[Any]:
     return specs
 
 
-def exit_code(final: dict[str, Any]) -> int:
-    statuses = {getattr(update.status, "value", update.status) for update in final.values()}
+def is_not_evaluated(status: Any, details: Any) -> bool:
+    """Whether a final status says "could not evaluate" (Error + RuleNotEvaluated details)."""
+    return getattr(status, "value", status) == "Error" and str(details or "").lstrip().startswith(NOT_EVALUATED_PREFIX)
+
+
+def exit_code(final: dict[str, Any], allow_not_evaluated: bool = False) -> int:
+    """2 (a real error, or stopped), else 1 (issues), else 4 (not evaluated, unless allowed), else 0."""
+    statuses = set()
+    not_evaluated = False
+    for update in final.values():
+        if is_not_evaluated(update.status, update.status_details):
+            not_evaluated = True
+        else:
+            statuses.add(getattr(update.status, "value", update.status))
     if "Error" in statuses or not final:
         return EXIT_ERROR
     if "IssuesFound" in statuses:
         return EXIT_ISSUES
     if "Stopped" in statuses:
         return EXIT_ERROR
+    if not_evaluated and not allow_not_evaluated:
+        return EXIT_NOT_EVALUATED
     return EXIT_NO_ISSUES
+
+
+def status_label(status: Any, details: Any) -> str:
+    """The status as people read it: "not evaluated" rather than a bare Error."""
+    value = getattr(status, "value", status)
+    return "NotEvaluated" if is_not_evaluated(value, details) else str(value)
 
 
 def format_update(update: Any) -> str:
     """One human line (two with a fix hint) for a StatusUpdate."""
     status = getattr(update.status, "value", update.status)
     head = f"trainguard rules: {update.configuration_name}: {status}"
+    if is_not_evaluated(status, update.status_details):
+        why = str(update.status_details).strip()[len(NOT_EVALUATED_PREFIX) :].strip()
+        return f"trainguard rules: {update.configuration_name}: not evaluated (Error): {why}"
     result = update.result
     if result is not None and result.fired:
-        text = f"{head} at step {result.step}: {result.message}"
+        where = f" on {result.worker}" if result.worker else ""
+        certainty = "" if result.certain else " (not certain)"
+        text = f"{head} at step {result.step}{where}{certainty}: {result.message}"
         return text + (f"\n    fix: {result.fix_hint}" if result.fix_hint else "")
     details = (update.status_details or "").strip()
     if status == "InProgress" and not details:
@@ -171,18 +206,28 @@ def run_rules(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
         threading.Thread(target=watch_stdin, daemon=True, name="trainguard-stdin-eof").start()
     final = runner.run()
-    if not args.json:
-        with lock:
-            print(_final_table(final), file=out, flush=True)
-    return exit_code(final)
+    diagnosis = runner.diagnosis() if runner.progress else None
+    with lock:
+        if args.json:
+            if diagnosis is not None:
+                print(json.dumps({"diagnosis": diagnosis}, default=str), file=out, flush=True)
+        else:
+            print(_final_table(final, diagnosis), file=out, flush=True)
+    return exit_code(final, allow_not_evaluated=args.allow_not_evaluated)
 
 
-def _final_table(final: dict[str, Any]) -> str:
+def _final_table(final: dict[str, Any], diagnosis: dict[str, Any] | None = None) -> str:
+    from trainguard.rules.diagnosis import render_diagnosis
+
     lines = ["trainguard rules: final status"]
+    if diagnosis is not None:
+        lines.extend(render_diagnosis(diagnosis))
     width = max((len(name) for name in final), default=0)
     for name, update in final.items():
-        status = getattr(update.status, "value", update.status)
+        status = status_label(update.status, update.status_details)
         details = (update.status_details or "").strip().replace("\n", " ")
+        if status == "NotEvaluated":
+            details = details[len(NOT_EVALUATED_PREFIX) :].strip()
         lines.append(f"  {name:<{width}}  {status:<13} {details}".rstrip())
     return "\n".join(lines)
 
@@ -254,13 +299,50 @@ def _describe(args: argparse.Namespace) -> int:
         print(f"\n{module_doc}")
     if getattr(cls, "collections", ()):
         print(f"\ncollections it needs saved: {', '.join(cls.collections)}")
-    if getattr(cls, "fix_hint", ""):
-        print(f"fix hint when it fires: {cls.fix_hint}")
+    print(f"\nstop policy: {getattr(cls, 'stop_policy', 'never stops training: findings are reported only')}")
+    print("  (--stop-on-issue and the stoptraining action act only on certain findings; others are reported)")
+    _describe_semantics(cls)
+    _describe_fix_hints(cls)
     rows = _parameter_rows(cls)
     print("\nparameters:" if rows else "\nparameters: none")
     for key, default, text in rows:
         print(f"  {key} = {default}" + (f"  -- {text}" if text else ""))
     return 0
+
+
+def _describe_semantics(cls: type) -> None:
+    from trainguard.rules.params import CALIBRATED, SAGEMAKER
+
+    parameters = cls.parameters() if hasattr(cls, "parameters") else {}
+    if "semantics" not in parameters:
+        print("\nsemantics: one (the rule has no 'semantics' parameter)")
+        return
+    default = parameters["semantics"].default
+    print(f"\nsemantics (parameter 'semantics', default {default!r}):")
+    print(f"  {CALIBRATED}: trainguard's verdict: a trend judged against the run's own noise, or a condition")
+    print("      that persists over its window (parameter 'window' where the rule has one); the default")
+    print("      everywhere, the SageMaker-compatible endpoint included")
+    overrides = dict(getattr(cls, "sagemaker_overrides", {}) or {})
+    documented = ", ".join(f"{key}={value!r}" for key, value in overrides.items())
+    print(f"  {SAGEMAKER}: SageMaker's documented single-step condition, only when a configuration asks for it")
+    if documented:
+        print(f"      (with SageMaker's documented defaults: {documented})")
+
+
+def _describe_fix_hints(cls: type) -> None:
+    hints = dict(getattr(cls, "fix_hints", {}) or {})
+    generic = getattr(cls, "fix_hint", "")
+    if not hints and not generic:
+        return
+    print("\nfix hints when it fires:")
+    for framework in ("pytorch", "keras", "xgboost"):
+        if framework in hints:
+            print(f"  {framework}: {hints[framework]}")
+    for framework, hint in hints.items():
+        if framework not in ("pytorch", "keras", "xgboost"):
+            print(f"  {framework}: {hint}")
+    if generic:
+        print(f"  {'any other' if hints else 'any framework'}: {generic}")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

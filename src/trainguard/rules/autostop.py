@@ -5,8 +5,10 @@
 * the rules run in their own process (``python -m trainguard.rules.runner``), so a slow or
   crashing rule never slows or crashes training, and training never starves the rules of the
   GIL; it follows the capture as it is written and prints one JSON StatusUpdate per line;
-* the watch reads those lines on a thread; when a rule whose actions say ``stoptraining`` fires,
-  it stops the training process group: SIGTERM, then SIGKILL after ``grace`` seconds, so the
+* the watch reads those lines on a thread; when a rule whose actions say ``stoptraining`` fires
+  with a *certain* finding (``StepResult.certain``: non-finite values, a condition confirmed over
+  its persistence window), it stops the training process group (uncertain findings are only
+  reported: a debugger that kills healthy runs gets uninstalled): SIGTERM, then SIGKILL after ``grace`` seconds, so the
   script's own children (data-loader workers, ``torch.multiprocessing``) go too;
 * when training ends, however it ends, the runner's stdin is closed: the runner evaluates what
   is left, runs each rule's ``finish()`` and exits with the final statuses.
@@ -107,6 +109,7 @@ class RuleWatch:
         self.latest: dict[str, StatusUpdate] = {}
         self.findings: list[StatusUpdate] = []
         self.stop_record: StopRecord | None = None
+        self.diagnosis: dict[str, Any] | None = None
         self._training: subprocess.Popen | None = None
         self._runner: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
@@ -178,7 +181,11 @@ class RuleWatch:
             if not line.startswith("{"):
                 continue
             try:
-                update = StatusUpdate.from_dict(json.loads(line))
+                document = json.loads(line)
+                if isinstance(document, dict) and set(document) == {"diagnosis"}:
+                    self.diagnosis = document["diagnosis"]  # the runner's last line
+                    continue
+                update = StatusUpdate.from_dict(document)
             except (ValueError, KeyError, TypeError) as error:
                 logger.warning("trainguard: unreadable rule update %r: %s", line[:200], error)
                 continue
@@ -197,6 +204,10 @@ class RuleWatch:
             self.echo(
                 f"trainguard: rule {update.configuration_name} found an issue at step {result.step}: {result.message}"
             )
+        if update.configuration_name in self.stopping_configs and not result.certain:
+            if self.echo is not None:
+                self.echo(f"trainguard: not stopping training: {update.configuration_name}'s finding is not certain")
+            return
         if update.configuration_name in self.stopping_configs and self._training is not None:
             with self._lock:
                 if self._stopper is not None:
@@ -219,6 +230,8 @@ class RuleWatch:
             step=update.result.step,
             message=update.result.message,
             fix_hint=update.result.fix_hint,
+            worker=update.result.worker,
+            certain=update.result.certain,
             finding_reported_at=update.timestamp,
             detected_at=detected,
             signalled_at=signalled,

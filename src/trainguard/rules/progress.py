@@ -46,6 +46,10 @@ class RuleProgress:
     missing: list[dict[str, Any]] = field(default_factory=list)
     finished: bool = False  # finish() ran, or the rule stopped for good (stop action, error)
     error: bool = False
+    # Whether any result was a real evaluation (a finding or "looked, found nothing"); a rule
+    # that only ever said "not evaluated" or "missing" ends with Error: RuleNotEvaluated.
+    evaluated: bool = False
+    not_evaluated: str = ""  # the first reason a result gave for not evaluating
 
     @property
     def fired_steps(self) -> set[int]:
@@ -55,7 +59,9 @@ class RuleProgress:
         """Record a finding unless one for the same step is already there; True when added."""
         step = finding.get("step")
         if any(
-            existing.get("step") == step and existing.get("message") == finding.get("message")
+            existing.get("step") == step
+            and existing.get("message") == finding.get("message")
+            and existing.get("worker") == finding.get("worker")
             for existing in self.findings
         ):
             return False
@@ -87,6 +93,8 @@ class RuleProgress:
             "missing": self.missing,
             "finished": self.finished,
             "error": self.error,
+            "evaluated": self.evaluated,
+            "not_evaluated": self.not_evaluated,
         }
 
     @classmethod
@@ -103,6 +111,9 @@ class RuleProgress:
             missing=list(data.get("missing") or []),
             finished=bool(data.get("finished")),
             error=bool(data.get("error")),
+            # files written before "evaluated" existed: a rule that got past a step evaluated
+            evaluated=bool(data["evaluated"]) if "evaluated" in data else step is not None,
+            not_evaluated=str(data.get("not_evaluated") or ""),
         )
 
 
@@ -169,9 +180,14 @@ def rule_output_key(progress: RuleProgress) -> str:
     return f"{RULE_OUTPUT_DIR}/{name}.json"
 
 
-def rule_output_document(progress: RuleProgress) -> dict[str, Any]:
-    """A rule's rule-output file, in the shared format (read by reports and summaries)."""
+def rule_output_document(progress: RuleProgress, diagnosis: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A rule's rule-output file, in the shared format (read by reports and summaries).
+
+    ``diagnosis`` (see :mod:`trainguard.rules.diagnosis`) leads the document: the run's primary
+    finding and its fix, and this rule's place in it, before the rule's own findings."""
+    head: dict[str, Any] = {"diagnosis": diagnosis} if diagnosis is not None else {}
     return {
+        **head,
         "configuration_name": progress.configuration_name,
         "rule": progress.rule,
         "status": progress.status,
@@ -184,8 +200,10 @@ def rule_output_document(progress: RuleProgress) -> dict[str, Any]:
     }
 
 
-def write_rule_output(output_dir: str | os.PathLike[str], progress: RuleProgress) -> Path:
+def write_rule_output(
+    output_dir: str | os.PathLike[str], progress: RuleProgress, diagnosis: dict[str, Any] | None = None
+) -> Path:
     """``<output_dir>/rule-output/<RuleConfigurationName>.json`` in a local directory."""
     path = Path(output_dir) / rule_output_key(progress)
-    write_json_atomic(path, rule_output_document(progress))
+    write_json_atomic(path, rule_output_document(progress, diagnosis))
     return path

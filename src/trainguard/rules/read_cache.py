@@ -41,10 +41,14 @@ class StepReadCache:
         self.hits = 0
         self.misses = 0
         self.share_read_only = False
+        self._workers: set[str | None] = set()
         trial._read_values = self.read_values
 
     def read_values(self, names: list[str], step: int, mode: Any, worker: str | None) -> dict[str, np.ndarray]:
         key = (step, mode, worker)
+        # Rules run once per worker: keep ``steps`` steps of every worker, or the second
+        # worker's reads would evict the first one's previous step (WeightUpdateRatio reads two).
+        self._workers.add(worker)
         entry = self._cache.get(key)
         if entry is None:
             entry = {}
@@ -57,7 +61,7 @@ class StepReadCache:
             fresh = self._read(wanted, step, mode, worker)  # errors propagate as without the cache
             entry.update(fresh)
             self._cache[key] = entry
-            while len(self._cache) > self._steps:
+            while len(self._cache) > self._steps * len(self._workers):
                 evicted, _ = self._cache.popitem(last=False)
                 self._stats.pop(evicted, None)
         if self.share_read_only:
@@ -82,9 +86,12 @@ _MISSING = object()
 def shared_stat(trial: Any, step: int, name: str, what: str, compute: Callable[[], Any]) -> Any:
     """A statistic ``what`` of tensor ``name`` at global ``step`` (as read by ``read_values``),
     computed once per step for every rule the runner evaluates; just ``compute()`` elsewhere."""
-    cache = getattr(getattr(trial, "_read_values", None), "__self__", None)
+    # A worker's view of the trial (WorkerTrial) reads through the run's trial, keyed by worker.
+    worker = getattr(trial, "bound_worker", None)
+    base = getattr(trial, "base", trial) if worker is not None else trial
+    cache = getattr(getattr(base, "_read_values", None), "__self__", None)
     if isinstance(cache, StepReadCache):
-        return cache.stat(step, ModeKeys.GLOBAL, None, name, what, compute)
+        return cache.stat(step, ModeKeys.GLOBAL, worker, name, what, compute)
     return compute()
 
 

@@ -17,8 +17,20 @@ What it does, in order:
    ``NoIssuesFound`` / ``IssuesFound`` / ``Error`` per rule; ``stop_event`` ends it early with
    ``Stopped``.
 
+Tensor rules (``kind == "debugger"``) run once per worker that wrote data: each worker gets its
+own rule instance, reading the run through a :class:`~trainguard.trial.worker_view.WorkerTrial`
+bound to that worker, and each finding says which worker it is on (``StepResult.worker``). Rules
+need not know about workers; a rule class that judges the whole run (it compares workers, or
+reads no tensors) sets ``per_worker = False``. Rules with ``check_idle`` (time-based) and
+profiler rules run once.
+
+A rule whose results were all "not evaluated" (``Rule.not_evaluated``), or missing tensors, or
+that had nothing to evaluate at any step ends with ``Error`` and details
+``RuleNotEvaluated: <why>``: silence means "checked", never "could not check".
+
 A rule that fires keeps running (later findings are recorded) unless its actions say
-``stoptraining``. A rule that raises is isolated: it gets ``Error`` with the exception text and
+``stoptraining`` and the finding is certain (``StepResult.certain``): uncertain findings are
+reported, they never stop anything. A rule that raises is isolated: it gets ``Error`` with the exception text and
 the others go on. Missing tensors are reported in the status details, never raised.
 
 With ``progress_file`` the runner's state is saved after every evaluated step (throttled to
@@ -34,6 +46,7 @@ Run as a process: ``python -m trainguard.rules.runner RUN --rule NAME ...`` (sam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -53,6 +66,7 @@ from trainguard.errors import (
 from trainguard.rules.actions import spec_actions, stops_training
 from trainguard.rules.base import Rule, RuleStatus, StepResult
 from trainguard.rules.compat import make_rule, validate_specs
+from trainguard.rules.diagnosis import diagnose, role_of
 from trainguard.rules.progress import (
     RuleProgress,
     load_progress,
@@ -65,7 +79,7 @@ from trainguard.rules.read_cache import StepReadCache
 from trainguard.rules.spec import RuleSpec
 from trainguard.rules.status_update import StatusUpdate
 
-__all__ = ["RuleRunner", "StatusUpdate", "validate_specs"]
+__all__ = ["NOT_EVALUATED_PREFIX", "RuleRunner", "StatusUpdate", "evaluates_per_worker", "validate_specs"]
 
 # Built-in rules never write into the arrays they read: they may share the decoded tensors.
 _BUILTIN_PREFIX = "trainguard.rules.builtin."
@@ -74,8 +88,18 @@ logger = logging.getLogger("trainguard.rules")
 
 # Seconds between rewrites of a rule's rule-output file while only its last evaluated step moves.
 OUTPUT_INTERVAL = 1.0
+# Status details of a rule that could not evaluate the run (SageMaker's Error status).
+NOT_EVALUATED_PREFIX = "RuleNotEvaluated:"
 # Consecutive failed polls of the store (network, permissions) before every rule gets Error.
 _MAX_STORE_FAILURES = 30
+
+
+def evaluates_per_worker(rule: Rule) -> bool:
+    """Whether the runner gives each worker its own instance of ``rule`` (see the module doc)."""
+    declared = getattr(type(rule), "per_worker", None)
+    if declared is not None:
+        return bool(declared)
+    return getattr(rule, "kind", "debugger") == "debugger" and not _overrides(rule, "check_idle")
 
 
 def _overrides(rule: Rule, method: str) -> bool:
@@ -152,6 +176,9 @@ class RuleRunner:
         self.other_trials = list(other_trials)
         self.trial: Any = None
         self.rules: dict[str, Rule] = {}
+        # configuration -> worker -> that worker's instance (per-worker rules only)
+        self.worker_rules: dict[str, dict[str, Rule]] = {}
+        self._per_worker: dict[str, bool] = {}
         self.progress: dict[str, RuleProgress] = {}
         self.latest: dict[str, StatusUpdate] = {}
         self._stop_on_fire = {spec.name: stops_training(spec_actions(spec)) for spec in self.specs}
@@ -227,6 +254,8 @@ class RuleRunner:
                 state.finished = True
                 self._set_error(spec.name, f"{type(error).__name__}: {error}")
                 continue
+            self._per_worker[spec.name] = evaluates_per_worker(self.rules[spec.name])
+            self.worker_rules[spec.name] = {}
             if state.finished:
                 self._emit(spec.name, RuleStatus(state.status), state.status_details)
             else:
@@ -303,6 +332,25 @@ class RuleRunner:
         high = last if self.end_step is None else min(last, self.end_step - 1)
         return sorted(step for step in list(state.steps) if low < step <= high)
 
+    def _instances(self, name: str, step: int | None = None) -> list[tuple[str | None, Rule]]:
+        """(worker, rule instance) pairs to evaluate: one per worker that wrote ``step`` for a
+        per-worker rule (created when the worker first appears), else the one instance. Without
+        a step: every worker instance so far (or the one instance if none was made)."""
+        if not self._per_worker.get(name):
+            return [(None, self.rules[name])]
+        instances = self.worker_rules[name]
+        if step is None:
+            return list(instances.items()) or [(None, self.rules[name])]
+        record = self.trial._state.steps.get(step)
+        workers = sorted(record.workers) if record is not None else []
+        for worker in workers:
+            if worker not in instances:
+                from trainguard.trial.worker_view import WorkerTrial
+
+                spec = next(spec for spec in self.specs if spec.name == name)
+                instances[worker] = make_rule(WorkerTrial(self.trial, worker), spec, self.other_trials)
+        return [(worker, instances[worker]) for worker in workers]
+
     def _evaluate_step(self, step: int) -> None:
         for name in self.active:
             state = self.progress[name]
@@ -312,14 +360,25 @@ class RuleRunner:
             if _overrides(rule, "check"):
                 self.read_cache.share_read_only = type(rule).__module__.startswith(_BUILTIN_PREFIX)
                 try:
-                    result = rule.evaluate(step)
-                except (StepNotYetAvailable, NoMoreData, WaitTimeout):
-                    result = None
-                except Exception as error:  # noqa: BLE001 - isolate the rule
-                    self._rule_failed(name, error, f"while evaluating step {step}")
+                    instances = self._instances(name, step)
+                except Exception as error:  # noqa: BLE001 - a rule that cannot be made for a worker
+                    self._rule_failed(name, error, f"while creating it for the workers of step {step}")
+                    continue
+                for worker, instance in instances:
+                    try:
+                        result = instance.evaluate(step)
+                    except (StepNotYetAvailable, NoMoreData, WaitTimeout):
+                        result = None
+                    except Exception as error:  # noqa: BLE001 - isolate the rule
+                        where = f"while evaluating step {step}" + (f" of {worker}" if worker else "")
+                        self._rule_failed(name, error, where)
+                        break
+                    self._record(name, _on_worker(result, worker))
+                    if state.finished:  # a stop action, or an error
+                        break
+                if state.error:
                     continue
                 state.last_evaluated_step = step
-                self._record(name, result)
             state.last_evaluated_step = step
             self._dirty.add(name)
             self._progress_dirty = True
@@ -331,33 +390,38 @@ class RuleRunner:
             rule = self.rules[name]
             if not _overrides(rule, "check_idle") or (had_steps and rule.kind != "profiler"):
                 continue
-            try:
-                result = rule.check_idle(now)
-            except Exception as error:  # noqa: BLE001
-                self._rule_failed(name, error, "in check_idle")
-                continue
-            self._record(name, result)
+            for worker, instance in self._instances(name):
+                try:
+                    result = instance.check_idle(now)
+                except Exception as error:  # noqa: BLE001
+                    self._rule_failed(name, error, "in check_idle")
+                    break
+                self._record(name, _on_worker(result, worker))
 
     def _finish_all(self) -> None:
         for name in self.active:
-            rule = self.rules[name]
-            try:
-                result = rule.finish()
-            except Exception as error:  # noqa: BLE001
-                self._rule_failed(name, error, "in finish() after training ended")
-                continue
-            self._record(name, result)
             state = self.progress[name]
-            if state.finished:  # a stop action after the final finding
+            for worker, instance in self._instances(name):
+                try:
+                    result = instance.finish()
+                except Exception as error:  # noqa: BLE001
+                    self._rule_failed(name, error, "in finish() after training ended")
+                    break
+                self._record(name, _on_worker(result, worker))
+                if state.finished:
+                    break
+            if state.finished:  # a stop action after the final finding, or an error
                 continue
             state.finished = True
+            missing = "; ".join(_describe_missing(item) for item in state.missing)
             if state.fired_steps:
                 self._set_status(name, RuleStatus.ISSUES_FOUND, self._first_fired_details(name))
+            elif not state.evaluated:
+                why = state.not_evaluated or (f"missing data: {missing}" if missing else "")
+                why = why or "no evaluated step had the data this rule needs"
+                self._set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {why}"[:1024])
             else:
-                details = ""
-                if state.missing:
-                    details = "Missing data: " + "; ".join(_describe_missing(item) for item in state.missing)
-                self._set_status(name, RuleStatus.NO_ISSUES_FOUND, details)
+                self._set_status(name, RuleStatus.NO_ISSUES_FOUND, f"Missing data: {missing}" if missing else "")
         self._save(force=True)
 
     def _stop_all(self, why: str) -> None:
@@ -376,6 +440,11 @@ class RuleRunner:
         if result is None:
             return
         state = self.progress[name]
+        if result.not_evaluated is not None:
+            if not state.not_evaluated:
+                state.not_evaluated = result.not_evaluated
+                self._progress_dirty = True
+            return
         if result.missing:
             new = [m for m in result.missing if state.add_missing(m.what, m.collection)]
             if new:
@@ -385,6 +454,9 @@ class RuleRunner:
                 self._emit(name, RuleStatus(state.status), details, result)
                 self._save(force=True)
             return
+        if not state.evaluated:
+            state.evaluated = True
+            self._progress_dirty = True
         if not result.fired:
             return
         if not state.add_finding(result.to_dict()):
@@ -393,7 +465,7 @@ class RuleRunner:
         if state.status != RuleStatus.ISSUES_FOUND.value:
             state.status_details = details
         state.status = RuleStatus.ISSUES_FOUND.value
-        if self._stop_on_fire.get(name):
+        if self._stop_on_fire.get(name) and result.certain:
             state.finished = True  # its action stops training: nothing more to evaluate
         self._emit(name, RuleStatus.ISSUES_FOUND, details, result)
         self._save(force=True)
@@ -467,22 +539,38 @@ class RuleRunner:
                 self._progress_dirty = False
             if self.output_dir and self._dirty and (force or now - self._last_output >= OUTPUT_INTERVAL):
                 self._last_output = now
-                for name in sorted(self._dirty):
-                    self._write_output(self.progress[name])
+                # A status or finding can change the run's diagnosis, which every file leads with.
+                names = sorted(self.progress) if force else sorted(self._dirty)
+                diagnosis = self.diagnosis()
+                for name in names:
+                    self._write_output(self.progress[name], diagnosis)
                 self._dirty.clear()
         except (OSError, StorageError) as error:  # never stop evaluating over a file we keep for people
             logger.warning("trainguard rules: cannot save rule progress or output: %s", error)
 
-    def _write_output(self, progress: RuleProgress) -> None:
+    def diagnosis(self) -> dict[str, Any]:
+        """The run's diagnosis so far over every configuration (see :mod:`trainguard.rules.diagnosis`)."""
+        return diagnose([progress.to_dict() for progress in self.progress.values()])
+
+    def _write_output(self, progress: RuleProgress, diagnosis: dict[str, Any] | None = None) -> None:
         from trainguard.storage import is_remote, open_store
 
+        if diagnosis is not None:
+            diagnosis = {**diagnosis, "this_rule": role_of(diagnosis, progress.rule)}
         if not is_remote(self.output_dir):
-            write_rule_output(self.output_dir, progress)
+            write_rule_output(self.output_dir, progress, diagnosis)
             return
         if self._output_store is None:
             self._output_store = open_store(self.output_dir, endpoint_url=self.endpoint_url)
-        document = json.dumps(rule_output_document(progress), indent=1, default=str).encode()
+        document = json.dumps(rule_output_document(progress, diagnosis), indent=1, default=str).encode()
         self._output_store.write(rule_output_key(progress), document)
+
+
+def _on_worker(result: StepResult | None, worker: str | None) -> StepResult | None:
+    """``result`` attributed to ``worker`` unless the rule said otherwise."""
+    if result is None or worker is None or result.worker is not None:
+        return result
+    return dataclasses.replace(result, worker=worker)
 
 
 def _describe_missing(item: dict[str, Any]) -> str:

@@ -1,0 +1,326 @@
+"""One diagnosis per run: the primary finding with its fix, what it explains, and the rest.
+
+A real fault trips several rules at once: a learning rate far too high makes the loss NaN, the
+NaN activations look like "dead" ReLUs, the update ratios become huge and the loss stops
+decreasing. Listing five findings side by side leaves the user to work out which one to fix.
+:func:`diagnose` ranks them instead:
+
+* a finding is **explained** by another when the explanation graph below has an edge from the
+  other's kind to its kind and the cause came first (same step or earlier; symptoms in the loss
+  are judged over windows and lag behind, so their step does not have to be later);
+* the **primary** finding is the earliest finding nothing explains (ties: the one earlier in
+  ``CAUSAL_ORDER``, root causes before symptoms);
+* its **consequences** are the findings it explains, directly or through another consequence;
+* everything else is **other** (independent problems, or ones explained only by them);
+* rules that could not evaluate the run are listed as **not_evaluated**, never as "no issues".
+
+A finding's kind is its rule's name, except that any finding about NaN or infinite values is of
+kind ``NonFinite``, whichever rule reported it (ExplodingTensor, DeadRelu, a loss rule...).
+
+Input: rule results as in ``rule-output/<name>.json`` (or :func:`trainguard.summary.
+rule_results_from_updates`); output: ``{"primary": [...], "consequences": [...], "other": [...],
+"not_evaluated": [...]}`` where a finding is ``{rule, step, worker, message, fix_hint, certain}``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CAUSAL_ORDER", "EXPLAINS", "NON_FINITE", "diagnose", "finding_kind", "names_workers", "render_diagnosis", "role_of",
+]  # fmt: skip
+
+NON_FINITE = "NonFinite"
+_NOT_EVALUATED_PREFIX = "RuleNotEvaluated:"
+_NON_FINITE_WORDS = re.compile(r"(\bnan\b|[-+]?\binf\b|\binfinit|non-?finite)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Edge:
+    cause: str
+    effect: str
+    why: str
+
+
+def _edges(cause: str, why_by_effect: Mapping[str, str]) -> list[Edge]:
+    return [Edge(cause, effect, why) for effect, why in why_by_effect.items()]
+
+
+# The explanation graph: "a finding of kind `cause` explains a finding of kind `effect`".
+EXPLAINS: tuple[Edge, ...] = (
+    *_edges(NON_FINITE, {
+        "DeadRelu": "NaN activations compare false with > 0, so a layer full of NaN looks dead",
+        "WeightUpdateRatio": "a NaN or inf weight or update makes the update ratio huge or undefined",
+        "ExplodingTensor": "once one value is inf or NaN, everything computed from it is too",
+        "SaturatedActivation": "inf pre-activations pin tanh/sigmoid at their limits",
+        "VanishingGradient": "NaN gradients carry no signal; the layers before them stop learning",
+        "UnchangedTensor": "weights updated with NaN stay NaN: they no longer change",
+        "AllZero": "an overflowed layer is often zeroed by the operations after it",
+        "TensorVariance": "the variance of a tensor holding inf or NaN is inf or NaN",
+        "PoorWeightInitialization": "non-finite weights break the statistics that judge initialisation",
+        "LossNotDecreasing": "a NaN loss cannot decrease",
+        "Underfitting": "a NaN loss never reaches a good value",
+        "Overfit": "a NaN training or validation loss makes their gap meaningless",
+        "Overtraining": "a NaN validation loss looks like one that stopped improving",
+    }),  # fmt: skip
+    *_edges("ExplodingTensor", {
+        NON_FINITE: "values growing without bound overflow to inf, then NaN",
+        "WeightUpdateRatio": "exploding gradients make every update huge relative to its weights",
+        "DeadRelu": "huge updates push pre-activations negative for good",
+        "SaturatedActivation": "huge pre-activations pin tanh/sigmoid at their limits",
+        "LossNotDecreasing": "a diverging network's loss does not decrease",
+        "Underfitting": "a diverging network never fits",
+    }),  # fmt: skip
+    # Update ratios far too large are the learning rate being too high: the same consequences.
+    *_edges("WeightUpdateRatio", {
+        NON_FINITE: "updates far too large overflow the weights",
+        "ExplodingTensor": "updates far too large make weights and gradients grow without bound",
+        "DeadRelu": "updates far too large push pre-activations negative for good",
+        "SaturatedActivation": "updates far too large pin tanh/sigmoid at their limits",
+        "UnchangedTensor": "updates far too small leave the weights unchanged",
+        "LossNotDecreasing": "a learning rate far off makes the loss oscillate or stall",
+        "Underfitting": "a learning rate far off keeps the model from fitting",
+    }),  # fmt: skip
+    *_edges("PoorWeightInitialization", {
+        "VanishingGradient": "weights initialised too small shrink the gradient layer by layer",
+        "ExplodingTensor": "weights initialised too large grow the activations layer by layer",
+        "SaturatedActivation": "weights initialised too large saturate tanh/sigmoid from the start",
+        "DeadRelu": "a bad initial scale or bias leaves ReLUs inactive from the start",
+        "WeightUpdateRatio": "badly scaled weights make the update ratio extreme",
+        "UnchangedTensor": "weights that get no gradient from a bad initialisation do not change",
+        "LossNotDecreasing": "a network that cannot propagate signal does not learn",
+        "Underfitting": "a network that cannot propagate signal does not fit",
+    }),  # fmt: skip
+    *_edges("NotNormalizedData", {
+        "SaturatedActivation": "unscaled inputs saturate the first layer's activations",
+        "ExplodingTensor": "unscaled inputs make the first layer's activations and gradients huge",
+        "DeadRelu": "inputs of one sign and a large scale kill ReLUs",
+        "WeightUpdateRatio": "unscaled inputs make the first layer's gradient, and its updates, extreme",
+        "PoorWeightInitialization": "an initialisation for unit-scale inputs is wrong for unscaled ones",
+        "LossNotDecreasing": "badly conditioned inputs slow or stall learning",
+        "Underfitting": "badly conditioned inputs keep the model from fitting",
+    }),  # fmt: skip
+    *_edges("CheckInputImages", {
+        "SaturatedActivation": "unnormalised images saturate the first layer's activations",
+        "ExplodingTensor": "unnormalised images make the first layer's activations huge",
+        "DeadRelu": "unnormalised images kill ReLUs",
+        "LossNotDecreasing": "badly conditioned inputs slow or stall learning",
+    }),  # fmt: skip
+    *_edges("VanishingGradient", {
+        "UnchangedTensor": "weights whose gradient vanished do not change",
+        "WeightUpdateRatio": "a vanished gradient makes the updates tiny relative to the weights",
+        "LossNotDecreasing": "layers without gradient do not learn, so the loss stalls",
+        "Underfitting": "layers without gradient do not learn, so the model does not fit",
+    }),  # fmt: skip
+    *_edges("DeadRelu", {
+        "VanishingGradient": "dead ReLUs pass no gradient to the layers before them",
+        "UnchangedTensor": "weights feeding only dead ReLUs get no gradient and do not change",
+        "AllZero": "a layer of dead ReLUs outputs zeros",
+        "LossNotDecreasing": "a network of dead units stops learning",
+        "Underfitting": "a network of dead units cannot fit",
+    }),  # fmt: skip
+    *_edges("SaturatedActivation", {
+        "VanishingGradient": "saturated tanh/sigmoid have a near-zero derivative",
+        "UnchangedTensor": "weights behind saturated units get no gradient and do not change",
+        "LossNotDecreasing": "saturated units stop learning",
+        "Underfitting": "saturated units keep the model from fitting",
+    }),  # fmt: skip
+    *_edges("AllZero", {
+        "VanishingGradient": "an all-zero tensor passes no gradient",
+        "UnchangedTensor": "weights with all-zero input or gradient do not change",
+        "DeadRelu": "all-zero inputs leave ReLUs inactive",
+        "LossNotDecreasing": "an all-zero layer carries no signal",
+        "Underfitting": "an all-zero layer carries no signal",
+    }),  # fmt: skip
+    *_edges("UnchangedTensor", {
+        "LossNotDecreasing": "weights that never change do not learn",
+        "Underfitting": "weights that never change do not fit",
+    }),  # fmt: skip
+    *_edges("ClassImbalance", {
+        "Underfitting": "a rare class is learnt poorly",
+        "LossNotDecreasing": "a model predicting the majority class plateaus early",
+        "Confusion": "a rare class is confused with the majority one",
+    }),  # fmt: skip
+    *_edges("Overfit", {"Overtraining": "a model that overfits stops improving on validation data"}),
+    *_edges("LossNotDecreasing", {"Underfitting": "a loss that stalls high is a model that does not fit"}),
+)
+
+# Root causes first, symptoms last: breaks ties between findings at the same step.
+CAUSAL_ORDER: tuple[str, ...] = (
+    "NotNormalizedData", "CheckInputImages", "ClassImbalance", "PoorWeightInitialization", NON_FINITE,
+    "ExplodingTensor", "WeightUpdateRatio", "AllZero", "DeadRelu", "SaturatedActivation", "VanishingGradient",
+    "UnchangedTensor", "TensorVariance", "Overfit", "Overtraining", "LossNotDecreasing", "Underfitting",
+)  # fmt: skip
+
+# Judged over windows of the loss: reported late, so a cause need not come before them.
+_LAGGING = frozenset({"LossNotDecreasing", "Underfitting", "Overfit", "Overtraining"})
+_FINDING_KEYS = ("rule", "step", "worker", "message", "fix_hint", "certain")
+_WHY = {(edge.cause, edge.effect): edge.why for edge in EXPLAINS}
+
+
+def finding_kind(finding: Mapping[str, Any]) -> str:
+    """``NonFinite`` for a finding about NaN/inf values, else its rule's name."""
+    details = finding.get("details") or {}
+    flagged = isinstance(details, Mapping) and any(
+        details.get(key) for key in ("non_finite", "nonfinite", "nan", "inf")
+    )
+    if flagged or _NON_FINITE_WORDS.search(str(finding.get("message") or "")):
+        return NON_FINITE
+    return str(finding.get("rule") or "")
+
+
+def _rank(kind: str) -> int:
+    return CAUSAL_ORDER.index(kind) if kind in CAUSAL_ORDER else len(CAUSAL_ORDER)
+
+
+@dataclass
+class _Entry:
+    kind: str
+    rule: str
+    step: int
+    finding: dict[str, Any]
+    workers: list[str]
+
+    def key(self) -> tuple[int, int, int, str]:
+        return (self.step, _rank(self.kind), _rank(self.rule), self.rule)
+
+    def document(self, **extra: Any) -> dict[str, Any]:
+        document = {key: self.finding.get(key) for key in _FINDING_KEYS}
+        document["rule"] = self.rule
+        if len(self.workers) > 1:
+            document["workers"] = list(self.workers)
+        return {**document, **extra}
+
+
+def _explains(cause: _Entry, effect: _Entry) -> bool:
+    if cause.kind == effect.kind == NON_FINITE and cause is not effect:
+        # several rules seeing the same NaN: one problem, reported first (or by the rule
+        # nearer the cause) by one of them
+        return cause.key() < effect.key()
+    if cause is effect or (cause.kind, effect.kind) not in _WHY:
+        return False
+    if (effect.kind, cause.kind) in _WHY:  # each could explain the other: the earlier one does
+        return cause.key() < effect.key()
+    return cause.step <= effect.step or effect.kind in _LAGGING
+
+
+def _why(cause: _Entry, effect: _Entry) -> str:
+    if cause.kind == effect.kind == NON_FINITE:
+        return "the same non-finite values, seen by another rule"
+    return _WHY[(cause.kind, effect.kind)]
+
+
+def _entries(results: Iterable[Mapping[str, Any]]) -> list[_Entry]:
+    """The earliest finding per (rule, kind), across workers (the workers it was found on kept)."""
+    entries: dict[tuple[str, str], _Entry] = {}
+    for result in results:
+        rule = str(result.get("rule") or result.get("configuration_name") or "")
+        for finding in result.get("findings") or ():
+            if not finding.get("fired", True):
+                continue
+            kind = finding_kind({**finding, "rule": rule})
+            step = int(finding.get("step", -1))
+            worker = finding.get("worker")
+            entry = entries.get((rule, kind))
+            if entry is None:
+                entries[(rule, kind)] = _Entry(kind, rule, step, dict(finding), [worker] if worker else [])
+                continue
+            if worker and worker not in entry.workers:
+                entry.workers.append(worker)
+            if step < entry.step:
+                entry.step, entry.finding = step, dict(finding)
+    for entry in entries.values():
+        entry.workers.sort()
+    return sorted(entries.values(), key=_Entry.key)
+
+
+def _not_evaluated(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    found = []
+    for result in results:
+        details = str(result.get("status_details") or "").strip()
+        if result.get("status") == "Error" and details.startswith(_NOT_EVALUATED_PREFIX):
+            found.append(
+                {
+                    "rule": str(result.get("rule") or result.get("configuration_name") or ""),
+                    "configuration_name": result.get("configuration_name"),
+                    "reason": details[len(_NOT_EVALUATED_PREFIX) :].strip(),
+                }
+            )
+    return found
+
+
+def diagnose(results: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rank the findings of a run's rule results; see the module docstring."""
+    entries = _entries(results)
+    diagnosis: dict[str, list[dict[str, Any]]] = {
+        "primary": [], "consequences": [], "other": [], "not_evaluated": _not_evaluated(results),
+    }  # fmt: skip
+    if not entries:
+        return diagnosis
+    roots = [entry for entry in entries if not any(_explains(other, entry) for other in entries)]
+    # a cycle of mutual explanations cannot happen (the earlier one wins), but never end without one
+    primary = min(roots or entries, key=_Entry.key)
+    diagnosis["primary"].append(primary.document())
+    explained: dict[int, _Entry] = {id(primary): primary}
+    frontier = [primary]
+    while frontier:  # consequences of consequences, in the order found (breadth first)
+        cause = frontier.pop(0)
+        for entry in entries:
+            if id(entry) not in explained and _explains(cause, entry):
+                explained[id(entry)] = entry
+                frontier.append(entry)
+                diagnosis["consequences"].append(
+                    entry.document(explained_by=cause.rule, why=_why(cause, entry))
+                )
+    diagnosis["other"] = [entry.document() for entry in entries if id(entry) not in explained]
+    return diagnosis
+
+
+def role_of(diagnosis: Mapping[str, Any], rule: str) -> str:
+    """Where ``rule``'s findings stand: "primary", "consequence", "other", "not_evaluated" or ""."""
+    for role, section in (
+        ("primary", "primary"), ("consequence", "consequences"), ("other", "other"), ("not_evaluated", "not_evaluated")
+    ):  # fmt: skip
+        if any(item.get("rule") == rule for item in diagnosis.get(section) or ()):
+            return role
+    return ""
+
+
+def _workers(finding: Mapping[str, Any]) -> list[str]:
+    return list(finding.get("workers") or ([finding["worker"]] if finding.get("worker") else []))
+
+
+def names_workers(findings: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether naming workers tells anything: some finding is on a worker other than worker_0."""
+    return any(worker != "worker_0" for finding in findings for worker in _workers(finding))
+
+
+def render_diagnosis(diagnosis: Mapping[str, Any], indent: str = "  ") -> list[str]:
+    """Human lines: the primary finding and its fix first, then what it explains, the rest, and
+    the rules that could not evaluate. Workers are named when the run's findings are not all on
+    worker_0 (a single-process run has only that one)."""
+    sections = ("primary", "consequences", "other")
+    show = names_workers(finding for section in sections for finding in diagnosis.get(section) or ())
+
+    def _where(finding: Mapping[str, Any]) -> str:
+        workers = _workers(finding) if show else []
+        return f"step {finding.get('step')}" + (f" on {', '.join(workers)}" if workers else "")
+
+    lines: list[str] = []
+    for finding in diagnosis.get("primary") or ():
+        certainty = "" if finding.get("certain") else " (not certain)"
+        lines.append(f"{indent}diagnosis   : {finding.get('rule')} at {_where(finding)}{certainty}: {finding.get('message')}")
+        if finding.get("fix_hint"):
+            lines.append(f"{indent}fix         : {finding.get('fix_hint')}")
+    for finding in diagnosis.get("consequences") or ():
+        lines.append(
+            f"{indent}  explains  : {finding.get('rule')} at {_where(finding)} ({finding.get('why')})"
+        )
+    for finding in diagnosis.get("other") or ():
+        lines.append(f"{indent}also        : {finding.get('rule')} at {_where(finding)}: {finding.get('message')}")
+    for item in diagnosis.get("not_evaluated") or ():
+        lines.append(f"{indent}not evaluated: {item.get('rule')}: {item.get('reason')}")
+    return lines
