@@ -1,0 +1,12 @@
+"""A restricting Docker API proxy: the control API talks to it instead of holding the Docker socket.
+
+The API container gets ``DOCKER_HOST=tcp://docker-proxy:2375`` on a network only the two share;
+the proxy alone mounts ``/var/run/docker.sock``. It forwards only what the docker launcher needs
+(create, start, stop, kill, restart, wait, inspect, logs, remove containers; create, list, inspect,
+remove volumes; inspect networks; ping and version), only for objects labelled ``trainguard.job``,
+and refuses any container that would weaken isolation (see :mod:`.rules`).
+"""
+
+from trainguard.services.docker_proxy.rules import ProxyPolicy, Refused
+
+__all__ = ["ProxyPolicy", "Refused"]
