@@ -1,0 +1,96 @@
+"""``python -m bench.detection [--split all|calibration|holdout] [--jobs N] [--cases NAME ...]``
+
+Trains every case of the corpus (cached under ``--cache``), runs ``trainguard rules run --json``
+over each with the default rule set and with every debugger rule, and prints the scores per
+split. ``--doc`` rewrites docs/rules-calibration.md with the figures; ``--json FILE`` keeps them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.detection import all_cases
+from bench.detection.report import as_json, case_table, render, summarise
+from bench.detection.score import CaseResult, debugger_rules, default_rules, score_case
+
+DEFAULT_CACHE = Path(os.environ.get("TRAINGUARD_DETECTION_CACHE", Path.home() / ".cache" / "trainguard-detection"))
+
+
+def _score(arguments: tuple) -> CaseResult:  # type: ignore[type-arg]
+    case, cache, rule_sets = arguments
+    return score_case(case, cache, rule_sets)
+
+
+def score_all(cases: list, cache: Path, jobs: int, rule_sets: dict[str, list[str]], quiet: bool = False) -> list:
+    cache.mkdir(parents=True, exist_ok=True)
+    work = [(case, cache, rule_sets) for case in cases]
+    results: list[CaseResult] = []
+    started = time.perf_counter()
+    # fork: the parent never imports torch, so children start cheap and clean
+    context = multiprocessing.get_context("fork")
+    with context.Pool(max(1, jobs), maxtasksperchild=8) as pool:
+        for index, result in enumerate(pool.imap(_score, work), 1):
+            results.append(result)
+            if not quiet:
+                fired = ",".join(sorted(result.verdicts["all"].findings)) if "all" in result.verdicts else "-"
+                print(
+                    f"[{index}/{len(work)} {time.perf_counter() - started:5.0f}s] {result.name}: "
+                    f"{result.error or fired or 'silent'}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.detection", description=__doc__.splitlines()[0])
+    parser.add_argument("--split", choices=["all", "calibration", "holdout"], default="all")
+    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"captured runs (default {DEFAULT_CACHE})")
+    parser.add_argument("--cases", nargs="*", help="only these case names (or name prefixes)")
+    parser.add_argument("--doc", type=Path, help="write the calibration document here")
+    parser.add_argument("--json", type=Path, help="write summaries and per-case verdicts here")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+
+    cases = all_cases()
+    if args.split != "all":
+        cases = [case for case in cases if case.split == args.split]
+    if args.cases:
+        cases = [case for case in cases if any(case.name.startswith(prefix) for prefix in args.cases)]
+    rule_sets = {"default": default_rules(), "all": debugger_rules()}
+    results = score_all(cases, args.cache, args.jobs, rule_sets, args.quiet)
+    splits = ["calibration", "holdout"] if args.split == "all" else [args.split]
+    summaries = [summarise(results, split, rule_set) for split in splits for rule_set in rule_sets]
+    if args.split == "all":
+        summaries += [summarise(results, "all", rule_set) for rule_set in rule_sets]
+    for summary in summaries:
+        print(render(summary))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "summaries": [as_json(summary) for summary in summaries],
+                    "cases": [asdict(result) for result in results],
+                },
+                indent=1,
+                default=str,
+            ),
+            encoding="utf-8",
+        )
+    if args.doc:
+        from bench.detection.document import write_document
+
+        write_document(args.doc, cases, results, summaries, rule_sets)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

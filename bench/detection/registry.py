@@ -1,0 +1,81 @@
+"""The corpus registry: every case with its label, family, builder and split.
+
+A case's ``builder(out_dir, spec)`` trains and captures it (module-level functions, so cases
+pickle into worker processes). ``expected`` names the rules any one of which is a right primary
+diagnosis for a faulty case; ``onset`` is the first step the fault acts; ``symptom`` is what the
+run's own metrics must show for the label to hold (checked by :func:`verify`).
+
+About a quarter of the cases are held out of calibration: chosen by a hash of the name, so the
+choice is fixed, independent of the order cases are listed in, and not made by looking at results.
+"""
+
+from __future__ import annotations
+
+import statistics
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+HEALTHY, FAULTY = "healthy", "faulty"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    family: str
+    label: str  # healthy | faulty
+    builder: Callable[[str, Any], str]
+    spec: Any
+    expected: tuple[str, ...] = ()
+    onset: int = 0
+    symptom: str = "learns"  # see verify()
+    description: str = ""
+
+    @property
+    def split(self) -> str:
+        return "holdout" if zlib.crc32(self.name.encode()) % 4 == 0 else "calibration"
+
+    @property
+    def healthy(self) -> bool:
+        return self.label == HEALTHY
+
+    @property
+    def save_interval(self) -> int:
+        return int(getattr(self.spec, "save_interval", 1) or 1)
+
+
+def verify(case: Case, metrics: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the run shows its label's symptom; returns (ok, what was seen)."""
+    losses = metrics.get("losses") or []
+    if metrics.get("symptom_checked") is not None:  # builders that judge themselves (XGBoost)
+        return bool(metrics["symptom_checked"]), str(metrics.get("symptom_text", ""))
+    if not losses:
+        return False, "no losses recorded"
+    head = statistics.fmean(losses[: max(1, len(losses) // 8)])
+    tail_values = losses[-max(1, len(losses) // 8) :]
+    tail = statistics.fmean(tail_values) if all(v == v and abs(v) != float("inf") for v in tail_values) else float("nan")
+    seen = f"loss {head:.4g} -> {tail:.4g}"
+    if metrics.get("nonfinite"):
+        seen += ", non-finite"
+    unchanged = metrics.get("unchanged_parameters") or []
+    if unchanged:
+        seen += f", {len(unchanged)}/{metrics.get('parameters')} parameters unchanged"
+    symptom = case.symptom
+    if symptom == "learns":
+        return (not metrics.get("nonfinite") and (tail < 0.8 * head or tail < 0.02)), seen
+    if symptom == "stable":  # fine-tuning from a trained model: the loss must not rise
+        return (not metrics.get("nonfinite") and tail <= 1.1 * head + 0.02), seen
+    if symptom == "nonfinite":
+        return bool(metrics.get("nonfinite")), seen
+    if symptom == "no_learning":  # the loss stays where it started (or rises, or goes non-finite)
+        return bool(metrics.get("nonfinite") or not tail < 0.85 * head), seen
+    if symptom == "frozen":
+        return bool(unchanged), seen
+    if symptom == "overfit":
+        val = [value for _, value in metrics.get("val_losses") or []]
+        ok = len(val) >= 3 and val[-1] > 1.3 * min(val) and tail < head
+        return ok, seen + (f", validation {min(val):.3g} (min) -> {val[-1]:.3g}" if val else "")
+    if symptom == "by_construction":  # a property of the data itself (scale, padding, imbalance)
+        return True, seen + " (fault is in the data by construction)"
+    raise ValueError(f"unknown symptom {symptom!r}")

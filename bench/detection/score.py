@@ -1,0 +1,196 @@
+"""Run the corpus and score the rules' verdicts.
+
+Every case is trained once into ``<cache>/<name>-<spec hash>/run`` (reused while its spec is
+unchanged) and then judged by ``trainguard rules run --json`` exactly as a user would run it, twice:
+with the default rule set and with every debugger rule at its default parameters. The rules are
+re-run on every scoring (they change; the captured runs do not).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.detection.harness import METRICS_FILE
+from bench.detection.registry import Case, verify
+
+# Rules that cannot judge one run with their defaults alone (they compare runs, need user
+# thresholds, or watch wall-clock time); the fault suite leaves out the same ones.
+NOT_RUN = {
+    "SimilarAcrossRuns": "compares with other runs (needs other_trials)",
+    "StalledTrainingRule": "wall-clock rule",
+    "TensorVariance": "needs user thresholds",
+}
+
+
+def debugger_rules() -> list[str]:
+    from trainguard.rules import builtin_rules
+
+    return sorted(
+        name
+        for name, rule in builtin_rules().items()
+        if getattr(rule, "kind", "debugger") == "debugger" and name not in NOT_RUN
+    )
+
+
+def default_rules() -> list[str]:
+    from trainguard.rules.defaults import default_rule_specs
+
+    return [spec.rule for spec in default_rule_specs()]
+
+
+@dataclass
+class Finding:
+    rule: str
+    step: int
+    message: str
+    certain: bool = False
+    worker: str | None = None
+    fix_hint: str = ""
+
+
+@dataclass
+class Verdict:
+    """What one ``rules run`` said about one run."""
+
+    findings: dict[str, Finding] = field(default_factory=dict)  # first finding per rule
+    statuses: dict[str, str] = field(default_factory=dict)
+    not_evaluated: dict[str, str] = field(default_factory=dict)
+    primary: list[dict[str, Any]] = field(default_factory=list)
+    consequences: list[dict[str, Any]] = field(default_factory=list)
+    other: list[dict[str, Any]] = field(default_factory=list)
+    diagnosis_from_cli: bool = False
+    exit_code: int = 0
+    error: str = ""
+
+
+def spec_key(case: Case) -> str:
+    text = json.dumps({"builder": case.builder.__qualname__, "spec": asdict(case.spec)}, sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def ensure_run(case: Case, cache: Path) -> tuple[Path, dict[str, Any], float]:
+    """The captured run of ``case`` (trained now unless cached) and its metrics."""
+    directory = cache / f"{case.name}-{spec_key(case)}"
+    run = directory / "run"
+    metrics_path = run / METRICS_FILE
+    started = time.perf_counter()
+    if not metrics_path.exists():
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        case.builder(os.fspath(run), case.spec)
+    seconds = time.perf_counter() - started
+    return run, json.loads(metrics_path.read_text(encoding="utf-8")), seconds
+
+
+def run_rules(run: Path, rules: list[str], output_dir: Path) -> Verdict:
+    """``trainguard rules run RUN --rule ... --json`` in a subprocess, parsed."""
+    if output_dir.exists():
+        shutil.rmtree(output_dir)
+    command = [sys.executable, "-m", "trainguard.cli", "rules", "run", os.fspath(run), "--json"]
+    command += ["--output-dir", os.fspath(output_dir), "--wait-timeout", "10", "--poll-interval", "0.05"]
+    for rule in rules:
+        command += ["--rule", rule]
+    environment = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    process = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+    return parse_output(process.stdout, process.returncode, process.stderr)
+
+
+def parse_output(stdout: str, exit_code: int = 0, stderr: str = "") -> Verdict:
+    verdict = Verdict(exit_code=exit_code)
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            document = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "diagnosis" in document and isinstance(document["diagnosis"], dict):
+            diagnosis = document["diagnosis"]
+            verdict.diagnosis_from_cli = True
+            verdict.primary = list(diagnosis.get("primary") or [])
+            verdict.consequences = list(diagnosis.get("consequences") or [])
+            verdict.other = list(diagnosis.get("other") or [])
+            for item in diagnosis.get("not_evaluated") or []:
+                name = item.get("rule", "?") if isinstance(item, dict) else str(item)
+                verdict.not_evaluated.setdefault(name, str(item.get("message", "") if isinstance(item, dict) else ""))
+            continue
+        name = document.get("configuration_name") or document.get("rule")
+        if not name:
+            continue
+        status = document.get("status", "")
+        verdict.statuses[name] = status
+        details = document.get("status_details") or ""
+        if "RuleNotEvaluated" in details:
+            verdict.not_evaluated[name] = details
+        result = document.get("result") or {}
+        if result.get("not_evaluated"):
+            verdict.not_evaluated.setdefault(name, str(result["not_evaluated"]))
+        if result.get("fired") and name not in verdict.findings:
+            verdict.findings[name] = Finding(
+                rule=document.get("rule") or name,
+                step=int(result.get("step", document.get("step", 0)) or 0),
+                message=str(result.get("message", "")),
+                certain=bool(result.get("certain")),
+                worker=result.get("worker"),
+                fix_hint=str(result.get("fix_hint") or ""),
+            )
+    if not verdict.statuses and not verdict.diagnosis_from_cli:
+        verdict.error = (stderr or stdout).strip()[-600:] or f"no output (exit {exit_code})"
+    if not verdict.diagnosis_from_cli:
+        _fallback_diagnosis(verdict)
+    return verdict
+
+
+def _fallback_diagnosis(verdict: Verdict) -> None:
+    """Until the CLI prints its diagnosis: the earliest finding is primary (certain first on a
+    tie), every other finding counts as a consequence (the worst case for 'findings per run')."""
+    ordered = sorted(verdict.findings.values(), key=lambda f: (f.step, not f.certain, f.rule))
+    as_dicts = [asdict(finding) for finding in ordered]
+    verdict.primary, verdict.consequences = as_dicts[:1], as_dicts[1:]
+
+
+@dataclass
+class CaseResult:
+    name: str
+    family: str
+    label: str
+    split: str
+    expected: tuple[str, ...]
+    onset: int
+    save_interval: int
+    description: str
+    symptom_ok: bool
+    symptom_seen: str
+    train_seconds: float
+    rules_seconds: float
+    verdicts: dict[str, Verdict]  # "default" | "all"
+    error: str = ""
+
+
+def score_case(case: Case, cache: Path, rule_sets: dict[str, list[str]]) -> CaseResult:
+    try:
+        run, metrics, train_seconds = ensure_run(case, cache)
+    except Exception as error:  # noqa: BLE001 - a case that cannot train is reported, not fatal
+        return CaseResult(case.name, case.family, case.label, case.split, case.expected, case.onset,
+                          case.save_interval, case.description, False, "", 0.0, 0.0, {},
+                          f"training failed: {type(error).__name__}: {error}")  # fmt: skip
+    symptom_ok, seen = verify(case, metrics)
+    started = time.perf_counter()
+    verdicts = {
+        name: run_rules(run, rules, run.parent / f"rule-output-{name}") for name, rules in rule_sets.items()
+    }
+    return CaseResult(
+        case.name, case.family, case.label, case.split, case.expected, case.onset, case.save_interval,
+        case.description, symptom_ok, seen, train_seconds, time.perf_counter() - started, verdicts,
+    )  # fmt: skip
