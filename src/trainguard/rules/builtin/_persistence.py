@@ -122,9 +122,10 @@ class TensorRule(Rule):
             return None
         if result.evaluated:
             self._evaluated_steps += 1
-        worker = getattr(self.base_trial, "worker", None)
+        worker = getattr(self.base_trial, "bound_worker", None)
         if isinstance(worker, str) and result.worker is None:
-            # a trial view bound to one worker (the runner evaluates every worker)
+            # a trial view bound to one worker (trainguard.trial.worker_view: the runner evaluates
+            # every worker with its own rule instance)
             result = dataclasses.replace(result, worker=worker)
         return result
 

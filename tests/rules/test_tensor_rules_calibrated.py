@@ -1,0 +1,330 @@
+"""Calibrated semantics of the tensor-state rules: persistence, and gradients zero by construction.
+
+Two kinds of tests: synthetic runs (numpy) that pin the persistence window exactly, and small real
+PyTorch runs (CPU, under a second each) of the healthy programs that used to raise false alarms
+(an attention model's key bias, a frozen first layer, batch size 1 with all-zero rows, a
+multi-label net) and of planted faults (deep sigmoid, zero init, negative ReLU bias, a huge
+learning rate, learning rate 0, an optimizer built over a copy of the model). Healthy runs must stay silent
+under the default (calibrated) semantics; planted faults must fire their rule.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tests.rules.synthetic import evaluate_rule, first_firing, write_run
+from trainguard.rules import RuleSpec, create_rule
+from trainguard.trial import create_trial
+
+TENSOR_STATE_RULES = (
+    "VanishingGradient",
+    "ExplodingTensor",
+    "AllZero",
+    "UnchangedTensor",
+    "WeightUpdateRatio",
+    "DeadRelu",
+    "SaturatedActivation",
+    "PoorWeightInitialization",
+)
+
+
+def fired(results):
+    return [result for result in results if result.fired]
+
+
+# -- persistence on synthetic runs ------------------------------------------------------------------
+
+
+def _gradients(step_values):
+    return {
+        step: {"gradient/a.weight": np.full((4, 4), a), "gradient/b.weight": np.full((4, 4), b)}
+        for step, (a, b) in enumerate(step_values)
+    }
+
+
+def test_a_single_vanished_step_never_fires_and_a_persistent_one_does(tmp_path):
+    healthy, tiny = 1e-3, 1e-10
+    blip = write_run(tmp_path / "blip", _gradients([(healthy, healthy), (tiny, tiny)] + [(healthy, healthy)] * 6))
+    assert fired(evaluate_rule(blip, "VanishingGradient")) == []
+    assert first_firing(evaluate_rule(blip, "VanishingGradient:semantics=sagemaker")) == 1
+    # vanished from step 2 on: fires once it held at 3 of the last 5 steps, certain after 5 of 5
+    lasting = write_run(tmp_path / "lasting", _gradients([(healthy, healthy)] * 2 + [(tiny, healthy)] * 8))
+    results = {r.step: r for r in evaluate_rule(lasting, "VanishingGradient")}
+    assert [s for s, r in results.items() if r.fired] == list(range(4, 10))
+    assert [s for s, r in results.items() if r.certain] == list(range(6, 10))
+    assert "at 3 of the last 5 evaluated steps" in results[4].message
+
+
+def test_non_finite_values_are_immediate_and_certain(tmp_path):
+    steps = {s: {"gradient/a.weight": np.ones(3) * (np.nan if s == 2 else 1.0)} for s in range(4)}
+    results = evaluate_rule(write_run(tmp_path / "run", steps), "ExplodingTensor")
+    (finding,) = fired(results)
+    assert finding.step == 2 and finding.certain
+
+
+def test_zero_by_construction_gradients_are_not_judged(tmp_path):
+    """Key bias ~1e-10 (softmax shift invariance) and a weight gradient zero while its bias
+    gradient is not (all-zero inputs): neither vanished, nor all zero."""
+    rng = np.random.default_rng(0)
+    steps = {}
+    for step in range(10):
+        steps[step] = {
+            "gradient/encoder.attention.self.key.bias": rng.normal(size=8) * 1e-10,
+            "gradient/encoder.attention.self.key.weight": rng.normal(size=(8, 8)) * 1e-3,
+            "gradient/fc1.weight": np.zeros((8, 4)),  # the batch's input row was all zero
+            "gradient/fc1.bias": rng.normal(size=8) * 1e-3,
+            "gradient/fc2.weight": rng.normal(size=(3, 8)) * 1e-3,
+            "gradient/fc2.bias": rng.normal(size=3) * 1e-3,
+        }
+    path = write_run(tmp_path / "run", steps)
+    for rule in ("VanishingGradient", "AllZero", "PoorWeightInitialization"):
+        assert fired(evaluate_rule(path, rule)) == [], rule
+        # the same run under SageMaker's single-step conditions: the false alarms this avoids
+        assert fired(evaluate_rule(path, f"{rule}:semantics=sagemaker")), rule
+
+
+def test_not_evaluated_when_the_rule_never_had_its_data(tmp_path):
+    path = write_run(tmp_path / "run", {s: {"loss": np.array([1.0])} for s in range(3)})
+    for rule in ("VanishingGradient", "DeadRelu", "SaturatedActivation", "WeightUpdateRatio"):
+        final = evaluate_rule(path, rule)[-1]
+        assert final.not_evaluated and final.message.startswith("RuleNotEvaluated: "), rule
+        assert not final.fired
+
+
+def test_dead_relu_pools_a_window_of_batches_and_calls_nan_non_finite(tmp_path):
+    rng = np.random.default_rng(1)
+    # batch size 1: each step about half the nodes are off, but no node is off for every sample
+    single = {s: {"1_output_0": np.maximum(rng.normal(size=(1, 32)), 0.0)} for s in range(12)}
+    path = write_run(tmp_path / "single", single, collections={"relu_output": ["1_output_0"]})
+    assert fired(evaluate_rule(path, "DeadRelu")) == []
+    dead = {s: {"1_output_0": np.zeros((16, 32))} for s in range(6)}
+    path = write_run(tmp_path / "dead", dead, collections={"relu_output": ["1_output_0"]})
+    assert first_firing(evaluate_rule(path, "DeadRelu")) == 2
+    nan = {s: {"1_output_0": np.full((16, 32), np.nan)} for s in range(6)}
+    path = write_run(tmp_path / "nan", nan, collections={"relu_output": ["1_output_0"]})
+    results = evaluate_rule(path, "DeadRelu")
+    assert fired(results) == [] and "non-finite" in results[0].message
+
+
+def test_semantics_parameter_is_validated_and_defaults_to_calibrated(tmp_path):
+    from trainguard.errors import ConfigError
+
+    trial = create_trial(write_run(tmp_path / "run", {0: {"gradient/w": np.ones(2)}}))
+    assert create_rule(trial, "VanishingGradient").semantics == "calibrated"
+    assert create_rule(trial, "DeadRelu").threshold_layer == 90.0
+    assert create_rule(trial, "DeadRelu:semantics=sagemaker").threshold_layer == 50.0  # documented
+    assert create_rule(trial, RuleSpec("DeadRelu", {"semantics": "sagemaker", "threshold_layer": "70"})).threshold_layer == 70
+    with pytest.raises(ConfigError, match="semantics"):
+        create_rule(trial, "AllZero:semantics=strict")
+    for rule in TENSOR_STATE_RULES:
+        assert create_rule(trial, rule).stop_policy.startswith("stops training"), rule
+
+
+# -- real PyTorch runs --------------------------------------------------------------------------------
+
+
+def _train(out_dir, model, batches, *, loss_fn=None, lr=0.05, optimizer="sgd", optimizer_on_a_copy=False):
+    """Train ``model`` on ``batches`` [(x, y)] with the trainguard hook saving every step."""
+    import copy
+
+    import torch
+
+    import trainguard.pytorch as tg
+
+    loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
+    # the bug of building the optimizer over another model's parameters (a copy made before training)
+    trained = copy.deepcopy(model) if optimizer_on_a_copy else model
+    parameters = [p for p in trained.parameters() if p.requires_grad]
+    make = torch.optim.Adam if optimizer == "adam" else torch.optim.SGD
+    opt = make(parameters, lr=lr)
+    hook = tg.Hook(
+        os.fspath(out_dir),
+        save_config=tg.SaveConfig(save_interval=1),
+        include_collections=[
+            "weights",
+            "biases",
+            "gradients",
+            "losses",
+            "inputs",
+            "relu_input",
+            "relu_output",
+            "tanh_input",
+            "sigmoid_input",
+        ],
+    )
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    try:
+        for x, y in batches:
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+    finally:
+        hook.close()
+    return os.fspath(out_dir)
+
+
+def _classification(rng, steps, batch, features=12, classes=3, zero_rows=0.0):
+    import torch
+
+    proto = rng.normal(size=(classes, features))
+    batches = []
+    for _ in range(steps):
+        y = rng.integers(0, classes, size=batch)
+        x = proto[y] + rng.normal(size=(batch, features))
+        x[rng.random(batch) < zero_rows] = 0.0
+        batches.append((torch.tensor(x, dtype=torch.float32), torch.tensor(y)))
+    return batches
+
+
+def _mlp(features=12, hidden=32, classes=3, depth=1, activation=None):
+    from torch import nn
+
+    layers, width = [], features
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), (activation or nn.ReLU)()]
+        width = hidden
+    return nn.Sequential(*layers, nn.Linear(width, classes))
+
+
+class _Attention:
+    """A tiny BERT-like classifier: token embedding, one self-attention block with query/key/value
+    biases (``attention.self.key.bias``), mean pooling, a linear head."""
+
+    @staticmethod
+    def build(vocab=40, width=16, classes=3):
+        import torch
+        from torch import nn
+
+        class SelfAttention(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.query, self.key, self.value = (nn.Linear(width, width) for _ in range(3))
+
+            def forward(self, h):  # type: ignore[no-untyped-def]
+                scores = self.query(h) @ self.key(h).transpose(1, 2) / width**0.5
+                return torch.softmax(scores, dim=-1) @ self.value(h)
+
+        class Block(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.self = SelfAttention()
+                self.norm = nn.LayerNorm(width)
+
+            def forward(self, h):  # type: ignore[no-untyped-def]
+                return self.norm(h + self.self(h))
+
+        class Net(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embeddings = nn.Embedding(vocab, width)
+                self.attention = Block()
+                self.head = nn.Linear(width, classes)
+
+            def forward(self, tokens):  # type: ignore[no-untyped-def]
+                return self.head(self.attention(self.embeddings(tokens)).mean(dim=1))
+
+        return Net()
+
+    @staticmethod
+    def batches(rng, steps, batch=8, length=10, vocab=40, classes=3):
+        import torch
+
+        out = []
+        for _ in range(steps):
+            y = rng.integers(0, classes, size=batch)
+            tokens = rng.integers(1, vocab // 2, size=(batch, length)) + (y[:, None] * 5) % (vocab // 2)
+            out.append((torch.tensor(tokens), torch.tensor(y)))
+        return out
+
+
+def _run(name, tmp_path):
+    """Train the named program; returns its run's path."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    out = tmp_path / name
+    steps = 30
+    if name == "healthy-attention-key-bias":
+        return _train(out, _Attention.build(), _Attention.batches(rng, steps), lr=0.1)
+    if name == "healthy-frozen-first-layer":
+        model = _mlp(depth=2)
+        model[0].requires_grad_(False)
+        return _train(out, model, _classification(rng, steps, 16))
+    if name == "healthy-batch1-zero-rows":
+        return _train(out, _mlp(), _classification(rng, steps, 1, zero_rows=0.5), lr=0.02)
+    if name == "healthy-multilabel":
+        x = (rng.random((steps, 16, 20)) < 0.1).astype(np.float32)  # multi-hot (bag-of-words) features
+        w = rng.normal(size=(20, 5))
+        y = ((x @ w) > 0.3).astype(np.float32)  # several labels per example
+        batches = [(torch.tensor(a), torch.tensor(b)) for a, b in zip(x, y, strict=True)]
+        return _train(out, _mlp(20, 32, 5), batches, loss_fn=torch.nn.BCEWithLogitsLoss(), optimizer="adam", lr=0.01)
+    if name == "deep-sigmoid":
+        return _train(out, _mlp(depth=10, activation=torch.nn.Sigmoid), _classification(rng, steps, 16))
+    if name == "zero-init":
+        model = _mlp(depth=2)
+        for parameter in model.parameters():
+            torch.nn.init.zeros_(parameter)
+        return _train(out, model, _classification(rng, steps, 16))
+    if name == "negative-bias-relu":
+        model = _mlp(depth=2)
+        for layer in (model[0], model[2]):
+            torch.nn.init.constant_(layer.bias, -20.0)
+        return _train(out, model, _classification(rng, steps, 16))
+    if name == "lr-huge":
+        return _train(out, _mlp(depth=2), _classification(rng, steps, 16), lr=1e4)
+    if name == "lr-zero":
+        return _train(out, _mlp(depth=2), _classification(rng, steps, 16), lr=0.0)
+    if name == "optimizer-on-a-copy":
+        return _train(out, _mlp(depth=2), _classification(rng, steps, 16), optimizer_on_a_copy=True)
+    raise KeyError(name)
+
+
+HEALTHY = ("healthy-attention-key-bias", "healthy-frozen-first-layer", "healthy-batch1-zero-rows", "healthy-multilabel")
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_programs_stay_silent(tmp_path, name):
+    path = _run(name, tmp_path)
+    findings = {}
+    for rule in (*TENSOR_STATE_RULES, "NotNormalizedData"):
+        results = evaluate_rule(path, rule)
+        findings.update({rule: r.message for r in fired(results)[:1]})
+    assert not findings, f"{name}: {findings}"
+
+
+def test_the_key_bias_false_alarm_is_what_sagemaker_semantics_raise(tmp_path):
+    """The healthy attention run does trip SageMaker's single-step VanishingGradient on its key
+    bias: the calibrated verdict is silent because that gradient is zero by construction."""
+    path = _run("healthy-attention-key-bias", tmp_path)
+    finding = fired(evaluate_rule(path, "VanishingGradient:semantics=sagemaker"))[0]
+    assert "key.bias" in finding.details["tensor"]
+
+
+FAULTS = {
+    "deep-sigmoid": ("VanishingGradient",),
+    "zero-init": ("PoorWeightInitialization", "AllZero"),
+    "negative-bias-relu": ("DeadRelu",),
+    "lr-huge": ("ExplodingTensor", "WeightUpdateRatio"),
+    "lr-zero": ("UnchangedTensor", "WeightUpdateRatio"),
+    "optimizer-on-a-copy": ("UnchangedTensor", "WeightUpdateRatio"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAULTS))
+def test_planted_faults_fire_their_rules(tmp_path, name):
+    path = _run(name, tmp_path)
+    for rule in FAULTS[name]:
+        results = evaluate_rule(path, rule)
+        findings = fired(results)
+        assert findings, f"{name}: {rule} did not fire"
+        # never from the first saved step alone (non-finite values aside)
+        if rule != "ExplodingTensor" and not findings[0].details.get("ratio") == float("inf"):
+            assert findings[0].step >= 1, (name, rule, findings[0].message)
+    if name == "lr-huge":
+        assert any(r.certain for r in fired(evaluate_rule(path, "ExplodingTensor")))
