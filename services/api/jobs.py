@@ -62,6 +62,9 @@ class JobService:
         self.starting: set[str] = set()  # jobs whose components the launcher is starting right now
         self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
         self._changed: set[str] = set()
+        # (job, configuration, runner outbox id) -> last report sequence applied: a runner's durable
+        # outbox re-sends a report whose answer it lost; applying it twice would duplicate datapoints.
+        self._report_sequences: dict[tuple[str, str, str], int] = {}
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=False)
@@ -334,11 +337,15 @@ class JobService:
     def report_rule_status(self, name: str, configuration: str, update: dict[str, Any]) -> dict[str, Any]:
         """Apply one StatusUpdate.to_dict() from a rule runner."""
         status = str(update.get("status") or "")
+        sequence, outbox = update.get("sequence"), update.get("outbox")
+        replay_key = (name, configuration, outbox) if isinstance(outbox, str) and isinstance(sequence, int) else None
         with self.lock, self.sessions() as session:
             job = self._job(session, name)
             rule = session.get(RuleRow, (name, configuration))
             if rule is None:
                 raise JobNotFound(f"{name}/{configuration}")
+            if replay_key is not None and sequence <= self._report_sequences.get(replay_key, 0):
+                return {"accepted": True, "applied": False, "reason": f"report {sequence} was already applied"}
             if update.get("last_evaluated_step") is not None:
                 rule.last_evaluated_step = max(int(update["last_evaluated_step"]), rule.last_evaluated_step or -1)
             result = update.get("result") or None
@@ -384,6 +391,8 @@ class JobService:
             if status == "IssuesFound" and not (result and result.get("fired")) and "datapoints" not in update:
                 self.add_datapoint(session, job, configuration, "RuleIssuesFound", 1.0, update.get("step"))
             session.commit()
+            if replay_key is not None:
+                self._report_sequences[replay_key] = sequence
         self.flush_notifications()
         if not applied:
             return {"accepted": True, "applied": False, "status": rule.status,

@@ -2,58 +2,214 @@
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
 import logging
+import os
+import re
+import tempfile
+import threading
 import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
-__all__ = ["ApiReporter", "MetricsEmitter", "METRIC_NAMESPACE"]
+__all__ = ["ApiReporter", "METRIC_NAMESPACE", "MetricsEmitter", "ReportOutbox"]
 
 log = logging.getLogger("trainguard.rule_runner")
 METRIC_NAMESPACE = "trainguard/Rules"
 
 
 class ApiReporter:
-    """POSTs each StatusUpdate to ``/v1/internal/jobs/<job>/rules/<config>/status``; retried, never fatal."""
+    """Delivers each StatusUpdate to ``/v1/internal/jobs/<job>/rules/<config>/status``; never drops one.
+
+    Every report first goes to a durable outbox (an append-only JSON-lines file, fsynced), then a
+    sender thread POSTs the reports in order, retrying with backoff (0.2 s doubling to 5 s) until
+    the API acknowledges (2xx) or refuses it for good (4xx, logged). A runner restarted on the same
+    work directory replays what was not acknowledged. Each report carries ``outbox`` (the outbox
+    file's id) and ``sequence``, so the API can ignore a report it already applied (a lost answer).
+    At exit, the runner waits up to ``drain_s`` for the outbox to empty (an API restart mid-run).
+
+    Configuration (read here): ``RULE_OUTBOX_DIR``, else ``<RULE_OUTPUT_DIR>/rule-outbox``, else the
+    temp directory; ``RULE_REPORT_DRAIN_S`` (default 120).
+    """
 
     def __init__(
-        self, api_url: str, token: str, job: str, configuration: str, *, attempts: int = 4, timeout: float = 5.0
+        self,
+        api_url: str,
+        token: str,
+        job: str,
+        configuration: str,
+        *,
+        timeout: float = 5.0,
+        outbox_dir: str | os.PathLike[str] | None = None,
+        drain_s: float | None = None,
     ):
         quote = urllib.parse.quote
         self.url = (
             f"{api_url.rstrip('/')}/v1/internal/jobs/{quote(job, safe='')}/rules/{quote(configuration, safe='')}/status"
         )
         self.token = token
-        self.attempts = attempts
         self.timeout = timeout
+        self.drain_s = float(os.environ.get("RULE_REPORT_DRAIN_S") or 120.0) if drain_s is None else drain_s
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        directory = Path(outbox_dir or _default_outbox_dir())
+        # The runner token is new for each job: a later job of the same name never replays this one's reports.
+        token_id = hashlib.sha256(token.encode()).hexdigest()[:12]
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{job}--{configuration}--{token_id}")
+        self.outbox = ReportOutbox(directory / f"{safe}.jsonl", self._post)
+        atexit.register(self.close)
 
     def send(self, document: dict[str, Any]) -> bool:
-        body = json.dumps(document, default=str).encode()
-        for attempt in range(self.attempts):
-            request = urllib.request.Request(
-                self.url,
-                data=body,
-                method="POST",
-                headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
-            )
+        """Queue ``document`` durably; True once it is in the outbox (delivery follows in order)."""
+        try:
+            self.outbox.put(document)
+        except OSError as error:  # the work dir is unusable: fall back to one direct attempt
+            log.warning("outbox unusable (%s): sending the report directly", error)
+            return self._post(document) == "acknowledged"
+        return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Wait (up to ``timeout``, default ``drain_s``) until the API acknowledged every report."""
+        return self.outbox.close(self.drain_s if timeout is None else timeout)
+
+    def _post(self, document: dict[str, Any]) -> str:
+        """One attempt: "acknowledged", "refused" (4xx: retrying cannot help) or "retry"."""
+        request = urllib.request.Request(
+            self.url,
+            data=json.dumps(document, default=str).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
+        )
+        try:
+            with self._opener.open(request, timeout=self.timeout):
+                return "acknowledged"
+        except urllib.error.HTTPError as error:
+            if error.code < 500 and error.code not in (408, 429):
+                log.warning("the API refused report %s (%s): %s", document.get("sequence"), error.code, error.read()[:300])
+                return "refused"
+            log.info("report %s: HTTP %s; will retry", document.get("sequence"), error.code)
+        except (urllib.error.URLError, OSError) as error:
+            log.info("report %s: %s; will retry", document.get("sequence"), getattr(error, "reason", error))
+        return "retry"
+
+
+def _default_outbox_dir() -> Path:
+    if os.environ.get("RULE_OUTBOX_DIR"):
+        return Path(os.environ["RULE_OUTBOX_DIR"])
+    if os.environ.get("RULE_OUTPUT_DIR"):
+        return Path(os.environ["RULE_OUTPUT_DIR"]) / "rule-outbox"
+    return Path(tempfile.gettempdir()) / "trainguard-rule-outbox"
+
+
+class ReportOutbox:
+    """Append-only file of reports (``{"sequence": n, "document": {...}}`` lines) plus the last
+    acknowledged sequence (``<file>.acked``, replaced atomically); ``post`` delivers one report."""
+
+    def __init__(self, path: Path, post: Callable[[dict[str, Any]], str]) -> None:
+        self.path = path
+        self._acked_path = path.with_name(path.name + ".acked")
+        self._post = post
+        self._condition = threading.Condition()
+        self._pending: list[dict[str, Any]] = []
+        self._closing = False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.id, acked, entries = self._load()
+        self._next = max((entry["sequence"] for entry in entries), default=0) + 1
+        self._pending = [entry["document"] for entry in entries if entry["sequence"] > acked]
+        if self._pending:
+            log.info("outbox %s: replaying %d unacknowledged report(s)", path, len(self._pending))
+        self._thread = threading.Thread(target=self._deliver, name="trainguard-report-outbox", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> tuple[str, int, list[dict[str, Any]]]:
+        outbox_id, entries = "", []
+        try:
+            lines = self.path.read_text().splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in lines:
             try:
-                with self._opener.open(request, timeout=self.timeout):
-                    return True
-            except urllib.error.HTTPError as error:
-                if error.code < 500:
-                    log.warning("the API refused the report (%s): %s", error.code, error.read()[:300])
-                    return False
-                reason = f"HTTP {error.code}"
-            except (urllib.error.URLError, OSError) as error:
-                reason = str(getattr(error, "reason", error))
-            if attempt + 1 < self.attempts:
-                time.sleep(0.2 * 2**attempt)
-        log.warning("could not report to %s after %d attempts: %s", self.url, self.attempts, reason)
-        return False
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line torn by a kill mid-write was never acknowledged nor replayed
+            if "outbox" in entry:
+                outbox_id = str(entry["outbox"])
+            elif isinstance(entry.get("sequence"), int) and isinstance(entry.get("document"), dict):
+                entries.append(entry)
+        if not outbox_id:
+            outbox_id = uuid.uuid4().hex
+            self._append({"outbox": outbox_id})
+        try:
+            acked = int(self._acked_path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            acked = 0
+        return outbox_id, acked, entries
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(entry, default=str, separators=(",", ":")) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def put(self, document: dict[str, Any]) -> None:
+        with self._condition:
+            document = {**document, "outbox": self.id, "sequence": self._next}
+            self._append({"sequence": self._next, "document": document})
+            self._next += 1
+            self._pending.append(document)
+            self._condition.notify_all()
+
+    def pending(self) -> int:
+        with self._condition:
+            return len(self._pending)
+
+    def _deliver(self) -> None:
+        delay = 0.2
+        while True:
+            with self._condition:
+                while not self._pending and not self._closing:
+                    self._condition.wait()
+                if not self._pending:
+                    return
+                document = self._pending[0]
+            outcome = self._post(document)
+            if outcome == "retry":
+                with self._condition:
+                    self._condition.wait(delay)  # close() does not cut the backoff short: it waits
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.2
+            with self._condition:
+                self._pending.pop(0)
+                self._write_acked(document["sequence"])
+                self._condition.notify_all()
+
+    def _write_acked(self, sequence: int) -> None:
+        temporary = self._acked_path.with_name(self._acked_path.name + ".tmp")
+        try:
+            temporary.write_text(f"{sequence}\n")
+            os.replace(temporary, self._acked_path)
+        except OSError as error:  # replays later are harmless: the API ignores what it applied
+            log.warning("could not record report %s as acknowledged: %s", sequence, error)
+
+    def close(self, timeout: float) -> bool:
+        """Deliver what is pending, for up to ``timeout`` seconds; True when nothing is left."""
+        deadline = time.monotonic() + timeout
+        with self._condition:
+            self._closing = True
+            self._condition.notify_all()
+            while self._pending and time.monotonic() < deadline:
+                self._condition.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+            left = len(self._pending)
+        if left:
+            log.warning("%d report(s) not acknowledged by the API yet; kept in %s for a restarted runner", left, self.path)
+        return left == 0
 
 
 class MetricsEmitter:
