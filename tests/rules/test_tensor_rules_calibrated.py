@@ -86,6 +86,33 @@ def test_zero_by_construction_gradients_are_not_judged(tmp_path):
         assert fired(evaluate_rule(path, f"{rule}:semantics=sagemaker")), rule
 
 
+def test_frozen_parameters_are_excused_unless_nothing_learns(tmp_path):
+    rng = np.random.default_rng(2)
+    frozen = rng.normal(size=(4, 4))
+    fine_tuned = {
+        s: {"body.weight": frozen, "head.weight": rng.normal(size=(2, 4)), "gradient/head.weight": rng.normal(size=(2, 4))}
+        for s in range(8)
+    }  # body frozen (no gradient saved), head trained
+    path = write_run(tmp_path / "fine-tune", fine_tuned)
+    for rule in ("UnchangedTensor", "WeightUpdateRatio"):
+        assert fired(evaluate_rule(path, rule)) == [], rule
+        assert fired(evaluate_rule(path, f"{rule}:semantics=sagemaker")), rule
+    nothing = {s: {"body.weight": frozen, "head.weight": np.ones((2, 4)), "gradient/other": np.ones(2) * s} for s in range(8)}
+    path = write_run(tmp_path / "frozen-all", nothing)
+    for rule in ("UnchangedTensor", "WeightUpdateRatio"):
+        assert first_firing(evaluate_rule(path, rule)) is not None, rule
+
+
+def test_binary_indicator_inputs_are_not_unnormalised(tmp_path):
+    rng = np.random.default_rng(3)
+    multi_hot = {s: {"Net_input_0": (rng.random((32, 20)) < 0.03).astype(np.float32), "Net_fc.weight": np.ones(2)} for s in range(6)}
+    path = write_run(tmp_path / "multi-hot", multi_hot, collections={"weights": ["Net_fc.weight"]})
+    assert fired(evaluate_rule(path, "NotNormalizedData")) == []
+    squashed = {s: {"Net_input_0": rng.normal(size=(32, 20)) * 0.05, "Net_fc.weight": np.ones(2)} for s in range(6)}
+    path = write_run(tmp_path / "squashed", squashed, collections={"weights": ["Net_fc.weight"]})
+    assert fired(evaluate_rule(path, "NotNormalizedData"))
+
+
 def test_not_evaluated_when_the_rule_never_had_its_data(tmp_path):
     path = write_run(tmp_path / "run", {s: {"loss": np.array([1.0])} for s in range(3)})
     for rule in ("VanishingGradient", "DeadRelu", "SaturatedActivation", "WeightUpdateRatio"):
@@ -259,9 +286,10 @@ def _run(name, tmp_path):
     if name == "healthy-batch1-zero-rows":
         return _train(out, _mlp(), _classification(rng, steps, 1, zero_rows=0.5), lr=0.02)
     if name == "healthy-multilabel":
-        x = (rng.random((steps, 16, 20)) < 0.1).astype(np.float32)  # multi-hot (bag-of-words) features
+        # sparse multi-hot (bag-of-words) features: σ ≈ 0.17, which a "squashed data" check would flag
+        x = (rng.random((steps, 16, 20)) < 0.03).astype(np.float32)
         w = rng.normal(size=(20, 5))
-        y = ((x @ w) > 0.3).astype(np.float32)  # several labels per example
+        y = ((x @ w) > 0.1).astype(np.float32)  # several labels per example
         batches = [(torch.tensor(a), torch.tensor(b)) for a, b in zip(x, y, strict=True)]
         return _train(out, _mlp(20, 32, 5), batches, loss_fn=torch.nn.BCEWithLogitsLoss(), optimizer="adam", lr=0.01)
     if name == "deep-sigmoid":

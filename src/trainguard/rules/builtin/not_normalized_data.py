@@ -10,6 +10,11 @@ thousands and data squashed to σ < 0.2 do not. A single binary or rare feature 
 of its own, so the lower bound uses the pooled σ. CheckInputImages is the SageMaker-named,
 stricter, mean-only check for images.
 
+Binary indicator features (every value 0 or 1: multi-hot bag-of-words, one-hot categories,
+presence flags) need no standardisation: such channels are not judged, and the pooled-σ lower
+bound applies only to the non-binary channels (a multi-label net on sparse multi-hot inputs is
+healthy).
+
 Tensors: ``tensor_regex`` ∪ ``collection_names``; with neither, the model's inputs
 (``<root module>_input_N`` of the PyTorch hook, saved by the ``inputs`` collection). Integer
 and boolean inputs (token ids, indices) are not features and are skipped.
@@ -38,10 +43,15 @@ class NotNormalizedData(Rule):
 
     rule_name = "NotNormalizedData"
     collections = ("inputs",)
-    fix_hint = (
-        "normalise the inputs: torchvision.transforms.Normalize(mean, std) for images, "
-        "sklearn.preprocessing.StandardScaler for tables"
-    )
+    fix_hint = "normalise the inputs to zero mean and unit variance per feature (e.g. sklearn StandardScaler)"
+    fix_hints = {
+        "pytorch": (
+            "normalise the inputs: torchvision.transforms.Normalize(mean, std) for images, "
+            "sklearn.preprocessing.StandardScaler for tables"
+        ),
+        "keras": "normalise the inputs: a keras.layers.Normalization layer adapted to the training data (layer.adapt(x))",
+        "xgboost": "tree models need no input normalisation; this rule does not apply to them",
+    }
 
     tensor_regex = Param(list, None, "regexes of input tensor names (default: the model's inputs)")
     collection_names = Param(list, None, "collections of input tensors")
@@ -66,6 +76,7 @@ class NotNormalizedData(Rule):
         super().__init__(*args, **kwargs)
         self._stats: dict[str, ChannelStats] = {}
         self._seen: set[int] = set()  # a step is counted once, however often it is evaluated
+        self._binary: dict[str, np.ndarray] = {}  # per tensor: which channels held only 0 and 1 so far
 
     def validate(self) -> None:
         check_regexes(self, "tensor_regex")
@@ -91,8 +102,20 @@ class NotNormalizedData(Rule):
             axis = channel_axis(array, self.channel)
             if not 0 <= axis < array.ndim:
                 continue
-            self._stats.setdefault(name, ChannelStats()).add(array.astype(np.float64), axis)
+            if self._stats.setdefault(name, ChannelStats()).add(array.astype(np.float64), axis):
+                moved = np.moveaxis(array, axis, -1).reshape(-1, array.shape[axis])
+                binary = np.all((moved == 0) | (moved == 1), axis=0)
+                seen = self._binary.get(name)
+                self._binary[name] = binary if seen is None or seen.shape != binary.shape else seen & binary
         return names
+
+    @staticmethod
+    def _pooled_std(stats: ChannelStats, channels: np.ndarray) -> float:
+        """σ of all values of the selected channels (as ChannelStats.pooled_std for all of them)."""
+        assert stats.count is not None and stats.total is not None and stats.squares is not None
+        n = max(float(stats.count[channels].sum()), 1.0)
+        mean = float(stats.total[channels].sum()) / n
+        return float(np.sqrt(max(float(stats.squares[channels].sum()) / n - mean * mean, 0.0)))
 
     def check(self, step: int) -> StepResult | None:
         names = self.accumulate(step)
@@ -106,7 +129,15 @@ class NotNormalizedData(Rule):
         if not judged:
             return None
         for name, stats in sorted(judged.items()):
-            means, stds, pooled = stats.means(), stats.stds(), stats.pooled_std()
+            continuous = ~self._binary.get(name, np.zeros(0, dtype=bool))
+            if continuous.size and not continuous.any():
+                continue  # every feature is a 0/1 indicator
+            means, stds = stats.means(), stats.stds()
+            if continuous.size == means.size:
+                means, stds = np.where(continuous, means, 0.0), np.where(continuous, stds, 1.0)
+                pooled = self._pooled_std(stats, continuous)
+            else:
+                pooled = stats.pooled_std()
             worst_mean = int(np.argmax(np.abs(means)))
             worst_std = int(np.argmax(stds))
             details = dict(
