@@ -15,6 +15,7 @@ from trainguard.rules.builtin.poor_weight_initialization import _spread
 from trainguard.rules.read_cache import StepReadCache
 from trainguard.rules.runner import RuleRunner
 
+
 def sagemaker(spec):
     """``spec`` under SageMaker's documented single-step semantics (what the oracles below compute);
     rules without a ``semantics`` parameter are unchanged."""
@@ -24,7 +25,6 @@ def sagemaker(spec):
     if "semantics" not in builtin_rules()[spec.rule].parameters():
         return spec
     return RuleSpec(spec.rule, {**spec.parameters, "semantics": "sagemaker"})
-
 
 
 def test_spread_equals_numpy_percentile_bit_for_bit() -> None:

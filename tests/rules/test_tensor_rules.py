@@ -17,6 +17,7 @@ from trainguard.trial import create_trial
 
 SEEDS = range(5)
 
+
 def sagemaker(spec):
     """``spec`` under SageMaker's documented single-step semantics (what the oracles below compute);
     rules without a ``semantics`` parameter are unchanged."""
@@ -26,7 +27,6 @@ def sagemaker(spec):
     if "semantics" not in builtin_rules()[spec.rule].parameters():
         return spec
     return RuleSpec(spec.rule, {**spec.parameters, "semantics": "sagemaker"})
-
 
 
 def fired_steps(results):
@@ -93,10 +93,14 @@ def test_exploding_tensor_selection_is_union_of_collections_and_regex(tmp_path):
         1: {"gradient/w": np.ones(1), "x.weight": np.array([np.nan])},
     }
     path = write_run(tmp_path / "run", steps)
-    assert fired_steps(evaluate_rule(path, sagemaker(RuleSpec("ExplodingTensor", {"collection_names": "gradients"})))) == [0]
+    assert fired_steps(
+        evaluate_rule(path, sagemaker(RuleSpec("ExplodingTensor", {"collection_names": "gradients"})))
+    ) == [0]
     assert fired_steps(evaluate_rule(path, sagemaker(RuleSpec("ExplodingTensor", {"tensor_regex": "x\\..*"})))) == [1]
     assert fired_steps(
-        evaluate_rule(path, sagemaker(RuleSpec("ExplodingTensor", {"collection_names": "gradients", "tensor_regex": "x\\..*"})))
+        evaluate_rule(
+            path, sagemaker(RuleSpec("ExplodingTensor", {"collection_names": "gradients", "tensor_regex": "x\\..*"}))
+        )
     ) == [0, 1]
 
 

@@ -90,14 +90,20 @@ def test_frozen_parameters_are_excused_unless_nothing_learns(tmp_path):
     rng = np.random.default_rng(2)
     frozen = rng.normal(size=(4, 4))
     fine_tuned = {
-        s: {"body.weight": frozen, "head.weight": rng.normal(size=(2, 4)), "gradient/head.weight": rng.normal(size=(2, 4))}
+        s: {
+            "body.weight": frozen,
+            "head.weight": rng.normal(size=(2, 4)),
+            "gradient/head.weight": rng.normal(size=(2, 4)),
+        }
         for s in range(8)
     }  # body frozen (no gradient saved), head trained
     path = write_run(tmp_path / "fine-tune", fine_tuned)
     for rule in ("UnchangedTensor", "WeightUpdateRatio"):
         assert fired(evaluate_rule(path, rule)) == [], rule
         assert fired(evaluate_rule(path, f"{rule}:semantics=sagemaker")), rule
-    nothing = {s: {"body.weight": frozen, "head.weight": np.ones((2, 4)), "gradient/other": np.ones(2) * s} for s in range(8)}
+    nothing = {
+        s: {"body.weight": frozen, "head.weight": np.ones((2, 4)), "gradient/other": np.ones(2) * s} for s in range(8)
+    }
     path = write_run(tmp_path / "frozen-all", nothing)
     for rule in ("UnchangedTensor", "WeightUpdateRatio"):
         assert first_firing(evaluate_rule(path, rule)) is not None, rule
@@ -105,7 +111,10 @@ def test_frozen_parameters_are_excused_unless_nothing_learns(tmp_path):
 
 def test_binary_indicator_inputs_are_not_unnormalised(tmp_path):
     rng = np.random.default_rng(3)
-    multi_hot = {s: {"Net_input_0": (rng.random((32, 20)) < 0.03).astype(np.float32), "Net_fc.weight": np.ones(2)} for s in range(6)}
+    multi_hot = {
+        s: {"Net_input_0": (rng.random((32, 20)) < 0.03).astype(np.float32), "Net_fc.weight": np.ones(2)}
+        for s in range(6)
+    }
     path = write_run(tmp_path / "multi-hot", multi_hot, collections={"weights": ["Net_fc.weight"]})
     assert fired(evaluate_rule(path, "NotNormalizedData")) == []
     squashed = {s: {"Net_input_0": rng.normal(size=(32, 20)) * 0.05, "Net_fc.weight": np.ones(2)} for s in range(6)}
@@ -143,7 +152,10 @@ def test_semantics_parameter_is_validated_and_defaults_to_calibrated(tmp_path):
     assert create_rule(trial, "VanishingGradient").semantics == "calibrated"
     assert create_rule(trial, "DeadRelu").threshold_layer == 90.0
     assert create_rule(trial, "DeadRelu:semantics=sagemaker").threshold_layer == 50.0  # documented
-    assert create_rule(trial, RuleSpec("DeadRelu", {"semantics": "sagemaker", "threshold_layer": "70"})).threshold_layer == 70
+    assert (
+        create_rule(trial, RuleSpec("DeadRelu", {"semantics": "sagemaker", "threshold_layer": "70"})).threshold_layer
+        == 70
+    )
     with pytest.raises(ConfigError, match="semantics"):
         create_rule(trial, "AllZero:semantics=strict")
     for rule in TENSOR_STATE_RULES:
@@ -322,7 +334,7 @@ def test_healthy_programs_stay_silent(tmp_path, name):
     findings = {}
     for rule in (*TENSOR_STATE_RULES, "NotNormalizedData"):
         results = evaluate_rule(path, rule)
-        findings.update({rule: r.message for r in fired(results)[:1]})
+        findings.update((rule, r.message) for r in fired(results)[:1])
     assert not findings, f"{name}: {findings}"
 
 

@@ -28,6 +28,7 @@ MY_RULES = [
     "WeightUpdateRatio",
 ]
 
+
 def sagemaker(spec):
     """``spec`` under SageMaker's documented single-step semantics (what the oracles below compute);
     rules without a ``semantics`` parameter are unchanged."""
@@ -37,7 +38,6 @@ def sagemaker(spec):
     if "semantics" not in builtin_rules()[spec.rule].parameters():
         return spec
     return RuleSpec(spec.rule, {**spec.parameters, "semantics": "sagemaker"})
-
 
 
 def fired_steps(results):
@@ -135,7 +135,10 @@ def test_unchanged_tensor_matches_oracle(tmp_path, seed, num_steps):
                 expected.append(step)
                 break
     path = write_run(tmp_path / "run", steps)
-    assert fired_steps(evaluate_rule(path, sagemaker(RuleSpec("UnchangedTensor", {"num_steps": str(num_steps)})))) == expected
+    assert (
+        fired_steps(evaluate_rule(path, sagemaker(RuleSpec("UnchangedTensor", {"num_steps": str(num_steps)}))))
+        == expected
+    )
 
 
 def test_unchanged_tensor_does_not_judge_weights_during_evaluation(tmp_path):
@@ -148,7 +151,9 @@ def test_unchanged_tensor_does_not_judge_weights_during_evaluation(tmp_path):
     path = write_run(tmp_path / "run", steps, modes=modes)
     assert first_firing(evaluate_rule(path, sagemaker("UnchangedTensor"))) is None
     # a tensor named explicitly is judged in EVAL too (inputs repeated over evaluation steps)
-    assert first_firing(evaluate_rule(path, sagemaker(RuleSpec("UnchangedTensor", {"tensor_regex": "Net_input_0"})))) == 5
+    assert (
+        first_firing(evaluate_rule(path, sagemaker(RuleSpec("UnchangedTensor", {"tensor_regex": "Net_input_0"})))) == 5
+    )
 
 
 # -- SimilarAcrossRuns ----------------------------------------------------------------------------
@@ -216,7 +221,9 @@ def test_not_normalized_data_is_per_channel_for_images_and_skips_token_ids(tmp_p
     images = [rng.normal(size=(50, 3, 4, 4)) for _ in range(3)]
     for batch in images:
         batch[:, 2] += 4.0  # one channel off-centre
-    fired = next(r for r in evaluate_rule(model_run(tmp_path, "img", images), sagemaker("NotNormalizedData")) if r.fired)
+    fired = next(
+        r for r in evaluate_rule(model_run(tmp_path, "img", images), sagemaker("NotNormalizedData")) if r.fired
+    )
     assert fired.details["channel"] == 2 and fired.step == 1
     tokens = [rng.integers(0, 500, size=(64, 10)) for _ in range(3)]
     assert first_firing(evaluate_rule(model_run(tmp_path, "tok", tokens), sagemaker("NotNormalizedData"))) is None
@@ -244,7 +251,9 @@ def test_check_input_images_channel_and_regex_parameters(tmp_path):
     result = next(r for r in evaluate_rule(path, sagemaker(spec)) if r.fired)
     assert result.step == 1 and result.details["channel"] == 2
     assert (
-        first_firing(evaluate_rule(path, sagemaker(RuleSpec("CheckInputImages", {"channel": "1", "threshold_samples": "20"}))))
+        first_firing(
+            evaluate_rule(path, sagemaker(RuleSpec("CheckInputImages", {"channel": "1", "threshold_samples": "20"})))
+        )
         is None
     )
 

@@ -34,7 +34,9 @@ class AllZero(PersistentRule):
     rule_name = "AllZero"
     collections = DEFAULT_COLLECTIONS
     needs = "no weights or gradients (or the selected tensors) were saved"
-    stop_policy = "stops training when a tensor was all zero at every step of a full window; SageMaker semantics never stop"
+    stop_policy = (
+        "stops training when a tensor was all zero at every step of a full window; SageMaker semantics never stop"
+    )
     fix_hint = (
         "check the initialisation (an all-zero weight never breaks symmetry: use the framework's default "
         "initialiser), and that the data and gradients reaching this tensor are not zero"

@@ -49,7 +49,9 @@ class NotNormalizedData(Rule):
             "normalise the inputs: torchvision.transforms.Normalize(mean, std) for images, "
             "sklearn.preprocessing.StandardScaler for tables"
         ),
-        "keras": "normalise the inputs: a keras.layers.Normalization layer adapted to the training data (layer.adapt(x))",
+        "keras": (
+            "normalise the inputs: a keras.layers.Normalization layer adapted to the training data (layer.adapt(x))"
+        ),
         "xgboost": "tree models need no input normalisation; this rule does not apply to them",
     }
 

@@ -103,9 +103,7 @@ class PoorWeightInitialization(TensorRule):
         "spread) are confirmed at confirm_steps consecutive steps; other findings and SageMaker semantics "
         "never stop"
     )
-    fix_hint = (
-        "use the layer's default or Xavier/He initialisation; never constant or zero weights"
-    )
+    fix_hint = "use the layer's default or Xavier/He initialisation; never constant or zero weights"
     fix_hints = {
         "pytorch": (
             "use the layer's default or Xavier/He initialisation (torch.nn.init.kaiming_normal_ for ReLU, "

@@ -47,10 +47,11 @@ class SaturatedActivation(PersistentRule):
 
     rule_name = "SaturatedActivation"
     collections = ("tanh_input", "sigmoid_input")
-    needs = "no tanh/sigmoid inputs were captured (nn.Tanh/nn.Sigmoid modules or the tanh_input/sigmoid_input collections)"
+    needs = (
+        "no tanh/sigmoid inputs were captured (nn.Tanh/nn.Sigmoid modules or the tanh_input/sigmoid_input collections)"
+    )
     stop_policy = (
-        "stops training when a layer was saturated at every evaluation of a full window; SageMaker "
-        "semantics never stop"
+        "stops training when a layer was saturated at every evaluation of a full window; SageMaker semantics never stop"
     )
     fix_hint = (
         "scale down the initial weights (Xavier/Glorot initialisation), normalise the inputs, add a "

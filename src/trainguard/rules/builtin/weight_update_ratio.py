@@ -198,8 +198,14 @@ class WeightUpdateRatio(PersistentRule):
             size = f"{fmt(ratio)} times" if large else f"only {fmt(ratio)} of"
             threshold = self.large_threshold if large else self.small_threshold
             framework = self.framework() or ""
-            hint = self.large_hints.get(framework, self.large_hint) if large else self.small_hints.get(framework, self.small_hint)
-            how_long = "" if self.single_step or ratio == float("inf") else f" {self.persistence_text((name, direction))}"
+            hint = (
+                self.large_hints.get(framework, self.large_hint)
+                if large
+                else self.small_hints.get(framework, self.small_hint)
+            )
+            how_long = (
+                "" if self.single_step or ratio == float("inf") else f" {self.persistence_text((name, direction))}"
+            )
             return self.issue(
                 step,
                 f"update of {name} is {size} its norm (step {before} → {step}){how_long}; "
