@@ -34,7 +34,8 @@ def _two_losses(tmp_path, values, collections=None):
                                        "semantics": "sagemaker"}),
         RuleSpec("LossNotDecreasing", {"collection_names": "default", "use_losses_collection": "False",
                                        "semantics": "sagemaker"}),
-        RuleSpec("LossNotDecreasing", {"diff_percent": "0", "semantics": "sagemaker"}),  # the earlier documented default
+        # the earlier documented default
+        RuleSpec("LossNotDecreasing", {"diff_percent": "0", "semantics": "sagemaker"}),
     ],
     ids=["losses-collection", "tensor_regex", "collection_names", "diff_percent-0"],
 )

@@ -166,7 +166,8 @@ class Underfitting(Rule):
             reference, against = self.baseline, f"the baseline {fmt(self.baseline)}"
         else:
             decrease, upper = decrease_upper_bound(self._first, current)
-            reference, against = mean(self._first), f"its start {fmt(mean(self._first))} (mean of the first {len(self._first)})"
+            reference = mean(self._first)
+            against = f"its start {fmt(reference)} (mean of the first {len(self._first)})"
         details = {"start": mean(self._first), "current": mean(current), "reference": reference,
                    "decrease": decrease, "decrease_upper_bound": upper, "mode": mode.name}
         if upper < self.min_improvement:
