@@ -26,7 +26,6 @@ from collections.abc import Iterable
 from urllib.parse import quote, unquote
 
 from fastapi import HTTPException, Request, status
-
 from trainguard.services.api.settings import Settings
 
 __all__ = [
@@ -42,6 +41,8 @@ __all__ = [
 
 MAX_CLOCK_SKEW = dt.timedelta(minutes=15)  # AWS refuses requests whose X-Amz-Date is further off
 SERVICE = "sagemaker"
+# X-Amz-Target prefix -> the SigV4 service name its clients sign with.
+_TARGET_SERVICES = {"SageMaker": "sagemaker", "Logs_20140328": "logs"}
 ALGORITHM = "AWS4-HMAC-SHA256"
 _REQUIRED_SIGNED = ("host", "x-amz-date", "x-amz-target")
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
@@ -165,8 +166,13 @@ def verify_sigv4(
     key = settings.sagemaker_keys.lookup(key_id)
     if key is None:
         raise SigV4Error("UnrecognizedClientException", "The security token included in the request is invalid.")
-    if service != SERVICE:
-        raise SigV4Error("InvalidSignatureException", f"Credential should be scoped to correct service: '{SERVICE}'.")
+    # The credential's service must be the one the operation belongs to (SageMaker.* -> sagemaker,
+    # Logs_20140328.* -> logs): a signature for one service is never accepted for another.
+    target_service = _TARGET_SERVICES.get(header_map.get("x-amz-target", "").partition(".")[0], SERVICE)
+    if service != target_service:
+        raise SigV4Error(
+            "InvalidSignatureException", f"Credential should be scoped to correct service: '{target_service}'."
+        )
     if region != settings.region:
         raise SigV4Error(
             "InvalidSignatureException", f"Credential should be scoped to a valid region, not '{region}'. "

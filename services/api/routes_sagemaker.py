@@ -14,9 +14,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-
 from trainguard.services.api.auth import SigV4Error, sagemaker_precheck, verify_sagemaker_request
+from trainguard.services.api.job_metrics import final_metric_data
 from trainguard.services.api.jobs import JobExists, JobNotFound, JobService
+from trainguard.services.api.routes_logs import LOGS_OPERATIONS, LOGS_TARGET_PREFIX
 from trainguard.services.api.sagemaker import SageMakerError, job_spec_from_request
 from trainguard.services.api.sagemaker_validation import (
     RequestInvalid,
@@ -86,11 +87,20 @@ def _member_message(message: str, labels: dict[int, str]) -> str:
 def _describe(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
     name = _name(body)
     try:
-        return service.describe_sagemaker(name)
+        description = service.describe_sagemaker(name)
     except JobNotFound:
         raise SageMakerError(
             "ResourceNotFound", f"Requested resource not found: training job {name} does not exist"
         ) from None
+    definitions = (description.get("AlgorithmSpecification") or {}).get("MetricDefinitions")
+    if definitions and "TrainingStartTime" in description:
+        try:
+            lines = service.launcher.logs(name, "training").splitlines()
+        except Exception:  # noqa: BLE001 - a job whose components are gone keeps no log to scan
+            lines = []
+        when = description.get("TrainingEndTime") or description["LastModifiedTime"]
+        description["FinalMetricDataList"] = final_metric_data(definitions, lines, when)
+    return description
 
 
 def _stop(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +150,9 @@ async def sagemaker_endpoint(request: Request) -> Response:
     settings = request.app.state.settings
     target = request.headers.get("x-amz-target", "")
     prefix, _, operation = target.partition(".")
-    if prefix != "SageMaker" or not operation:
+    # The same endpoint answers the CloudWatch Logs calls of fit(logs=True) (routes_logs).
+    operations = {"SageMaker": _OPERATIONS, LOGS_TARGET_PREFIX: LOGS_OPERATIONS}.get(prefix)
+    if operations is None or not operation:
         return _error(
             SageMakerError("UnknownOperationException", f"X-Amz-Target {target!r}: expected SageMaker.<Operation>")
         )
@@ -148,12 +160,12 @@ async def sagemaker_endpoint(request: Request) -> Response:
         bearer = sagemaker_precheck(request)
     except SigV4Error as error:
         return _error(SageMakerError(error.code, error.message, 403))
-    handler = _OPERATIONS.get(operation)
+    handler = operations.get(operation)
     if handler is None:
         return _error(
             SageMakerError(
                 "UnknownOperationException",
-                f"trainguard does not implement SageMaker.{operation}; supported: {', '.join(_OPERATIONS)}",
+                f"trainguard does not implement {prefix}.{operation}; supported: {', '.join(operations)}",
             )
         )
     raw = await request.body()

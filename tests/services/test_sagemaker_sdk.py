@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,35 +21,9 @@ from tests.services.conftest import SAGEMAKER_KEY_ID, SAGEMAKER_SECRET, wait_for
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parent / "sdk_scripts" / "pytorch_estimator.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sagemaker_sdk"
 
-TRAIN_PY = textwrap.dedent(
-    """
-    import argparse, os
-    import torch
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--lr", type=float, default=0.1)
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    rows = [list(map(float, line.split(","))) for line in
-            open(os.path.join(os.environ["SM_CHANNEL_TRAIN"], "data.csv")).read().split()]
-    data = torch.tensor(rows)
-    x, y = data[:, :2], data[:, 2:]
-    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    import time
-    for epoch in range(args.epochs):
-        time.sleep(0.02)
-        for start in range(0, len(x), 8):
-            optimizer.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x[start:start + 8]), y[start:start + 8])
-            loss.backward()
-            optimizer.step()
-        print(f"epoch={epoch} loss={loss.item():.6f}", flush=True)
-    torch.save(model.state_dict(), os.path.join(os.environ["SM_MODEL_DIR"], "model.pt"))
-    """
-)
+TRAIN_PY = (EXAMPLE / "source" / "train.py").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +42,9 @@ def _run_sdk(sdk_python: Path, settings: dict) -> dict:
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("SDK-RESULT ")]
     assert lines, f"the SDK script failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return json.loads(lines[-1].removeprefix("SDK-RESULT "))
+    answer = json.loads(lines[-1].removeprefix("SDK-RESULT "))
+    answer["stdout"] = result.stdout
+    return answer
 
 
 def _source_dir(tmp_path: Path) -> Path:
@@ -92,7 +67,7 @@ def test_pytorch_estimator_fit_unchanged(api_factory, s3_endpoint, s3_bucket, sd
     settings = {
         "api_url": api.url, "s3_url": s3_endpoint, "bucket": s3_bucket, "key_id": SAGEMAKER_KEY_ID,
         "secret": SAGEMAKER_SECRET, "source_dir": str(_source_dir(tmp_path)), "data_uri": _seed_data(client, s3_bucket),
-        "lr": 0.05, "epochs": 3, "wait_logs": False,
+        "lr": 0.05, "epochs": 3, "wait_logs": True,
     }  # fmt: skip
     result = _run_sdk(sdk_python, settings)
     assert result["failure"] is None, result
@@ -111,6 +86,12 @@ def test_pytorch_estimator_fit_unchanged(api_factory, s3_endpoint, s3_bucket, sd
     assert summary["ExplodingTensor"]["RuleEvaluationStatus"] == "NoIssuesFound", result["rule_summary"]
     assert result["debugger_artifacts_path"], result
     assert result["hyperparameters"]["epochs"] == "3", result
+    # fit(logs=True) streamed the training log through the CloudWatch-Logs-compatible calls ...
+    assert "epoch=2 loss=" in result["stdout"], result["stdout"][-3000:]
+    # ... and the metric definition's regex was applied to it (the last epoch's loss)
+    last_loss = float(result["stdout"].split("epoch=2 loss=")[1].split()[0])
+    metrics = {m["MetricName"]: m["Value"] for m in result["final_metrics"] or []}
+    assert metrics.get("train:loss") == pytest.approx(last_loss), result["final_metrics"]
 
 
 def test_faulty_estimator_job_is_stopped_by_its_rule_action(api_factory, s3_endpoint, s3_bucket, sdk_python, tmp_path):  # noqa: F811

@@ -2,7 +2,7 @@
 
 Argument: a JSON object {api_url, s3_url, bucket, key_id, secret, source_dir, data_uri, lr,
 wait_logs}. Prints one JSON line with what the SDK reads back. The endpoints are given the way a
-user points any boto3 program elsewhere: AWS_ENDPOINT_URL_<SERVICE> (botocore reads them itself).
+user points any boto3 program elsewhere: AWS_ENDPOINT_URL_SAGEMAKER, _S3 and _CLOUDWATCH_LOGS (botocore reads them itself).
 """
 
 import json
@@ -11,9 +11,13 @@ import sys
 
 settings = json.loads(sys.argv[1])
 os.environ["AWS_ENDPOINT_URL_SAGEMAKER"] = settings["api_url"]
-os.environ["AWS_ENDPOINT_URL_LOGS"] = settings["api_url"]
+os.environ["AWS_ENDPOINT_URL_CLOUDWATCH_LOGS"] = settings["api_url"]
 os.environ["AWS_ENDPOINT_URL_S3"] = settings["s3_url"]
 os.environ["SAGEMAKER_SUPPRESS_V2_WARNING"] = "1"
+# No route to AWS here: the SDK's telemetry off, as examples/sagemaker_sdk/README.md tells users.
+os.environ["SAGEMAKER_USER_CONFIG_OVERRIDE"] = os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "examples", "sagemaker_sdk", "sagemaker-config.yaml"
+)
 
 import boto3  # noqa: E402
 import sagemaker  # noqa: E402
