@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.services.conftest import TOKEN
+from tests.services.conftest import TOKEN, wait_for
 
 schemathesis = pytest.importorskip("schemathesis", reason="pip install schemathesis")
 pytest.importorskip("httpx", reason="TestClient needs httpx")
@@ -82,11 +82,13 @@ def test_after_the_fuzz_every_job_is_whole(fuzz_app) -> None:  # noqa: ANN001
     for job in listing.json()["jobs"]:
         native = client.get(f"/v1/jobs/{job['name']}", headers=AUTH)
         assert native.status_code == 200, native.text
-        description = native.json()
-        # A ghost is a row whose components were never started: Starting with Pending components.
-        assert description["status"] != "InProgress" or any(
-            component["state"] != "Pending" for component in description["components"]
-        ), description
+
+        def launched(name: str = job["name"]) -> bool:
+            # A ghost is a row whose components were never started: InProgress with every one Pending.
+            description = client.get(f"/v1/jobs/{name}", headers=AUTH).json()
+            return description["status"] != "InProgress" or any(c["state"] != "Pending" for c in description["components"])
+
+        wait_for(launched, 30, f"{job['name']}'s components to be started by the reconciler")
         sagemaker = client.post(
             "/", json={"TrainingJobName": job["name"]},
             headers={**AUTH, "X-Amz-Target": "SageMaker.DescribeTrainingJob"},
