@@ -20,7 +20,9 @@ Tensor names (``<model>`` is ``model.name``, stripped from variable paths), by c
 
 Layers nested in models or custom layers are found too; a name used twice becomes
 ``<parent>/<name>`` (``block/conv_output_0``). Outputs of layers with a relu/tanh/sigmoid
-activation are also members of ``relu_output``/``tanh_output``/``sigmoid_output``. Losses and
+activation are also members of ``relu_output``/``tanh_output``/``sigmoid_output``, and the
+activation's input (the pre-activation) is saved as ``<layer>/<activation>_input_0``
+(``hidden/tanh_input_0``), a member of ``relu_input``/``tanh_input``/``sigmoid_input``. Losses and
 metrics are what Keras logs for the batch: the running mean over the epoch so far, as Keras
 computes it. Weights are the values the step's forward pass uses (before the update), gradients
 those the optimizer is given (before clipping; multiplied by the loss scale under
@@ -46,6 +48,7 @@ from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.keras_capture import (
     BACKEND,
     LayerSpies,
+    activation_function,
     emit_with_jax_callback,
     host_array,
     is_torch_tensor,
@@ -208,6 +211,8 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
             activation = getattr(getattr(layer, "activation", None), "__name__", None)
             if activation in _ACTIVATIONS:
                 self.add_membership(f"{name}_output_0", f"{activation}_output")
+                # the pre-activation, emitted by LayerSpies while the layer's activation runs
+                self.add_membership(f"{name}/{activation}_input_0", f"{activation}_input")
             pending.extend((child, name if layer is not model else "") for child in _children(layer))
         wanted = self._wanted_now if BACKEND == "torch" else self._wanted_ever
         self._spies = LayerSpies(self._layers, wanted, self.disable)
@@ -298,6 +303,10 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
         assert self._spies is not None
         wants_layers = any(
             self._wanted_now(f"{name}_{kind}_0") for name, _ in self._layers for kind in ("input", "output")
+        ) or any(
+            self._wanted_now(f"{name}/{function.__name__}_input_0")
+            for name, layer in self._layers
+            if (function := activation_function(layer)) is not None
         )
         if BACKEND == "torch":
             if wants_layers and not model.jit_compile:

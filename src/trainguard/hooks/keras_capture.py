@@ -60,6 +60,16 @@ def host_array(value: Any) -> HostArray:
     return array, None
 
 
+# Activations whose inputs the rules read (DeadRelu: relu; SaturatedActivation: tanh, sigmoid).
+SPIED_ACTIVATIONS = ("relu", "tanh", "sigmoid")
+
+
+def activation_function(layer: Any) -> Any:
+    """The layer's own ``activation=`` function when it is one the rules read, else None."""
+    function = getattr(layer, "activation", None)
+    return function if callable(function) and getattr(function, "__name__", None) in SPIED_ACTIVATIONS else None
+
+
 def tensors_in(structure: Any) -> list[Any]:
     """The tensors of a (possibly nested) layer input or output, in flattening order."""
     try:
@@ -83,9 +93,11 @@ class LayerSpies:
         self._wanted = wanted  # tensor name -> whether to capture it
         self._on_error = on_error
         self._installed: list[Any] = []
+        self._activations: list[tuple[Any, Any]] = []  # (layer, its own activation function)
 
     def install(self, emit: Emit) -> None:
         for name, layer in self._layers:
+            self._spy_activation(name, layer, emit)
             want_inputs = self._wanted(f"{name}_input_0")
             want_outputs = self._wanted(f"{name}_output_0")
             if not (want_inputs or want_outputs) or "call" in vars(layer):
@@ -113,15 +125,44 @@ class LayerSpies:
 
         return call
 
+    def _spy_activation(self, name: str, layer: Any, emit: Emit) -> None:
+        """Emit the input of a layer's own ``activation=`` (the pre-activation of Dense, Conv...).
+
+        The layer's output is the activation's output; its input never leaves the layer's
+        ``call``, and SaturatedActivation (tanh/sigmoid) needs exactly it. Emitted as
+        ``<layer>/<activation>_input_0`` (``hidden/tanh_input_0``).
+        """
+        original = activation_function(layer)
+        if original is None:
+            return
+        stem = f"{name}/{original.__name__}"
+        if not self._wanted(f"{stem}_input_0"):
+            return
+        on_error = self._on_error
+
+        @functools.wraps(original)
+        def activation(x: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                emit(stem, "input", 0, x)
+            except Exception as error:  # noqa: BLE001 - fail open: the activation still runs
+                on_error(error)
+            return original(x, *args, **kwargs)
+
+        object.__setattr__(layer, "activation", activation)
+        self._activations.append((layer, original))
+
     def remove(self) -> None:
         for layer in self._installed:
             if "call" in vars(layer):
                 object.__delattr__(layer, "call")
         self._installed.clear()
+        for layer, original in self._activations:
+            object.__setattr__(layer, "activation", original)
+        self._activations.clear()
 
     @property
     def active(self) -> bool:
-        return bool(self._installed)
+        return bool(self._installed or self._activations)
 
 
 def jax_capture_variant(

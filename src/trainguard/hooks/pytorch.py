@@ -24,11 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from trainguard.config.reduction_config import reduction_tensor_name
 from trainguard.hooks.base import BaseHook
 from trainguard.hooks.fail_open import fail_open
+from trainguard.hooks.torch_activations import ACTIVATION_COLLECTIONS, ActivationCapture, inside_compiled_call
 from trainguard.hooks.torch_tensors import HostSnapshot, reduce_on_device, snapshot
 from trainguard.modes import ModeKeys
 
@@ -63,6 +65,7 @@ _ACTIVATION_KINDS: tuple[tuple[tuple[type, ...], str], ...] = (
     ((torch.nn.Tanh,), "tanh"),
     ((torch.nn.Sigmoid,), "sigmoid"),
 )
+_ACTIVATION_MODULES: tuple[type, ...] = tuple(t for types, _ in _ACTIVATION_KINDS for t in types)
 
 
 def is_loss_module(module: torch.nn.Module) -> bool:
@@ -111,6 +114,13 @@ class TorchHook(BaseHook):
         self._grad_parameters: dict[str, torch.Tensor] = {}
         self._handles.append(register_optimizer_step_pre_hook(self._before_optimizer_step))
         self._handles.append(register_optimizer_step_post_hook(self._after_optimizer_step))
+        # Functional activations (torch_activations.py): a torch-function mode that exists only
+        # during the root forward of a step saving an activation collection.
+        self._activation_mode: ActivationCapture | None = None
+        self._activation_root: torch.nn.Module | None = None
+        self._activation_calls: dict[tuple[str, str], int] = {}
+        self._module_stack: list[torch.nn.Module] = []
+        self._module_stack_handles: list[Any] = []
 
     # -- distributed --------------------------------------------------------------------------
     def _rank_and_world(self) -> tuple[int, int]:
@@ -195,6 +205,7 @@ class TorchHook(BaseHook):
             self.ensure_step()
         else:
             self.begin_step()
+        self._start_activation_capture(module)
 
     # Forwards one presumed optimizer step may span before the guess is given up: far more
     # micro-batches than any accumulation window uses, few enough to keep a step small.
@@ -321,11 +332,87 @@ class TorchHook(BaseHook):
 
         return lambda parameter: hook(self, parameter)
 
-    @fail_open
     def _after_forward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
-        if not self.saving_this_step:
-            return
+        if self.saving_this_step:
+            self._capture_after_forward(module, inputs, output)
+        if module is self._activation_root:
+            self._stop_activation_capture()
+
+    @fail_open
+    def _capture_after_forward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         self.capture_module_io(module, inputs, output)
+
+    # -- functional activations ---------------------------------------------------------------
+    def _start_activation_capture(self, root: torch.nn.Module) -> None:
+        """Watch activation calls during this root forward, if the step saves any of them."""
+        if self._activation_mode is not None:
+            self._stop_activation_capture()  # left over from a forward that raised
+        if not (self.saving_this_step and self._due & ACTIVATION_COLLECTIONS) or inside_compiled_call():
+            return
+        self._activation_calls.clear()
+        self._activation_root = root
+        self._track_module_stack()
+        mode = ActivationCapture(self._on_activation)
+        mode.__enter__()
+        self._activation_mode = mode
+
+    def _stop_activation_capture(self) -> None:
+        mode, self._activation_mode = self._activation_mode, None
+        self._activation_root = None
+        handles, self._module_stack_handles = self._module_stack_handles, []
+        for handle in handles:
+            handle.remove()
+        self._module_stack.clear()
+        if mode is not None:
+            try:
+                mode.__exit__(None, None, None)
+            except Exception as error:  # noqa: BLE001 - someone else's mode on top: never break training
+                self.disable(error)
+
+    def _track_module_stack(self) -> None:
+        """Know the running module while activations are watched (global hooks, removed after)."""
+        self._module_stack_handles.append(register_module_forward_pre_hook(self._push_module))
+        self._module_stack_handles.append(register_module_forward_hook(self._pop_module, always_call=True))
+
+    def _push_module(self, module: torch.nn.Module, args: Any) -> None:
+        self._module_stack.append(module)
+
+    def _pop_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._module_stack and self._module_stack[-1] is module:
+            self._module_stack.pop()
+
+    def _current_module(self) -> torch.nn.Module | None:
+        return self._module_stack[-1] if self._module_stack else self._activation_root
+
+    def _on_activation(self, function: Any, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        names = self._activation_names(kind) if self.saving_this_step else None
+        if names is None:
+            return function(*args, **kwargs)
+        tensor = args[0] if args else kwargs.get("input")
+        if isinstance(tensor, torch.Tensor):
+            self._save_activation(names[0], tensor)  # before the call: in-place variants overwrite it
+        result = function(*args, **kwargs)
+        if isinstance(result, torch.Tensor):
+            self._save_activation(names[1], result)
+        return result
+
+    @fail_open
+    def _activation_names(self, kind: str) -> tuple[str, str] | None:
+        module = self._current_module()
+        if module is not None and (isinstance(module, _ACTIVATION_MODULES) or is_loss_module(module)):
+            return None  # nn.ReLU & co are captured as module I/O; a loss's internals are not activations
+        scope = self.module_name(module) if module is not None else "functional"
+        key = (scope, kind)
+        index = self._activation_calls.get(key, 0)
+        self._activation_calls[key] = index + 1
+        names = (f"{scope}.{kind}_{index}_input", f"{scope}.{kind}_{index}_output")
+        self.add_membership(names[0], f"{kind}_input")
+        self.add_membership(names[1], f"{kind}_output")
+        return names
+
+    @fail_open
+    def _save_activation(self, name: str, tensor: torch.Tensor) -> None:
+        self.save_torch_tensor(name, tensor)
 
     def module_name(self, module: torch.nn.Module) -> str:
         name = self._module_names.get(module)
@@ -457,6 +544,7 @@ class TorchHook(BaseHook):
         self.write_tensor(name, array, nbytes=array.nbytes)
 
     def close(self) -> None:
+        self._stop_activation_capture()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

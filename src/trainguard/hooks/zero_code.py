@@ -88,6 +88,8 @@ class ZeroCodeHook(TorchHook):
             del self._stack[len(self._stack) - 1 - self._stack[::-1].index(module) :]
         if self.saving_this_step:
             self._capture(module, args, output)
+        if not self._stack and self._activation_mode is not None:
+            self._stop_activation_capture()  # the root forward is over
 
     @fail_open
     def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -96,6 +98,13 @@ class ZeroCodeHook(TorchHook):
         outputs = self.capture_module_io(module, args, output)
         if is_loss_module(module):
             self._loss_tensor_ids.update(id(tensor) for tensor in outputs)
+
+    # -- functional activations: this hook's own module stack says where they run ------------
+    def _track_module_stack(self) -> None:
+        pass
+
+    def _current_module(self) -> torch.nn.Module | None:
+        return self._stack[-1] if self._stack else self._activation_root
 
     def _on_step_begin(self) -> None:
         self._loss_tensor_ids.clear()
