@@ -1,0 +1,1 @@
+"""Framework hooks: capture tensors during training (PyTorch, Keras, XGBoost)."""
