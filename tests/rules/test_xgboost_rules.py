@@ -211,11 +211,12 @@ def test_loss_rules_use_xgboost_validation_metrics(tmp_path):
     results = evaluate_rule(over, "Overtraining:patience_validation=5")
     fired = next(r for r in results if r.fired)
     assert "validation loss" in fired.message and fired.step > best_round
-    lnd = evaluate_rule(over, "LossNotDecreasing:num_steps=4")
+    lnd = evaluate_rule(over, "LossNotDecreasing:num_steps=4,semantics=sagemaker")  # the single-step condition
     assert first_firing(lnd) is not None
     assert all(set(r.details["losses"]) == {"validation-logloss"} for r in lnd)  # auc is not a loss
     overfit = evaluate_rule(over, "Overfit")
-    assert overfit[-1].missing and "Overtraining" in overfit[-1].missing[0].what
+    # Overfit cannot judge a boosted run: "not evaluated" (RuleNotEvaluated), pointing to Overtraining
+    assert not any(r.fired for r in overfit) and overfit[-1].not_evaluated and "Overtraining" in overfit[-1].message
     # the over-fitted model confuses the classes of the validation data; judged from round 10
     assert first_firing(evaluate_rule(over, "Confusion")) == 10
     # a gentle run keeps improving its validation loss: silent
@@ -228,5 +229,5 @@ def test_loss_rules_use_xgboost_validation_metrics(tmp_path):
     assert first_firing(evaluate_rule(gentle, "ClassImbalance:samples=100")) is None
     # a learning rate far too small: the training logloss stays at its start
     stuck, _ = _train_with_validation(tmp_path, {"max_depth": 2, "eta": 0.0005}, 30, name="stuck")
-    results = evaluate_rule(stuck, "Underfitting:warmup_steps=10")
+    results = evaluate_rule(stuck, "Underfitting:warmup_steps=10,semantics=sagemaker")  # single-step condition
     assert first_firing(results) == 10 and results[0].details["mode"] == "TRAIN"

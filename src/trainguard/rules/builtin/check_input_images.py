@@ -32,7 +32,16 @@ class CheckInputImages(Rule):
 
     rule_name = "CheckInputImages"
     collections = ("inputs",)
-    fix_hint = "normalise the images: torchvision.transforms.Normalize(mean, std) with the dataset's channel statistics"
+    fix_hint = "normalise the images per channel with the dataset's mean and standard deviation"
+    fix_hints = {
+        "pytorch": (
+            "normalise the images: torchvision.transforms.Normalize(mean, std) with the dataset's channel statistics"
+        ),
+        "keras": (
+            "normalise the images: keras.layers.Normalization(axis=-1) adapted to the training images, or "
+            "Rescaling followed by the dataset's channel mean/std"
+        ),
+    }
 
     threshold_mean = Param(
         float,

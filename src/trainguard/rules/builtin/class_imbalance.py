@@ -52,7 +52,16 @@ class ClassImbalance(Rule):
 
     rule_name = "ClassImbalance"
     collections = ("labels", "predictions")
-    fix_hint = _REWEIGHT_HINT
+    # the run's framework unknown: name each framework's way (never one framework's API unlabelled)
+    fix_hint = (
+        "reweight classes in the loss (weight = 1/class frequency; PyTorch: CrossEntropyLoss(weight=...) or a "
+        "WeightedRandomSampler; Keras: fit(class_weight=...)) or over-/under-sample the data set"
+    )
+    fix_hints = {
+        "pytorch": _REWEIGHT_HINT,
+        "keras": "reweight classes: model.fit(class_weight={class: 1/frequency}) or over-/under-sample the data set",
+        "xgboost": "reweight classes: scale_pos_weight (binary) or per-sample weights in DMatrix(weight=...)",
+    }
 
     threshold_imbalance = Param(float, 10.0, "fire when the most/least frequent class ratio exceeds this",
                                 check=lambda value: None if value >= 1 else "must be >= 1")
@@ -123,8 +132,8 @@ class ClassImbalance(Rule):
                 f"class {worst} is mispredicted {fmt(100 * bad[worst])} % of the time in the last {self._window_size} "
                 f"labels (threshold_misprediction {fmt(self.threshold_misprediction)}); "
                 f"{len(bad)} class(es) above the threshold",
-                fix_hint=f"class {worst} is mostly predicted wrong: check its labels, add examples of it, or weight "
-                "it up in the loss (CrossEntropyLoss(weight=...)) or a WeightedRandomSampler",
+                fix_hint=f"class {worst} is mostly predicted wrong: check its labels, add examples of it, or "
+                + self.hint_for(self.framework()).replace("reweight classes", "weight it up", 1),
                 **details,
             )
         return self.no_issue(step, **details)

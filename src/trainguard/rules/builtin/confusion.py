@@ -57,8 +57,22 @@ class Confusion(Rule):
     collections = ("labels", "predictions")
     fix_hint = (
         "check the labels of the confused classes (swapped or noisy labels), add examples that separate "
-        "them, or weight them up in the loss (CrossEntropyLoss(weight=...))"
+        "them, or weight them up in the loss"
     )
+    fix_hints = {
+        "pytorch": (
+            "check the labels of the confused classes (swapped or noisy labels), add examples that separate "
+            "them, or weight them up in the loss (CrossEntropyLoss(weight=...))"
+        ),
+        "keras": (
+            "check the labels of the confused classes (swapped or noisy labels), add examples that separate "
+            "them, or weight them up (model.fit(class_weight=...))"
+        ),
+        "xgboost": (
+            "check the labels of the confused classes (swapped or noisy labels), add examples that separate "
+            "them, or weight them up (DMatrix(weight=...))"
+        ),
+    }
 
     category_no = Param(int, None, "number of classes (default: inferred)", optional=True,
                         check=lambda value: None if value >= 2 else "must be >= 2")

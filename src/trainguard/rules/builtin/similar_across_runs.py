@@ -28,10 +28,18 @@ class SimilarAcrossRuns(Rule):
     """Tensors that differ between this run and another run at the same step."""
 
     rule_name = "SimilarAcrossRuns"
-    fix_hint = (
-        "for reproducible runs fix every seed (torch.manual_seed, numpy, random, DataLoader workers) and "
-        "use torch.use_deterministic_algorithms(True); otherwise compare the runs' configurations"
-    )
+    fix_hint = "for reproducible runs fix every random seed; otherwise compare the runs' configurations"
+    fix_hints = {
+        "pytorch": (
+            "for reproducible runs fix every seed (torch.manual_seed, numpy, random, DataLoader workers) and "
+            "use torch.use_deterministic_algorithms(True); otherwise compare the runs' configurations"
+        ),
+        "keras": (
+            "for reproducible runs call keras.utils.set_random_seed(seed) and enable "
+            "tf.config.experimental.enable_op_determinism(); otherwise compare the runs' configurations"
+        ),
+        "xgboost": "for reproducible runs set seed and nthread; otherwise compare the runs' configurations",
+    }
 
     collection_names = Param(list, None, "collections to compare")
     tensor_regex = Param(list, None, "regexes of tensor names to compare")

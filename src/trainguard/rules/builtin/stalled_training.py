@@ -34,10 +34,17 @@ class StalledTrainingRule(Rule):
     rule_name = "StalledTrainingRule"
     collections = ()
     fix_hint = (
-        "find where the job hangs (py-spy dump --pid <pid>): a stuck DataLoader worker (try num_workers=0), "
-        "a collective waiting for a dead rank (set a NCCL/gloo timeout), or I/O on a slow file system; "
-        "make sure the hook saves a step more often than threshold seconds"
+        "find where the job hangs (py-spy dump --pid <pid>): a stuck data-loading worker, a collective "
+        "waiting for a dead rank, or I/O on a slow file system; make sure the hook saves a step more often "
+        "than threshold seconds"
     )
+    fix_hints = {
+        "pytorch": (
+            "find where the job hangs (py-spy dump --pid <pid>): a stuck DataLoader worker (try num_workers=0), "
+            "a collective waiting for a dead rank (set a NCCL/gloo timeout), or I/O on a slow file system; "
+            "make sure the hook saves a step more often than threshold seconds"
+        ),
+    }
 
     threshold = Param(float, 1800.0, "seconds without a new step before firing",
                       check=lambda value: None if value > 0 else "must be > 0")
