@@ -69,7 +69,8 @@ def verify(case: Case, metrics: dict[str, Any]) -> tuple[bool, str]:
     if symptom == "nonfinite":
         return bool(metrics.get("nonfinite")), seen
     if symptom == "no_learning":  # the loss stays where it started (or rises, or goes non-finite)
-        return bool(metrics.get("nonfinite") or not tail < 0.85 * head), seen
+        start = statistics.fmean(losses[:3])
+        return bool(metrics.get("nonfinite") or not tail < 0.85 * start), seen
     if symptom == "frozen":
         return bool(unchanged), seen
     if symptom == "overfit":
