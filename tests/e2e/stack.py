@@ -20,6 +20,10 @@ from tests.e2e.docker_env import REPO
 from tests.polling import wait_for  # the tests here import it from this module too
 
 TOKEN = "e2e-" + uuid.uuid4().hex
+# The stack has no default secrets: the tests make their own, as infra/make_env.sh does for users.
+SAGEMAKER_KEY_ID = "AKTGE2E" + uuid.uuid4().hex[:12].upper()
+SAGEMAKER_SECRET = "e2e-secret-" + uuid.uuid4().hex
+S3_KEY_ID, S3_SECRET = "AKTGS3" + uuid.uuid4().hex[:12].upper(), "s3-secret-" + uuid.uuid4().hex
 DEMO = ["python", "train_demo.py"]  # baked into trainguard-training:local (containers/training/examples)
 
 
@@ -39,6 +43,10 @@ class Stack:
         self.environment = {
             **os.environ,
             "TRAINGUARD_API_TOKEN": TOKEN,
+            "TRAINGUARD_SAGEMAKER_ACCESS_KEYS": f"e2e={SAGEMAKER_KEY_ID}:{SAGEMAKER_SECRET}",
+            "AWS_ACCESS_KEY_ID": S3_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+            "TRAINGUARD_DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid) if os.path.exists("/var/run/docker.sock") else "0",
             "TRAINGUARD_API_PORT": str(self.api_port),
             "TRAINGUARD_S3_PORT": str(self.s3_port),
             "TRAINGUARD_NETWORK": f"{self.project}-net",
@@ -123,9 +131,9 @@ class Stack:
     def sagemaker(self):  # noqa: ANN201 - botocore client
         import boto3
 
-        # The SageMaker endpoint takes the API token as the access key id.
+        # The SageMaker endpoint verifies SigV4 with its own key pair (never the API token).
         session = boto3.session.Session(
-            aws_access_key_id=TOKEN, aws_secret_access_key="unused", region_name="us-east-1"
+            aws_access_key_id=SAGEMAKER_KEY_ID, aws_secret_access_key=SAGEMAKER_SECRET, region_name="us-east-1"
         )
         return session.client("sagemaker", endpoint_url=self.url)
 
