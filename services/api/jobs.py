@@ -160,7 +160,11 @@ class JobService:
             raise
         finally:
             self.starting.discard(spec.name)
-        self.flush_notifications()
+        if spec.name in self._changed:
+            self.flush_notifications()  # the launch failed: its Failed event goes out now
+        # Otherwise there is nothing to flush: a new job has no alarm transitions yet, and the
+        # reconciler's next tick emits its state changes (waiting here for the service lock,
+        # which the reconciler holds while it commits, made concurrent creations queue up).
         return self.describe(spec.name)
 
     def _check_policy(self, spec: JobSpec) -> None:
