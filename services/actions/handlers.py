@@ -44,6 +44,9 @@ def _message(event: Mapping[str, Any]) -> tuple[str, str]:
 
 def stop_training(event: Mapping[str, Any], action: Mapping[str, Any], context: ActionContext) -> str:
     """Stop the job: by exact name when the prefix is the job's name, else only a single match."""
+    finding = (event.get("trainguard") or {}).get("finding") or {}
+    if finding.get("certain") is False:  # uncertain findings are reported, they never stop a job
+        return f"not stopped: {_rule_of(event)}'s finding at step {finding.get('step')} is not certain"
     prefix = str(action.get("training_job_prefix") or context.job_name)
     grace = action.get("grace_seconds")
     cause = f"rule {_rule_of(event)} found issues (stoptraining action)"

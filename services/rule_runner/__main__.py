@@ -108,8 +108,14 @@ def main() -> int:
         if metrics is not None:
             metrics.add("RuleIssuesFound", value, "Count")
             metrics.add("RuleLastEvaluatedStep", float(result.step))
+        point = {"metric": "RuleIssuesFound", "value": value, "step": int(result.step)}
+        if reporter is not None:
+            # Into the durable outbox now, before the progress file records the step as evaluated:
+            # a runner killed after that must not lose the datapoint (the outbox batches them).
+            reporter.send({"configuration_name": configuration, "datapoints": [point]})
+            return
         with lock:
-            datapoints.append({"metric": "RuleIssuesFound", "value": value, "step": int(result.step)})
+            datapoints.append(point)
 
     def send(document: dict[str, Any]) -> None:
         with lock:
@@ -134,7 +140,8 @@ def main() -> int:
 
     class ReportingRunner(RuleRunner):
         def _record(self, name: str, result: Any) -> None:  # every evaluated step passes here
-            if result is not None and not result.missing:
+            # a step the rule could not evaluate is no "0 issues" datapoint
+            if result is not None and not result.missing and result.not_evaluated is None:
                 evaluated(result)
             super()._record(name, result)
 
