@@ -108,6 +108,17 @@ class MetricRow(Base):
     timestamp: Mapped[float] = mapped_column(Float)
 
 
+class ReportSequenceRow(Base):
+    """The last report a rule runner's outbox had applied: a replayed report is applied once."""
+
+    __tablename__ = "rule_report_sequences"
+
+    job_name: Mapped[str] = mapped_column(ForeignKey("jobs.name", ondelete="CASCADE"), primary_key=True)
+    configuration_name: Mapped[str] = mapped_column(String(256), primary_key=True)
+    outbox: Mapped[str] = mapped_column(String(64), primary_key=True)
+    sequence: Mapped[int] = mapped_column(Integer)
+
+
 class AlarmRow(Base):
     __tablename__ = "alarms"
 

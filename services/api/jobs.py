@@ -21,7 +21,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from trainguard.services.actions import ActionContext, build_event, get_handler
 from trainguard.services.alarms import AlarmSpec, AlarmState, evaluate_alarm, implicit_rule_alarm
-from trainguard.services.api.db import ActionRow, AlarmRow, ComponentRow, JobRow, MetricRow, RuleRow, TransitionRow
+from trainguard.services.api.db import (
+    ActionRow,
+    AlarmRow,
+    ComponentRow,
+    JobRow,
+    MetricRow,
+    ReportSequenceRow,
+    RuleRow,
+    TransitionRow,
+)
 from trainguard.services.api.planner import plan_job
 from trainguard.services.api.schemas import JobSpec
 from trainguard.services.api.settings import Settings
@@ -62,9 +71,6 @@ class JobService:
         self.starting: set[str] = set()  # jobs whose components the launcher is starting right now
         self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
         self._changed: set[str] = set()
-        # (job, configuration, runner outbox id) -> last report sequence applied: a runner's durable
-        # outbox re-sends a report whose answer it lost; applying it twice would duplicate datapoints.
-        self._report_sequences: dict[tuple[str, str, str], int] = {}
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=False)
@@ -200,7 +206,7 @@ class JobService:
         except Exception as error:  # noqa: BLE001 - nothing may have started; the rows go regardless
             log.info("cleaning up the refused job %s: %s", name, error)
         with self.lock, self.sessions() as session:
-            for model in (ActionRow, MetricRow, AlarmRow, ComponentRow, RuleRow, TransitionRow):
+            for model in (ActionRow, MetricRow, ReportSequenceRow, AlarmRow, ComponentRow, RuleRow, TransitionRow):
                 session.query(model).filter(model.job_name == name).delete(synchronize_session=False)
             session.query(JobRow).filter(JobRow.name == name).delete(synchronize_session=False)
             session.commit()
@@ -342,13 +348,20 @@ class JobService:
         """Apply one StatusUpdate.to_dict() from a rule runner."""
         status = str(update.get("status") or "")
         sequence, outbox = update.get("sequence"), update.get("outbox")
-        replay_key = (name, configuration, outbox) if isinstance(outbox, str) and isinstance(sequence, int) else None
+        # A runner's durable outbox re-sends a report whose answer it lost (an API restart): the last
+        # sequence applied is stored with the report's effects, so applying it twice is impossible.
+        replay_key = (
+            (name, configuration, outbox)
+            if isinstance(outbox, str) and 0 < len(outbox) <= 64 and isinstance(sequence, int)
+            else None
+        )
         with self.lock, self.sessions() as session:
             job = self._job(session, name)
             rule = session.get(RuleRow, (name, configuration))
             if rule is None:
                 raise JobNotFound(f"{name}/{configuration}")
-            if replay_key is not None and sequence <= self._report_sequences.get(replay_key, 0):
+            applied_before = session.get(ReportSequenceRow, replay_key) if replay_key is not None else None
+            if applied_before is not None and sequence <= applied_before.sequence:
                 return {"accepted": True, "applied": False, "reason": f"report {sequence} was already applied"}
             if update.get("last_evaluated_step") is not None:
                 rule.last_evaluated_step = max(int(update["last_evaluated_step"]), rule.last_evaluated_step or -1)
@@ -394,9 +407,12 @@ class JobService:
                 self.set_rule_status(session, job, rule, status, str(update.get("status_details") or ""))
             if status == "IssuesFound" and not (result and result.get("fired")) and "datapoints" not in update:
                 self.add_datapoint(session, job, configuration, "RuleIssuesFound", 1.0, update.get("step"))
+            if applied_before is not None:
+                applied_before.sequence = sequence
+            elif replay_key is not None:
+                session.add(ReportSequenceRow(job_name=name, configuration_name=configuration, outbox=outbox,
+                                              sequence=sequence))  # fmt: skip
             session.commit()
-            if replay_key is not None:
-                self._report_sequences[replay_key] = sequence
         self.flush_notifications()
         if not applied:
             return {"accepted": True, "applied": False, "status": rule.status,

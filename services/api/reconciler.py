@@ -15,6 +15,7 @@ with the uploader's last words (the files not on S3) as the reason. Once trainin
 uploader is told so (SIGTERM): it sends what is left, verifies S3 and writes the end marker, also
 when training captured nothing. Without an uploader (local launcher) the reconciler writes the
 end marker of a run that ended without one, so its rules end instead of waiting forever.
+A rule runner killed by a signal other than a stop's SIGTERM is restarted the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ _UPLOADER_FINAL_CODES = (1, 2)
 # After training exits the uploader normally finds the end marker within a poll or two; past this,
 # it is told training is over (SIGTERM) so it finishes even when no end marker will ever come.
 _UPLOADER_FINISH_AFTER_S = 5.0
+_RUNNER_RESTARTS = 3  # per rule runner of a job
 
 
 class Reconciler:
@@ -54,6 +56,7 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self._uploader_restarts: dict[str, int] = {}  # job -> restarts so far (since this API started)
         self._uploader_told: set[str] = set()  # jobs whose uploader was told training is over
+        self._runner_restarts: dict[tuple[str, str], int] = {}  # (job, rule role) -> restarts so far
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="trainguard-reconciler", daemon=True)
@@ -208,6 +211,9 @@ class Reconciler:
                 if rule.status == "Stopping":
                     service.set_rule_status(session, job, rule, "Stopped")
                     continue
+                if self._restart_killed_runner(job, rule, component):
+                    active = True
+                    continue
                 self._rule_exited(session, job, rule, component)
             others_active = any(
                 status.state in _ACTIVE for role, status in statuses.items() if not role.startswith(RULE_ROLE_PREFIX)
@@ -255,6 +261,29 @@ class Reconciler:
         except Exception as error:  # noqa: BLE001 - LauncherError or the engine's own errors
             return f"InternalServerError: the uploader died ({what}) and could not be restarted: {error}"[:1024]
         return ""
+
+    def _restart_killed_runner(self, job: JobRow, rule: RuleRow, component: ComponentStatus | None) -> bool:
+        """A rule runner killed by a signal (not a stop: SIGTERM) is restarted, up to a few times.
+
+        It resumes from its progress file and its report outbox replays what the API has not
+        acknowledged, so a kill costs neither evaluations nor reports. An exit code of its own
+        (0, 1, 2: a verdict or an error it reported) is a result, never restarted.
+        """
+        code = component.exit_code if component is not None else None
+        if job.status not in ("InProgress", "Completed") or code is None or code <= 128 or code == 128 + 15:
+            return False
+        role = rule_role(rule.configuration_name)
+        restarts = self._runner_restarts.get((job.name, role), 0)
+        if restarts >= _RUNNER_RESTARTS:
+            return False  # the usual Error status, with the exit code and the log's last line
+        self._runner_restarts[(job.name, role)] = restarts + 1
+        log.warning("rule runner %s of %s was killed (exit code %s): restarting it", role, job.name, code)
+        try:
+            self.service.launcher.restart(job.name, role)
+        except Exception as error:  # noqa: BLE001 - then it ends in Error as before
+            log.warning("could not restart %s of %s: %s", role, job.name, error)
+            return False
+        return True
 
     def _ensure_local_end_marker(self, name: str) -> None:
         """A local run that ended without an end marker (nothing captured) gets one, so rules end."""

@@ -1,0 +1,153 @@
+"""Fault runs against the real service (local launcher): each run is one job whose training (real
+PyTorch, 150 steps, every step saved) is followed by an uploader into a real S3 endpoint (moto) and
+by a rule runner reporting to the control API; one fault is injected mid-run. Per run it prints
+files written vs files on S3, steps evaluated (datapoints the API holds) and the final statuses.
+
+    python bench/chaos.py                      # every fault kind, 5 runs each
+    python bench/chaos.py --faults kill-uploader,restart-s3-empty --runs 2
+
+Faults: kill-uploader (kill -9 of the uploader process), kill-runner (kill -9 of the rule runner),
+restart-api (kill -9 of the API, 3 s down, restarted on the same database), restart-s3-empty (the S3
+endpoint killed and restarted with nothing in it), pause-s3 (SIGSTOP of the endpoint for 5 s),
+no-capture (a job whose command captures nothing: the run must still end, end marker on S3).
+The uploader component is added to the local job the way the Docker plan has one (see
+tests/reliability/test_supervision.py); the API's reconciler supervises it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.reliability.faults import RestartableS3, local_run_files, s3_run_files, uploader_command  # noqa: E402
+from tests.s3_server import DUMMY_CREDENTIALS  # noqa: E402
+from tests.services.conftest import ApiServer, _stop_local_jobs, training_command  # noqa: E402
+from trainguard.services.launchers.base import ComponentSpec, JobLaunch  # noqa: E402
+from trainguard.services.launchers.local import LocalLauncher  # noqa: E402
+
+FAULTS = ("kill-uploader", "kill-runner", "restart-api", "restart-s3-empty", "pause-s3", "no-capture")
+STEPS = 150
+RULE = "tests.services.rules_for_tests:LossAboveThreshold"
+FINAL_RULE = {"NoIssuesFound", "IssuesFound", "Error", "Stopped"}
+
+
+def _wait(predicate, timeout: float, interval: float = 0.2):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return None
+
+
+def _command_pid(component_dir: Path) -> int:
+    wrapper = int((component_dir / "pid").read_text().split()[0])
+    return int(Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()[0])
+
+
+def one_run(fault: str, index: int, work: Path, s3: RestartableS3) -> dict:
+    api = ApiServer(work / f"{fault}-{index}", {})
+    api.data_dir.mkdir(parents=True)
+    api.start()
+    name = f"chaos-{index}"
+    try:
+        command = (["python", "-c", "print('nothing captured')"] if fault == "no-capture"
+                   else training_command("--steps", str(STEPS), "--step-seconds", "0.05"))  # fmt: skip
+        spec = {"name": name, "command": command, "hook_config": {"HookParameters": {"save_interval": "1"}},
+                "rules": [{"rule": RULE, "name": "Loss", "parameters": {"threshold": 1e30}}]}  # fmt: skip
+        status, body = api.request("POST", "/v1/jobs", spec)
+        if status != 201:
+            raise RuntimeError(f"create: {status} {body}")
+        run_dir = api.data_dir / "jobs" / name / "debug-output"
+        prefix = f"{fault}-{index}/debug-output"
+        uploader = uploader_command(run_dir, f"s3://runs/{prefix}", s3.endpoint)
+        LocalLauncher(api.data_dir / "local").start(
+            JobLaunch(name, (ComponentSpec("uploader", "", tuple(uploader), dict(DUMMY_CREDENTIALS)),))
+        )
+        if fault != "no-capture":
+            _wait(lambda: (api.job(name)["rules"][0].get("last_evaluated_step") or -1) >= 20
+                  and len(s3_run_files(s3.client(), "runs", prefix)) >= 10, 90)  # fmt: skip
+        injected = time.monotonic()
+        if fault == "kill-uploader":
+            os.kill(_command_pid(api.data_dir / "local" / name / "uploader"), signal.SIGKILL)
+        elif fault == "kill-runner":
+            os.kill(_command_pid(api.data_dir / "local" / name / "rule--Loss"), signal.SIGKILL)
+        elif fault == "restart-api":
+            api.kill(signal.SIGKILL)
+            time.sleep(3)
+            api.start()
+        elif fault == "restart-s3-empty":
+            s3.restart_empty(down_s=0.5)
+        elif fault == "pause-s3":
+            s3.process.send_signal(signal.SIGSTOP)
+            time.sleep(5)
+            s3.process.send_signal(signal.SIGCONT)
+        job = _wait(lambda: (j := api.job(name))["status"] != "InProgress"
+                    and j["rules"][0]["status"] in FINAL_RULE and j, 240) or api.job(name)  # fmt: skip
+        written = local_run_files(run_dir)
+        on_s3 = s3_run_files(s3.client(), "runs", prefix)
+        with sqlite3.connect(api.data_dir / "trainguard.db") as db:
+            steps = {row[0] for row in db.execute(
+                "SELECT step FROM metric_data WHERE job_name=? AND metric_name='RuleIssuesFound'", (name,))}  # fmt: skip
+        return {
+            "fault": fault, "run": index, "written": len(written), "on_s3": len(on_s3),
+            "lost": sorted(set(written) - set(on_s3)), "end_marker_on_s3": "training_job_end.ts" in on_s3,
+            "steps_evaluated": len(steps), "job": job["status"], "rule": job["rules"][0]["status"],
+            "seconds_after_fault": round(time.monotonic() - injected, 1),
+            "reason": (job.get("failure_reason") or job["rules"][0].get("status_details") or "")[:160],
+        }  # fmt: skip
+    finally:
+        api.kill(signal.SIGTERM)
+        _stop_local_jobs(api.data_dir / "local")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, of: " + ", ".join(FAULTS))
+    parser.add_argument("--runs", type=int, default=5, help="runs per fault kind")
+    args = parser.parse_args()
+    faults = [f for f in args.faults.split(",") if f]
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        parser.error(f"unknown fault(s): {', '.join(sorted(unknown))}")
+    for key, value in {**DUMMY_CREDENTIALS, "NO_PROXY": "127.0.0.1,localhost"}.items():
+        os.environ[key] = value
+    work = Path(tempfile.mkdtemp(prefix="trainguard-chaos-"))
+    s3 = RestartableS3(work / "moto.log")
+    s3.start()
+    rows = []
+    try:
+        for fault in faults:
+            for index in range(args.runs):
+                if s3.process is None or s3.process.poll() is not None:
+                    s3.start()
+                s3.client().create_bucket(Bucket="runs")  # again after a restart-empty run
+                row = one_run(fault, index, work, s3)
+                rows.append(row)
+                print(f"{row['fault']:17s} run {row['run']}: files written {row['written']:4d}, on S3 {row['on_s3']:4d}, "
+                      f"lost {len(row['lost'])}, end marker on S3 {row['end_marker_on_s3']}, "
+                      f"steps evaluated {row['steps_evaluated']:3d}, job {row['job']}, rule {row['rule']}"
+                      + (f" ({row['reason']})" if row['rule'] not in ('NoIssuesFound',) or row['job'] != 'Completed' else ""),
+                      flush=True)  # fmt: skip
+    finally:
+        s3.kill()
+    lost = sum(len(r["lost"]) for r in rows)
+    wrong = [r for r in rows if r["job"] != "Completed" or not r["end_marker_on_s3"]
+             or (r["fault"] != "no-capture" and (r["rule"] != "NoIssuesFound" or r["steps_evaluated"] != STEPS))]  # fmt: skip
+    print(f"total: {len(rows)} runs, {sum(r['written'] for r in rows)} files written, {lost} lost; "
+          f"{len(rows) - len(wrong)} runs in the expected final state, {len(wrong)} not")
+    return 0 if lost == 0 and not wrong else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
