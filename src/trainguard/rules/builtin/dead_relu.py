@@ -9,7 +9,7 @@ documented (final docs). Tensors: the ``relu_output`` collection (the PyTorch ho
 the last axis (3-D sequences) or channels (4-D/5-D, all positions are samples).
 
 ``patience`` (trainguard's addition; default 1 = SageMaker's behaviour) requires a layer to be
-over ``threshold_layer`` at that many consecutive saved steps, for runs where single batches
+over ``threshold_layer`` at that many consecutive saved steps (under both semantics), for runs where single batches
 leave most of a layer inactive. The documented defaults stayed silent on every healthy run of
 the fault suite (docs/rules-calibration.md), so they are kept for ``semantics="sagemaker"``.
 
@@ -132,13 +132,13 @@ class DeadRelu(PersistentRule):
                 continue
             worst = max(worst, (dead_percent, name))
             over = dead_percent > self.threshold_layer
+            self._streak[name] = self._streak.get(name, 0) + 1 if over else 0
             if self.single_step:
-                self._streak[name] = self._streak.get(name, 0) + 1 if over else 0
                 if over and self._streak[name] >= self.patience:
                     fired[name] = dead_percent
                 continue
             fire, sure = self.persisted(name, over)
-            if fire:
+            if fire and self._streak[name] >= self.patience:
                 fired[name] = dead_percent
                 certain = certain or sure
         if fired:
