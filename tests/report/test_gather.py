@@ -295,5 +295,8 @@ def test_long_finding_lists_are_cut_with_a_count_of_what_is_left_out(tmp_path: P
     }
     (tmp_path / "rule-output" / "StepOutlier.json").write_text(json.dumps({**content, "dropped_findings": 5}))
     page = render_html(gather_report(tmp_path))
-    assert page.count("took 9 s") == 25 and "step 24 took 9 s" in page and "step 25 took 9 s" not in page
+    # the page leads with the diagnosis (the first finding); the findings table lists 25
+    assert 'class="diagnosis"' in page and "<b>Diagnosis: StepOutlier</b> at step 0" in page
+    table = page.split('<section id="findings">', 1)[1]
+    assert table.count("took 9 s") == 25 and "step 24 took 9 s" in table and "step 25 took 9 s" not in table
     assert "StepOutlier: 10 more finding(s) not listed" in page

@@ -12,8 +12,12 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from trainguard.report.charts import Chart
+from trainguard.report.findings import RuleOutcome
 from trainguard.report.svg import render_chart
+from trainguard.rules.diagnosis import diagnose, names_workers
 from trainguard.summary import format_bytes
+
+_NOT_EVALUATED = "RuleNotEvaluated:"
 
 if TYPE_CHECKING:
     from trainguard.report import ReportData
@@ -52,6 +56,9 @@ svg .series { fill: none; stroke-width: 1.8; stroke-linejoin: round; }
 .status { font-weight: 700; padding: 1px 6px; border-radius: 4px; }
 .status-IssuesFound { background: #ffebe9; color: #a40e26; }
 .status-NoIssuesFound { background: #dafbe1; color: #116329; }
+.status-NotEvaluated { background: #fff1c2; color: #7d4e00; }
+.diagnosis { border-left: 4px solid #a40e26; padding: 4px 12px; margin: 8px 0 16px; background: #fff8f7; }
+.diagnosis.none { border-left-color: #116329; background: #f6fff8; }
 .status-Error { background: #fff1c2; color: #7d4e00; }
 .status-InProgress, .status-Stopping, .status-Stopped, .status-Unknown { background: #eaeef2; color: #424a53; }
 .hint { color: #0b5cad; }
@@ -121,6 +128,69 @@ def _overview(data: ReportData) -> str:
     return _table(None, [(f"<b>{escape(k)}</b>", v) for k, v in rows], "overview")
 
 
+def _status_label(outcome: RuleOutcome) -> str:
+    """The status as shown: "NotEvaluated" for an Error that says the rule could not evaluate."""
+    if outcome.status == "Error" and outcome.status_details.lstrip().startswith(_NOT_EVALUATED):
+        return "NotEvaluated"
+    return outcome.status
+
+
+def _status_badge(outcome: RuleOutcome) -> str:
+    label = _status_label(outcome)
+    text = "not evaluated" if label == "NotEvaluated" else label
+    return f'<span class="status status-{escape(label)}">{escape(text)}</span>'
+
+
+def _diagnosis(data: ReportData) -> str:
+    """The run's diagnosis (see trainguard.rules.diagnosis): what the report leads with."""
+    if not data.rule_outcomes:
+        return ""
+    results = [
+        {"configuration_name": o.configuration_name, "rule": o.rule, "status": o.status,
+         "status_details": o.status_details, "findings": o.findings}
+        for o in data.rule_outcomes
+    ]  # fmt: skip
+    diagnosis = diagnose(results)
+    show_workers = names_workers(f for key in ("primary", "consequences", "other") for f in diagnosis[key])
+
+    def where(finding: dict) -> str:
+        workers = finding.get("workers") or ([finding["worker"]] if finding.get("worker") else [])
+        on = f" on {', '.join(workers)}" if show_workers and workers else ""
+        return f"step {finding.get('step')}{on}"
+
+    parts = []
+    for finding in diagnosis["primary"]:
+        certainty = "" if finding.get("certain") else " (not certain)"
+        parts.append(
+            f"<p><b>Diagnosis: {escape(str(finding.get('rule')))}</b> at {escape(where(finding))}"
+            f"{escape(certainty)}: {escape(str(finding.get('message') or ''))}</p>"
+        )
+        if finding.get("fix_hint"):
+            parts.append(f'<p class="hint"><b>Fix:</b> {escape(str(finding["fix_hint"]))}</p>')
+    explained = [
+        f"<li>{escape(str(f.get('rule')))} at {escape(where(f))}: {escape(str(f.get('why') or ''))}</li>"
+        for f in diagnosis["consequences"]
+    ]
+    if explained:
+        parts.append(f"<p>It explains:</p><ul>{''.join(explained)}</ul>")
+    others = [
+        f"<li>{escape(str(f.get('rule')))} at {escape(where(f))}: {escape(str(f.get('message') or ''))}</li>"
+        for f in diagnosis["other"]
+    ]
+    if others:
+        parts.append(f"<p>Other findings:</p><ul>{''.join(others)}</ul>")
+    unevaluated = [
+        f"<li>{escape(str(item.get('rule')))}: {escape(str(item.get('reason') or ''))}</li>"
+        for item in diagnosis["not_evaluated"]
+    ]
+    if unevaluated:
+        parts.append(f"<p>Not evaluated (these rules could not check this run):</p><ul>{''.join(unevaluated)}</ul>")
+    if not diagnosis["primary"]:
+        parts.insert(0, "<p><b>No rule found an issue.</b></p>")
+        return f'<div class="diagnosis none">{"".join(parts)}</div>'
+    return f'<div class="diagnosis">{"".join(parts)}</div>'
+
+
 def _findings(data: ReportData) -> str:
     parts = [_notes(data.finding_problems)]
     if not data.rule_outcomes:
@@ -130,7 +200,7 @@ def _findings(data: ReportData) -> str:
         (
             escape(outcome.configuration_name),
             escape(outcome.rule),
-            f'<span class="status status-{escape(outcome.status)}">{escape(outcome.status)}</span>',
+            _status_badge(outcome),
             escape("" if outcome.last_evaluated_step is None else str(outcome.last_evaluated_step)),
             str(len(outcome.fired)),
             escape(outcome.status_details.strip()),
@@ -150,15 +220,16 @@ def _findings(data: ReportData) -> str:
             finding_rows.append(
                 (
                     escape(finding.get("rule") or outcome.rule),
-                    f'<span class="status status-{escape(outcome.status)}">{escape(outcome.status)}</span>',
+                    _status_badge(outcome),
                     escape(str(finding.get("step", ""))),
+                    escape(str(finding.get("worker") or "")),
                     escape(str(finding.get("message", ""))),
                     f'<span class="hint">{escape(str(finding.get("fix_hint", "")))}</span>',
                 )
             )
     if finding_rows:
         parts.append(f"<h3>Findings ({len(finding_rows)})</h3>")
-        parts.append(_table(("Rule", "Status", "Step", "What was found", "How to fix"), finding_rows, "findings"))
+        parts.append(_table(("Rule", "Status", "Step", "Worker", "What was found", "How to fix"), finding_rows, "findings"))
         parts.append(_notes(left_out))
     else:
         parts.append('<p class="empty">No rule fired.</p>')
@@ -193,7 +264,7 @@ def render_html(data: ReportData) -> str:
     norm_charts = tensors.weight_norm_charts + tensors.bias_norm_charts + tensors.gradient_norm_charts
     histogram_steps = ", ".join(str(step) for step in tensors.histogram_steps)
     bodies = {
-        "overview": _overview(data),
+        "overview": _diagnosis(data) + _overview(data),
         "findings": _findings(data),
         "scalars": _notes(tensors.notes.get("scalars", []))
         + _charts_or_empty(tensors.scalar_charts, "No losses or metrics to plot."),
