@@ -64,6 +64,10 @@ def test_faulty_script_is_detected_and_stopped(tmp_path: Path) -> None:
     assert f"training was stopped by {record['configuration_name']} at step {record['step']}" in result.stdout
     assert f"step {record['step']}: " in result.stdout and "fix: lower the learning rate" in result.stdout
     assert "found an issue at step" in result.stderr
+    # the summary leads with one diagnosis: the stopping rule's certain finding, then its fix
+    diagnosis = next(line for line in result.stdout.splitlines() if line.startswith("  diagnosis   : "))
+    assert diagnosis.startswith(f"  diagnosis   : {record['configuration_name']} at step {record['step']}")
+    assert "(not certain)" not in diagnosis and record["certain"] is True
     outputs = {p.stem: json.loads(p.read_text()) for p in (out / "rule-output").glob("*.json")}
     assert outputs[record["configuration_name"]]["status"] == "IssuesFound"
     # no rule crashed; a rule whose data never came before the stop (Overfit without validation

@@ -1,0 +1,96 @@
+"""One diagnosis per run: ranking findings by the explanation graph and the step they came at."""
+
+from __future__ import annotations
+
+from trainguard.rules.diagnosis import CAUSAL_ORDER, EXPLAINS, NON_FINITE, diagnose, finding_kind, render_diagnosis
+
+
+def _result(rule: str, *findings: tuple[int, str], worker: str = "worker_0", **extra) -> dict:
+    return {
+        "configuration_name": rule, "rule": rule, "status": "IssuesFound" if findings else "NoIssuesFound",
+        "findings": [
+            {"rule": rule, "step": step, "fired": True, "message": message, "fix_hint": f"fix {rule}",
+             "certain": "nan" in message.lower(), "worker": worker}
+            for step, message in findings
+        ],
+        **extra,
+    }  # fmt: skip
+
+
+def test_nan_explains_dead_relus_update_ratios_and_the_loss() -> None:
+    results = [
+        _result("DeadRelu", (20, "layer relu1: 100% of units inactive")),
+        _result("ExplodingTensor", (20, "3 tensor(s) hold NaN/inf values")),
+        _result("WeightUpdateRatio", (30, "update of fc1.weight is 1e6 times its norm")),
+        _result("LossNotDecreasing", (10, "loss rose by 40% over the window")),
+        _result("VanishingGradient"),
+    ]
+    diagnosis = diagnose(results)
+    assert [(f["rule"], f["step"]) for f in diagnosis["primary"]] == [("ExplodingTensor", 20)]
+    assert diagnosis["primary"][0]["fix_hint"] == "fix ExplodingTensor" and diagnosis["primary"][0]["certain"]
+    consequences = {f["rule"]: f for f in diagnosis["consequences"]}
+    # the loss finding came first (step 10) but is judged over windows: the NaN still explains it
+    assert set(consequences) == {"DeadRelu", "WeightUpdateRatio", "LossNotDecreasing"}
+    assert consequences["DeadRelu"]["explained_by"] == "ExplodingTensor" and "NaN" in consequences["DeadRelu"]["why"]
+    assert diagnosis["other"] == [] and diagnosis["not_evaluated"] == []
+
+
+def test_a_cause_must_come_first_for_tensor_symptoms() -> None:
+    # dead ReLUs long before any NaN are not explained by it: they are the primary finding
+    results = [
+        _result("DeadRelu", (5, "layer relu1: 95% of units inactive")),
+        _result("ExplodingTensor", (50, "gradient/fc1.weight holds NaN")),
+    ]
+    diagnosis = diagnose(results)
+    assert [f["rule"] for f in diagnosis["primary"]] == ["DeadRelu"]
+    assert [f["rule"] for f in diagnosis["consequences"]] == [] and [f["rule"] for f in diagnosis["other"]] == [
+        "ExplodingTensor"
+    ]
+
+
+def test_vanishing_gradients_explain_unchanged_tensors_and_poor_init_explains_both() -> None:
+    results = [
+        _result("UnchangedTensor", (40, "fc1.weight did not change")),
+        _result("VanishingGradient", (30, "gradients vanished in 4 of 5 layers")),
+    ]
+    diagnosis = diagnose(results)
+    assert [f["rule"] for f in diagnosis["primary"]] == ["VanishingGradient"]
+    assert [f["rule"] for f in diagnosis["consequences"]] == ["UnchangedTensor"]
+    results.append(_result("PoorWeightInitialization", (0, "weights of fc1 are 1000x too small")))
+    diagnosis = diagnose(results)
+    assert [f["rule"] for f in diagnosis["primary"]] == ["PoorWeightInitialization"]
+    # UnchangedTensor is reached through VanishingGradient (and directly): listed once
+    assert sorted(f["rule"] for f in diagnosis["consequences"]) == ["UnchangedTensor", "VanishingGradient"]
+
+
+def test_the_same_rule_on_two_workers_is_one_entry_naming_both() -> None:
+    results = [
+        {**_result("ExplodingTensor", (3, "loss is -inf"), worker="worker_1")},
+    ]
+    results[0]["findings"].append({**results[0]["findings"][0], "step": 5, "worker": "worker_0"})
+    diagnosis = diagnose(results)
+    (primary,) = diagnosis["primary"]
+    assert (primary["step"], primary["worker"], primary["workers"]) == (3, "worker_1", ["worker_0", "worker_1"])
+    assert "on worker_0, worker_1" in "\n".join(render_diagnosis(diagnosis))
+
+
+def test_rules_that_could_not_evaluate_are_listed_not_counted_as_clean() -> None:
+    results = [
+        _result("Overfit", status="Error", status_details="RuleNotEvaluated: no EVAL steps"),
+        _result("DeadRelu", status="Error", status_details="ValueError: boom"),
+    ]
+    results[0]["status"] = results[1]["status"] = "Error"
+    diagnosis = diagnose(results)
+    assert diagnosis["primary"] == [] and diagnosis["not_evaluated"] == [
+        {"rule": "Overfit", "configuration_name": "Overfit", "reason": "no EVAL steps"}
+    ]
+    assert "not evaluated: Overfit: no EVAL steps" in "\n".join(render_diagnosis(diagnosis))
+
+
+def test_finding_kinds_and_the_graph_are_consistent() -> None:
+    assert finding_kind({"rule": "DeadRelu", "message": "layer is NaN"}) == NON_FINITE
+    assert finding_kind({"rule": "LossNotDecreasing", "message": "loss became -inf at step 3"}) == NON_FINITE
+    assert finding_kind({"rule": "DeadRelu", "message": "95% of units inactive (information)"}) == "DeadRelu"
+    for edge in EXPLAINS:
+        assert edge.why and edge.cause != edge.effect
+        assert edge.cause in CAUSAL_ORDER, edge
