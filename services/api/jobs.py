@@ -8,6 +8,7 @@ what the launcher reports; this module owns the transitions.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import secrets
 import threading
@@ -52,6 +53,17 @@ class JobNotFound(KeyError):
 
 class JobExists(ValueError):
     pass
+
+
+def _json_safe(value: Any) -> Any:
+    """Non-finite floats as JSON text ("NaN", "Infinity"): strict JSON answers and Postgres JSONB take no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(item) for item in value]
+    return value
 
 
 def _processing_job_arn(settings: Settings, job: str, configuration: str) -> str:
@@ -365,7 +377,7 @@ class JobService:
                 return {"accepted": True, "applied": False, "reason": f"report {sequence} was already applied"}
             if update.get("last_evaluated_step") is not None:
                 rule.last_evaluated_step = max(int(update["last_evaluated_step"]), rule.last_evaluated_step or -1)
-            result = update.get("result") or None
+            result = _json_safe(update.get("result")) or None
             if result:
                 if result.get("fired"):
                     rule.findings = [*(rule.findings or []), result][-MAX_FINDINGS:]

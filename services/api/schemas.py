@@ -42,20 +42,24 @@ def _safe_text(value: str) -> str:
     return value
 
 
-def _safe_tree(value: Any, path: str = "") -> Any:
-    """NUL bytes and lone surrogates in free-form documents (hook config, actions) are refused too."""
+def _safe_tree(value: Any, path: str = "", *, finite: bool = True) -> Any:
+    """NUL bytes and lone surrogates in free-form documents (hook config, actions) are refused too.
+
+    ``finite=False`` lets NaN and infinities through: a finding's details report them (a loss that
+    became NaN is the finding), while a configuration value never may be one.
+    """
     if isinstance(value, str):
         problem = unsafe_text(value)
         if problem:
             raise ValueError(f"{path or 'value'}: must {problem}")
     elif isinstance(value, dict):
         for key, item in value.items():
-            _safe_tree(key, f"{path}.{key!r}" if path else repr(key))
-            _safe_tree(item, f"{path}.{key}" if path else str(key))
+            _safe_tree(key, f"{path}.{key!r}" if path else repr(key), finite=finite)
+            _safe_tree(item, f"{path}.{key}" if path else str(key), finite=finite)
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _safe_tree(item, f"{path}[{index}]")
-    elif isinstance(value, float) and not math.isfinite(value):
+            _safe_tree(item, f"{path}[{index}]", finite=finite)
+    elif finite and isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{path or 'value'}: must be a finite number")
     return value
 
@@ -372,7 +376,7 @@ class StepResultReport(_Open):
     @field_validator("details")
     @classmethod
     def _safe_details(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _safe_tree(value, "details")
+        return _safe_tree(value, "details", finite=False)
 
 
 class DatapointReport(_Open):

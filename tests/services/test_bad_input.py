@@ -20,6 +20,8 @@ from tests.services.conftest import TOKEN, training_command
 pytest.importorskip("httpx", reason="TestClient needs httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
+from trainguard.rules.base import RuleStatus, StepResult  # noqa: E402
+from trainguard.rules.status_update import StatusUpdate  # noqa: E402
 from trainguard.services.api.app import create_app  # noqa: E402
 from trainguard.services.api.settings import Settings  # noqa: E402
 
@@ -301,6 +303,17 @@ def test_rule_status_route_refuses_wrong_types_and_keeps_final_statuses(client, 
         assert any(loc.startswith(location) for loc in locations), (update, locations)
     assert client.post(rule_job.replace("/Loss/", "/Nope/"), headers=AUTH, json={}).status_code == 404
     assert client.post(rule_job.replace(NAME, "no-such-job"), headers=AUTH, json={}).status_code == 404
+    # A finding whose details hold NaN/inf (a loss that blew up) is kept, and describes as JSON text.
+    finding = StatusUpdate(
+        "Loss", "LossNotDecreasing", RuleStatus.IN_PROGRESS, step=4,
+        result=StepResult(rule="LossNotDecreasing", step=4, fired=True, message="loss is nan",
+                          details={"loss": math.nan, "peak": math.inf, "steps": [1.0, -math.inf]}),
+    )  # fmt: skip
+    assert post_json(client, rule_job, finding.to_dict()).status_code == 200
+    described = client.get(f"/v1/jobs/{NAME}", headers=AUTH)
+    assert described.status_code == 200, described.text
+    details = described.json()["rules"][0]["findings"][0]["details"]
+    assert details == {"loss": "NaN", "peak": "Infinity", "steps": [1.0, "-Infinity"]}
     # A valid final status sticks: a later different one is acknowledged but not applied.
     ended = client.post(rule_job, headers=AUTH, json={"status": "NoIssuesFound", "last_evaluated_step": 9})
     assert ended.status_code == 200 and ended.json() == {"accepted": True}
