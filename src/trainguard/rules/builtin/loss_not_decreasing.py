@@ -11,11 +11,13 @@ saved losses of each selected loss tensor, evaluated every ``num_steps`` mode st
   ``increase_threshold_percent`` % above mean(A). Ranks make one outlier batch count as one
   value; asking it of two windows in a row makes a transient bump (a hard batch streak, a
   warm-up wobble) silent. Certain when every value of B and C is above every value of A;
-* not learning: with F the first ``window`` saved losses of the run and R up to the last
-  2 x ``window`` after them, the loss fell from mean(F) to mean(R) by less than
-  ``min_progress_percent`` % with 99.5 % confidence (Welch's standard error of the difference
-  of the means). A noisy run is never "flat" for lack of evidence; a run that converged is
-  far below its start. Reported, never certain.
+* not learning (a verdict on the whole run, given when training ended): with F the first
+  ``window`` saved losses of the run and R up to the last 2 x ``window`` after them, the loss
+  fell from mean(F) to mean(R) by less than ``min_progress_percent`` % with 99.5 % confidence
+  (Welch's standard error of the difference of the means). A noisy run is never "flat" for
+  lack of evidence; a run that converged is far below its start; a run that sat on a plateau
+  for a while and then learned (an XOR net at ln 2 for hundreds of steps) is not flagged, which
+  only the end of the run can tell. Reported, never certain.
 
 Losses judged: the training mini-batch losses (mode TRAIN; GLOBAL when the run has no TRAIN
 steps; ``mode`` picks another). A rising validation loss is Overfit's and Overtraining's
@@ -191,6 +193,8 @@ class LossNotDecreasing(Rule):
                 why = (f"{have} finite saved loss(es) of the judged mode; the rule compares windows and needs "
                        f"2 x window = {2 * self.window}")
             return self.not_evaluated(why, self._last_step)
+        if self.semantics != SAGEMAKER:
+            return self._plateau()
         return None
 
     def check(self, step: int) -> StepResult | None:
@@ -282,20 +286,32 @@ class LossNotDecreasing(Rule):
                     + ("; every loss of them is above every loss before" if certain else ""),
                 )
                 return facts
-        first = series.first
-        after = values[-min(2 * width, series.count - width):]
-        decrease, upper = decrease_upper_bound(first, after)
-        facts.update(decrease_percent=100 * decrease, decrease_upper_percent=100 * upper,
-                     start=mean(first), current=mean(after))
-        if upper < self.min_progress_percent / 100:
-            facts.update(
-                kind="plateau", fired=True,
-                message=f"{name}: the loss is not learning: {fmt(mean(after))} (mean of the last {len(after)} saved "
-                f"losses, step {mode_step}) is {fmt(100 * decrease)} % below its start {fmt(mean(first))} (the first "
-                f"{len(first)}), surely less than min_progress_percent {fmt(self.min_progress_percent)} % "
-                f"(99.5 % bound {fmt(100 * upper)} %)",
-            )
         return facts
+
+    def _plateau(self) -> StepResult | None:
+        """The whole-run "not learning" verdict (calibrated), given when training ended."""
+        width = self.window
+        for name, series in sorted(self._series.items()):
+            if series.count < 2 * width:
+                continue
+            first = series.first
+            after = list(series.recent)[-min(2 * width, series.count - width):]
+            decrease, upper = decrease_upper_bound(first, after)
+            if upper >= self.min_progress_percent / 100:
+                continue
+            facts = {"kind": "plateau", "fired": True, "certain": False, "decrease_percent": 100 * decrease,
+                     "decrease_upper_percent": 100 * upper, "start": mean(first), "current": mean(after)}
+            hint = _PLATEAU_HINTS.get(self.framework() or "", _PLATEAU_HINT)
+            mode, names = self._series_mode or (ModeKeys.GLOBAL, None)
+            return self.issue(
+                self._last_step,
+                f"{name}: the loss did not learn: it ended at {fmt(mean(after))} (mean of the last {len(after)} "
+                f"saved losses, step {series.latest_step}), {fmt(100 * decrease)} % below its start "
+                f"{fmt(mean(first))} (the first {len(first)}): surely less than min_progress_percent "
+                f"{fmt(self.min_progress_percent)} % (99.5 % bound {fmt(100 * upper)} %)",
+                fix_hint=hint, mode="TRAIN" if names is not None else mode.name, losses={name: facts},
+            )
+        return None
 
     # -- SageMaker semantics -----------------------------------------------------------------
     def _resolved_mode(self) -> ModeKeys:
