@@ -162,6 +162,9 @@ class ProxyPolicy:
         host = spec.get("HostConfig") or {}
         if not isinstance(host, dict):
             raise Refused("HostConfig must be an object")
+        for key in ("Binds", "Mounts", "CapAdd", "CapDrop", "SecurityOpt", "Devices", "DeviceRequests", "VolumesFrom"):
+            if host.get(key) is not None and not isinstance(host.get(key), list):
+                raise Refused(f"HostConfig.{key} must be a list")
         if host.get("Privileged"):
             raise Refused("privileged containers are refused")
         if host.get("CapAdd"):
