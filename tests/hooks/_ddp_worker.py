@@ -30,6 +30,9 @@ class Net(nn.Module):
 
 def main() -> None:
     out_dir, include_workers, expected_file = sys.argv[1:4]
+    # optional 4th argument: the collections ranks > 0 save under "one" ("none": nothing)
+    others = sys.argv[4] if len(sys.argv) > 4 else None
+    other_workers_collections = None if others is None else [] if others == "none" else others.split(",")
     steps = 3
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -38,7 +41,8 @@ def main() -> None:
     ddp = DistributedDataParallel(model)
     criterion = nn.MSELoss()
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    hook = tg.Hook(out_dir=out_dir, include_workers=include_workers, save_config=tg.SaveConfig(save_interval=1))
+    hook = tg.Hook(out_dir=out_dir, include_workers=include_workers, save_config=tg.SaveConfig(save_interval=1),
+                   other_workers_collections=other_workers_collections)  # fmt: skip
     hook.register_module(model)
     hook.register_loss(criterion)
     generator = torch.Generator().manual_seed(100 + rank)  # different data on each rank

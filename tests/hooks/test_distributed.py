@@ -30,7 +30,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_job(tmp_path: Path, include_workers: str, world_size: int = 2):
+def run_job(tmp_path: Path, include_workers: str, world_size: int = 2, others: str | None = None):
     """Start ``world_size`` ranks of _ddp_worker.py; return (run dir, per-rank expectations)."""
     out = tmp_path / "run"
     port = free_port()
@@ -42,6 +42,8 @@ def run_job(tmp_path: Path, include_workers: str, world_size: int = 2):
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         }  # fmt: skip
         command = [sys.executable, str(WORKER), str(out), include_workers, str(tmp_path / f"expected_{rank}.pt")]
+        if others is not None:
+            command.append(others)
         processes.append(
             subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         )
@@ -111,8 +113,34 @@ def test_steps_are_complete_only_when_every_worker_wrote(tmp_path):
 
 
 @pytest.mark.slow
-def test_include_workers_one(tmp_path):
+def test_include_workers_one_saves_every_ranks_losses_and_rank_0s_tensors(tmp_path):
     out, expected = run_job(tmp_path, "one")
+    trial = create_trial(out)
+    # rank 1 writes its own losses (rank-local: a non-finite loss there must be seen), nothing else
+    assert trial.workers() == ["worker_0", "worker_1"]
+    assert trial.num_workers == 1  # completeness waits for rank 0 only
+    assert trial.steps() == list(range(STEPS))
+    assert sorted(path.name for path in (out / "collections" / "000000000").iterdir()) == [
+        "worker_0_collections.json", "worker_1_collections.json",
+    ]  # fmt: skip
+    loss = trial.tensor("MSELoss_output_0")
+    for step in range(STEPS):
+        assert trial.tensor("Net_fc1.weight").workers(step) == ["worker_0"]
+        assert trial.tensor("gradient/Net_fc1.weight").workers(step) == ["worker_0"]
+        np.testing.assert_array_equal(
+            trial.tensor("gradient/Net_fc1.weight").value(step), expected[0][step]["grad"].numpy()
+        )
+        assert loss.workers(step) == ["worker_0", "worker_1"]
+        for rank in (0, 1):
+            assert float(loss.value(step, worker=f"worker_{rank}")) == expected[rank][step]["loss"]
+    rank_1_files = [path for path in out.rglob("*worker_1*") if path.suffix == ".tfevents"]
+    assert rank_1_files and sum(path.stat().st_size for path in rank_1_files) < 4096  # a few scalars
+    assert trial.training_ended
+
+
+@pytest.mark.slow
+def test_include_workers_one_without_other_workers_collections_writes_rank_0_only(tmp_path):
+    out, expected = run_job(tmp_path, "one", others="none")
     trial = create_trial(out)
     assert trial.workers() == ["worker_0"]
     assert trial.num_workers == 1
@@ -140,9 +168,11 @@ def test_zero_code_ddp_script_that_spawns_its_ranks(tmp_path, include_workers):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "capture disabled" not in result.stderr, result.stderr[-3000:]
     trial = create_trial(out)
-    workers = ["worker_0", "worker_1"] if include_workers == "all" else ["worker_0"]
+    # "one": rank 1 saves its losses only; "all": everything
+    workers = ["worker_0", "worker_1"]
+    tensor_workers = workers if include_workers == "all" else ["worker_0"]
     assert trial.workers() == workers
-    assert trial.num_workers == len(workers)
+    assert trial.num_workers == len(tensor_workers)
     assert trial.steps(ModeKeys.TRAIN) == [0, 1, 2]  # one step per optimizer step on every rank
     assert trial.training_ended
     # the ranks print to one pipe: parse by pattern, not by line
@@ -154,6 +184,7 @@ def test_zero_code_ddp_script_that_spawns_its_ranks(tmp_path, include_workers):
     gradient = trial.tensor("gradient/DistributedDataParallel_module.fc1.weight")
     for step in range(3):
         assert loss.workers(step) == workers
+        assert gradient.workers(step) == tensor_workers
         for rank, worker in enumerate(workers):
             assert float(loss.value(step, worker=worker)) == printed[(rank, step)]
         if include_workers == "all":

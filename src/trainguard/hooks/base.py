@@ -36,6 +36,11 @@ __all__ = ["BaseHook", "SavePlan"]
 logger = logging.getLogger("trainguard")
 
 _TRAINING_ONLY_COLLECTIONS = frozenset({"gradients", "optimizer_variables"})
+# What every other rank saves under include_workers="one": the rank-local values the default
+# rules need to check each worker (a loss that goes non-finite on one rank only). Gradients are
+# not among them: in data-parallel training they are all-reduced, so rank 0's copy already holds
+# every rank's non-finite values; weights are the same on every rank.
+OTHER_WORKERS_COLLECTIONS: tuple[str, ...] = ("losses", "scalars", "metrics", "sm_metrics")
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,11 @@ class BaseHook:
         *,
         collection_manager: CollectionManager | None = None,
         max_pending_bytes: int = 256 << 20,
+        other_workers_collections: Sequence[str] | None = None,
     ) -> None:
+        """``other_workers_collections``: with ``include_workers="one"``, the collections every
+        rank but 0 still saves (default ``OTHER_WORKERS_COLLECTIONS``: losses and scalars, a few
+        numbers per saved step); ``()`` makes the other ranks write nothing at all."""
         if out_dir is None:
             out_dir = os.environ.get("TRAINGUARD_OUT_DIR")
         if not out_dir:
@@ -85,6 +94,11 @@ class BaseHook:
         self.export_tensorboard = export_tensorboard
         self.tensorboard_dir = tensorboard_dir
         self.include_workers = include_workers
+        self.other_workers_collections = frozenset(
+            OTHER_WORKERS_COLLECTIONS if other_workers_collections is None else other_workers_collections
+        )
+        # set when this process turns out to be a rank > 0 under include_workers="one"
+        self._light_worker = False
         self.save_all = save_all
         self.save_config = save_config or SaveConfig()
         self.reduction_config = reduction_config or ReductionConfig(save_raw_tensor=True)
@@ -197,10 +211,18 @@ class BaseHook:
             return None
         rank, world = self._rank_and_world()
         if self.include_workers == "one" and rank != 0:
-            self.enabled = False  # not an error: only worker 0 writes
-            logger.info("trainguard: worker %d does not write (include_workers='one')", rank)
-            return None
+            if not self.other_workers_collections:
+                self.enabled = False  # not an error: only worker 0 writes
+                logger.info("trainguard: worker %d does not write (include_workers='one')", rank)
+                return None
+            self._light_worker = True
+            self._plan_cache.clear()
+            logger.info("trainguard: worker %d saves only %s (include_workers='one')", rank,
+                        ", ".join(sorted(self.other_workers_collections)))  # fmt: skip
         self._worker = worker_name(rank)
+        # Under "one", a step is complete when worker 0 wrote it: the other ranks' few scalars
+        # come along (DDP keeps ranks in step) but are not waited for, so that a script that
+        # creates the hook on rank 0 only is still read live.
         self._num_workers = world if self.include_workers == "all" else 1
         self._writer = StepWriter(
             self.store, self._worker, max_pending_bytes=self._max_pending_bytes, on_error=self.disable
@@ -302,6 +324,8 @@ class BaseHook:
         if key in self._plan_cache:
             return self._plan_cache[key]
         due = [collection for collection in self._matching(tensor_name) if collection.name in self._due]
+        if self._light_worker:
+            due = [collection for collection in due if collection.name in self.other_workers_collections]
         plan = None
         if due:
             save_raw = False
@@ -354,7 +378,7 @@ class BaseHook:
                 # so that readers and rules do not take a crippled capture for a full one.
                 document = json.dumps(self._stopped_because).encode()
                 writer.write_object(f"{CAPTURE_STOPPED_PREFIX}{self._worker}.json", document)
-            if self._worker == worker_name(0) or self._num_workers == 1:
+            if self._worker == worker_name(0) or (self._num_workers == 1 and not self._light_worker):
                 _flush_profilers()
                 writer.write_object(END_OF_TRAINING, b"")
             if not writer.close():

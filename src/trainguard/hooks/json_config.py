@@ -28,7 +28,7 @@ _SCHEDULE_KEYS = ("save_interval", "save_steps", "start_step", "end_step")
 _MODE_PREFIXES = {"train": ModeKeys.TRAIN, "eval": ModeKeys.EVAL, "predict": ModeKeys.PREDICT, "global": ModeKeys.GLOBAL}
 _HOOK_KEYS = {
     "save_all", "include_regex", "include_workers", "reductions", "save_raw_tensor", "save_shape",
-    "export_tensorboard", "tensorboard_dir", "include_collections",
+    "export_tensorboard", "tensorboard_dir", "include_collections", "other_workers_collections",
 }  # fmt: skip
 _COLLECTION_KEYS = {"include_regex", "reductions", "save_raw_tensor", "save_shape", "save_histogram"}
 
@@ -120,6 +120,9 @@ def hook_kwargs_from_document(document: dict[str, Any]) -> dict[str, Any]:
         kwargs["include_regex"] = _split(params["include_regex"])
     if "include_workers" in params:
         kwargs["include_workers"] = str(params["include_workers"])
+    if "other_workers_collections" in params:
+        # trainguard's addition: what ranks > 0 save under include_workers "one" ("" = nothing)
+        kwargs["other_workers_collections"] = _split(params["other_workers_collections"])
     if "export_tensorboard" in params:
         kwargs["export_tensorboard"] = parse_bool("export_tensorboard", params["export_tensorboard"])
     if "tensorboard_dir" in params:

@@ -138,12 +138,14 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
         *,
         collection_manager: CollectionManager | None = None,
         max_pending_bytes: int = 256 << 20,
+        other_workers_collections: Sequence[str] | None = None,
     ) -> None:
         keras.callbacks.Callback.__init__(self)
         super().__init__(
             out_dir, export_tensorboard, tensorboard_dir, dry_run, reduction_config, save_config,
             include_regex, include_collections, save_all, include_workers,
             collection_manager=collection_manager or keras_collections(), max_pending_bytes=max_pending_bytes,
+            other_workers_collections=other_workers_collections,
         )  # fmt: skip
         self._named_model: Any = None
         self._weights: list[tuple[str, Any]] = []

@@ -122,6 +122,7 @@ class XGBoostHook(BaseHook, TrainingCallback):
         validation_data: xgboost.DMatrix | None = None,
         *,
         collection_manager: CollectionManager | None = None,
+        other_workers_collections: Sequence[str] | None = None,
     ) -> None:
         # reduction_config is accepted for smdebug compatibility and ignored, as smdebug does:
         # XGBoost's tensors are small and saved raw.
@@ -136,6 +137,7 @@ class XGBoostHook(BaseHook, TrainingCallback):
             save_all=save_all,
             include_workers=include_workers,
             collection_manager=collection_manager or xgboost_collections(),
+            other_workers_collections=other_workers_collections,
         )
         TrainingCallback.__init__(self)
         for data, argument in ((train_data, "train_data"), (validation_data, "validation_data")):
