@@ -94,6 +94,10 @@ def test_forgeries_are_refused() -> None:
     # Wrong region, wrong service: refused even though correctly signed for them.
     assert _code(_signed(region="eu-west-1"), settings) == "InvalidSignatureException"
     assert _code(_signed(service="s3"), settings) == "InvalidSignatureException"
+    # CloudWatch Logs operations (fit(logs=True)) are signed for "logs"; only they may be.
+    assert _verify(_signed(service="logs", target="Logs_20140328.GetLogEvents"), settings) == KEY_ID
+    assert _code(_signed(service="logs"), settings) == "InvalidSignatureException"
+    assert _code(_signed(target="Logs_20140328.GetLogEvents"), settings) == "InvalidSignatureException"
     # An unsigned payload would let anyone replay the signature with another body.
     unsigned = _with_header(_signed(), "X-Amz-Content-SHA256", "UNSIGNED-PAYLOAD")
     assert _code(unsigned, settings) == "InvalidSignatureException"
