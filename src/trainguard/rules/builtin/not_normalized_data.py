@@ -78,7 +78,8 @@ class NotNormalizedData(Rule):
         super().__init__(*args, **kwargs)
         self._stats: dict[str, ChannelStats] = {}
         self._seen: set[int] = set()  # a step is counted once, however often it is evaluated
-        self._binary: dict[str, np.ndarray] = {}  # per tensor: which channels held only 0 and 1 so far
+        self._binary: dict[str, np.ndarray] = {}
+        self._inputs_anywhere: bool | None = None  # per tensor: which channels held only 0 and 1 so far
 
     def validate(self) -> None:
         check_regexes(self, "tensor_regex")
@@ -176,5 +177,13 @@ class NotNormalizedData(Rule):
         return self.no_issue(step, tensors=sorted(judged))
 
     def _names_anywhere(self) -> bool:
-        trial = self.base_trial
-        return any(self._names(step) for step in trial.steps()[-1:])
+        """Whether the run's last step has model inputs; asked only once training ended (nothing new
+        can come), so it is answered once, not at every step (no O(steps) listing per step)."""
+        if self._inputs_anywhere is None:
+            trial = self.base_trial
+            last = trial.last_complete_step() if callable(getattr(trial, "last_complete_step", None)) else None
+            if last is None:
+                steps = trial.steps()
+                last = steps[-1] if steps else None
+            self._inputs_anywhere = last is not None and bool(self._names(last))
+        return self._inputs_anywhere
