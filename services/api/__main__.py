@@ -29,10 +29,10 @@ def run_api(environ: Mapping[str, str], log_level: str = "info") -> int:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         settings = Settings.from_env(environ)
+        secure_state(settings)  # data dir 0700, database 0600, umask 077 for everything created later
     except ConfigError as error:
         print(f"trainguard api: {error}", file=sys.stderr)
         return 2
-    secure_state(settings)  # data dir 0700, database 0600, umask 077 for everything created later
     import uvicorn
 
     from trainguard.services.api.app import create_app

@@ -201,11 +201,21 @@ def secure_state(settings: Settings) -> None:
     umask makes every file the API creates afterwards private too (job dirs, the database's journal).
     """
     os.umask(0o077)
-    settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(settings.data_dir, 0o700)
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as error:
+        raise ConfigError(f"cannot create the data dir {settings.data_dir}: {error.strerror}") from None
+    paths: list[tuple[Path, int]] = [(settings.data_dir, 0o700)]
     prefix = "sqlite:///"
     if settings.database_url.startswith(prefix):
         database = Path(settings.database_url[len(prefix):])
-        for path in (database, *database.parent.glob(database.name + "-*")):  # -journal, -wal, -shm
-            if path.is_file():
-                os.chmod(path, 0o600)
+        paths += [(p, 0o600) for p in (database, *database.parent.glob(database.name + "-*")) if p.is_file()]
+    for path, mode in paths:  # database: itself and its -journal, -wal, -shm
+        try:
+            os.chmod(path, mode)
+        except OSError as error:
+            # Not ours (e.g. a volume made by an older root container): refuse rather than run exposed.
+            raise ConfigError(
+                f"cannot make {path} private (chmod {mode:o}: {error.strerror}); "
+                f"chown it to this user (uid {os.getuid()}) or remove it"
+            ) from None

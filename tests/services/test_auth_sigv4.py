@@ -237,3 +237,23 @@ def test_state_is_private(api) -> None:
     database = api.data_dir / "trainguard.db"
     assert database.is_file()
     assert stat.S_IMODE(database.stat().st_mode) == 0o600
+
+
+def test_secure_state_makes_existing_state_private(tmp_path: Path) -> None:
+    from trainguard.services.api.settings import secure_state
+
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    (data / "trainguard.db").write_text("")
+    (data / "trainguard.db-journal").write_text("")
+    for path in (data / "trainguard.db", data / "trainguard.db-journal"):
+        path.chmod(0o644)
+    previous = os.umask(0o022)
+    try:
+        secure_state(_settings(TRAINGUARD_DATA_DIR=str(data)))
+        assert os.umask(0o077) == 0o077  # what the API creates later is private too
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert stat.S_IMODE((data / "trainguard.db").stat().st_mode) == 0o600
+    assert stat.S_IMODE((data / "trainguard.db-journal").stat().st_mode) == 0o600
