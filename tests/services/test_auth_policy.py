@@ -171,3 +171,14 @@ def test_docker_proxy_bind_roots_and_field_case() -> None:
         policy.route("POST", "/containers/create", "", json.dumps(unlabelled).encode())
     with pytest.raises(Refused, match="label"):
         policy.route("POST", "/volumes/create", "", b'{"Name": "v"}')
+
+
+def test_event_webhook_setting_is_http_only() -> None:
+    from trainguard.errors import ConfigError
+    from trainguard.services.api.settings import Settings
+
+    base = {"TRAINGUARD_API_TOKEN": "t" * 16}
+    assert Settings.from_env({**base, "TRAINGUARD_EVENT_WEBHOOK_URL": "https://x.example/e"}).event_webhook_url
+    for refused in ("file:///etc/passwd", "ftp://x.example/e"):
+        with pytest.raises(ConfigError, match="http"):
+            Settings.from_env({**base, "TRAINGUARD_EVENT_WEBHOOK_URL": refused})
