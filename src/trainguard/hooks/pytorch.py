@@ -121,6 +121,15 @@ class TorchHook(BaseHook):
         self._activation_calls: dict[tuple[str, str], int] = {}
         self._module_stack: list[torch.nn.Module] = []
         self._module_stack_handles: list[Any] = []
+        # Forward hooks of the registered modules' children exist only during saved steps, as
+        # the gradient hooks do: an unsaved step costs the root's pre-hook, no call per module.
+        # Under torch.compile they are registered once, for good (decided at the first root
+        # forward): Dynamo does not guard on hooks, so hooks added after it traced a module
+        # would never run.
+        self._registered_roots: list[weakref.ref[torch.nn.Module]] = []
+        self._permanent_module_hooks: bool | None = None
+        self._module_hook_handles: list[Any] = []
+        self._forward_hook = eager(self._after_forward)
 
     # -- distributed --------------------------------------------------------------------------
     def _rank_and_world(self) -> tuple[int, int]:
@@ -168,9 +177,9 @@ class TorchHook(BaseHook):
             raise TypeError(f"register_module needs a torch.nn.Module, got {type(module).__name__}")
         self._name_tree(module)
         self._handles.append(module.register_forward_pre_hook(eager(self._root_pre_forward)))
-        forward_hook = eager(self._after_forward)
-        for child in module.modules():
-            self._handles.append(child.register_forward_hook(forward_hook))
+        self._registered_roots.append(weakref.ref(module))
+        if self._permanent_module_hooks:
+            self._hook_tree(module, self._handles)
 
     register_hook = register_module  # smdebug's older name
 
@@ -193,7 +202,36 @@ class TorchHook(BaseHook):
     def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         self.root_forward(module)
 
+    def _hook_tree(self, root: torch.nn.Module, handles: list[Any]) -> None:
+        for child in root.modules():
+            handles.append(child.register_forward_hook(self._forward_hook))
+
+    def _attach_module_hooks(self) -> None:
+        if self._module_hook_handles or self._permanent_module_hooks:
+            return
+        for reference in self._registered_roots:
+            root = reference()
+            if root is not None:
+                self._hook_tree(root, self._module_hook_handles)
+
+    def _detach_module_hooks(self) -> None:
+        handles, self._module_hook_handles = self._module_hook_handles, []
+        for handle in handles:
+            handle.remove()
+
+    def _decide_module_hooks(self) -> None:
+        """At the first root forward: permanent module hooks under torch.compile, else per step."""
+        self._permanent_module_hooks = inside_compiled_call()
+        if self._permanent_module_hooks:
+            self._detach_module_hooks()
+            for reference in self._registered_roots:
+                root = reference()
+                if root is not None:
+                    self._hook_tree(root, self._handles)
+
     def root_forward(self, module: torch.nn.Module) -> None:
+        if self._permanent_module_hooks is None and self._registered_roots:
+            self._decide_module_hooks()
         if self._end_pending:
             self.end_step()
         mode = self._mode_of(module)
@@ -205,6 +243,8 @@ class TorchHook(BaseHook):
             self.ensure_step()
         else:
             self.begin_step()
+        if self.saving_this_step and self._registered_roots:
+            self._attach_module_hooks()
         self._start_activation_capture(module)
 
     # Forwards one presumed optimizer step may span before the guess is given up: far more
@@ -299,8 +339,11 @@ class TorchHook(BaseHook):
 
     def begin_step(self) -> None:
         super().begin_step()
-        if not self.saving_this_step and self._step_handles:
-            self._detach_step_hooks()
+        if not self.saving_this_step:
+            if self._step_handles:
+                self._detach_step_hooks()
+            if self._module_hook_handles:
+                self._detach_module_hooks()
 
     def end_step(self) -> None:
         self._end_pending = False
@@ -550,3 +593,4 @@ class TorchHook(BaseHook):
         self._handles.clear()
         super().close()
         self._detach_step_hooks()
+        self._detach_module_hooks()
