@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-__all__ = ["JOB_LABEL", "Missing", "ProxyPolicy", "Refused", "Route"]
+__all__ = ["JOB_LABEL", "Missing", "ProxyPolicy", "Refused", "Route", "is_root_user", "parse_body"]
 
 JOB_LABEL = "trainguard.job"
 _VERSION_PREFIX = re.compile(r"^/v\d+(\.\d+)?(?=/)")
@@ -69,6 +69,7 @@ class Route:
     path: str  # forwarded path (version prefix kept) and query string
     labelled_container: str | None = None  # the server must first check this container's label
     labelled_volume: str | None = None  # ... or this volume's
+    creates_container: bool = False  # the server must check the user it would run as
 
 
 # (method, pattern) -> which object the request acts on ("container", "volume" or None)
@@ -120,10 +121,19 @@ def _labels_filter(query: str) -> str:
     return urlencode([*rest, ("filters", json.dumps(filters))])
 
 
+def is_root_user(user: str) -> bool:
+    """True for the user specs that run as uid 0: empty (the default), ``root``, ``0``, ``0:gid``..."""
+    name = user.strip().split(":", 1)[0]
+    return name in ("", "root", "0")
+
+
 @dataclass(frozen=True)
 class ProxyPolicy:
     bind_roots: tuple[str, ...] = ()  # host directories a job may bind-mount (none by default)
     allowed_networks: tuple[str, ...] = field(default_factory=tuple)  # empty: any bridge network
+    # Refuse containers that would run as uid 0 (their User, else their image's). The server checks
+    # the image, which needs I/O: see DockerProxy.check_user.
+    refuse_root: bool = True
 
     def route(self, method: str, raw_path: str, query: str, body: bytes) -> Route:
         """Decide on one request; raises :class:`Refused`."""
@@ -138,11 +148,11 @@ class ProxyPolicy:
                 query = _labels_filter(query)
             if path == "/containers/create":
                 try:
-                    self.check_container(_json(body))
+                    self.check_container(parse_body(body))
                 except (AttributeError, TypeError) as error:  # a member of the wrong JSON type
                     raise Refused(f"malformed container spec: {error}") from None
             if path == "/volumes/create":
-                labels = _json(body).get("Labels") or {}
+                labels = parse_body(body).get("Labels") or {}
                 if not isinstance(labels, dict) or not dict.get(labels, JOB_LABEL):
                     raise Refused(f"a volume must carry the label {JOB_LABEL}")
             forwarded = raw_path + (f"?{query}" if query else "")
@@ -151,6 +161,7 @@ class ProxyPolicy:
                 path=forwarded,
                 labelled_container=object_id if kind == "container" else None,
                 labelled_volume=object_id if kind == "volume" else None,
+                creates_container=path == "/containers/create",
             )
         raise Refused(f"{method} {path} is not an operation the trainguard launcher needs")
 
@@ -217,7 +228,8 @@ class ProxyPolicy:
         )
 
 
-def _json(body: bytes) -> dict[str, Any]:
+def parse_body(body: bytes) -> dict[str, Any]:
+    """A request body as dockerd reads it (field names ignoring case; duplicates refused)."""
     try:
         value = json.loads(body or b"{}", object_pairs_hook=_object)
     except ValueError:

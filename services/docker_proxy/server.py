@@ -15,7 +15,7 @@ import socket
 from typing import Any
 from urllib.parse import quote
 
-from trainguard.services.docker_proxy.rules import JOB_LABEL, Missing, ProxyPolicy, Refused
+from trainguard.services.docker_proxy.rules import JOB_LABEL, Missing, ProxyPolicy, Refused, is_root_user, parse_body
 
 __all__ = ["DockerProxy", "UnixHTTPConnection"]
 
@@ -68,6 +68,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.server.require_label("containers", route.labelled_container)
             if route.labelled_volume:
                 self.server.require_label("volumes", route.labelled_volume)
+            if route.creates_container and self.server.policy.refuse_root:
+                self.server.check_user(parse_body(body))
         except Refused as refusal:
             log.warning("refused %s %s: %s", self.command, path, refusal)
             self._refuse(refusal.status, str(refusal))
@@ -118,6 +120,29 @@ class DockerProxy(http.server.ThreadingHTTPServer):
 
     def connect(self, timeout: float | None = None) -> UnixHTTPConnection:
         return UnixHTTPConnection(self.socket_path, timeout=timeout)
+
+    def check_user(self, spec: dict[str, Any]) -> None:
+        """Refuse a container that would run as root: its User, else its image's default user."""
+        user = str(spec.get("User") or "")
+        if not user:
+            image = str(spec.get("Image") or "")
+            connection = self.connect(timeout=30)
+            try:
+                connection.request("GET", f"/images/{quote(image, safe='')}/json")
+                response = connection.getresponse()
+                raw = response.read()
+            finally:
+                connection.close()
+            if response.status == 404:
+                raise Missing(f"No such image: {image}")
+            if response.status != 200:
+                raise Refused(f"cannot inspect image {image!r} to check its user")
+            user = str((json.loads(raw).get("Config") or {}).get("User") or "")
+        if is_root_user(user):
+            raise Refused(
+                f"the container would run as root (user {user or 'unset'!r}): give it a non-root user "
+                "(TRAINGUARD_JOB_USER, or USER in the image)"
+            )
 
     def require_label(self, collection: str, object_id: str) -> None:
         """Refuse unless the container/volume exists and carries the job label."""

@@ -8,6 +8,8 @@ Configuration (read at construction, never at import):
     TRAINGUARD_DOCKER_NETWORK   network the job containers join (the compose stack's network, so
                                 they reach S3 and the API by service name); unset = engine default.
     DOCKER_HOST                 the engine (default: /var/run/docker.sock), as for the docker CLI.
+    TRAINGUARD_JOB_USER         user[:group] every job container runs as (default: the image's USER;
+                                trainguard's images use 10001, and the docker proxy refuses root).
 """
 
 from __future__ import annotations
@@ -76,12 +78,15 @@ class DockerLauncher:
 
     name = "docker"
 
-    def __init__(self, client: Any | None = None, *, network: str | None = None, init: bool = True) -> None:
+    def __init__(
+        self, client: Any | None = None, *, network: str | None = None, init: bool = True, user: str | None = None
+    ) -> None:
         """
         Args:
             client: a ``docker.DockerClient``; default ``docker.from_env()`` (DOCKER_HOST or the socket).
             network: network for job containers; default env TRAINGUARD_DOCKER_NETWORK (unset: engine default).
             init: run an init process as PID 1 in each container (reaps zombies, forwards signals).
+            user: user[:group] of every container; default env TRAINGUARD_JOB_USER (unset: the image's).
         """
         if client is None:
             try:
@@ -99,6 +104,9 @@ class DockerLauncher:
         self._client = client
         self._network = network if network is not None else (os.environ.get("TRAINGUARD_DOCKER_NETWORK") or None)
         self._init = init
+        if user is None:
+            user = os.environ.get("TRAINGUARD_JOB_USER", "")
+        self._user = user or None  # None: the image's own USER
         self._lock = threading.Lock()  # start/remove of one job must not interleave
 
     # -- Launcher -----------------------------------------------------------------------------
@@ -274,6 +282,8 @@ class DockerLauncher:
             options["mem_limit"] = f"{int(component.memory_mb)}m"
         if component.working_dir:
             options["working_dir"] = component.working_dir
+        if self._user:
+            options["user"] = self._user
         if self._network:
             options["network"] = self._network
         if component.role == "uploader":

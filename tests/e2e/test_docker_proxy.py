@@ -72,6 +72,7 @@ def _spec(**host_config) -> dict:
     return {
         "Image": BASE_IMAGE,
         "Cmd": ["true"],
+        "User": "10001:10001",
         "Labels": {JOB_LABEL: f"tgproxy-{uuid.uuid4().hex[:6]}"},
         "HostConfig": {"CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges"], **host_config},
     }
@@ -79,7 +80,7 @@ def _spec(**host_config) -> dict:
 
 def test_the_launcher_works_through_the_proxy(engine, proxied) -> None:  # noqa: ANN001
     name = f"tgproxy-{uuid.uuid4().hex[:8]}"
-    launcher = DockerLauncher(proxied)
+    launcher = DockerLauncher(proxied, user="10001:10001")  # the base image's default user is root
     job = JobLaunch(
         name,
         (
@@ -98,6 +99,7 @@ def test_the_launcher_works_through_the_proxy(engine, proxied) -> None:  # noqa:
         # The container really got the least-privilege options (inspected on the engine itself).
         attrs = engine.containers.list(filters={"label": f"{JOB_LABEL}={name}"})[0].attrs["HostConfig"]
         assert attrs["CapDrop"] == ["ALL"] and "no-new-privileges" in attrs["SecurityOpt"]
+        assert "\n10001\n" in launcher.logs(name)  # id -u
         launcher.stop(name, grace_seconds=1)
         assert launcher.status(name)["training"].state == ComponentState.EXITED
     finally:
@@ -174,3 +176,22 @@ def test_other_containers_and_operations_are_out_of_reach(engine, proxy_url, pro
             proxied.containers.get("tg-no-such-container")
     finally:
         outsider.remove(force=True)
+
+
+def test_root_containers_are_refused(engine, proxy_url) -> None:  # noqa: ANN001
+    for user in ("", "root", "0", "0:0", "root:root"):
+        spec = _spec()
+        spec["User"] = user  # "": the base image's default user, which is root
+        status, answer = _raw(proxy_url, "POST", "/containers/create", spec)
+        assert status == 403 and "root" in answer["message"], (user, answer)
+    from tests.e2e.docker_env import SERVICE_IMAGE
+
+    try:
+        engine.images.get(SERVICE_IMAGE)
+    except Exception:  # noqa: BLE001 - the image is built by infra/build_images.sh
+        pytest.skip(f"{SERVICE_IMAGE} is not built")
+    spec = _spec()
+    spec["User"], spec["Image"] = "", SERVICE_IMAGE  # its USER is 10001: allowed without one here
+    status, answer = _raw(proxy_url, "POST", "/containers/create", spec)
+    assert status == 201, answer
+    engine.containers.get(answer["Id"]).remove(force=True)
