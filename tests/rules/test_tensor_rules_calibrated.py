@@ -235,7 +235,7 @@ class _Attention:
     biases (``attention.self.key.bias``), mean pooling, a linear head."""
 
     @staticmethod
-    def build(vocab=40, width=16, classes=3):
+    def build(vocab=1000, width=16, classes=3, positions=512):
         import torch
         from torch import nn
 
@@ -260,17 +260,20 @@ class _Attention:
         class Net(nn.Module):
             def __init__(self) -> None:
                 super().__init__()
+                # as in BERT: most token rows and positions get no gradient in a batch
                 self.embeddings = nn.Embedding(vocab, width)
+                self.positions = nn.Embedding(positions, width)
                 self.attention = Block()
                 self.head = nn.Linear(width, classes)
 
             def forward(self, tokens):  # type: ignore[no-untyped-def]
-                return self.head(self.attention(self.embeddings(tokens)).mean(dim=1))
+                where = torch.arange(tokens.shape[1])
+                return self.head(self.attention(self.embeddings(tokens) + self.positions(where)).mean(dim=1))
 
         return Net()
 
     @staticmethod
-    def batches(rng, steps, batch=8, length=10, vocab=40, classes=3):
+    def batches(rng, steps, batch=8, length=10, vocab=40, classes=3):  # tokens < 40 of the 1000
         import torch
 
         out = []
@@ -339,11 +342,17 @@ def test_healthy_programs_stay_silent(tmp_path, name):
 
 
 def test_the_key_bias_false_alarm_is_what_sagemaker_semantics_raise(tmp_path):
-    """The healthy attention run does trip SageMaker's single-step VanishingGradient on its key
-    bias: the calibrated verdict is silent because that gradient is zero by construction."""
+    """The healthy attention run does trip SageMaker's single-step conditions on its key bias and
+    its embeddings: the calibrated verdicts are silent because those gradients are zero by
+    construction."""
     path = _run("healthy-attention-key-bias", tmp_path)
     finding = fired(evaluate_rule(path, "VanishingGradient:semantics=sagemaker"))[0]
     assert "key.bias" in finding.details["tensor"]
+    finding = fired(evaluate_rule(path, "UnchangedTensor:semantics=sagemaker"))[0]
+    assert "key.bias" in finding.details["tensor"]
+    # the embedding's gradient: rows of the tokens and positions absent from the batch are zero
+    finding = fired(evaluate_rule(path, "PoorWeightInitialization:semantics=sagemaker"))[0]
+    assert "embeddings" in finding.details["gradient"]
 
 
 FAULTS = {

@@ -32,8 +32,10 @@ evaluated training steps (the first of them within ``steps``; the confirming one
 later when the hook saves rarely), and do not judge gradients that are narrow by construction:
 attention key biases (softmax is shift invariant: dL/d(b_key) = 0 up to rounding), all-zero
 gradient tensors (no signal reached them in that batch: frozen, unused or fed all-zero inputs;
-zero init is caught by the activation-variance condition), and weight gradients of a layer fed
-all-zero inputs. ``semantics="sagemaker"`` judges every analysed step on its own.
+zero init is caught by the activation-variance condition), weight gradients of a layer fed
+all-zero inputs, and the exactly-zero elements of a gradient (embedding rows of tokens or
+positions absent from the batch: the spread is taken over the non-zero elements).
+``semantics="sagemaker"`` judges every analysed step on its own.
 """
 
 from __future__ import annotations
@@ -223,8 +225,14 @@ class PoorWeightInitialization(TensorRule):
         return None
 
     def _gradients(self, step: int, names: list[str], values: dict, details: dict) -> str | None:
+        calibrated = self.semantics != SAGEMAKER
+
         def spread(name: str, value: np.ndarray) -> float | None:
             raw = np.asarray(value)
+            if calibrated and raw.size and not np.all(raw):
+                # exact zeros are structural (embedding rows of tokens absent from the batch, unused
+                # positions, inputs that were zero): the spread of the units that got a signal counts
+                raw = raw[raw != 0]
             if raw.dtype.kind == "f":  # real floats: select in their own precision (see _spread)
                 if raw.size < max(self.min_gradient_size, 2) or not all_finite(self.base_trial, step, name, raw):
                     return None
@@ -236,7 +244,7 @@ class PoorWeightInitialization(TensorRule):
             return float(p95 - p5)
 
         judged = {name: values[name] for name in names if name in values}
-        if self.semantics != SAGEMAKER:
+        if calibrated:
             # narrow by construction: key biases, all-zero gradients, weights fed all-zero inputs
             judged = {
                 name: value
