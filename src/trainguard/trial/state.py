@@ -56,6 +56,9 @@ class RunState:
         self.tensors: dict[str, dict[int, dict[str, Location]]] = {}  # name -> step -> worker -> loc
         self.shapes: dict[str, dict[int, dict[str, tuple[int, ...]]]] = {}
         self.workers: set[str] = set()
+        # per mode, the names with a value (raw or reduction; a reduction counts for its base
+        # tensor too) at some step of that mode: tensor_names(mode=...) without a scan of steps
+        self.names_by_mode: dict[ModeKeys, set[str]] = {mode: set() for mode in ModeKeys}
         # base tensor name -> names of its saved reduction tensors (smdebug lists a tensor whose
         # reductions alone were saved under its own name too)
         self.reductions_of: dict[str, set[str]] = {}
@@ -154,15 +157,18 @@ class RunState:
             self.by_mode[ModeKeys.GLOBAL][index.step] = index.step
         record.workers[index.worker] = index
         self.workers.add(index.worker)
+        names_of_mode = self.names_by_mode[record.mode]
         for entry in index.tensors:
             if index.event_file is None:
                 continue
             self.tensors.setdefault(entry.tensor_name, {}).setdefault(index.step, {})[index.worker] = Location(
                 index.event_file, entry
             )
+            names_of_mode.add(entry.tensor_name)
             if entry.tensor_name.startswith(REDUCTION_PREFIX):
                 _, _, base = entry.tensor_name[len(REDUCTION_PREFIX) :].partition("/")
                 self.reductions_of.setdefault(base, set()).add(entry.tensor_name)
+                names_of_mode.add(base)
         for name, shape in index.shapes.items():
             self.shapes.setdefault(name, {}).setdefault(index.step, {})[index.worker] = shape
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -75,6 +76,7 @@ class Tensor:
         return found
 
     def prev_steps(self, step: int, n: int, mode: ModeKeys = ModeKeys.GLOBAL) -> list[int]:
-        """Up to ``n`` steps before ``step`` at which this tensor was saved."""
-        earlier = [s for s in self.steps(mode) if s < step]
-        return earlier[-n:]
+        """Up to ``n`` steps before ``step`` at which this tensor was saved (O(log steps + n))."""
+        ordered = self._trial._shared_tensor_steps(self.name, mode)
+        end = bisect.bisect_left(ordered, step)
+        return list(ordered[max(0, end - n) : end]) if n > 0 else []

@@ -3,6 +3,7 @@ every wait."""
 
 from __future__ import annotations
 
+import bisect
 import enum
 import json
 import re
@@ -68,6 +69,12 @@ class Trial:
         self._state = RunState(store, num_workers, parallel_reads=parallel_reads)
         self._selections: dict[tuple[Any, ...], tuple[str, ...]] = {}
         self._selection_version: tuple[Any, ...] | None = None
+        # Answers rules ask for at every step, kept until what they depend on changes (steps are
+        # only ever added, so counts and the last complete step are versions): per-step rule
+        # evaluation then costs the same on step 20,000 as on step 10.
+        self._steps_cache: dict[tuple[Any, ...], tuple[Any, list[int]]] = {}
+        self._tensor_steps_cache: dict[tuple[Any, ...], tuple[Any, list[int]]] = {}
+        self._modes_cache: tuple[int, list[ModeKeys]] = (-1, [])
         self.refresh(force=True)
 
     def __repr__(self) -> str:
@@ -166,18 +173,35 @@ class Trial:
 
     def modes(self) -> list[ModeKeys]:
         self.refresh()
-        return sorted({record.mode for record in self._state.steps.values()}, key=lambda mode: mode.value)
+        count, modes = self._modes_cache
+        if count != len(self._state.steps):
+            present = {mode for mode, names in self._state.by_mode.items() if names and mode != ModeKeys.GLOBAL}
+            if any(record.mode == ModeKeys.GLOBAL for record in self._state.steps.values()):
+                present.add(ModeKeys.GLOBAL)
+            modes = sorted(present, key=lambda mode: mode.value)
+            self._modes_cache = (len(self._state.steps), modes)
+        return list(modes)
 
     def steps(self, mode: ModeKeys = ModeKeys.GLOBAL, show_incomplete_steps: bool = False) -> list[int]:
         """Global steps (mode GLOBAL) or the mode's own step numbers."""
         self.refresh()
-        mode = ModeKeys.parse(mode)
+        return list(self._cached_steps(ModeKeys.parse(mode), show_incomplete_steps))
+
+    def _cached_steps(self, mode: ModeKeys, show_incomplete_steps: bool) -> list[int]:
+        """``steps()``'s answer, shared: callers must not change it."""
         state = self._state
-        return sorted(
-            mode_step
-            for mode_step, step in state.by_mode[mode].items()
-            if show_incomplete_steps or state.is_complete(step)
-        )
+        steps_of_mode = state.by_mode[mode]
+        version = (len(steps_of_mode), None if show_incomplete_steps else state.last_complete_step())
+        key = (mode, show_incomplete_steps)
+        cached = self._steps_cache.get(key)
+        if cached is None or cached[0] != version:
+            steps = sorted(
+                mode_step
+                for mode_step, step in steps_of_mode.items()
+                if show_incomplete_steps or state.is_complete(step)
+            )
+            cached = self._steps_cache[key] = (version, steps)
+        return cached[1]
 
     def mode(self, global_step: int) -> ModeKeys:
         return self._record(global_step).mode
@@ -224,10 +248,10 @@ class Trial:
             names = [name for name in names if not name.startswith(_REDUCTION_PREFIX)]
         if step is not None:
             global_step = self._global(step, ModeKeys.parse(mode))
-            names = [name for name in names if global_step in self._saved_steps(name)]
+            names = [name for name in names if self._saved_at(name, global_step)]
         elif mode != ModeKeys.GLOBAL:
-            wanted = set(state.by_mode[ModeKeys.parse(mode)].values())
-            names = [name for name in names if wanted.intersection(self._saved_steps(name))]
+            of_mode = state.names_by_mode[ModeKeys.parse(mode)]
+            names = [name for name in names if name in of_mode]
         if regex is not None:
             patterns = [re.compile(pattern) for pattern in ([regex] if isinstance(regex, str) else regex)]
             names = [name for name in names if any(pattern.search(name) for pattern in patterns)]
@@ -242,6 +266,13 @@ class Trial:
     def has_tensor(self, name: str) -> bool:
         self.refresh()
         return name in self._state.tensors or name in self._state.reductions_of
+
+    def _saved_at(self, name: str, global_step: int) -> bool:
+        """Whether the raw tensor or one of its reductions was saved at ``global_step`` (O(1))."""
+        tensors = self._state.tensors
+        if global_step in tensors.get(name, ()):
+            return True
+        return any(global_step in tensors[reduction] for reduction in self._state.reductions_of.get(name, ()))
 
     def _saved_steps(self, name: str) -> set[int]:
         """Global steps with the raw tensor or any of its reductions."""
@@ -275,9 +306,10 @@ class Trial:
             return StepState.AVAILABLE
         if self._state.training_ended:
             return StepState.UNAVAILABLE
-        later = [s for s in self._state.by_mode[mode] if s > step]
+        ordered = self._cached_steps(mode, True)
+        position = bisect.bisect_right(ordered, step)
         last = self._state.last_complete_step()
-        if later and last is not None and self._state.by_mode[mode][min(later)] <= last:
+        if position < len(ordered) and last is not None and self._state.by_mode[mode][ordered[position]] <= last:
             return StepState.UNAVAILABLE
         return StepState.NOT_YET_AVAILABLE
 
@@ -332,8 +364,24 @@ class Trial:
         return global_step
 
     def _tensor_steps(self, name: str, mode: ModeKeys, show_incomplete_steps: bool) -> list[int]:
+        return list(self._shared_tensor_steps(name, mode, show_incomplete_steps))
+
+    def _shared_tensor_steps(self, name: str, mode: ModeKeys, show_incomplete_steps: bool = False) -> list[int]:
+        """A tensor's sorted steps, cached until it gets more; shared: callers must not change it."""
         self.refresh()
         mode = ModeKeys.parse(mode)
+        state = self._state
+        saved = len(state.tensors.get(name, ())) + sum(
+            len(state.tensors[reduction]) for reduction in state.reductions_of.get(name, ())
+        )
+        version = (saved, None if show_incomplete_steps else state.last_complete_step())
+        key = (name, mode, show_incomplete_steps)
+        cached = self._tensor_steps_cache.get(key)
+        if cached is None or cached[0] != version:
+            cached = self._tensor_steps_cache[key] = (version, self._compute_tensor_steps(name, mode, show_incomplete_steps))
+        return cached[1]
+
+    def _compute_tensor_steps(self, name: str, mode: ModeKeys, show_incomplete_steps: bool) -> list[int]:
         steps = []
         for global_step in self._saved_steps(name):
             record = self._state.steps[global_step]
