@@ -17,6 +17,7 @@ VANISHING = ("VanishingGradient", "SaturatedActivation")
 SATURATED = ("SaturatedActivation", "VanishingGradient", "PoorWeightInitialization")
 BAD_INIT = ("PoorWeightInitialization", "AllZero")
 NOT_LEARNING = ("LossNotDecreasing", "Underfitting")
+DEAD_INIT = ("DeadRelu", "PoorWeightInitialization")  # biases initialised at -20: an init fault that kills ReLUs
 
 
 def _f(name: str, family: str, spec: Spec, expected: tuple[str, ...], symptom: str, description: str) -> Case:
@@ -44,7 +45,7 @@ def faulty_cases() -> list[Case]:
         _f("lr-spike-mlp", "lr_high", S(lr=0.1, fault="lr_spike", onset=40, seed=6), EXPLODING, "nonfinite",
            "lr x1000 at step 40 (schedule bug)"),  # fmt: skip
         _f("lr-spike-cnn", "lr_high", S(**images, lr=0.1, fault="lr_spike", onset=30, seed=7, save_interval=2),
-           EXPLODING, "nonfinite", "CNN lr x1000 at step 30"),  # fmt: skip
+           EXPLODING, "no_learning", "CNN lr x1000 at step 30"),  # fmt: skip
         _f("dying-relu-lr-high", "lr_high", S(model="deep_mlp", lr=3.0, seed=8), EXPLODING + ("DeadRelu",),
            "no_learning", "5 ReLU layers, SGD lr=3: units die"),  # fmt: skip
         # learning rate zero or far too low (AutoTrainer slow convergence)
@@ -95,16 +96,16 @@ def faulty_cases() -> list[Case]:
            ("VanishingGradient",) + NOT_LEARNING, "no_learning", "5 ReLU layers, softmax into CE"),  # fmt: skip
         _f("softmax-before-ce-cnn", "loss", S(**images, lr=0.05, fault="softmax_before_ce", seed=2),
            ("VanishingGradient",) + NOT_LEARNING, "no_learning", "CNN, softmax into CE"),  # fmt: skip
-        _f("mse-on-class-index", "loss", S(loss="mse", lr=0.01, seed=3), NOT_LEARNING + ("Confusion",), "no_learning",
+        _f("mse-on-class-index", "loss", S(loss="mse", lr=0.01, seed=3), NOT_LEARNING + ("Confusion",), "chance_accuracy",
            "MSE between one output and the class index"),  # fmt: skip
         _f("loss-sign-flipped", "loss", S(lr=0.05, fault="loss_sign_flipped", seed=4),
-           ("LossNotDecreasing", "ExplodingTensor", "WeightUpdateRatio"), "no_learning", "loss negated"),
+           EXPLODING, "diverges", "loss negated: it falls without bound"),
         _f("loss-sign-flipped-adam", "loss", S(optimizer="adam", lr=0.01, fault="loss_sign_flipped", seed=5),
-           ("LossNotDecreasing", "ExplodingTensor", "WeightUpdateRatio"), "no_learning", "Adam, loss negated"),
+           EXPLODING, "diverges", "Adam, loss negated"),
         _f("manual-log-of-zero", "loss", S(optimizer="adam", lr=0.01, fault="manual_log_zero", seed=6),
            ("ExplodingTensor",), "nonfinite", "-log(softmax(200*z)) by hand: log(0) = -inf"),  # fmt: skip
-        _f("relu-on-logits-mlp", "activation", S(lr=0.1, fault="relu_on_logits", seed=7, init="negative_bias"),
-           ("DeadRelu",), "no_learning", "ReLU after the classifier, negative pre-logits"),  # fmt: skip
+        # (a ReLU after the classifier layer was tried: with default init the run still learns, so it is
+        # not a fault here and is not in the corpus)
         # vanishing gradients / saturation (AutoTrainer)
         _f("deep-sigmoid-10", "vanishing", S(model="deep_sigmoid", depth=10, lr=0.1), VANISHING, "no_learning",
            "10 sigmoid layers"),  # fmt: skip
@@ -129,23 +130,25 @@ def faulty_cases() -> list[Case]:
         _f("zero-init-cnn", "init", S(**images, init="zero", seed=1), BAD_INIT, "no_learning", "CNN all zeros"),
         _f("zero-init-deep", "init", S(model="deep_mlp", init="zero", optimizer="adam", lr=0.003, seed=2), BAD_INIT,
            "no_learning", "5 ReLU layers all zeros, Adam"),  # fmt: skip
-        _f("constant-init-mlp", "init", S(init="constant", seed=3), BAD_INIT, "no_learning", "all weights 0.05"),
+        _f("constant-init-mlp", "init", S(init="constant", seed=3), BAD_INIT, "by_construction",
+           "all weights 0.05: every unit of a layer stays identical"),
         _f("constant-init-deep", "init", S(model="deep_mlp", init="constant", seed=4, save_interval=2), BAD_INIT,
            "no_learning", "5 layers, all weights 0.05"),  # fmt: skip
         # dying ReLU
-        _f("negative-bias-mlp", "dead_relu", S(init="negative_bias"), ("DeadRelu",), "no_learning",
+        _f("negative-bias-mlp", "dead_relu", S(init="negative_bias"), DEAD_INIT, "no_learning",
            "ReLU biases -20"),  # fmt: skip
-        _f("negative-bias-cnn", "dead_relu", S(**images, init="negative_bias", seed=1, save_interval=2), ("DeadRelu",),
+        _f("negative-bias-cnn", "dead_relu", S(**images, init="negative_bias", seed=1, save_interval=2), DEAD_INIT,
            "no_learning", "CNN ReLU biases -20"),  # fmt: skip
         _f("negative-bias-deep-adam", "dead_relu", S(model="deep_mlp", init="negative_bias", optimizer="adam",
-                                                     lr=0.001, seed=2), ("DeadRelu",), "no_learning",
+                                                     lr=0.001, seed=2), DEAD_INIT, "no_learning",
            "5 ReLU layers, biases -20, Adam"),  # fmt: skip
         # exploding recurrent gradients
-        _f("rnn-large-recurrent-init", "exploding", S(**sequences, model="rnn", init="large_recurrent", lr=0.5),
-           EXPLODING + NOT_LEARNING, "no_learning", "Elman RNN, recurrent weights N(0,3), SGD"),  # fmt: skip
-        _f("lstm-large-recurrent-init", "exploding", S(**sequences, model="lstm", init="large_recurrent", lr=2.0,
-                                                       seed=1), EXPLODING + NOT_LEARNING, "no_learning",
-           "LSTM, recurrent weights N(0,3), SGD lr=2"),  # fmt: skip
+        _f("relu-rnn-large-recurrent-init", "exploding", S(**sequences, model="rnn_relu", init="large_recurrent",
+                                                           lr=0.1), EXPLODING + NOT_LEARNING, "no_learning",
+           "ReLU RNN, recurrent weights N(0,3): activations grow 10 time steps"),  # fmt: skip
+        _f("relu-rnn-large-recurrent-init-s1", "exploding", S(**sequences, model="rnn_relu", init="large_recurrent",
+                                                              optimizer="adam", lr=0.01, seed=1),
+           EXPLODING + NOT_LEARNING, "no_learning", "ReLU RNN, recurrent weights N(0,3), Adam"),  # fmt: skip
         _f("unscaled-regression-targets", "exploding", S(task="regression", lr=0.05, data_fault="unscaled_targets"),
            EXPLODING + ("NotNormalizedData",), "nonfinite", "targets y*1000+5000, SGD"),  # fmt: skip
         # non-finite data

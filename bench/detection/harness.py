@@ -182,6 +182,7 @@ def train(out_dir: str, spec: Spec) -> str:
     forward = torch.compile(model) if spec.compile else model
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     losses: list[float] = []
+    accuracies: list[float] = []  # last micro-batch's training accuracy, single-label classification only
     val_losses: list[tuple[int, float]] = []
     try:
         for step in range(spec.steps):
@@ -208,6 +209,9 @@ def train(out_dir: str, spec: Spec) -> str:
                         loss = -torch.log(probabilities[torch.arange(len(y)), torch.from_numpy(y).long()]).mean()
                     if spec.fault == "loss_sign_flipped":  # maximises the loss (e.g. a negated metric)
                         loss = -loss
+                if spec.task in ("features", "images", "tokens", "sequences") and spec.loss in ("ce", "mse"):
+                    predicted = output.detach().float().argmax(dim=-1).numpy()
+                    accuracies.append(float((predicted == y).mean()))
                 (loss / spec.accumulation).backward()
                 total += float(loss.detach()) / spec.accumulation
             if spec.fault == "zero_grad_after_backward":  # zero_grad moved between backward and step
@@ -227,6 +231,7 @@ def train(out_dir: str, spec: Spec) -> str:
     metrics = {
         "spec": asdict(spec),
         "losses": losses,
+        "accuracies": accuracies,
         "val_losses": val_losses,
         "nonfinite": any(not math.isfinite(value) for value in losses),
         "unchanged_parameters": unchanged,

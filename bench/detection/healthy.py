@@ -94,10 +94,10 @@ def healthy_cases() -> list[Case]:
     # batch size 1 and very noisy mini-batches, no validation
     cases += [
         _h("mlp-bs1-sgd", "noisy", S(batch=1, lr=0.01, steps=200, save_interval=2), "batch size 1"),
-        _h("mlp-bs1-zero-rows", "noisy", S(batch=1, lr=0.01, steps=200, zero_rows=0.3, seed=1),
+        _h("mlp-bs1-zero-rows", "noisy", S(batch=1, lr=0.01, steps=400, save_interval=4, zero_rows=0.3, seed=1),
            "batch size 1, 30 % of inputs all zero"),  # fmt: skip
         _h("mlp-bs1-adam", "noisy", S(batch=1, optimizer="adam", lr=0.001, steps=200, seed=2), "batch size 1, Adam"),
-        _h("cnn-bs2", "noisy", S(task="images", model="cnn", batch=2, lr=0.02, steps=150, seed=3), "batch size 2"),
+        _h("cnn-bs2", "noisy", S(task="images", model="cnn", batch=2, lr=0.02, steps=300, save_interval=3, seed=3), "batch size 2"),
         _h("mlp-label-noise-30", "noisy", S(batch=8, label_noise=0.3, lr=0.05, steps=150, seed=4),
            "batch 8, 30 % random labels"),  # fmt: skip
         _h("mlp-hard-task", "noisy", S(batch=16, separation=0.4, noise=1.5, optimizer="adam", lr=0.003, steps=150,
@@ -152,7 +152,7 @@ def healthy_cases() -> list[Case]:
         _h("small-set-converged", "converged", S(train_size=64, optimizer="adam", lr=0.01, steps=200,
                                                  save_interval=2), "64 examples, many epochs"),  # fmt: skip
         _h("multilabel-bce-adam", "tasks", S(task="multilabel", optimizer="adam", lr=0.003), "5 labels, BCE"),
-        _h("multilabel-bce-sgd-val", "tasks", S(task="multilabel", lr=0.2, seed=1, validation=True),
+        _h("multilabel-bce-sgd-val", "tasks", S(task="multilabel", lr=1.0, seed=1, validation=True),
            "multi-label, validation"),  # fmt: skip
         _h("regression-mse-sgd", "tasks", S(task="regression", lr=0.05), "regression, MSE"),
         _h("regression-mse-adam-val", "tasks", S(task="regression", optimizer="adam", lr=0.003, seed=1,

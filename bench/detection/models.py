@@ -67,7 +67,7 @@ def build_model(spec: Any) -> Any:
             nn.Flatten(),
             nn.Linear(8 * 6 * 6, outputs),
         )
-    elif name in ("lstm", "gru", "rnn"):
+    elif name in ("lstm", "gru", "rnn", "rnn_relu"):
         model = _recurrent()(name, SEQUENCE[1], 32, outputs)
     elif name == "transformer":
         model = _transformer()(VOCAB, 32, outputs, spec.unused_vocab)
@@ -137,8 +137,10 @@ def _recurrent() -> type:
     class Recurrent(nn.Module):
         def __init__(self, kind: str, inputs: int, hidden: int, outputs: int) -> None:
             super().__init__()
-            cell = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}[kind]
-            self.rnn = cell(inputs, hidden, batch_first=True)
+            if kind == "rnn_relu":
+                self.rnn = nn.RNN(inputs, hidden, batch_first=True, nonlinearity="relu")
+            else:
+                self.rnn = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}[kind](inputs, hidden, batch_first=True)
             self.head = nn.Linear(hidden, outputs)
 
         def forward(self, x):  # type: ignore[no-untyped-def]

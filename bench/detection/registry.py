@@ -11,6 +11,7 @@ choice is fixed, independent of the order cases are listed in, and not made by l
 
 from __future__ import annotations
 
+import math
 import statistics
 import zlib
 from collections.abc import Callable
@@ -68,9 +69,18 @@ def verify(case: Case, metrics: dict[str, Any]) -> tuple[bool, str]:
         return (not metrics.get("nonfinite") and tail <= 1.1 * head + 0.02), seen
     if symptom == "nonfinite":
         return bool(metrics.get("nonfinite")), seen
-    if symptom == "no_learning":  # the loss stays where it started (or rises, or goes non-finite)
-        start = statistics.fmean(losses[:3])
-        return bool(metrics.get("nonfinite") or not tail < 0.85 * start), seen
+    if symptom == "no_learning":  # the loss never gets clearly below its initial value or chance level
+        start = losses[0]
+        chance = _chance_loss(metrics)
+        stuck = not tail < 0.85 * start or (chance is not None and not tail < 0.85 * chance)
+        return bool(metrics.get("nonfinite") or stuck), seen
+    if symptom == "diverges":  # the loss runs away from its initial value (either sign) or goes non-finite
+        return bool(metrics.get("nonfinite") or not abs(tail) < 10 * abs(losses[0])), seen
+    if symptom == "chance_accuracy":  # the loss may fall, but the classifier ends at chance
+        accuracies = metrics.get("accuracies") or []
+        classes = int((metrics.get("spec") or {}).get("classes", 2))
+        final = statistics.fmean(accuracies[-max(1, len(accuracies) // 8) :]) if accuracies else 1.0
+        return final < 1.5 / classes, seen + f", training accuracy {final:.2f} ({classes} classes)"
     if symptom == "frozen":
         return bool(unchanged), seen
     if symptom == "overfit":
@@ -80,3 +90,11 @@ def verify(case: Case, metrics: dict[str, Any]) -> tuple[bool, str]:
     if symptom == "by_construction":  # a property of the data itself (scale, padding, imbalance)
         return True, seen + " (fault is in the data by construction)"
     raise ValueError(f"unknown symptom {symptom!r}")
+
+
+def _chance_loss(metrics: dict[str, Any]) -> float | None:
+    """Cross-entropy of a uniform guess, for single-label classification runs."""
+    spec = metrics.get("spec") or {}
+    if spec.get("loss", "ce") != "ce" or spec.get("task") not in ("features", "images", "tokens", "sequences"):
+        return None
+    return math.log(max(2, int(spec.get("classes", 2))))

@@ -82,7 +82,10 @@ class Task:
             x: np.ndarray = tokens.astype(np.int64)
         else:
             noise = self.rng.normal(scale=spec.noise, size=(size, *self.prototypes.shape[1:]))
-            x = (self.prototypes[labels] + noise).astype(np.float32)
+            x = self.prototypes[labels] + noise
+            if spec.data_fault == "imbalanced":  # standardised as a fitted scaler would: the label-weighted mean
+                x = x - (0.95 * self.prototypes[0] + 0.05 * self.prototypes[1])
+            x = x.astype(np.float32)
             x = self._input_faults(x, train)
         if train and (
             spec.data_fault == "shuffled_labels" and self.step >= spec.onset
