@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.detection import all_cases
 from bench.detection.report import as_json, case_table, render, summarise
-from bench.detection.score import CaseResult, debugger_rules, default_rules, score_case
+from bench.detection.score import CaseResult, Finding, Verdict, debugger_rules, default_rules, score_case
 
 DEFAULT_CACHE = Path(os.environ.get("TRAINGUARD_DETECTION_CACHE", Path.home() / ".cache" / "trainguard-detection"))
 
@@ -49,6 +49,20 @@ def score_all(cases: list, cache: Path, jobs: int, rule_sets: dict[str, list[str
     return results
 
 
+def load_results(path: Path) -> list[CaseResult]:
+    """CaseResults back from a ``--json`` file."""
+    document = json.loads(path.read_text(encoding="utf-8"))
+    results = []
+    for item in document["cases"]:
+        verdicts = {}
+        for name, verdict in item.pop("verdicts").items():
+            findings = {rule: Finding(**finding) for rule, finding in verdict.pop("findings").items()}
+            verdicts[name] = Verdict(findings=findings, **verdict)
+        item["expected"] = tuple(item["expected"])
+        results.append(CaseResult(verdicts=verdicts, **item))
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.detection", description=__doc__.splitlines()[0])
     parser.add_argument("--split", choices=["all", "calibration", "holdout"], default="all")
@@ -57,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="*", help="only these case names (or name prefixes)")
     parser.add_argument("--doc", type=Path, help="write the calibration document here")
     parser.add_argument("--json", type=Path, help="write summaries and per-case verdicts here")
+    parser.add_argument("--from-json", type=Path, help="re-render a scoring saved with --json (runs nothing)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
 
@@ -66,7 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cases:
         cases = [case for case in cases if any(case.name.startswith(prefix) for prefix in args.cases)]
     rule_sets = {"default": default_rules(), "all": debugger_rules()}
-    results = score_all(cases, args.cache, args.jobs, rule_sets, args.quiet)
+    if args.from_json:
+        results = load_results(args.from_json)
+        wanted = {case.name for case in cases}
+        results = [result for result in results if result.name in wanted]
+    else:
+        results = score_all(cases, args.cache, args.jobs, rule_sets, args.quiet)
     splits = ["calibration", "holdout"] if args.split == "all" else [args.split]
     summaries = [summarise(results, split, rule_set) for split in splits for rule_set in rule_sets]
     if args.split == "all":

@@ -25,7 +25,13 @@ and the step the fault starts acting (its onset).
   with all-zero rows, no validation loop, bf16 autocast, gradient accumulation, `torch.compile`,
   frozen layers, fine-tuning from a trained model at a low learning rate, warm-up/cosine, step
   and one-cycle schedules, dropout, weight decay, clipping, converged tiny problems (XOR to
-  ~1e-4 loss, a 64-example set), multi-label BCE, regression, and XGBoost boosters.
+  ~1e-4 loss, a 64-example set), multi-label BCE, regression, XGBoost boosters (validation,
+  early stopping, default and shallow depths), and a Hugging Face `Trainer` (BERT built from a
+  config, random init, loss through a registered `CrossEntropyLoss` in `compute_loss`) and a
+  PyTorch Lightning loop. The last two are registered only where `transformers`+`accelerate` /
+  `lightning` import; the figures below were scored with them installed in a separate virtual
+  environment (`python -m venv --system-site-packages`), the project's own environment unchanged.
+  Not in the corpus yet: Keras 3 runs and 2-rank DDP runs.
 - **Faulty runs** cover the fault taxonomy, re-implemented from the descriptions of the fault
   classes in defects4ML and DeepFD (learning rate, optimizer, loss, activation, initialisation,
   data), AutoTrainer's problem classes (vanishing and exploding gradients, dying ReLU,
@@ -85,7 +91,7 @@ def write_document(
     lines.append(f"Default rule set: {', '.join(rule_sets['default'])}.\n")
     lines.append(f"Every debugger rule: {', '.join(rule_sets['all'])}.\n")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines.append(f"## Current figures (commit {_commit()}, scored {now})\n")
+    lines.append(f"## Current figures (rules of the working tree on commit {_commit()}, rendered {now})\n")
     for summary in summaries:
         lines.append(render(summary))
     lines.append("## Every case (every debugger rule)\n")
