@@ -179,8 +179,7 @@ class LossHistory:
         self._scanned_version = version
         if last <= self._scanned_upto:
             return
-        new = sorted(step for step in _all_steps(trial) if self._scanned_upto < step <= last)
-        for step in new:
+        for step in _new_steps(trial, self._scanned_upto, last):
             if is_complete(trial, step) and self.values_at(step):
                 self._append(step, _mode_of(trial, step))
         self._scanned_upto = last
@@ -277,11 +276,16 @@ def _names_version(trial: Any) -> Any:
             len(trial.collections()))
 
 
-def _all_steps(trial: Any) -> Iterable[int]:
+def _new_steps(trial: Any, after: int, upto: int) -> list[int]:
+    """The run's global steps in ``(after, upto]``, ascending, in O(min(upto - after, steps)):
+    a live run adds a few steps at a time, and listing all of them each time is quadratic."""
     state = getattr(trial, "_state", None)
-    if state is not None and isinstance(getattr(state, "steps", None), dict):
-        return list(state.steps)
-    return trial.steps()
+    known = getattr(state, "steps", None)
+    if not isinstance(known, dict):
+        return [step for step in trial.steps() if after < step <= upto]
+    if upto - after <= len(known):
+        return [step for step in range(after + 1, upto + 1) if step in known]
+    return sorted(step for step in list(known) if after < step <= upto)
 
 
 def _mode_step_of(trial: Any, step: int) -> int:
