@@ -177,3 +177,15 @@ def test_a_job_runs_unprivileged_and_sigv4_is_verified(stack) -> None:  # noqa: 
         host = container.attrs["HostConfig"]
         assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"], container.name
         assert container.attrs["Config"]["User"].split(":")[0] == UNPRIVILEGED, container.name
+
+
+def test_a_job_image_that_runs_as_root_is_refused(stack) -> None:  # noqa: ANN001
+    name = f"e2e-root-{uuid.uuid4().hex[:6]}"
+    stack.jobs.append(name)
+    status, body = stack.request("POST", "/v1/jobs", {"name": name, "image": BASE_IMAGE, "command": ["id", "-u"]})
+    if status == 201:  # accepted, then failed at launch: the reason must say why
+        job = stack.wait_settled(name, timeout_s=120)
+        assert job["status"] == "Failed" and "root" in str(job.get("failure_reason")), job
+    else:
+        assert 400 <= status < 500 and "root" in json.dumps(body), (status, body)
+    assert not docker_client().containers.list(all=True, filters={"label": f"trainguard.job={name}"})
