@@ -399,6 +399,8 @@ class RuleStatusReport(_Open):
     last_evaluated_step: _Step | None = None
     timestamp: float | None = Field(None, allow_inf_nan=False, ge=0, le=253402300799)
     datapoints: list[DatapointReport] | None = Field(None, max_length=10000)
+    outbox: _text(64, 1) | None = Field(None, description="the runner's outbox id (with sequence: applied once)")
+    sequence: int | None = Field(None, ge=0, le=MAX_STEP, description="the report's number in its outbox")
 
     @field_validator("status", mode="before")
     @classmethod

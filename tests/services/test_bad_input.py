@@ -314,6 +314,14 @@ def test_rule_status_route_refuses_wrong_types_and_keeps_final_statuses(client, 
     assert described.status_code == 200, described.text
     details = described.json()["rules"][0]["findings"][0]["details"]
     assert details == {"loss": "NaN", "peak": "Infinity", "steps": [1.0, "-Infinity"]}
+    # A report resent from the runner's outbox (its answer was lost) is acknowledged, applied once.
+    batch = {"datapoints": [{"metric": "RuleIssuesFound", "value": 1.0, "step": 7}], "outbox": "ob-1", "sequence": 3}
+    assert post_json(client, rule_job, batch).json() == {"accepted": True}
+    assert post_json(client, rule_job, batch).json()["applied"] is False
+    assert post_json(client, rule_job, {**batch, "sequence": 2}).json()["applied"] is False
+    assert post_json(client, rule_job, {**batch, "outbox": "ob-2"}).json() == {"accepted": True}
+    assert post_json(client, rule_job, {**batch, "sequence": -1}).status_code == 422
+    assert post_json(client, rule_job, {**batch, "outbox": "x" * 65}).status_code == 422
     # A valid final status sticks: a later different one is acknowledged but not applied.
     ended = client.post(rule_job, headers=AUTH, json={"status": "NoIssuesFound", "last_evaluated_step": 9})
     assert ended.status_code == 200 and ended.json() == {"accepted": True}
