@@ -109,6 +109,35 @@ def test_frozen_parameters_are_excused_unless_nothing_learns(tmp_path):
         assert first_firing(evaluate_rule(path, rule)) is not None, rule
 
 
+def test_a_weight_unchanged_because_its_inputs_were_zero_is_not_a_fault(tmp_path):
+    """Batch size 1, SGD: fc1's weight stays the same while the input rows are all zero (its
+    gradient is zero at those steps, not at the next one); lr 0 keeps it the same despite a
+    gradient: that fires at the first evaluation of 3 saved steps."""
+    rng = np.random.default_rng(4)
+    w, steps = rng.normal(size=(8, 4)), {}
+    for step in range(8):
+        zero_input = step in (2, 3, 4)  # no update after steps 2, 3, 4: w equal at steps 2 to 5
+        gradient = np.zeros((8, 4)) if zero_input else rng.normal(size=(8, 4)) * 1e-2
+        steps[step] = {
+            "fc1.weight": w.copy(),
+            "fc2.weight": rng.normal(size=(3, 8)),  # the rest of the model trains
+            "gradient/fc1.weight": gradient,
+            "gradient/fc1.bias": rng.normal(size=8) * 1e-2,
+            "gradient/fc2.weight": rng.normal(size=(3, 8)) * 1e-2,
+        }
+        w = w - 0.1 * gradient
+    path = write_run(tmp_path / "zero-rows", steps)
+    assert fired(evaluate_rule(path, "UnchangedTensor")) == []
+    assert first_firing(evaluate_rule(path, "UnchangedTensor:semantics=sagemaker")) == 4
+    for step in steps:  # now a non-zero gradient every step that is never applied (lr 0)
+        steps[step]["gradient/fc1.weight"] = rng.normal(size=(8, 4)) * 1e-2
+        steps[step]["fc1.weight"] = steps[0]["fc1.weight"]
+    path = write_run(tmp_path / "lr-zero", steps)
+    results = evaluate_rule(path, "UnchangedTensor")
+    assert first_firing(results) == 2 and fired(results)[0].details["tensor"] == "fc1.weight"
+    assert [r.certain for r in fired(results)] == [False] * 4 + [True] * 2
+
+
 def test_binary_indicator_inputs_are_not_unnormalised(tmp_path):
     rng = np.random.default_rng(3)
     multi_hot = {

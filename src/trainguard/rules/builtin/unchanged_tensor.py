@@ -13,15 +13,15 @@ labels and user scalars such as a constant learning rate legitimately repeat. Pa
 (``weights``/``biases`` members) are not judged at EVAL/PREDICT steps: weights do not change
 while a model is evaluated. Tensors of differing shapes are "changed".
 
-Calibrated semantics (default): a tensor fires only when it was unchanged at most of its last
-``window`` evaluations (each over ``num_steps`` saved steps; certain: all of a full window), and
-what is unchanged by construction is not judged: all-zero gradients (their layer gets no signal
-in that batch or never: AllZero's and VanishingGradient's findings), attention key biases
-(zero gradient: softmax is shift invariant), and parameters that get no gradient — frozen
-(the run saved gradients but none for this parameter) or with an all-zero gradient at this
-step (e.g. all-zero inputs in a batch of size 1). When every parameter of the model is
-unchanged, none is excused: nothing is learning. ``semantics="sagemaker"``: SageMaker's
-condition at every evaluated step.
+Calibrated semantics (default): the condition itself spans ``num_steps`` saved steps, so a
+tensor fires at its first evaluation that holds (as SageMaker's) and is certain once it held at
+``window`` consecutive evaluations. What is unchanged by construction is not judged: all-zero
+gradients (their layer gets no signal in that batch or never: AllZero's and VanishingGradient's
+findings), attention key biases (zero gradient: softmax is shift invariant), and parameters that
+get no gradient: frozen (the run saved gradients but none for this parameter) or with an
+all-zero gradient at every earlier saved step of its window (e.g. all-zero inputs in a batch of
+size 1). When every parameter of the model is unchanged, none is excused: nothing is learning.
+``semantics="sagemaker"``: SageMaker's condition at every evaluated step.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 from trainguard.modes import ModeKeys
 from trainguard.rules.base import StepResult
 from trainguard.rules.builtin._helpers import check_regexes, earlier_steps, is_complete, read_values, select
-from trainguard.rules.builtin._persistence import PersistentRule, is_key_bias
+from trainguard.rules.builtin._persistence import Persistence, PersistentRule, is_key_bias
 from trainguard.rules.params import Param
 
 DEFAULT_COLLECTIONS = ("weights", "biases", "gradients")
@@ -74,6 +74,9 @@ class UnchangedTensor(PersistentRule):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self._values: dict[tuple[str, int], np.ndarray] = {}
+        if self.calibrated:
+            # the condition already spans num_steps saved steps: fire at once, certain over `window`
+            self.persistence = Persistence(self.window, needed=1)
 
     def validate(self) -> None:
         check_regexes(self, "tensor_regex")
@@ -165,14 +168,23 @@ class UnchangedTensor(PersistentRule):
         if not saved:
             return excused  # the run saved no gradients: frozen cannot be told from not updated
         candidates = [name for name in parameters if name in unchanged and name not in excused]
-        present = [f"gradient/{name}" for name in candidates if f"gradient/{name}" in saved]
-        current = read_values(trial, present, step)
+        present = {name: f"gradient/{name}" for name in candidates if f"gradient/{name}" in saved}
         for name in candidates:
-            gradient = f"gradient/{name}"
-            if gradient not in saved:
+            if name not in present:
                 excused.add(name)  # frozen: no gradient ever saved
-            elif gradient in current and not np.any(np.asarray(current[gradient])):
-                excused.add(name)  # no gradient reached it at this step
+        # A weight unchanged from saved step a to b got zero updates in between. If its gradient at
+        # the window's earlier saved steps was all zero (no signal: all-zero inputs, unused), that
+        # is by construction; a non-zero gradient that was never applied is the fault (lr 0, not
+        # given to the optimizer).
+        earlier = sorted({p for name in present for p in windows[name][:-1]})
+        zero: dict[str, list[bool]] = {name: [] for name in present}
+        for p in earlier:
+            wanted = [present[name] for name in present if p in windows[name][:-1]]
+            for gradient, value in read_values(trial, wanted, p).items():
+                zero[gradient.removeprefix("gradient/")].append(not np.any(np.asarray(value)))
+        for name, flags in zero.items():
+            if flags and all(flags):
+                excused.add(name)
         return excused
 
     def _close(self, a: np.ndarray, b: np.ndarray) -> bool:
