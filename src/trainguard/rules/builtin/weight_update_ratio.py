@@ -177,15 +177,17 @@ class WeightUpdateRatio(PersistentRule):
         certain = False
         if not self.single_step:
             if small:
-                without = self._without_gradient(names, step)
+                without = self._without_gradient(list(small), step, mode, previous_steps)
                 small = {name: r for name, r in small.items() if name not in without}
             immediate = {name: r for name, r in large.items() if r == float("inf")}  # non-finite
-            large = {name: r for name, r in large.items() if self._persisted(name, "large", True)}
-            small = {name: r for name, r in small.items() if self._persisted(name, "small", True)}
-            for name in ratios.keys() - large.keys():
-                self.persisted((name, "large"), False)
-            for name in ratios.keys() - small.keys():
-                self.persisted((name, "small"), False)
+            # one persistence update per tensor and direction per evaluated step
+            held = {name: (name in large, name in small) for name in ratios}
+            fire = {
+                name: (self.persisted((name, "large"), is_large)[0], self.persisted((name, "small"), is_small)[0])
+                for name, (is_large, is_small) in held.items()
+            }
+            large = {name: r for name, r in large.items() if fire[name][0]}
+            small = {name: r for name, r in small.items() if fire[name][1]}
             certain = bool(immediate) or any(
                 self.persistence.confirmed((name, "large" if name in large else "small")) for name in {**large, **small}
             )
@@ -220,22 +222,35 @@ class WeightUpdateRatio(PersistentRule):
             )
         return self.no_issue(step, min_ratio=min(ratios.values()), max_ratio=max(ratios.values()))
 
-    def _persisted(self, name: str, direction: str, held: bool) -> bool:
-        return self.persisted((name, direction), held)[0]
-
-    def _without_gradient(self, names: list[str], step: int) -> set[str]:
-        """Weights that get no gradient by construction: frozen, or all-zero gradient at this step."""
+    def _without_gradient(
+        self, names: list[str], step: int, mode: ModeKeys, previous_steps: dict[str, int | None]
+    ) -> set[str]:
+        """Weights whose tiny update has no gradient to blame (by construction): frozen (the run
+        saved gradients, none for this weight), or an all-zero gradient at every saved step from
+        the reference step up to this one (no signal: all-zero inputs). A weight with a non-zero
+        gradient that did not move is the fault (learning rate 0, not given to the optimizer)."""
         trial = self.base_trial
         saved = set(trial.tensor_names(collection="gradients")) if "gradients" in trial.collections() else set()
         if not saved:
             return set()  # the run saved no gradients: cannot tell frozen from not updated
-        frozen = {name for name in names if f"gradient/{name}" not in saved}
-        if len(frozen) == len(names):
-            return set()  # nothing in the model gets a gradient: report it
-        present = [f"gradient/{name}" for name in names if name not in frozen]
-        zero = {
-            gradient.removeprefix("gradient/")
-            for gradient, value in read_values(trial, present, step).items()
-            if not np.any(np.asarray(value))
-        }
-        return frozen | zero
+        weights = trial.tensor_names(collection="weights")
+        if not any(f"gradient/{weight}" in saved for weight in weights):
+            return set()  # no weight of the model gets a gradient: report it
+        excused = {name for name in names if f"gradient/{name}" not in saved}
+        for name in names:
+            if name in excused or previous_steps.get(name) is None:
+                continue
+            reference = previous_steps[name]
+            gradient = f"gradient/{name}"
+            between = [reference] + earlier_steps(
+                trial,
+                gradient,
+                step,
+                lambda p: mode == ModeKeys.GLOBAL or trial.mode(p) == mode,
+                stop=lambda p, reference=reference: p <= reference,
+            )
+            values = [read_values(trial, [gradient], p).get(gradient) for p in sorted(set(between))]
+            present = [value for value in values if value is not None]
+            if present and not any(np.any(np.asarray(value)) for value in present):
+                excused.add(name)
+        return excused
