@@ -28,7 +28,9 @@ declare -A GROUPS_REQUIREMENTS=(
 protobuf>=4.21
 boto3>=1.28'
     # NEVER torch without the exact pin: unpinned, pip picks the newest build with GBs of CUDA.
-    [torch]='torch==2.13.0'
+    # sagemaker-training: the toolkit that runs SageMaker SDK jobs' entry points (sagemaker_program).
+    [torch]='torch==2.13.0
+sagemaker-training>=4'
     [service]='fastapi>=0.110
 uvicorn>=0.27
 sqlalchemy>=2.0

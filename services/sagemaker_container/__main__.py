@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +117,19 @@ def _run(command: list[str], environment: dict[str, str], cwd: Path, stderr_tail
             signal.signal(sig, handler)
 
 
+def _empty_code_dir(paths: MlPaths) -> None:
+    """Make room for the SDK's source: the toolkit unpacks ``sourcedir.tar.gz`` only into an empty
+    ``/opt/ml/code`` and otherwise runs whatever is there (an image's own files, e.g. trainguard's
+    demo scripts). The job's container or directory is its own, so its contents can go."""
+    if not paths.code.is_dir():
+        return
+    for entry in paths.code.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def run_job(contract: JobContract, paths: MlPaths) -> int:
     """Every step of the job; the training's exit code (1 when it could not start)."""
     hook_json = os.environ.get("TRAINGUARD_HOOK_CONFIG_JSON")
@@ -123,6 +137,8 @@ def run_job(contract: JobContract, paths: MlPaths) -> int:
         hook_document = json.loads(hook_json) if hook_json else None
     except ValueError:
         hook_document = None  # the capture side reports a bad config itself
+    if contract.framework_mode:
+        _empty_code_dir(paths)
     contract.write_config(paths, hook_document)
     s3 = _s3_client(contract)
     host_index = contract.hosts.index(contract.current_host) if contract.current_host in contract.hosts else 0

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_VAR = "TRAINGUARD_SDK_VENV"
@@ -51,6 +55,44 @@ def ensure_sdk_venv() -> Path:
         raise RuntimeError(f"pip install {' '.join(REQUIREMENTS)} failed:\n{result.stderr[-3000:]}")
     marker.write_text(json.dumps(REQUIREMENTS))
     return _python(directory)
+
+
+# -- helpers for the tests that drive the SDK (tests/services, tests/e2e) ----------------------
+SCRIPT = Path(__file__).resolve().parent / "sdk_scripts" / "pytorch_estimator.py"
+EXAMPLE = REPO_ROOT / "examples" / "sagemaker_sdk"
+
+
+@pytest.fixture(scope="module")
+def sdk_python() -> Path:
+    try:
+        return ensure_sdk_venv()
+    except (RuntimeError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"the SageMaker SDK venv cannot be built here: {error}")
+
+
+def run_sdk(python: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """Run the SDK script with ``settings``; what it read back, plus its ``stdout``."""
+    command = [str(python), str(SCRIPT), json.dumps(settings)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("SDK-RESULT ")]
+    assert lines, f"the SDK script failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    answer = json.loads(lines[-1].removeprefix("SDK-RESULT "))
+    answer["stdout"] = result.stdout
+    return answer
+
+
+def source_dir(tmp_path: Path) -> Path:
+    """A copy of the example's source directory (what the SDK packs into sourcedir.tar.gz)."""
+    source = tmp_path / "source"
+    shutil.copytree(EXAMPLE / "source", source)
+    return source
+
+
+def seed_data(client: Any, bucket: str) -> str:
+    """The example's training channel on S3; its URI."""
+    rows = [f"{a / 10:.2f},{b / 10:.2f},{(a - b) / 10:.2f}" for a in range(8) for b in range(8)]
+    client.put_object(Bucket=bucket, Key="datasets/xy/data.csv", Body="\n".join(rows).encode())
+    return f"s3://{bucket}/datasets/xy"
 
 
 if __name__ == "__main__":

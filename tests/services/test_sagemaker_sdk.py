@@ -9,56 +9,16 @@ path. The job runs for real on the local launcher under SageMaker's container co
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
 import pytest
 
 from tests.s3_server import s3_bucket, s3_client  # noqa: F401  (fixtures by name)
 from tests.services.conftest import SAGEMAKER_KEY_ID, SAGEMAKER_SECRET, wait_for
+from tests.services.sdk_env import run_sdk as _run_sdk
+from tests.services.sdk_env import sdk_python  # noqa: F401  (fixture by name)
+from tests.services.sdk_env import seed_data as _seed_data
+from tests.services.sdk_env import source_dir as _source_dir
 
 pytestmark = pytest.mark.slow
-
-SCRIPT = Path(__file__).resolve().parent / "sdk_scripts" / "pytorch_estimator.py"
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sagemaker_sdk"
-
-TRAIN_PY = (EXAMPLE / "source" / "train.py").read_text()
-
-
-@pytest.fixture(scope="module")
-def sdk_python() -> Path:
-    from tests.services.sdk_env import ensure_sdk_venv
-
-    try:
-        return ensure_sdk_venv()
-    except (RuntimeError, subprocess.CalledProcessError) as error:
-        pytest.skip(f"the SageMaker SDK venv cannot be built here: {error}")
-
-
-def _run_sdk(sdk_python: Path, settings: dict) -> dict:
-    result = subprocess.run(
-        [str(sdk_python), str(SCRIPT), json.dumps(settings)], capture_output=True, text=True, timeout=600
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("SDK-RESULT ")]
-    assert lines, f"the SDK script failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    answer = json.loads(lines[-1].removeprefix("SDK-RESULT "))
-    answer["stdout"] = result.stdout
-    return answer
-
-
-def _source_dir(tmp_path: Path) -> Path:
-    source = tmp_path / "source"
-    source.mkdir()
-    (source / "train.py").write_text(TRAIN_PY)
-    (source / "requirements.txt").write_text("")
-    return source
-
-
-def _seed_data(client, bucket: str) -> str:  # noqa: ANN001
-    rows = [f"{a / 10:.2f},{b / 10:.2f},{(a - b) / 10:.2f}" for a in range(8) for b in range(8)]
-    client.put_object(Bucket=bucket, Key="datasets/xy/data.csv", Body="\n".join(rows).encode())
-    return f"s3://{bucket}/datasets/xy"
 
 
 def test_pytorch_estimator_fit_unchanged(api_factory, s3_endpoint, s3_bucket, sdk_python, tmp_path):  # noqa: F811
