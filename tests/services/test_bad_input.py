@@ -329,3 +329,32 @@ def test_rule_status_route_refuses_wrong_types_and_keeps_final_statuses(client, 
     assert late.status_code == 200 and late.json()["applied"] is False
     rules = client.get(f"/v1/jobs/{NAME}", headers=AUTH).json()["rules"]
     assert rules[0]["status"] == "NoIssuesFound", rules
+
+
+# -- a launch refused on the request's content rolls the creation back ----------------------------------
+def test_a_launch_refused_half_way_leaves_no_row_and_no_process(tmp_path: Path) -> None:
+    """Fault injection: the real local launcher starts the training process, then the next component
+    is refused with a ValueError (a value no process can take). The job must vanish whole."""
+    from trainguard.services.launchers.local import LocalLauncher
+
+    class RefusesSecondComponent(LocalLauncher):
+        def start(self, job) -> None:  # noqa: ANN001 - a JobLaunch
+            self._start_component(self._job_dir(job.job_name), job.components[0])
+            raise ValueError("embedded null byte")
+
+    settings = Settings.from_env(
+        {"TRAINGUARD_API_TOKEN": TOKEN, "TRAINGUARD_DATA_DIR": str(tmp_path), "TRAINGUARD_LAUNCHER": "local",
+         "TRAINGUARD_RECONCILE_INTERVAL": "0.2"}
+    )  # fmt: skip
+    launcher = RefusesSecondComponent(tmp_path / "local")
+    spec = _spec(command=training_command("--steps", "400", "--step-seconds", "0.05"),
+                 rules=[{"rule": "LossNotDecreasing", "name": "Loss"}])  # fmt: skip
+    with TestClient(create_app(settings, launcher=launcher)) as client:
+        response = post_json(client, "/v1/jobs", spec)
+        assert response.status_code == 422, response.text
+        assert "could not be launched" in response.text
+        assert_no_job(client)
+        statuses = launcher.status(NAME)  # the training process that did start was stopped
+        assert all(status.state.value != "Running" for status in statuses.values()), statuses
+        status, body = sagemaker(client, "StopTrainingJob", {"TrainingJobName": NAME})
+        assert (status, body["__type"]) == (400, "ResourceNotFound")
