@@ -138,6 +138,15 @@ def test_a_weight_unchanged_because_its_inputs_were_zero_is_not_a_fault(tmp_path
     assert [r.certain for r in fired(results)] == [False] * 4 + [True] * 2
 
 
+def test_a_zero_initialised_weight_has_no_update_ratio(tmp_path):
+    """LoRA's B matrix starts at zero and grows: any update is "infinitely" large relative to 0."""
+    rng = np.random.default_rng(5)
+    steps = {s: {"lora_B.weight": np.full((8, 2), 1e-3 * s), "base.weight": rng.normal(size=(8, 8))} for s in range(8)}
+    path = write_run(tmp_path / "lora", steps)
+    assert fired(evaluate_rule(path, "WeightUpdateRatio")) == []
+    assert fired(evaluate_rule(path, "WeightUpdateRatio:semantics=sagemaker"))[0].details["tensor"] == "lora_B.weight"
+
+
 def test_binary_indicator_inputs_are_not_unnormalised(tmp_path):
     rng = np.random.default_rng(3)
     multi_hot = {

@@ -17,7 +17,9 @@ frozen weight does not. A tensor fires when its ratio was out of bounds at most 
 ``window`` evaluations (certain: all of a full window); a non-finite update fires at once and
 is certain. Weights that get no gradient by construction are never "too small": frozen ones
 (the run saved gradients, none for this weight) and those whose gradient is all zero at this
-step (all-zero inputs). ``semantics="sagemaker"``: the previous saved step, single-step condition.
+step (all-zero inputs). A weight that was all zero at the reference step is not judged (no scale:
+LoRA's zero-initialised B, zero-init residual branches). ``semantics="sagemaker"``: the previous
+saved step, single-step condition.
 """
 
 from __future__ import annotations
@@ -159,6 +161,11 @@ class WeightUpdateRatio(PersistentRule):
             if name not in previous or previous[name][0].shape != array.shape or array.size == 0:
                 return array, norm, None
             before, before_norm = previous[name]
+            if before_norm == 0 and not self.single_step and np.isfinite(norm):
+                # a weight that was all zero has no scale to compare its update with: zero-initialised
+                # on purpose (LoRA's B, zero-init residual branches); all-zero init of the whole
+                # model is PoorWeightInitialization's and AllZero's finding
+                return array, norm, None
             with np.errstate(all="ignore"):
                 ratio = _norm(array - before) / (before_norm + self.epsilon)
             return array, norm, ratio if np.isfinite(ratio) else float("inf")
