@@ -157,6 +157,9 @@ class ProxyPolicy:
                     raise Refused(f"a volume must carry the label {JOB_LABEL}")
             forwarded = raw_path + (f"?{query}" if query else "")
             object_id = found.groupdict().get("id")
+            if path.startswith("/networks/") and self.allowed_networks and object_id not in self.allowed_networks:
+                # an inspect lists every container on the network: only the jobs' network is shown
+                raise Refused(f"network {object_id!r} is not one of {', '.join(self.allowed_networks)}")
             return Route(
                 path=forwarded,
                 labelled_container=object_id if kind == "container" else None,

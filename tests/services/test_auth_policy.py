@@ -150,6 +150,16 @@ def test_docker_proxy_refuses_weakened_containers(host_config: dict) -> None:
         ProxyPolicy().route("POST", "/containers/create", "", _create(**host_config))
 
 
+def test_docker_proxy_networks_are_limited_to_the_jobs_network() -> None:
+    policy = ProxyPolicy(allowed_networks=("trainguard-net",))
+    policy.route("GET", "/v1.41/networks/trainguard-net", "", b"")
+    policy.route("POST", "/containers/create", "", _create(NetworkMode="trainguard-net"))
+    with pytest.raises(Refused):
+        policy.route("GET", "/v1.41/networks/bridge", "", b"")
+    with pytest.raises(Refused):
+        policy.route("POST", "/containers/create", "", _create(NetworkMode="other-net"))
+
+
 def test_docker_proxy_bind_roots_and_field_case() -> None:
     policy = ProxyPolicy(bind_roots=("/srv/trainguard",))
     policy.route("POST", "/containers/create", "", _create(Binds=["/srv/trainguard/job1:/data"]))
