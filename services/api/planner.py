@@ -49,6 +49,12 @@ def tensors_location(settings: Settings, spec: JobSpec, launcher: str) -> str:
     return f"{base}/{spec.name}/debug-output"
 
 
+def _s3_debug_output(spec: JobSpec, settings: Settings) -> str | None:
+    """``<S3OutputPath>/<job>/debug-output`` when the hook config names an s3:// output, else None."""
+    base = str((spec.hook_config or {}).get("S3OutputPath") or "").rstrip("/")
+    return f"{base}/{spec.name}/debug-output" if base.startswith("s3://") else None
+
+
 def _hook_document(spec: JobSpec, local_path: str) -> dict[str, Any]:
     document = dict(spec.hook_config or {})
     document["LocalPath"] = local_path
@@ -140,6 +146,25 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
                 working_dir=working_dir,
             )
         )
+        s3_copy = _s3_debug_output(spec, settings)
+        if s3_copy:
+            # The hook config names an S3 output (every SageMaker SDK job does): the run is also
+            # uploaded there, so the debugger artifacts path DescribeTrainingJob reports
+            # (create_trial(estimator.latest_job_debugger_artifacts_path())) holds it, as on SageMaker.
+            # Rules read the local directory: no round trip through S3 on one machine.
+            uploader = [sys.executable, "-m", "trainguard.services.uploader", "--source", base_trial, "--dest", s3_copy]
+            if settings.s3_endpoint_url:
+                uploader += ["--endpoint-url", settings.s3_endpoint_url]
+            aws = {key: os.environ[key] for key in _PASSED_AWS_VARIABLES if os.environ.get(key)}
+            components.append(
+                ComponentSpec(
+                    role="uploader",
+                    image=settings.service_image,
+                    command=tuple(uploader),
+                    environment={**aws, "AWS_REGION": settings.region},
+                    working_dir=str(directory),
+                )
+            )
         for rule in spec.rules:
             components.append(
                 ComponentSpec(

@@ -159,9 +159,11 @@ def _serve(args: argparse.Namespace) -> int:
             endpoint = stack.enter_context(_embedded_endpoint(data_dir))
             for variable in ("S3_ENDPOINT_URL", "CLOUDWATCH_ENDPOINT_URL", "TRAINGUARD_SNS_ENDPOINT_URL"):
                 environ.setdefault(variable, endpoint)
-            # moto accepts any credentials; the service's own S3 clients need some to sign with.
-            environ.setdefault("AWS_ACCESS_KEY_ID", "trainguard-embedded")
-            environ.setdefault("AWS_SECRET_ACCESS_KEY", "trainguard-embedded")
+            # moto accepts any credentials; the service's own S3 clients (and the job processes,
+            # which inherit this process's environment) need some to sign with.
+            for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+                environ.setdefault(variable, "trainguard-embedded")
+                os.environ.setdefault(variable, environ[variable])
         print(_banner(environ, credentials), flush=True)
         return run_api(environ, args.log_level)
 

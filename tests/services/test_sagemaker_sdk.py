@@ -21,8 +21,9 @@ from tests.services.sdk_env import source_dir as _source_dir
 pytestmark = pytest.mark.slow
 
 
-def test_pytorch_estimator_fit_unchanged(api_factory, s3_endpoint, s3_bucket, sdk_python, tmp_path):  # noqa: F811
+def test_pytorch_estimator_fit_unchanged(api_factory, s3_endpoint, s3_bucket, sdk_python, tmp_path, monkeypatch):  # noqa: F811
     api = api_factory(S3_ENDPOINT_URL=s3_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
     client = s3_client(s3_endpoint)
     settings = {
         "api_url": api.url, "s3_url": s3_endpoint, "bucket": s3_bucket, "key_id": SAGEMAKER_KEY_ID,
@@ -44,7 +45,11 @@ def test_pytorch_estimator_fit_unchanged(api_factory, s3_endpoint, s3_bucket, sd
     summary = {entry["RuleConfigurationName"]: entry for entry in result["rule_summary"]}
     assert "ExplodingTensor" in summary, result["rule_summary"]
     assert summary["ExplodingTensor"]["RuleEvaluationStatus"] == "NoIssuesFound", result["rule_summary"]
-    assert result["debugger_artifacts_path"], result
+    # create_trial() on the SDK's debugger artifacts path: the local job's run was uploaded there
+    from trainguard.trials import create_trial
+
+    trial = create_trial(result["debugger_artifacts_path"])
+    assert trial.steps() and any("loss" in name.lower() for name in trial.tensor_names()), trial.tensor_names()
     assert result["hyperparameters"]["epochs"] == "3", result
     # fit(logs=True) streamed the training log through the CloudWatch-Logs-compatible calls ...
     assert "epoch=2 loss=" in result["stdout"], result["stdout"][-3000:]
