@@ -9,7 +9,8 @@ For each finished EVAL block B starting at or after ``start_step``:
 
 Only loss tensors saved in both modes are compared (their per-step mean). An EVAL block is
 finished when a TRAIN step follows it, or at the end of training (``finish``). Passes with a
-non-finite or zero training loss are skipped.
+non-finite training loss are skipped; a zero training loss (a memorised training set) is an
+unbounded gap under calibrated semantics, skipped under SageMaker's.
 
 Calibrated semantics (the default). A gap alone is not overfitting: a healthy model's validation
 loss is commonly 10-50 % above its training loss (a small validation set, dropout off in EVAL)
@@ -187,7 +188,10 @@ class Overfit(Rule):
         if train is None or evaluation is None or not math.isfinite(train) or not math.isfinite(evaluation):
             return None
         if train == 0:
-            return None
-        ratio = (evaluation - train) / abs(train)
+            if self.semantics == SAGEMAKER or evaluation <= 0:
+                return None
+            ratio = math.inf  # a memorised training set (CrossEntropy underflows to 0): the gap is unbounded
+        else:
+            ratio = (evaluation - train) / abs(train)
         return {"eval_first_step": block.first, "eval_last_step": block.last, "eval_loss": evaluation,
                 "train_loss": train, "ratio": ratio}
