@@ -17,10 +17,10 @@ not a secret, and it is never accepted as the API's bearer token.
 
 from __future__ import annotations
 
-import os
 import re
 import stat
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,7 +136,7 @@ class AccessKeyStore:
         return len(self._inline) + len(self._file_keys)
 
     @classmethod
-    def from_environ(cls, environ: dict[str, str] | os._Environ[str], api_token: str) -> AccessKeyStore:
+    def from_environ(cls, environ: Mapping[str, str], api_token: str) -> AccessKeyStore:
         return cls(
             environ.get("TRAINGUARD_SAGEMAKER_ACCESS_KEYS", ""),
             environ.get("TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE") or None,

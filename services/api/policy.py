@@ -80,7 +80,9 @@ class SourcePolicy:
                 raise PolicyError(f"source_uri {uri!r}: expected s3://bucket/key.py")
             return
         if "://" in uri or uri.startswith("file:"):
-            raise PolicyError(f"source_uri {uri!r}: only s3://bucket/key.py or a local path under TRAINGUARD_SOURCE_ROOTS")
+            raise PolicyError(
+                f"source_uri {uri!r}: only s3://bucket/key.py or a local path under TRAINGUARD_SOURCE_ROOTS"
+            )
         if not self.source_roots:
             raise PolicyError(
                 f"source_uri {uri!r}: local rule files are disabled on this server (no TRAINGUARD_SOURCE_ROOTS); "

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from trainguard.errors import ConfigError
 from trainguard.services.api.access_keys import AccessKeyStore
+
+from trainguard.errors import ConfigError
 
 __all__ = ["ENVIRONMENT", "Settings", "secure_state"]
 

@@ -90,7 +90,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str | None]] = [
         ("GET", rf"^/volumes/(?P<id>{_ID})$", "volume"),
         ("DELETE", rf"^/volumes/(?P<id>{_ID})$", "volume"),
         ("GET", rf"^/networks/(?P<id>{_ID})$", None),
-        ("GET", rf"^/images/(?P<id>[A-Za-z0-9][A-Za-z0-9_./:@-]{{0,254}})/json$", None),
+        ("GET", r"^/images/(?P<id>[A-Za-z0-9][A-Za-z0-9_./:@-]{0,254})/json$", None),
     ]
 ]
 

@@ -148,7 +148,8 @@ class DockerProxy(http.server.ThreadingHTTPServer):
         """Refuse unless the container/volume exists and carries the job label."""
         connection = self.connect(timeout=30)
         try:
-            connection.request("GET", f"/{collection}/{quote(object_id, safe='')}" + ("/json" if collection == "containers" else ""))
+            suffix = "/json" if collection == "containers" else ""
+            connection.request("GET", f"/{collection}/{quote(object_id, safe='')}{suffix}")
             response = connection.getresponse()
             raw = response.read()
         finally:

@@ -14,12 +14,12 @@ import time
 import uuid
 
 import pytest
-
-from tests.e2e.docker_env import BASE_IMAGE, docker_client, require_image
 from trainguard.services.docker_proxy.rules import ProxyPolicy
 from trainguard.services.docker_proxy.server import DockerProxy
 from trainguard.services.launchers.base import ComponentSpec, ComponentState, JobLaunch
 from trainguard.services.launchers.docker import JOB_LABEL, DockerLauncher
+
+from tests.e2e.docker_env import BASE_IMAGE, docker_client, require_image
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,8 @@ def test_the_launcher_works_through_the_proxy(engine, proxied) -> None:  # noqa:
         ({"PidMode": "host"}, "PidMode"),
         ({"IpcMode": "host"}, "IpcMode"),
         ({"UsernsMode": "host"}, "UsernsMode"),
-        ({"Devices": [{"PathOnHost": "/dev/sda", "PathInContainer": "/dev/sda", "CgroupPermissions": "rwm"}]}, "Devices"),
+        ({"Devices": [{"PathOnHost": "/dev/sda", "PathInContainer": "/dev/sda", "CgroupPermissions": "rwm"}]},
+         "Devices"),
         ({"SecurityOpt": ["no-new-privileges", "seccomp=unconfined"]}, "unconfined"),
         ({"SecurityOpt": []}, "no-new-privileges"),
         ({"CapDrop": []}, "CapDrop must include ALL"),

@@ -11,7 +11,6 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
-
 from trainguard.services.actions.context import ActionContext
 from trainguard.services.actions.handlers import check_webhook_url, webhook
 from trainguard.services.api.policy import PolicyError, SourcePolicy
@@ -141,7 +140,8 @@ def test_docker_proxy_routes_only_what_the_launcher_needs() -> None:
         {"NetworkMode": "host"}, {"NetworkMode": "container:abc"}, {"PidMode": "host"}, {"IpcMode": "host"},
         {"UTSMode": "host"}, {"UsernsMode": "host"}, {"CgroupnsMode": "host"},
         {"Devices": [{"PathOnHost": "/dev/mem"}]}, {"DeviceRequests": [{"Count": -1}]}, {"VolumesFrom": ["x"]},
-        {"Sysctls": {"kernel.x": "1"}}, {"Runtime": "sysbox"}, {"SecurityOpt": ["apparmor=unconfined", "no-new-privileges"]},
+        {"Sysctls": {"kernel.x": "1"}}, {"Runtime": "sysbox"},
+        {"SecurityOpt": ["apparmor=unconfined", "no-new-privileges"]},
         {"SecurityOpt": ["no-new-privileges=false"]}, {"CgroupParent": "/"}, {"Binds": "not-a-list"},
     ],
 )  # fmt: skip
@@ -184,8 +184,9 @@ def test_docker_proxy_bind_roots_and_field_case() -> None:
 
 
 def test_event_webhook_setting_is_http_only() -> None:
-    from trainguard.errors import ConfigError
     from trainguard.services.api.settings import Settings
+
+    from trainguard.errors import ConfigError
 
     base = {"TRAINGUARD_API_TOKEN": "t" * 16}
     assert Settings.from_env({**base, "TRAINGUARD_EVENT_WEBHOOK_URL": "https://x.example/e"}).event_webhook_url

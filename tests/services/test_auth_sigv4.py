@@ -19,12 +19,12 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
-
-from tests.services.conftest import SAGEMAKER_KEY_ID, SAGEMAKER_SECRET, TOKEN
-from trainguard.errors import ConfigError
 from trainguard.services.api.access_keys import AccessKeyStore
 from trainguard.services.api.auth import SigV4Error, verify_sigv4
 from trainguard.services.api.settings import Settings
+
+from tests.services.conftest import SAGEMAKER_KEY_ID, SAGEMAKER_SECRET, TOKEN
+from trainguard.errors import ConfigError
 
 KEY_ID, SECRET = "AKIDUNITTEST0001", "unit-test-secret-0123456789"
 TARGET = "SageMaker.ListTrainingJobs"
@@ -48,7 +48,9 @@ def _signed(
     return request
 
 
-def _verify(request: AWSRequest, settings: Settings, *, body: bytes | None = None, now: dt.datetime | None = None) -> str:
+def _verify(
+    request: AWSRequest, settings: Settings, *, body: bytes | None = None, now: dt.datetime | None = None
+) -> str:
     headers = [(k.lower(), v) for k, v in request.headers.items()]
     if not any(k == "host" for k, _ in headers):
         headers.append(("host", "127.0.0.1:8080"))
@@ -212,7 +214,8 @@ def test_endpoint_verifies_boto3_signatures_and_refuses_forgeries(api) -> None:
     body = json.dumps({"TrainingJobName": "never-created"}).encode()
     request = AWSRequest(
         method="POST", url=api.url + "/", data=body,
-        headers={"Content-Type": "application/x-amz-json-1.1", "X-Amz-Target": "SageMaker.DescribeTrainingJob", "Host": host},
+        headers={"Content-Type": "application/x-amz-json-1.1", "X-Amz-Target": "SageMaker.DescribeTrainingJob",
+                 "Host": host},
     )  # fmt: skip
     SigV4Auth(Credentials(SAGEMAKER_KEY_ID, SAGEMAKER_SECRET), "sagemaker", "us-east-1").add_auth(request)
     headers = dict(request.headers.items())
