@@ -71,8 +71,12 @@ def test_docker_plan_needs_an_s3_output(tmp_path: Path) -> None:
 
 def test_local_plan_runs_the_command_under_trainguard_run(tmp_path: Path) -> None:
     launch = plan_job(SPEC, _settings(tmp_path), "local", "runner-token")
-    training, rule = launch.components
+    training, uploader, rule = launch.components
     tensors = str(tmp_path / "jobs" / "plan-me" / "debug-output")
+    # the hook config names an S3 output: the local run is uploaded there too
+    assert uploader.role == "uploader" and uploader.command[1:3] == ("-m", "trainguard.services.uploader")
+    assert uploader.command[uploader.command.index("--source") + 1] == tensors
+    assert uploader.command[uploader.command.index("--dest") + 1] == "s3://bkt/out/plan-me/debug-output"
     assert training.command[:4] == (sys.executable, "-m", "trainguard.cli", "run")
     assert training.command[-3:] == ("--", "python", "train.py")
     config = Path(training.command[training.command.index("--config") + 1])
