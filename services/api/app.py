@@ -27,10 +27,10 @@ __all__ = ["create_app", "make_launcher"]
 log = logging.getLogger("trainguard.api")
 
 
-def _printable(value: Any) -> Any:
+def _printable(value: Any, limit: int | None = 256) -> Any:
     """A value a JSON answer can carry: lone surrogates escaped, inf/NaN as text, containers left out."""
     if isinstance(value, str):
-        value = value if len(value) <= 256 else value[:253] + "..."
+        value = value if limit is None or len(value) <= limit else value[: limit - 3] + "..."
         try:
             value.encode("utf-8")
             return value
@@ -50,7 +50,7 @@ async def _validation_failed(request: Request, error: RequestValidationError) ->
         entry = {
             "type": item.get("type"),
             "loc": [part if isinstance(part, int) else _printable(str(part)) for part in item.get("loc", ())],
-            "msg": _printable(str(item.get("msg", ""))),
+            "msg": _printable(str(item.get("msg", "")), limit=None),  # the whole message: it says what to do
         }
         shown = _printable(item.get("input"))
         if shown is not None:
