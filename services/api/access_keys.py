@@ -142,3 +142,96 @@ class AccessKeyStore:
             environ.get("TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE") or None,
             forbidden_secrets=(api_token,),
         )
+
+
+# -- managing a keys file: python -m trainguard.services.api.access_keys ---------------------------
+def _new_key_id() -> str:
+    import secrets
+
+    return "AKTG" + secrets.token_hex(8).upper()
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Replace ``path`` atomically with a 0600 file (the running API re-reads it on change)."""
+    import os
+    import tempfile
+
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(descriptor, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def create_key(path: Path, name: str) -> AccessKey:
+    """Append a new named key pair to the keys file (created 0600 if missing); returns it."""
+    import secrets
+
+    text = path.read_text() if path.exists() else ""
+    keys = parse_access_keys(text, str(path)) if text.strip() else {}
+    if any(key.name == name for key in keys.values()):
+        raise ConfigError(f"{path}: a key named {name!r} exists; revoke it first")
+    key = _parse_entry(f"{name}={_new_key_id()}:{secrets.token_urlsafe(30)}", "new key")
+    separator = "" if not text or text.endswith("\n") else "\n"
+    _write_private(path, f"{text}{separator}{key.name}={key.key_id}:{key.secret}\n")
+    return key
+
+
+def revoke_key(path: Path, name_or_id: str) -> list[str]:
+    """Remove every line whose key has this name or id; returns the removed key ids."""
+    removed: list[str] = []
+    kept: list[str] = []
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            key = _parse_entry(line, str(path))
+            if name_or_id in (key.name, key.key_id):
+                removed.append(key.key_id)
+                continue
+        kept.append(line)
+    if not removed:
+        raise ConfigError(f"{path}: no key named {name_or_id!r}")
+    _write_private(path, "".join(f"{line}\n" for line in kept))
+    return removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import os
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="python -m trainguard.services.api.access_keys",
+        description="Manage the SageMaker endpoint's keys file (TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE); "
+        "a running API picks changes up at its next request.",
+    )
+    parser.add_argument("--file", default=os.environ.get("TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE"), required=False)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("create", help="add a named key pair; prints it once").add_argument("name")
+    commands.add_parser("list", help="names and key ids (never secrets)")
+    commands.add_parser("revoke", help="remove a key by name or key id").add_argument("key")
+    args = parser.parse_args(argv)
+    if not args.file:
+        parser.error("--file or TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE is required")
+    path = Path(args.file)
+    try:
+        if args.command == "create":
+            key = create_key(path, args.name)
+            print(f"AWS_ACCESS_KEY_ID={key.key_id}\nAWS_SECRET_ACCESS_KEY={key.secret}")
+        elif args.command == "list":
+            AccessKeyStore(path=path)  # refuses a file others may read
+            for key in parse_access_keys(path.read_text(), str(path)).values():
+                print(f"{key.name}\t{key.key_id}")
+        else:
+            print("revoked " + ", ".join(revoke_key(path, args.key)))
+    except (ConfigError, OSError) as error:
+        print(f"access_keys: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

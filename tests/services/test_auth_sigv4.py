@@ -260,3 +260,36 @@ def test_secure_state_makes_existing_state_private(tmp_path: Path) -> None:
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     assert stat.S_IMODE((data / "trainguard.db").stat().st_mode) == 0o600
     assert stat.S_IMODE((data / "trainguard.db-journal").stat().st_mode) == 0o600
+
+
+def test_keys_created_and_revoked_with_the_cli_take_effect_on_the_running_api(api_factory, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import boto3
+
+    keys = tmp_path / "sagemaker-keys"
+
+    def cli(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "trainguard.services.api.access_keys", "--file", str(keys), *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    cli("create", "ops")
+    api = api_factory(TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE=str(keys))
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o600
+    pair = dict(line.split("=", 1) for line in cli("create", "ci-bot").split())
+    assert "ci-bot\t" + pair["AWS_ACCESS_KEY_ID"] in cli("list") and pair["AWS_SECRET_ACCESS_KEY"] not in cli("list")
+    client = boto3.session.Session(
+        aws_access_key_id=pair["AWS_ACCESS_KEY_ID"], aws_secret_access_key=pair["AWS_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    ).client("sagemaker", endpoint_url=api.url)  # fmt: skip
+    assert client.list_training_jobs()["TrainingJobSummaries"] == []  # no restart needed
+    assert api.sagemaker().list_training_jobs()["TrainingJobSummaries"] == []  # the inline key still works
+    cli("revoke", "ci-bot")
+    with pytest.raises(ClientError) as refused:
+        client.list_training_jobs()
+    assert refused.value.response["Error"]["Code"] == "UnrecognizedClientException"
