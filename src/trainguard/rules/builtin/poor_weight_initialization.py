@@ -34,7 +34,11 @@ attention key biases (softmax is shift invariant: dL/d(b_key) = 0 up to rounding
 gradient tensors (no signal reached them in that batch: frozen, unused or fed all-zero inputs;
 zero init is caught by the activation-variance condition), weight gradients of a layer fed
 all-zero inputs, and the exactly-zero elements of a gradient (embedding rows of tokens or
-positions absent from the batch: the spread is taken over the non-zero elements).
+positions absent from the batch: the spread is taken over the non-zero elements). A narrow
+gradient counts only when its spread is also below ``IDENTICAL_UNITS`` (0.1 %) of its largest
+value (identical units, not a vanished gradient), and the variance and gradient conditions count
+only when they already hold at the first evaluated training step (poor initialisation shows at
+initialisation; a learning rate that blows up the activations later is not one).
 ``semantics="sagemaker"`` judges every analysed step on its own.
 """
 
@@ -57,6 +61,10 @@ from trainguard.rules.builtin._helpers import (
 from trainguard.rules.builtin._parallel import map_tensors
 from trainguard.rules.builtin._persistence import TensorRule, is_key_bias, zero_input_weight
 from trainguard.rules.params import SAGEMAKER, Param, semantics_param
+
+# calibrated: a gradient's units are identical when its 5-95 % spread is below this share of its
+# largest magnitude (float rounding of identical values; a vanished gradient's spread is ~its size)
+IDENTICAL_UNITS = 1e-3
 
 _PERCENTS = np.true_divide(np.array([5, 95]), 100)  # as np.percentile turns [5, 95] into quantiles
 
@@ -151,6 +159,7 @@ class PoorWeightInitialization(TensorRule):
         super().__init__(*args, **kwargs)
         self._losses: dict[int, float] = {}
         self._streak = 0  # consecutive evaluated steps with a condition met (calibrated)
+        self._initial: bool | None = None  # calibrated: did the first evaluated step show a variance/gradient sign
 
     def validate(self) -> None:
         check_regexes(self, "activation_inputs_regex")
@@ -181,6 +190,14 @@ class PoorWeightInitialization(TensorRule):
             self._gradients(step, gradients, values, details),
             self._loss(step, losses, values, details),
         ]
+        if calibrated:
+            # poor initialisation shows at initialisation: when the first evaluated training step had
+            # no variance or gradient sign, later ones are training's doing (a learning rate that
+            # blows the activations up, ReLUs that die): ExplodingTensor's, DeadRelu's findings
+            if self._initial is None:
+                self._initial = bool(found[0] or found[1])
+            if not self._initial:
+                found = [None, None, found[2]]
         problem = next((text for text in found if text), None)
         self._streak = self._streak + 1 if problem else 0
         if problem and self._streak >= needed:
@@ -255,6 +272,13 @@ class PoorWeightInitialization(TensorRule):
             }
         found = map_tensors(spread, judged)  # two cores
         spreads = {name: value for name, value in found.items() if value is not None}
+        if calibrated:
+            # identical units give a spread that is ~0 next to the gradient's own size; a vanished
+            # gradient (deep sigmoid stack) is tiny but spread like its values: VanishingGradient's
+            for name in [name for name, value in spreads.items() if value < self.distribution_range]:
+                magnitude = float(np.max(np.abs(np.asarray(judged[name], dtype=np.float64))))
+                if spreads[name] > IDENTICAL_UNITS * magnitude:
+                    del spreads[name]
         if not spreads:
             return None
         narrowest = min(spreads, key=lambda key: spreads[key])
