@@ -4,8 +4,8 @@ Calibrated semantics (the default). Mini-batch losses are noisy: two single loss
 apart "rise" half the time on a healthy run. The rule therefore compares *windows* of ``window``
 saved losses of each selected loss tensor, evaluated every ``num_steps`` mode steps:
 
-* non-finite: the newest loss is NaN/inf after finite ones: fires at once, certain (training
-  cannot recover from a NaN loss);
+* non-finite: the newest loss is NaN/inf: fires at once, certain (training does not recover
+  from a NaN loss);
 * diverging: with A, B, C the last three windows (oldest first), B and C are both above A
   by a one-sided Mann-Whitney rank test at p < ``alpha`` and mean(C) is more than
   ``increase_threshold_percent`` % above mean(A). Ranks make one outlier batch count as one
@@ -21,8 +21,8 @@ saved losses of each selected loss tensor, evaluated every ``num_steps`` mode st
 
 Losses judged: the training mini-batch losses (mode TRAIN; GLOBAL when the run has no TRAIN
 steps; ``mode`` picks another). A rising validation loss is Overfit's and Overtraining's
-finding, not this rule's. The rule needs 2 x ``window`` saved losses before it can judge;
-a run with fewer (or with no loss tensors) ends "not evaluated".
+finding, not this rule's. The rule needs 2 x ``window`` saved losses before it can judge (a
+rise needs 3 x ``window``); a run with fewer (or with no loss tensors) ends "not evaluated".
 
 SageMaker semantics (``semantics="sagemaker"``): the documented single-step condition below.
 
