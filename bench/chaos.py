@@ -1,5 +1,5 @@
 """Fault runs against the real service (local launcher): each run is one job whose training (real
-PyTorch, 150 steps, every step saved) is followed by an uploader into a real S3 endpoint (moto) and
+PyTorch, 300 steps, every step saved) is followed by an uploader into a real S3 endpoint (moto) and
 by a rule runner reporting to the control API; one fault is injected mid-run. Per run it prints
 files written vs files on S3, steps evaluated (datapoints the API holds) and the final statuses.
 
@@ -35,7 +35,7 @@ from trainguard.services.launchers.base import ComponentSpec, JobLaunch  # noqa:
 from trainguard.services.launchers.local import LocalLauncher  # noqa: E402
 
 FAULTS = ("kill-uploader", "kill-runner", "restart-api", "restart-s3-empty", "pause-s3", "no-capture")
-STEPS = 150
+STEPS = 300  # 15 s of training at 0.05 s a step: the fault lands mid-run even on a busy machine
 RULE = "tests.services.rules_for_tests:LossAboveThreshold"
 FINAL_RULE = {"NoIssuesFound", "IssuesFound", "Error", "Stopped"}
 
@@ -50,9 +50,17 @@ def _wait(predicate, timeout: float, interval: float = 0.2):  # noqa: ANN001, AN
     return None
 
 
-def _command_pid(component_dir: Path) -> int:
+def _kill_command(component_dir: Path) -> bool:
+    """kill -9 of the component's process (not the launcher's wrapper); False when it already ended."""
     wrapper = int((component_dir / "pid").read_text().split()[0])
-    return int(Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()[0])
+    try:
+        children = Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()
+    except OSError:
+        return False
+    if not children:
+        return False
+    os.kill(int(children[0]), signal.SIGKILL)
+    return True
 
 
 def one_run(fault: str, index: int, work: Path, s3: RestartableS3) -> dict:
@@ -74,14 +82,17 @@ def one_run(fault: str, index: int, work: Path, s3: RestartableS3) -> dict:
         LocalLauncher(api.data_dir / "local").start(
             JobLaunch(name, (ComponentSpec("uploader", "", tuple(uploader), dict(DUMMY_CREDENTIALS)),))
         )
-        if fault != "no-capture":
-            _wait(lambda: (api.job(name)["rules"][0].get("last_evaluated_step") or -1) >= 20
-                  and len(s3_run_files(s3.client(), "runs", prefix)) >= 10, 90)  # fmt: skip
+        if fault != "no-capture" and not _wait(
+            lambda: (api.job(name)["rules"][0].get("last_evaluated_step") or -1) >= 5
+            and len(s3_run_files(s3.client(), "runs", prefix)) >= 10, 120,
+        ):  # fmt: skip
+            raise RuntimeError(f"{fault} run {index}: no evaluations and uploads within 120 s")
         injected = time.monotonic()
+        injected_ok = True
         if fault == "kill-uploader":
-            os.kill(_command_pid(api.data_dir / "local" / name / "uploader"), signal.SIGKILL)
+            injected_ok = _kill_command(api.data_dir / "local" / name / "uploader")
         elif fault == "kill-runner":
-            os.kill(_command_pid(api.data_dir / "local" / name / "rule--Loss"), signal.SIGKILL)
+            injected_ok = _kill_command(api.data_dir / "local" / name / "rule--Loss")
         elif fault == "restart-api":
             api.kill(signal.SIGKILL)
             time.sleep(3)
@@ -100,7 +111,7 @@ def one_run(fault: str, index: int, work: Path, s3: RestartableS3) -> dict:
             steps = {row[0] for row in db.execute(
                 "SELECT step FROM metric_data WHERE job_name=? AND metric_name='RuleIssuesFound'", (name,))}  # fmt: skip
         return {
-            "fault": fault, "run": index, "written": len(written), "on_s3": len(on_s3),
+            "fault": fault if injected_ok else f"{fault} (too late)", "run": index, "written": len(written), "on_s3": len(on_s3),
             "lost": sorted(set(written) - set(on_s3)), "end_marker_on_s3": "training_job_end.ts" in on_s3,
             "steps_evaluated": len(steps), "job": job["status"], "rule": job["rules"][0]["status"],
             "seconds_after_fault": round(time.monotonic() - injected, 1),
