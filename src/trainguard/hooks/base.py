@@ -36,6 +36,7 @@ __all__ = ["BaseHook", "SavePlan"]
 logger = logging.getLogger("trainguard")
 
 _TRAINING_ONLY_COLLECTIONS = frozenset({"gradients", "optimizer_variables"})
+_NOTHING_DUE: frozenset[str] = frozenset()
 # What every other rank saves under include_workers="one": the rank-local values the default
 # rules need to check each worker (a loss that goes non-finite on one rank only). Gradients are
 # not among them: in data-parallel training they are all-reduced, so rank 0's copy already holds
@@ -144,6 +145,8 @@ class BaseHook:
         self._stopped_because: dict[str, object] | None = None
         self._match_cache: dict[str, tuple[Collection, ...]] = {}
         self._schedules: dict[str, tuple[SaveConfig, SaveConfig]] = {}
+        self._groups: list[tuple[SaveConfig, tuple[str, ...]]] | None = None
+        self._groups_for = -1  # len(include_collections) the groups were built for
         self._writer: StepWriter | None = None
         self._worker: str | None = None
         self._num_workers = 1
@@ -175,6 +178,7 @@ class BaseHook:
     def get_collection(self, name: str) -> Collection:
         self._match_cache.clear()
         self._plan_cache.clear()
+        self._groups = None  # the caller may change its schedule
         return self.collection_manager.get(name)
 
     def get_collections(self) -> dict[str, Collection]:
@@ -183,6 +187,7 @@ class BaseHook:
     def add_collection(self, collection: Collection) -> None:
         self._match_cache.clear()
         self._plan_cache.clear()
+        self._groups = None
         self.collection_manager._collections[collection.name] = collection
         if collection.name not in self.include_collections:
             self.include_collections.append(collection.name)
@@ -293,15 +298,33 @@ class BaseHook:
             self._schedules[collection.name] = cached
         return cached[1]
 
-    def _due_collections(self, mode: ModeKeys, mode_step: int) -> frozenset[str]:
-        due = set()
+    def _schedule_groups(self) -> list[tuple[SaveConfig, tuple[str, ...]]]:
+        """The included collections grouped by schedule: most share the hook's, so deciding a
+        step asks each distinct schedule once. Rebuilt when collections change."""
+        groups = self._groups
+        if groups is not None and self._groups_for == len(self.include_collections):
+            return groups
+        by_schedule: dict[int, tuple[SaveConfig, list[str]]] = {}
         for name in self.include_collections:
-            collection = self.collection_manager.get(name)
-            if name in _TRAINING_ONLY_COLLECTIONS and mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
-                continue
-            schedule = self._schedule_of(collection)
+            schedule = self._schedule_of(self.collection_manager.get(name))
+            by_schedule.setdefault(id(schedule), (schedule, []))[1].append(name)
+        groups = [(schedule, tuple(names)) for schedule, names in by_schedule.values()]
+        self._groups, self._groups_for = groups, len(self.include_collections)
+        return groups
+
+    def _due_collections(self, mode: ModeKeys, mode_step: int) -> frozenset[str]:
+        # Called at every step: on a step that saves nothing, one schedule test per distinct
+        # schedule and no allocation.
+        due: set[str] | None = None
+        for schedule, names in self._schedule_groups():
             if schedule.should_save_step(mode, mode_step):
-                due.add(name)
+                if due is None:
+                    due = set()
+                due.update(names)
+        if due is None:
+            return _NOTHING_DUE
+        if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
+            due.difference_update(_TRAINING_ONLY_COLLECTIONS)
         return frozenset(due)
 
     # -- what to save -------------------------------------------------------------------------
