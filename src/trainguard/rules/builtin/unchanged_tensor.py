@@ -21,7 +21,10 @@ findings), attention key biases (zero gradient: softmax is shift invariant), and
 get no gradient: frozen (the run saved gradients but none for this parameter) or with an
 all-zero gradient at every earlier saved step of its window (e.g. all-zero inputs in a batch of
 size 1). When every parameter of the model is unchanged, none is excused: nothing is learning.
-``semantics="sagemaker"``: SageMaker's condition at every evaluated step.
+Calibrated defaults inspect weights and biases only (a converged model's gradients legitimately
+stay the same), and a tensor within ``atol`` of zero everywhere is not judged (that is
+AllZero's or VanishingGradient's finding). ``semantics="sagemaker"``: SageMaker's condition at
+every evaluated step.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from trainguard.rules.builtin._persistence import Persistence, PersistentRule, i
 from trainguard.rules.params import Param
 
 DEFAULT_COLLECTIONS = ("weights", "biases", "gradients")
+CALIBRATED_COLLECTIONS = ("weights", "biases")
 
 
 class UnchangedTensor(PersistentRule):
@@ -84,6 +88,10 @@ class UnchangedTensor(PersistentRule):
     def _names(self, step: int) -> list[str]:
         if self.collection_names or self.tensor_regex:
             return select(self, step, collections=self.collection_names, regex=self.tensor_regex)
+        if self.calibrated:
+            # whether the model learns is told by its parameters; a converged model's gradients
+            # legitimately stay (near) the same
+            return select(self, step, collections=CALIBRATED_COLLECTIONS)
         return select(self, step, collections=DEFAULT_COLLECTIONS)
 
     def _is_parameter(self, name: str) -> bool:
@@ -156,6 +164,10 @@ class UnchangedTensor(PersistentRule):
         """Unchanged tensors that get no gradient by construction (see the module docstring)."""
         trial = self.base_trial
         excused = {name for name in unchanged if is_key_bias(name)}
+        for name in unchanged:  # within atol of zero: "unchanged" says only "(near) zero"
+            value = self._values.get((name, step))
+            if value is not None and value.dtype.kind in "fciub" and np.all(np.abs(value) <= self.atol):
+                excused.add(name)
         gradients = unchanged.keys() & {name for name in windows if name.startswith("gradient/")}
         for name in gradients:
             value = self._values.get((name, step))
