@@ -33,6 +33,7 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "RequestGuard", "max_body_bytes"]
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 PUBLIC_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 _INTERNAL = re.compile(r"^/v1/internal/jobs/([^/]+)/")
+_JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 
 
 def max_body_bytes(settings: Any, environ: dict[str, str]) -> int:
@@ -114,6 +115,8 @@ class RequestGuard:
     def _runner_token(scope: Scope, name: str) -> tuple[str, ...]:
         from trainguard.services.api.jobs import JobNotFound
 
+        if not _JOB_NAME.match(name):
+            return ()  # no job has this name: never send it to the database (a NUL breaks Postgres)
         try:
             return (scope["app"].state.service.runner_token(name),)
         except JobNotFound:

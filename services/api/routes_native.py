@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from trainguard.services.api.auth import check_bearer
@@ -137,6 +137,8 @@ def report_rule_status(name: str, configuration: str, request: Request, update: 
         check_bearer(request, request.app.state.settings)
         raise _not_found(name) from None
     check_bearer(request, request.app.state.settings, token)
+    if len(configuration) > 256 or "\x00" in configuration:
+        raise HTTPException(status_code=404, detail=f"job {name} has no such rule configuration")
     try:
         return service.report_rule_status(name, configuration, update.model_dump(exclude_unset=True))
     except JobNotFound:
