@@ -56,6 +56,10 @@ def test_a_single_vanished_step_never_fires_and_a_persistent_one_does(tmp_path):
     assert [s for s, r in results.items() if r.fired] == list(range(4, 10))
     assert [s for s, r in results.items() if r.certain] == list(range(6, 10))
     assert "at 3 of the last 5 evaluated steps" in results[4].message
+    # every gradient tiny: the loss is flat (a memorised training set), not a gradient-flow problem
+    converged = write_run(tmp_path / "converged", _gradients([(tiny, tiny * 50)] * 10))
+    assert fired(evaluate_rule(converged, "VanishingGradient")) == []
+    assert first_firing(evaluate_rule(converged, "VanishingGradient:semantics=sagemaker")) == 0
 
 
 def test_non_finite_values_are_immediate_and_certain(tmp_path):

@@ -3,7 +3,9 @@
 Calibrated semantics (default): at each saved step, the gradients of the model are judged as a
 whole. A gradient tensor counts as vanished when the mean absolute value of its non-zero
 elements is below ``threshold`` (an all-zero tensor counts as 0); the step's condition holds when
-at least ``layer_fraction`` of the judged gradient tensors vanished. The rule fires when the
+at least ``layer_fraction`` of the judged gradient tensors vanished while some gradient is still
+at least ``signal_factor`` times ``threshold`` (the signal reaches the output side and vanishes
+on its way back; a model whose every gradient is tiny has converged or memorised its data). The rule fires when the
 condition held at most of the last ``window`` evaluated steps (certain: at all of a full window).
 Not judged, because their gradient is zero by construction (see ``_persistence``): attention key
 biases, frozen parameters (no gradient saved), a weight gradient that is zero while its layer's
@@ -67,6 +69,13 @@ class VanishingGradient(PersistentRule):
         check=lambda value: None if 0 < value <= 1 else "must be in (0, 1]",
     )
 
+    signal_factor = Param(
+        float,
+        100.0,
+        "calibrated: fire only while some gradient is at least this many times threshold (trainguard)",
+        check=lambda value: None if value >= 1 else "must be >= 1",
+    )
+
     def _mean_abs(self, step: int, name: str, value: np.ndarray) -> float | None:
         """mean(|g|) in float64 (calibrated: over the non-zero elements); None for empty,
         non-finite or non-numeric gradients."""
@@ -119,7 +128,10 @@ class VanishingGradient(PersistentRule):
         if self.single_step:
             held = bool(vanished)
         else:
-            held = len(vanished) >= max(1.0, self.layer_fraction * len(means))
+            # the signal reaches some layer (the output side) but vanishes on its way back; when
+            # every gradient is tiny the loss is flat (converged, memorised): not a flow problem
+            reaches = means[max(means, key=means.__getitem__)] >= self.signal_factor * self.threshold
+            held = reaches and len(vanished) >= max(1.0, self.layer_fraction * len(means))
         fire, certain = self.persisted(_MODEL, held)
         if fire:
             name = min(vanished, key=vanished.__getitem__)
