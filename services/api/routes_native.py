@@ -47,11 +47,12 @@ def create_job(spec: JobSpec, request: Request) -> Any:
         raise HTTPException(status_code=409, detail=f"a training job named {spec.name!r} already exists") from None
     except ValueError as error:
         field, _, message = str(error).partition(": ")
+        if field.split(".")[0] not in JobSpec.model_fields:  # not 'field.path: why': the whole request
+            field, message = "", str(error)
+        location = ["body", *(int(p) if p.isdigit() else p for p in field.split(".") if p)]
         return JSONResponse(
             status_code=422,
-            content={
-                "detail": [{"loc": ["body", *field.split(".")], "msg": message or str(error), "type": "value_error"}]
-            },
+            content={"detail": [{"loc": location, "msg": message or str(error), "type": "value_error"}]},
         )
 
 
