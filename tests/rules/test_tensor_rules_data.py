@@ -324,3 +324,28 @@ def test_rules_survive_nan_empty_and_missing_tensors_on_a_live_run(tmp_path, rul
     for result in results:
         if result is not None:
             json.dumps(result.to_dict())  # what a rule runner writes to rule-output/<name>.json
+
+
+def test_class_imbalance_does_not_judge_regression_targets(tmp_path):
+    """MSE regression: the loss's inputs are real-valued predictions and targets, not class ids."""
+    rng = np.random.default_rng(0)
+    steps = {
+        s: {"MSELoss_input_0": rng.normal(size=64), "MSELoss_input_1": rng.normal(size=64) * 3 + 1} for s in range(20)
+    }
+    path = write_run(
+        tmp_path / "regression",
+        steps,
+        collections={"predictions": ["MSELoss_input_0"], "labels": ["MSELoss_input_1"]},
+    )
+    results = evaluate_rule(path, "ClassImbalance:samples=100")
+    assert not any(r.fired for r in results)
+    assert results[-1].not_evaluated and "not class ids" in results[-1].message
+    # the same run with integer class labels is judged
+    for s in steps:
+        steps[s]["MSELoss_input_1"] = np.where(rng.random(64) < 0.97, 0.0, 1.0)
+    path = write_run(
+        tmp_path / "classes",
+        steps,
+        collections={"predictions": ["MSELoss_input_0"], "labels": ["MSELoss_input_1"]},
+    )
+    assert first_firing(evaluate_rule(path, "ClassImbalance:samples=100")) is not None

@@ -120,6 +120,8 @@ def class_ids(labels: Any, predictions: Any, *, argmax: bool = False) -> tuple[n
             finite = p[np.isfinite(p)]
             logits = finite.size > 0 and (finite.min() < 0 or finite.max() > 1)
             p = (p > (0.0 if logits else 0.5)).astype(np.float64)
+        if not _integral(y):
+            return None  # regression targets or soft labels: not class ids
         y = y.reshape(-1)
         p = p.reshape(-1)
         if y.size != p.size:

@@ -84,6 +84,15 @@ class ClassImbalance(Rule):
         self._window: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self._window_size = 0
         self._seen: set[int] = set()
+        self._not_classes = 0  # label tensors read that hold no class ids (regression targets)
+
+    def finish(self) -> StepResult | None:
+        if not self._counts and self._not_classes:
+            return self.not_evaluated(
+                "the labels are not class ids (non-integer targets: a regression loss?); ClassImbalance "
+                "judges classification runs"
+            )
+        return None
 
     def _pairs(self, step: int) -> list[tuple[str, str]]:
         return label_prediction_pairs(
@@ -152,6 +161,7 @@ class ClassImbalance(Rule):
                 continue
             ids = class_ids(values[label_name], values[prediction_name], argmax=self.argmax)
             if ids is None:
+                self._not_classes += 1
                 continue
             y, predicted = ids
             for cls, count in zip(*np.unique(y, return_counts=True), strict=False):
