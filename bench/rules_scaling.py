@@ -54,7 +54,6 @@ def write_run(path: str, steps: int, seed: int = 0) -> float:
     writer = StepWriter(open_store(path), worker)
     writer.write_object(collections_key(worker), manager.render(1))
     weight = rng.normal(0, 0.3, (8, 8)).astype(np.float32)
-    centers = rng.normal(0, 1, (5, 8)).astype(np.float32)
     mode_steps = {ModeKeys.TRAIN: 0, ModeKeys.EVAL: 0}
     train_step = 0
     for step in range(steps):
@@ -65,7 +64,9 @@ def write_run(path: str, steps: int, seed: int = 0) -> float:
         level = 0.2 + 2.1 * np.exp(-5 * progress)
         tensors: dict[str, np.ndarray] = {}
         labels = rng.integers(0, 5, 16)
-        logits = centers[labels] @ rng.normal(0, 1, (8, 5)).astype(np.float32) * (1 - level / 2.3)
+        # a model that is mostly right (about 95 % of the labels): the classification rules look
+        # at every step but have nothing to report, as on a healthy job
+        logits = 4.0 * np.eye(5, dtype=np.float32)[labels] + rng.normal(0, 1, (16, 5)).astype(np.float32)
         tensors["CrossEntropyLoss_output_0"] = np.array([level * (1 + rng.normal(0, 0.1))], dtype=np.float32)
         tensors["CrossEntropyLoss_input_0"] = logits.astype(np.float32)
         tensors["CrossEntropyLoss_input_1"] = labels.astype(np.int64)
