@@ -165,7 +165,9 @@ def run_job(contract: JobContract, paths: MlPaths) -> int:
         error_line = _last_error_line(list(stderr_tail))
         written = read_failure(paths)
         if written is None:
-            _fail(paths, f"AlgorithmError: {error_line or 'the training process failed'} (exit code {code})")
+            _fail(
+                paths, f"AlgorithmError: training exited with code {code}" + (f": {error_line}" if error_line else "")
+            )
         elif error_line and error_line not in written:
             _fail(paths, f"AlgorithmError: {error_line}\n{written}")
     with tempfile.TemporaryDirectory() as scratch:

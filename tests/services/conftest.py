@@ -172,8 +172,17 @@ def _stop_local_jobs(root: Path) -> None:
 
 
 @pytest.fixture
-def api(api_factory: Callable[..., ApiServer]) -> ApiServer:
-    return api_factory()
+def api(api_factory: Callable[..., ApiServer], s3_endpoint: str) -> ApiServer:  # noqa: F811
+    """The API with an S3 endpoint (moto) holding the bucket ``bkt``: SageMaker requests name
+    ``s3://bkt/`` outputs, which jobs really write to (model.tar.gz, the uploaded run)."""
+    from tests.s3_server import s3_client
+
+    client = s3_client(s3_endpoint)
+    try:
+        client.create_bucket(Bucket="bkt")
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    return api_factory(S3_ENDPOINT_URL=s3_endpoint)
 
 
 def training_command(*args: str) -> list[str]:
