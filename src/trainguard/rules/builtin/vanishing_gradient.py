@@ -5,8 +5,9 @@ whole. A gradient tensor counts as vanished when the mean absolute value of its 
 elements is below ``threshold`` (an all-zero tensor counts as 0); the step's condition holds when
 at least ``layer_fraction`` of the judged gradient tensors vanished while some gradient is still
 at least ``signal_factor`` times ``threshold`` (the signal reaches the output side and vanishes
-on its way back; a model whose every gradient is tiny has converged or memorised its data). The rule fires when the
-condition held at most of the last ``window`` evaluated steps (certain: at all of a full window).
+on its way back; a model whose every gradient is tiny has converged or memorised its data).
+The rule fires when the condition held at most of the last ``window`` evaluated steps (certain:
+at all of a full window).
 Not judged, because their gradient is zero by construction (see ``_persistence``): attention key
 biases, frozen parameters (no gradient saved), a weight gradient that is zero while its layer's
 bias gradient is not (all-zero inputs in that batch), and the exactly-zero elements of an
