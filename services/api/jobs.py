@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from trainguard.services.actions import ActionContext, build_event, get_handler
@@ -78,7 +79,12 @@ class JobService:
         self.launcher = launcher
         self.settings = settings
         self.lock = threading.RLock()
-        self._create_lock = threading.Lock()  # a job name is checked and taken by one creation at a time
+        # A job name is checked, planned (files in its directory) and inserted by one creation at a
+        # time. One lock for all names, not one per name: with per-name locks concurrent inserts
+        # meet in SQLite's busy handler, whose sleeps (up to 100 ms each) made the tail worse in
+        # bench/load_api.py (10x10, loaded machine): create p50 1.3-1.5 s but p95 5.2-6.0 s and
+        # max 8.7-13.5 s, against p50 2.1-2.5 s, p95 3.9-5.0 s and max 4.9-5.8 s with one lock.
+        self._create_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainguard-action")
         self.starting: set[str] = set()  # jobs whose components the launcher is starting right now
         self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
@@ -105,8 +111,8 @@ class JobService:
         self._check_policy(spec)
         token = secrets.token_urlsafe(24)
         now = time.time()
-        # Only creations wait for each other here (plan + insert take milliseconds); status reports,
-        # describes and lists go on meanwhile. The launch itself runs outside any lock.
+        # Only creations wait for each other here (check, plan, insert); status reports, describes
+        # and lists go on meanwhile. The launch itself runs outside any lock.
         with self._create_lock, self.sessions() as session:
             if session.get(JobRow, spec.name) is not None:
                 raise JobExists(spec.name)
@@ -120,7 +126,11 @@ class JobService:
                     settled=False,
                 )
             )  # fmt: skip
-            session.flush()
+            try:
+                session.flush()  # the name is taken here, in the database's own unique index
+            except IntegrityError:  # another API process (same database) took the name meanwhile
+                session.rollback()
+                raise JobExists(spec.name) from None
             session.add(
                 TransitionRow(
                     job_name=spec.name, status="Starting", start_time=now, message="Launching the job's components"
@@ -155,7 +165,12 @@ class JobService:
                     ComponentRow(job_name=spec.name, role=component.role, state="Pending", updated=now, reason="")
                 )
             self.starting.add(spec.name)  # the reconciler leaves it alone until every component started
-            session.commit()
+            try:
+                session.commit()
+            except IntegrityError:  # another API process (same database) took the name meanwhile
+                session.rollback()
+                self.starting.discard(spec.name)
+                raise JobExists(spec.name) from None
         try:
             self.launcher.start(launch)
         except (LauncherError, OSError) as error:

@@ -358,3 +358,36 @@ def test_a_launch_refused_half_way_leaves_no_row_and_no_process(tmp_path: Path) 
         assert all(status.state.value != "Running" for status in statuses.values()), statuses
         status, body = sagemaker(client, "StopTrainingJob", {"TrainingJobName": NAME})
         assert (status, body["__type"]) == (400, "ResourceNotFound")
+
+
+def test_concurrent_creations_one_name_one_winner_and_different_names_all_created(client) -> None:
+    """Creations are not serialised behind each other, yet a name is taken exactly once."""
+    import threading
+
+    from trainguard.services.api.jobs import JobExists
+    from trainguard.services.api.schemas import JobSpec
+
+    service = client.app.state.service
+    outcomes: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def create(name: str) -> None:
+        spec = JobSpec.model_validate(_spec(name=name, command=training_command("--steps", "2")))
+        barrier.wait()
+        try:
+            service.create(spec)
+            outcomes.append("created")
+        except JobExists:
+            outcomes.append("exists")
+
+    for names in (["same-name"] * 8, [f"name-{i}" for i in range(8)]):
+        outcomes.clear()
+        threads = [threading.Thread(target=create, args=(name,)) for name in names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        expected = ["created"] if len(set(names)) == 1 else ["created"] * 8
+        assert sorted(outcomes) == sorted(expected + ["exists"] * (8 - len(expected))), outcomes
+    listed = {job["name"] for job in client.get("/v1/jobs", headers=AUTH).json()["jobs"]}
+    assert listed == {"same-name", *(f"name-{i}" for i in range(8))}
