@@ -16,6 +16,11 @@ class IndexEntry:
     tensor_name: str
     start: int  # byte offset of the framed record in the event file
     length: int  # framed length: header + payload + footer
+    # zlib CRC-32 of the record's payload, written by trainguard under the extra key "crc32".
+    # smdebug 1.0.34 must find its constant in the record footer (it rejects a real checksum
+    # there), so the payload's checksum lives in the index, where smdebug ignores unknown keys.
+    # None for files written by smdebug or older trainguard versions.
+    checksum: int | None = None
 
 
 @dataclass
@@ -29,6 +34,22 @@ class StepIndex:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
+def _payload_entry(entry: IndexEntry) -> dict[str, object]:
+    item: dict[str, object] = {"tensorname": entry.tensor_name, "start_idx": entry.start, "length": entry.length}
+    if entry.checksum is not None:
+        item["crc32"] = entry.checksum
+    return item
+
+
+def _checksum(item: dict) -> int | None:
+    value = item.get("crc32")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+        raise ValueError(f"crc32 of {item.get('tensorname')!r} is not a 32-bit checksum")
+    return value
+
+
 def render_index(index: StepIndex) -> bytes:
     """The JSON smdebug 1.0.34 writes (and reads)."""
     meta: dict[str, object] = {"mode": index.mode.name, "mode_step": index.mode_step}
@@ -36,10 +57,7 @@ def render_index(index: StepIndex) -> bytes:
         meta["event_file_name"] = index.event_file
     document = {
         "meta": meta,
-        "tensor_payload": [
-            {"tensorname": entry.tensor_name, "start_idx": entry.start, "length": entry.length}
-            for entry in index.tensors
-        ],
+        "tensor_payload": [_payload_entry(entry) for entry in index.tensors],
         "shape_payload": [
             {"tensorname": name, "originalname": name, "shape": list(shape)} for name, shape in index.shapes.items()
         ],
@@ -59,7 +77,7 @@ def parse_index(data: bytes, *, step: int, worker: str, path: str) -> StepIndex:
         mode = ModeKeys[str(meta.get("mode", "GLOBAL")).strip()]
         mode_step = int(meta.get("mode_step", step))
         entries = [
-            IndexEntry(str(item["tensorname"]), int(item["start_idx"]), int(item["length"]))
+            IndexEntry(str(item["tensorname"]), int(item["start_idx"]), int(item["length"]), _checksum(item))
             for item in document.get("tensor_payload") or []
         ]
         shapes = {

@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import weakref
+import zlib
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -265,7 +266,13 @@ class StepWriter:
             file.write(encoded.content)
         file.write(_FOOTER)
         record_length = HEADER_SIZE + encoded.length + FOOTER_SIZE
-        state["entries"].append(IndexEntry(name, state["offset"], record_length))
+        # The payload's checksum goes in the index (see IndexEntry.checksum): a flipped byte is
+        # then a clear error on read, never a silently wrong value. zlib's CRC-32 is in C, always
+        # installed, and drops the GIL on large buffers.
+        checksum = zlib.crc32(encoded.prefix)
+        if encoded.content.nbytes:
+            checksum = zlib.crc32(encoded.content, checksum)
+        state["entries"].append(IndexEntry(name, state["offset"], record_length, checksum))
         state["offset"] += record_length
         # Writing is background work: hand the GIL back after every record. Without this the
         # training thread, which drops the GIL in every torch op, can wait a whole switch
@@ -288,7 +295,7 @@ class StepWriter:
             buffer += payload
             buffer += _FOOTER
             record_length = HEADER_SIZE + len(payload) + FOOTER_SIZE
-            state["entries"].append(IndexEntry(name, state["offset"], record_length))
+            state["entries"].append(IndexEntry(name, state["offset"], record_length, zlib.crc32(payload)))
             state["offset"] += record_length
         state["file"].write(bytes(buffer))
         time.sleep(0)  # hand the GIL back to training once per batch (see _write_record)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from trainguard.errors import FormatError
@@ -17,11 +19,18 @@ __all__ = ["PIN_FRACTION", "decode_record"]
 PIN_FRACTION = 16
 
 
-def decode_record(chunk: memoryview, start: int, length: int, buffer_size: int, path: str) -> np.ndarray:
-    """The array of the framed record ``chunk`` (index entry ``start``/``length`` of ``path``)."""
+def decode_record(
+    chunk: memoryview, start: int, length: int, buffer_size: int, path: str, checksum: int | None = None
+) -> np.ndarray:
+    """The array of the framed record ``chunk`` (index entry ``start``/``length`` of ``path``).
+
+    ``checksum`` is the index's CRC-32 of the payload, when the writer recorded one.
+    """
     if len(chunk) != length:
         raise FormatError(path, start, f"file ends before the {length}-byte record the index names")
     payload, _ = parse_record(chunk, 0, path)
+    if checksum is not None and zlib.crc32(payload) != checksum:
+        raise FormatError(path, start, "record payload does not match its checksum in the index (corrupt file)")
     if len(payload) * PIN_FRACTION < buffer_size:
         payload = bytes(payload)
     return decode_tensor_event(payload, path, start).value

@@ -438,7 +438,9 @@ class Trial:
             chunks, buffer_size = self._read_event_ranges(event_file, ranges)
             path = f"{self.path}/{event_file}"
             for (name, location), chunk in zip(items, chunks, strict=True):
-                values[name] = decode_record(chunk, location.entry.start, location.entry.length, buffer_size, path)
+                values[name] = decode_record(
+                    chunk, location.entry.start, location.entry.length, buffer_size, path, location.entry.checksum
+                )
         return values
 
     def _read_event_ranges(self, event_file: str, ranges: list[tuple[int, int]]) -> tuple[list[memoryview], int]:
