@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| operation | count | p50 ms | p95 ms | max ms | errors |")
         print("|---|---|---|---|---|---|")
         for operation, row in summary["operations"].items():
-            print(f"| {operation} | {row['count']} | {row['p50_ms']} | {row['p95_ms']} | {row['max_ms']} | {row['errors']} |")
+            cells = [operation, *(row[key] for key in ("count", "p50_ms", "p95_ms", "max_ms", "errors"))]
+            print("| " + " | ".join(str(cell) for cell in cells) + " |")
         print("final states:", dict(ends))
         print(f"API CPU seconds during the submit phase: {summary['api_cpu_seconds_during_submit']}; "
               f"1-min load average before/after: {summary['load_average_before_after']}")

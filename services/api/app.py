@@ -12,7 +12,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-
 from trainguard.services.api.db import make_engine, make_session_factory
 from trainguard.services.api.guard import RequestGuard, max_body_bytes
 from trainguard.services.api.jobs import JobService

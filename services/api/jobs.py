@@ -20,7 +20,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
-
 from trainguard.services.actions import ActionContext, build_event, get_handler
 from trainguard.services.alarms import AlarmSpec, AlarmState, evaluate_alarm, implicit_rule_alarm
 from trainguard.services.api.db import (

@@ -7,7 +7,6 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-
 from trainguard.services.api.auth import check_bearer
 from trainguard.services.api.jobs import JobExists, JobNotFound, JobService
 from trainguard.services.api.schemas import JOB_NAME_PATTERN, MAX_GRACE_SECONDS, JobSpec, RuleStatusReport

@@ -147,7 +147,6 @@ _OPERATIONS = {
 
 @sagemaker_router.post("/", summary="SageMaker API (awsJson 1.1, X-Amz-Target: SageMaker.<Operation>)")
 async def sagemaker_endpoint(request: Request) -> Response:
-    settings = request.app.state.settings
     target = request.headers.get("x-amz-target", "")
     prefix, _, operation = target.partition(".")
     # The same endpoint answers the CloudWatch Logs calls of fit(logs=True) (routes_logs).

@@ -164,7 +164,9 @@ def structure(members: dict[str, Check], required: tuple[str, ...] = ()) -> Chec
             return
         for name in required:
             if value.get(name) is None:
-                errors.append(f"Value null at '{_join(path, name)}' failed to satisfy constraint: Member must not be null")
+                errors.append(
+                    f"Value null at '{_join(path, name)}' failed to satisfy constraint: Member must not be null"
+                )
         for name, member in members.items():
             if value.get(name) is not None:  # null = absent, as botocore's JSON parser treats it
                 member(value[name], _join(path, name), errors)

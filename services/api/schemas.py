@@ -11,7 +11,6 @@ import math
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
-
 from trainguard.services.api.sagemaker_validation import MAX_RUNTIME_SECONDS, unsafe_text
 
 __all__ = ["AlarmConfig", "JobSpec", "Resources", "RuleConfig", "StoppingCondition", "RUNNER_PARAMETERS"]
@@ -25,7 +24,9 @@ MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
 MAX_WEBHOOK_RETRIES = 10
 MAX_GRACE_SECONDS = 3600.0
 MAX_STEP = 2**62
-RULE_REFERENCE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$|^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
+RULE_REFERENCE = (  # 'package.module:Class' (dotted identifiers), or a rule / entry-point name
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$|^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
+)
 CONFIGURATION_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"  # it names files and component roles: no '/', no '..'
 COMPARISONS = (
     "GreaterThanOrEqualToThreshold",
@@ -261,7 +262,9 @@ class AlarmConfig(BaseModel):
 
     name: _text(256, 1)
     metric_name: Literal["RuleIssuesFound"] = "RuleIssuesFound"
-    rule: _text(256, 1) | None = Field(None, description="RuleConfigurationName the alarm watches (default: every rule)")
+    rule: _text(256, 1) | None = Field(
+        None, description="RuleConfigurationName the alarm watches (default: every rule)"
+    )
     threshold: float = Field(1.0, allow_inf_nan=False, ge=-1e12, le=1e12)
     comparison: Literal[COMPARISONS] = "GreaterThanOrEqualToThreshold"  # type: ignore[valid-type]
     evaluation_periods: int = Field(1, ge=1, le=100, description="M: how many latest datapoints are evaluated")

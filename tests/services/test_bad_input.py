@@ -19,11 +19,11 @@ from tests.services.conftest import TOKEN, training_command
 
 pytest.importorskip("httpx", reason="TestClient needs httpx")
 from fastapi.testclient import TestClient  # noqa: E402
+from trainguard.services.api.app import create_app  # noqa: E402
+from trainguard.services.api.settings import Settings  # noqa: E402
 
 from trainguard.rules.base import RuleStatus, StepResult  # noqa: E402
 from trainguard.rules.status_update import StatusUpdate  # noqa: E402
-from trainguard.services.api.app import create_app  # noqa: E402
-from trainguard.services.api.settings import Settings  # noqa: E402
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 NAME = "bad-input-job"
@@ -85,7 +85,8 @@ def _sdk_action(**action: Any) -> str:
 CREATE_CASES = [
     ({"AlgorithmSpecification": "python train.py"}, "'AlgorithmSpecification'"),
     ({"AlgorithmSpecification": {"ContainerEntrypoint": "python"}}, "AlgorithmSpecification.ContainerEntrypoint'"),
-    ({"AlgorithmSpecification": {"ContainerEntrypoint": ["python", 3]}}, "AlgorithmSpecification.ContainerEntrypoint[1]"),
+    ({"AlgorithmSpecification": {"ContainerEntrypoint": ["python", 3]}},
+     "AlgorithmSpecification.ContainerEntrypoint[1]"),
     ({"AlgorithmSpecification": {"ContainerArguments": {"a": 1}}}, "AlgorithmSpecification.ContainerArguments"),
     ({"Environment": ["A=1"]}, "'Environment'"),
     ({"Environment": {"A": 1}}, "'Environment.A'"),
@@ -122,7 +123,8 @@ CREATE_CASES = [
      "grace_seconds"),
     ({"DebugRuleConfigurations": rule(action_json=_sdk_action(url="file:///etc/passwd"))}, "url"),
     # Text no process or database can take, anywhere in the request.
-    ({"AlgorithmSpecification": {"ContainerEntrypoint": ["python\x00-c"]}}, "AlgorithmSpecification.ContainerEntrypoint[0]"),
+    ({"AlgorithmSpecification": {"ContainerEntrypoint": ["python\x00-c"]}},
+     "AlgorithmSpecification.ContainerEntrypoint[0]"),
     ({"Environment": {"A": "\x00"}}, "'Environment.A'"),
     ({"HyperParameters": {"lr": "\ud800"}}, "'HyperParameters.lr'"),
     ({"Tags": [{"Key": "k", "Value": "\udfff"}]}, "Tags[0].Value"),
@@ -142,7 +144,8 @@ def test_lone_surrogate_and_nul_in_raw_json_are_refused_before_anything_is_creat
     # json.dumps would escape them the same way; written out to be sure the escapes reach the server.
     template = json.dumps(create_request(Environment={"A": "PLACEHOLDER"}))
     for escape in ("\\ud800", "\\u0000", "a\\udc00b"):
-        status, body = sagemaker(client, "CreateTrainingJob", None, raw=template.replace("PLACEHOLDER", escape).encode())
+        raw = template.replace("PLACEHOLDER", escape).encode()
+        status, body = sagemaker(client, "CreateTrainingJob", None, raw=raw)
         assert (status, body["__type"]) == (400, "ValidationException"), body
         assert "Environment.A" in body["message"]
         assert_no_job(client)
@@ -231,7 +234,8 @@ NATIVE_CASES = [
     (_spec(rules=[{"rule": "LossNotDecreasing", "name": "../../etc"}]), "body.rules.0.name"),
     (_spec(rules=_stop_action(grace_seconds=1e308)), "body.rules.0.actions"),
     (_spec(rules=_stop_action(grace_seconds="inf")), "body.rules.0.actions"),
-    (_spec(rules=[{"rule": "LossNotDecreasing", "actions": [{"name": "webhook", "url": "http://x", "retries": 10**6}]}]),
+    (_spec(rules=[{"rule": "LossNotDecreasing",
+                   "actions": [{"name": "webhook", "url": "http://x", "retries": 10**6}]}]),
      "body.rules.0.actions"),
     (_spec(rules=[{"rule": "LossNotDecreasing", "actions": [{"name": "webhook", "url": "file:///etc/passwd"}]}]),
      "body.rules.0.actions"),

@@ -9,7 +9,6 @@ swapped for a harmless one (the fuzzing is about the API, not about running rand
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +19,6 @@ schemathesis = pytest.importorskip("schemathesis", reason="pip install schemathe
 pytest.importorskip("httpx", reason="TestClient needs httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
-
 from trainguard.services.api.app import create_app  # noqa: E402
 from trainguard.services.api.settings import Settings  # noqa: E402
 
@@ -68,7 +66,8 @@ schema = schemathesis.pytest.from_fixture("native_schema")
 def test_no_server_error(case: Any) -> None:
     response = case.call(headers=AUTH)
     SEEN[response.status_code] = SEEN.get(response.status_code, 0) + 1
-    assert response.status_code < 500, f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}"
+    where = f"{case.method} {case.formatted_path}"
+    assert response.status_code < 500, f"{where} -> {response.status_code}: {response.text[:500]}"
 
 
 def test_after_the_fuzz_every_job_is_whole(fuzz_app) -> None:  # noqa: ANN001
@@ -86,7 +85,8 @@ def test_after_the_fuzz_every_job_is_whole(fuzz_app) -> None:  # noqa: ANN001
         def launched(name: str = job["name"]) -> bool:
             # A ghost is a row whose components were never started: InProgress with every one Pending.
             description = client.get(f"/v1/jobs/{name}", headers=AUTH).json()
-            return description["status"] != "InProgress" or any(c["state"] != "Pending" for c in description["components"])
+            started = any(c["state"] != "Pending" for c in description["components"])
+            return description["status"] != "InProgress" or started
 
         wait_for(launched, 30, f"{job['name']}'s components to be started by the reconciler")
         sagemaker = client.post(

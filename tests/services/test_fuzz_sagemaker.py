@@ -26,7 +26,6 @@ from tests.services.conftest import TOKEN, wait_for
 
 pytest.importorskip("httpx", reason="TestClient needs httpx")
 from fastapi.testclient import TestClient  # noqa: E402
-
 from trainguard.services.api.app import create_app  # noqa: E402
 from trainguard.services.api.settings import Settings  # noqa: E402
 
@@ -177,7 +176,7 @@ def test_random_types_never_cause_a_server_error_or_a_ghost_job(client, seed) ->
     for name in accepted:
         status, answer = call(client, "DescribeTrainingJob", {"TrainingJobName": name})
         assert status == 200, answer
-        wait_for(lambda: launched(client, name), 30, f"{name}'s components to be started by the reconciler")
+        wait_for(lambda name=name: launched(client, name), 30, f"{name}'s components to be started by the reconciler")
 
 
 def launched(client: TestClient, name: str) -> bool:
