@@ -20,7 +20,7 @@ def test_findings_written_by_the_rule_runner_appear_with_their_hints(plain_run: 
     specs = [
         RuleSpec.parse("DeadRelu:threshold_layer=0.5,threshold_inactivity=0.8"),
         RuleSpec.parse("LossNotDecreasing"),
-        RuleSpec.parse("VanishingGradient:threshold=0.05"),
+        RuleSpec.parse("VanishingGradient:threshold=0.05,semantics=sagemaker"),  # single-step: fires here
     ]
     final = RuleRunner(str(run), specs).run()
     statuses = {name: update.status.value for name, update in final.items()}

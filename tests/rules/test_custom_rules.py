@@ -182,7 +182,10 @@ def test_cli_rules_run_exit_codes_and_json(tmp_path: Path, rule_modules: Path) -
     lines = [json.loads(line) for line in found.stdout.splitlines()]
     assert lines[0]["status"] == "InProgress"
     assert any(line["result"] and line["result"]["fired"] and line["result"]["step"] == 2 for line in lines)
-    assert lines[-1]["status"] == "IssuesFound"
+    assert lines[-2]["status"] == "IssuesFound"
+    # the last line is the run's diagnosis: this rule's first finding is the primary one
+    (primary,) = lines[-1]["diagnosis"]["primary"]
+    assert primary["step"] == 2 and primary["worker"] == "worker_0"
     clean = _cli(
         "rules", "run", healthy, "--rule", rule, "--progress", str(tmp_path / "p.json"), pythonpath=str(rule_modules)
     )

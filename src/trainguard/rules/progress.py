@@ -50,6 +50,7 @@ class RuleProgress:
     # that only ever said "not evaluated" or "missing" ends with Error: RuleNotEvaluated.
     evaluated: bool = False
     not_evaluated: str = ""  # the first reason a result gave for not evaluating
+    _finding_keys: set[tuple[Any, ...]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def fired_steps(self) -> set[int]:
@@ -57,18 +58,16 @@ class RuleProgress:
 
     def add_finding(self, finding: dict[str, Any]) -> bool:
         """Record a finding unless one for the same step is already there; True when added."""
-        step = finding.get("step")
-        if any(
-            existing.get("step") == step
-            and existing.get("message") == finding.get("message")
-            and existing.get("worker") == finding.get("worker")
-            for existing in self.findings
-        ):
+        if self._finding_keys is None or len(self._finding_keys) != len(self.findings):
+            self._finding_keys = {_finding_key(existing) for existing in self.findings}
+        key = _finding_key(finding)
+        if key in self._finding_keys:  # a set: a rule firing at every step costs O(1) per finding
             return False
         if len(self.findings) >= MAX_KEPT_FINDINGS:
             self.dropped_findings += 1
             return True
         self.findings.append(finding)
+        self._finding_keys.add(key)
         return True
 
     def add_missing(self, what: str, collection: str | None) -> bool:
@@ -117,14 +116,22 @@ class RuleProgress:
         )
 
 
+def _finding_key(finding: dict[str, Any]) -> tuple[Any, ...]:
+    """Findings are the same when step, message and worker are (a restart re-finds them)."""
+    return (finding.get("step"), finding.get("message"), finding.get("worker"))
+
+
 def write_json_atomic(path: str | os.PathLike[str], document: Any) -> None:
     """Write JSON so that readers see the old file or the new one, never a partial one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        # json.dumps without indent runs the C encoder; json.dump to a file never does (a rule-output
+        # file of 1,000 findings took 0.2 s with indent=1, rewritten on every finding)
+        text = json.dumps(document, default=str, separators=(",", ":"))
         with os.fdopen(handle, "w", encoding="utf-8") as file:
-            json.dump(document, file, indent=1, default=str)
+            file.write(text)
         os.replace(temp, target)
     except BaseException:
         try:

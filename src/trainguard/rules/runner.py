@@ -46,6 +46,7 @@ Run as a process: ``python -m trainguard.rules.runner RUN --rule NAME ...`` (sam
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import logging
@@ -63,10 +64,11 @@ from trainguard.errors import (
     TrialError,
     WaitTimeout,
 )
+from trainguard.modes import ModeKeys
 from trainguard.rules.actions import spec_actions, stops_training
 from trainguard.rules.base import Rule, RuleStatus, StepResult
 from trainguard.rules.compat import make_rule, validate_specs
-from trainguard.rules.diagnosis import diagnose, role_of
+from trainguard.rules.diagnosis import diagnose, finding_kind, role_of
 from trainguard.rules.progress import (
     RuleProgress,
     load_progress,
@@ -187,6 +189,10 @@ class RuleRunner:
         self._last_output = 0.0
         self._progress_dirty = False
         self._dirty: set[str] = set()
+        # the first finding per (kind, worker) of each configuration, and the diagnosis from them
+        self._first_findings: dict[str, dict[tuple[str, str | None], dict[str, Any]]] = {}
+        self._diagnosis: dict[str, Any] | None = None
+        self._diagnosis_stale = True
 
     # -- public --------------------------------------------------------------------------------
     def run(self) -> dict[str, StatusUpdate]:
@@ -222,6 +228,9 @@ class RuleRunner:
             if not state.finished and state.status == RuleStatus.NO_ISSUES_FOUND.value:
                 state.status = RuleStatus.IN_PROGRESS.value
             self.progress[spec.name] = state
+            for finding in state.findings:  # a restart resumes the diagnosis too
+                if finding.get("fired"):
+                    self._note_finding(spec.name, finding)
 
     def _open_trial(self) -> Any:
         from trainguard.trial import create_trial
@@ -330,7 +339,11 @@ class RuleRunner:
         if self.start_step is not None:
             low = max(low, self.start_step - 1)
         high = last if self.end_step is None else min(last, self.end_step - 1)
-        return sorted(step for step in list(state.steps) if low < step <= high)
+        shared = getattr(self.trial, "_cached_steps", None)
+        if shared is None:
+            return sorted(step for step in list(state.steps) if low < step <= high)
+        ordered = shared(ModeKeys.GLOBAL, True)  # sorted, cached by the trial: no sort per poll
+        return ordered[bisect.bisect_right(ordered, low) : bisect.bisect_right(ordered, high)]
 
     def _instances(self, name: str, step: int | None = None) -> list[tuple[str | None, Rule]]:
         """(worker, rule instance) pairs to evaluate: one per worker that wrote ``step`` for a
@@ -459,16 +472,22 @@ class RuleRunner:
             self._progress_dirty = True
         if not result.fired:
             return
-        if not state.add_finding(result.to_dict()):
+        finding = result.to_dict()
+        if not state.add_finding(finding):
             return  # already recorded before a restart
+        self._note_finding(name, finding)
         details = result.condition_met_details()
-        if state.status != RuleStatus.ISSUES_FOUND.value:
+        first = state.status != RuleStatus.ISSUES_FOUND.value
+        if first:
             state.status_details = details
         state.status = RuleStatus.ISSUES_FOUND.value
         if self._stop_on_fire.get(name) and result.certain:
             state.finished = True  # its action stops training: nothing more to evaluate
         self._emit(name, RuleStatus.ISSUES_FOUND, details, result)
-        self._save(force=True)
+        # The first finding (a transition) and a stop are saved at once; later findings of a rule
+        # that keeps firing with the progress (every progress_interval) and the output file (every
+        # OUTPUT_INTERVAL): rewriting files of up to 1,000 findings on every step was quadratic.
+        self._save(force=first or state.finished)
 
     def _first_fired_details(self, name: str) -> str:
         state = self.progress[name]
@@ -500,6 +519,7 @@ class RuleRunner:
             or latest.last_evaluated_step != state.last_evaluated_step
         )
         state.status, state.status_details = status.value, details
+        self._diagnosis_stale = True  # a rule that ends not evaluated is in the diagnosis
         self._dirty.add(name)
         if changed:
             self._emit(name, status, details)
@@ -539,9 +559,10 @@ class RuleRunner:
                 self._progress_dirty = False
             if self.output_dir and self._dirty and (force or now - self._last_output >= OUTPUT_INTERVAL):
                 self._last_output = now
-                # A status or finding can change the run's diagnosis, which every file leads with.
-                names = sorted(self.progress) if force else sorted(self._dirty)
+                # Every file leads with the run's diagnosis: when it changed, every file is rewritten.
+                before = self._diagnosis
                 diagnosis = self.diagnosis()
+                names = sorted(self.progress) if diagnosis != before else sorted(self._dirty)
                 for name in names:
                     self._write_output(self.progress[name], diagnosis)
                 self._dirty.clear()
@@ -549,8 +570,27 @@ class RuleRunner:
             logger.warning("trainguard rules: cannot save rule progress or output: %s", error)
 
     def diagnosis(self) -> dict[str, Any]:
-        """The run's diagnosis so far over every configuration (see :mod:`trainguard.rules.diagnosis`)."""
-        return diagnose([progress.to_dict() for progress in self.progress.values()])
+        """The run's diagnosis so far over every configuration (see :mod:`trainguard.rules.diagnosis`).
+
+        Computed from each rule's first finding per kind and worker (all the diagnosis looks at),
+        and only again after one of those or a status changed: a rule that fires at every step
+        costs no more per step on a long run than on a short one."""
+        if self._diagnosis is None or self._diagnosis_stale:
+            results = []
+            for name, progress in self.progress.items():
+                document = progress.to_dict()
+                document["findings"] = list(self._first_findings.get(name, {}).values())
+                results.append(document)
+            self._diagnosis, self._diagnosis_stale = diagnose(results), False
+        return self._diagnosis
+
+    def _note_finding(self, name: str, finding: dict[str, Any]) -> None:
+        firsts = self._first_findings.setdefault(name, {})
+        key = (finding_kind({**finding, "rule": self.progress[name].rule}), finding.get("worker"))
+        known = firsts.get(key)
+        if known is None or int(finding.get("step", 0)) < int(known.get("step", 0)):
+            firsts[key] = finding
+            self._diagnosis_stale = True
 
     def _write_output(self, progress: RuleProgress, diagnosis: dict[str, Any] | None = None) -> None:
         from trainguard.storage import is_remote, open_store
@@ -562,7 +602,7 @@ class RuleRunner:
             return
         if self._output_store is None:
             self._output_store = open_store(self.output_dir, endpoint_url=self.endpoint_url)
-        document = json.dumps(rule_output_document(progress, diagnosis), indent=1, default=str).encode()
+        document = json.dumps(rule_output_document(progress, diagnosis), default=str, separators=(",", ":")).encode()
         self._output_store.write(rule_output_key(progress), document)
 
 
