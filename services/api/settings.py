@@ -29,7 +29,8 @@ ENVIRONMENT: dict[str, str] = {
     "TRAINGUARD_API_TOKEN": "required: the bearer token every request (but GET /health) must carry",
     "TRAINGUARD_DATABASE_URL": "SQLAlchemy URL of the state database (default sqlite:///<data dir>/trainguard.db)",
     "TRAINGUARD_DATA_DIR": "where jobs' local files live (default ./trainguard-service)",
-    "TRAINGUARD_LAUNCHER": "local | docker (default: docker if the engine answers, else local)",
+    "TRAINGUARD_LAUNCHER": "local | docker | ray (default: docker if the engine answers, else local)",
+    "RAY_ADDRESS": "the Ray cluster of TRAINGUARD_LAUNCHER=ray: its dashboard URL (http://head:8265; default: Ray's own lookup)",
     "TRAINGUARD_HOST": "bind address of `python -m trainguard.services.api` (default 127.0.0.1)",
     "TRAINGUARD_PORT": "port of `python -m trainguard.services.api` (default 8080)",
     "TRAINGUARD_PUBLIC_URL": "the API's URL as rule runners reach it (default http://127.0.0.1:<port>)",
@@ -46,6 +47,8 @@ ENVIRONMENT: dict[str, str] = {
     "S3_ENDPOINT_URL": "S3 endpoint passed to uploaders and rule runners (docker launcher)",
     "CLOUDWATCH_ENDPOINT_URL": "CloudWatch endpoint rule runners put their metrics to (optional)",
     "TRAINGUARD_TRAINING_IMAGE": "default training image (default trainguard-training:local)",
+    "TRAINGUARD_MAX_BODY_BYTES": "largest request body accepted, in bytes (default 1048576); larger ones get 413 "
+    "before they are read",
     "TRAINGUARD_TRAINING_IMAGE_MAP": "JSON object {regex: image}: SageMaker TrainingImage URIs to run as another image "
     "(checked before the built-in map of AWS framework images to TRAINGUARD_TRAINING_IMAGE; see docs/sagemaker-sdk.md)",
     "TRAINGUARD_SERVICE_IMAGE": "image of uploaders and rule runners (default trainguard-service:local)",
@@ -122,6 +125,7 @@ class Settings:
     rule_cpus: float = 0.5
     rule_memory_mb: int = 1024
     docker_network: str = ""
+    ray_address: str = ""
     smtp: dict[str, str] = field(default_factory=dict)
     sns_endpoint_url: str = ""
     event_webhook_url: str = ""
@@ -141,8 +145,8 @@ class Settings:
         data_dir = Path(environ.get("TRAINGUARD_DATA_DIR") or "trainguard-service").resolve()
         database_url = environ.get("TRAINGUARD_DATABASE_URL") or f"sqlite:///{data_dir / 'trainguard.db'}"
         launcher = (environ.get("TRAINGUARD_LAUNCHER") or "").strip().lower()
-        if launcher not in ("", "local", "docker"):
-            raise ConfigError(f"TRAINGUARD_LAUNCHER={launcher!r}: use local or docker")
+        if launcher not in ("", "local", "docker", "ray"):
+            raise ConfigError(f"TRAINGUARD_LAUNCHER={launcher!r}: use local, docker or ray")
         port_text = environ.get("TRAINGUARD_PORT") or "8080"
         try:
             port = int(port_text)
@@ -189,6 +193,7 @@ class Settings:
             rule_cpus=_float(environ, "TRAINGUARD_RULE_CPUS", 0.5),
             rule_memory_mb=int(_float(environ, "TRAINGUARD_RULE_MEMORY_MB", 1024)),
             docker_network=environ.get("TRAINGUARD_DOCKER_NETWORK", ""),
+            ray_address=environ.get("RAY_ADDRESS", ""),
             smtp=smtp,
             sns_endpoint_url=environ.get("TRAINGUARD_SNS_ENDPOINT_URL", ""),
             event_webhook_url=event_webhook_url,

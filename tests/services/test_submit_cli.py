@@ -83,8 +83,12 @@ def test_example_job_specs_are_valid(example: str) -> None:
     if "ExplodingTensor" not in rule_names():
         pytest.skip("the built-in rules are not installed in this checkout")
     if "TrainingJobName" in document:
+        from trainguard.services.sagemaker_container.contract import CONTRACT_ENV, JobContract
+
         spec = job_spec_from_request(document)[0]
         assert spec.rules[0].actions == [{"name": "stoptraining", "training_job_prefix": document["TrainingJobName"]}]
+        # SageMaker jobs run through the container-contract runner; the script is the contract's command
+        command = list(JobContract.from_json(spec.environment[CONTRACT_ENV]).command)
     else:
-        spec = JobSpec.model_validate(document)
-    assert spec.command and (REPO / spec.command[1]).exists()
+        command = JobSpec.model_validate(document).command
+    assert command and (REPO / command[1]).exists()
