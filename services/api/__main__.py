@@ -37,7 +37,11 @@ def run_api(environ: Mapping[str, str], log_level: str = "info") -> int:
 
     from trainguard.services.api.app import create_app
 
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ConfigError as error:  # settings read when the app is built (e.g. TRAINGUARD_MAX_BODY_BYTES)
+        print(f"trainguard api: {error}", file=sys.stderr)
+        return 2
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level.lower())
     return 0
 
