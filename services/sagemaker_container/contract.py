@@ -55,7 +55,8 @@ def failure_reason_from_log(log: str) -> str | None:
 
 
 _CHANNEL_NAME = re.compile(r"^[A-Za-z0-9\.\-_]{1,64}$")
-_DATA_TYPES = {"S3Prefix", "ManifestFile", "AugmentedManifestFile"}
+# AugmentedManifestFile (JSON lines of records, streamed in Pipe mode) is not served: refused.
+_DATA_TYPES = {"S3Prefix", "ManifestFile"}
 _DISTRIBUTIONS = {"FullyReplicated", "ShardedByS3Key"}
 _INPUT_MODES = {"File", "FastFile", "Pipe"}
 
@@ -301,7 +302,7 @@ def _channels(request: Mapping[str, Any]) -> tuple[Channel, ...]:
                 f"{label}.DataSource.S3DataSource.S3Uri", "must be an s3:// URI")  # fmt: skip
         data_type = source.get("S3DataType", "S3Prefix")
         _member(data_type in _DATA_TYPES, f"{label}.DataSource.S3DataSource.S3DataType",
-                f"must be one of {sorted(_DATA_TYPES)}")  # fmt: skip
+                f"must be one of {sorted(_DATA_TYPES)} (trainguard does not serve AugmentedManifestFile)")  # fmt: skip
         distribution = source.get("S3DataDistributionType", "FullyReplicated")
         _member(distribution in _DISTRIBUTIONS, f"{label}.DataSource.S3DataSource.S3DataDistributionType",
                 f"must be one of {sorted(_DISTRIBUTIONS)}")  # fmt: skip
