@@ -191,10 +191,27 @@ def test_cli_rules_run_exit_codes_and_json(tmp_path: Path, rule_modules: Path) -
     )
     assert clean.returncode == 0, clean.stderr
     assert "CustomGradientRule  NoIssuesFound" in clean.stdout.replace("smd_style_rules:", "")
+    text = _cli("rules", "run", issues, "--rule", rule, pythonpath=str(rule_modules))
+    assert text.returncode == 1
+    table = text.stdout[text.stdout.index("final status") :]
+    # the final table leads with the diagnosis: the finding and its fix
+    assert table.splitlines()[1].startswith("  diagnosis   : CustomGradientRule at step 2")
     ranged = _cli(
         "rules", "run", issues, "--rule", rule, "--start-step", "3", "--end-step", "6", pythonpath=str(rule_modules)
     )
     assert ranged.returncode == 0, ranged.stdout + ranged.stderr
+
+    # a rule that could not evaluate: exit 4 (not 0), shown as such; 0 when allowed; an issue
+    # found by another rule still wins (1)
+    unsaved = "tests.rules.rules_not_evaluated:NeedsAnUnsavedTensor"
+    blind = _cli("rules", "run", healthy, "--rule", unsaved, "--rule", rule, pythonpath=str(rule_modules))
+    assert blind.returncode == 4, blind.stdout + blind.stderr
+    assert "not evaluated (Error): the tensor 'never_saved' is not in this run" in blind.stdout
+    assert "NotEvaluated" in blind.stdout and "not evaluated: NeedsAnUnsavedTensor" in blind.stdout
+    allowed = _cli("rules", "run", healthy, "--rule", unsaved, "--allow-not-evaluated", pythonpath=str(rule_modules))
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    both = _cli("rules", "run", issues, "--rule", unsaved, "--rule", rule, pythonpath=str(rule_modules))
+    assert both.returncode == 1, both.stdout + both.stderr
 
     unknown = _cli("rules", "run", healthy, "--rule", "VanishingGradeint")
     assert unknown.returncode == 2
@@ -211,6 +228,15 @@ def test_cli_describe(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     assert text.startswith("VanishingGradient  [debugger]")
     assert "collections it needs saved: gradients" in text and "threshold = 1e-07" in text
+    # when it may stop training, both semantics, and a fix hint per framework (from the class)
+    from trainguard.rules import builtin_rules
+
+    cls = builtin_rules()["VanishingGradient"]
+    assert f"stop policy: {cls.stop_policy}" in text and "act only on certain findings" in text
+    assert "semantics (parameter 'semantics', default 'calibrated'):" in text
+    assert "  calibrated: " in text and "  sagemaker: SageMaker's documented single-step condition" in text
+    for framework, hint in cls.fix_hints.items():
+        assert f"  {framework}: {hint}" in text
     assert cli_main(["rules", "describe", "Nope"]) == 2
     assert "unknown rule 'Nope'" in capsys.readouterr().err
 
