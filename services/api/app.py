@@ -65,13 +65,17 @@ def _docker_launcher(settings: Settings) -> Launcher:
 
 
 def make_launcher(settings: Settings) -> Launcher:
-    """TRAINGUARD_LAUNCHER=local|docker; unset: docker if the engine answers, else local."""
+    """TRAINGUARD_LAUNCHER=local|docker|ray; unset: docker if the engine answers, else local."""
     from trainguard.services.launchers.local import LocalLauncher
 
     if settings.launcher == "local":
         return LocalLauncher(settings.data_dir / "local")
     if settings.launcher == "docker":
         return _docker_launcher(settings)
+    if settings.launcher == "ray":
+        from trainguard.services.launchers.ray import RayLauncher  # lazy: Ray is an optional extra
+
+        return RayLauncher(settings.ray_address or None, stop_grace_seconds=settings.stop_grace_seconds)
     try:
         launcher = _docker_launcher(settings)
         launcher.jobs()  # answers only if the engine does

@@ -21,9 +21,12 @@ from trainguard.services.launchers.base import ComponentSpec, JobLaunch
 from trainguard.services.sagemaker_container.contract import CONTRACT_ENV
 from trainguard.services.sagemaker_container.images import training_image_for
 
-__all__ = ["RULE_ROLE_PREFIX", "job_dir", "plan_job", "rule_role", "tensors_location"]
+__all__ = ["LOCAL_PLAN_LAUNCHERS", "RULE_ROLE_PREFIX", "job_dir", "plan_job", "rule_role", "tensors_location"]
 
 RULE_ROLE_PREFIX = "rule:"
+# Launchers that run the local plan (commands with this Python, the capture in the job directory);
+# the ray launcher does, on nodes sharing that directory (docs/ray.md).
+LOCAL_PLAN_LAUNCHERS = ("local", "ray")
 CONTAINER_TENSORS = "/opt/ml/output/tensors"
 _PASSED_AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
@@ -38,7 +41,7 @@ def job_dir(settings: Settings, job_name: str) -> Path:
 
 def tensors_location(settings: Settings, spec: JobSpec, launcher: str) -> str:
     """Where the job's tensors end up: what rule runners read as BASE_TRIAL."""
-    if launcher == "local":
+    if launcher in LOCAL_PLAN_LAUNCHERS:
         return str(job_dir(settings, spec.name) / "debug-output")
     base = ((spec.hook_config or {}).get("S3OutputPath") or settings.s3_output or "").rstrip("/")
     if not base.startswith("s3://"):
@@ -123,7 +126,7 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
     if spec.profiler_config is not None:
         training_environment["TRAINGUARD_PROFILER_CONFIG_JSON"] = json.dumps(spec.profiler_config)
     components: list[ComponentSpec] = []
-    if launcher == "local":
+    if launcher in LOCAL_PLAN_LAUNCHERS:
         if not spec.command:
             raise ValueError("command: the local launcher runs a command, not an image: give the training command")
         directory = job_dir(settings, spec.name)

@@ -28,7 +28,7 @@ from sqlalchemy import select
 from trainguard.services.api.db import ComponentRow, JobRow, RuleRow
 from trainguard.services.api.jobs import RULE_TERMINAL, JobService
 from trainguard.format.layout import END_OF_TRAINING
-from trainguard.services.api.planner import RULE_ROLE_PREFIX, job_dir, rule_role
+from trainguard.services.api.planner import LOCAL_PLAN_LAUNCHERS, RULE_ROLE_PREFIX, job_dir, rule_role
 from trainguard.services.launchers.base import ComponentState, ComponentStatus
 from trainguard.services.sagemaker_container.contract import failure_reason_from_log
 
@@ -287,7 +287,7 @@ class Reconciler:
 
     def _ensure_local_end_marker(self, name: str) -> None:
         """A local run that ended without an end marker (nothing captured) gets one, so rules end."""
-        if self.service.launcher.name != "local":
+        if self.service.launcher.name not in LOCAL_PLAN_LAUNCHERS:
             return
         marker = job_dir(self.service.settings, name) / "debug-output" / END_OF_TRAINING
         if marker.exists():

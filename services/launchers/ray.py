@@ -1,0 +1,245 @@
+"""Ray launcher: every component of a job is a Ray job, submitted through Ray's job API.
+
+The job is planned as for the local launcher (commands run with this Python, the capture in
+``<data dir>/jobs/<job>/debug-output``), so every Ray node must see the same Python environment
+and that directory at the same path (one machine, or a shared filesystem; see docs/ray.md).
+
+Placement is by Ray custom resources, not by host names:
+
+* training asks for one unit of the ``training`` resource (plus the job's CPUs and memory), so
+  it runs only on nodes started with ``ray start --resources '{"training": N}'``;
+* each rule runner asks for one unit of the ``rules`` resource, so rule runners run only on
+  nodes started with ``--resources '{"rules": N}'`` and never beside training (as SageMaker
+  runs rule containers on their own instances);
+* the uploader (an S3 copy of the shared capture directory) asks for nothing special.
+
+Everything the launcher knows lives in Ray: each submission carries ``trainguard_*`` metadata
+(job, role, attempt), so a restarted API (a new :class:`RayLauncher`) finds its jobs again with
+``jobs()``/``status()``; a restart of a component is a new submission (Ray never reuses a
+submission id) and ``logs()`` joins the attempts.
+
+Stop: Ray's job API sends SIGTERM to the entrypoint's process tree and SIGKILL after
+``RAY_JOB_STOP_WAIT_TIME_S``, which Ray reads from the job's environment. That grace is fixed
+when the job is submitted (``stop_grace_seconds``, the API's TRAINGUARD_STOP_GRACE_SECONDS);
+a stop asking for a shorter grace still gets SIGTERM at once, the SIGKILL comes after the
+submitted grace (Ray's job API has no per-stop grace).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from typing import Any
+
+from trainguard.services.launchers.base import ComponentSpec, ComponentState, ComponentStatus, JobLaunch, LauncherError
+
+__all__ = ["RayLauncher"]
+
+_JOB_KEY = "trainguard_job"
+_ROLE_KEY = "trainguard_role"
+_ATTEMPT_KEY = "trainguard_attempt"
+_PLACEMENT_KEY = "trainguard_placement"  # the submit options (resources) as JSON, for restart()
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+# A killed process's conventional code: a component that ended without an exit code of its own
+# (its node or its Ray supervisor died) reads as killed, so the API restarts a rule runner and
+# fails training with Ray's message as the reason.
+_KILLED_CODE = 137
+_STOPPED_CODE = 128 + 15  # stopped through Ray: SIGTERM, as a local stop
+
+
+def _submission_id(job_name: str, role: str, attempt: int) -> str:
+    return f"tg-{job_name}--{_SAFE.sub('_', role.replace(':', '-'))}--{attempt}"
+
+
+class RayLauncher:
+    """Runs each component as a Ray job on a Ray cluster (``address``: the dashboard URL, e.g.
+    ``http://head:8265``, or anything ``JobSubmissionClient`` takes, such as ``auto``)."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        stop_grace_seconds: float = 120.0,
+        training_resource: str = "training",
+        rules_resource: str = "rules",
+        client: Any = None,
+    ) -> None:
+        self.address = address
+        self.stop_grace_seconds = stop_grace_seconds
+        self.training_resource = training_resource
+        self.rules_resource = rules_resource
+        self._client = client
+
+    # -- the Ray job client ---------------------------------------------------------------------
+    @property
+    def client(self) -> Any:
+        """Connected lazily: the API starts even when the cluster is not up yet."""
+        if self._client is None:
+            try:
+                from ray.job_submission import JobSubmissionClient
+            except ImportError as error:  # the optional extra
+                raise LauncherError("the ray launcher needs Ray: pip install 'trainguard[ray]'") from error
+            try:
+                self._client = JobSubmissionClient(self.address)
+            except Exception as error:  # noqa: BLE001 - connection errors come in many types
+                raise LauncherError(f"cannot reach the Ray cluster at {self.address or 'auto'}: {error}") from error
+        return self._client
+
+    def _call(self, what: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except LauncherError:
+            raise
+        except Exception as error:  # noqa: BLE001 - Ray raises RuntimeError, requests errors...
+            raise LauncherError(f"Ray job API: {what} failed: {error}") from error
+
+    def _submissions(self, job_name: str | None = None) -> list[Any]:
+        """Every trainguard submission (of ``job_name``), oldest attempt first."""
+        found = []
+        for info in self._call("list_jobs", self.client.list_jobs):
+            metadata = info.metadata or {}
+            if _JOB_KEY not in metadata or (job_name is not None and metadata[_JOB_KEY] != job_name):
+                continue
+            found.append(info)
+        found.sort(key=lambda info: int((info.metadata or {}).get(_ATTEMPT_KEY, "0")))
+        return found
+
+    def _latest_by_role(self, job_name: str) -> dict[str, Any]:
+        latest: dict[str, Any] = {}
+        for info in self._submissions(job_name):
+            latest[info.metadata[_ROLE_KEY]] = info  # sorted by attempt: the last one wins
+        return latest
+
+    # -- placement ------------------------------------------------------------------------------
+    def _resources(self, component: ComponentSpec) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if component.role == "training":
+            options["entrypoint_resources"] = {self.training_resource: 1}
+        elif component.role.startswith("rule:"):
+            options["entrypoint_resources"] = {self.rules_resource: 1}
+        if component.cpus:
+            options["entrypoint_num_cpus"] = component.cpus
+        if component.memory_mb:
+            options["entrypoint_memory"] = int(component.memory_mb) * 1024 * 1024
+        return options
+
+    def _entrypoint(self, component: ComponentSpec) -> str:
+        if not component.command:
+            raise LauncherError(f"component {component.role!r} has no command (the ray launcher runs no images)")
+        command = "exec " + shlex.join(component.command)  # exec: Ray's SIGTERM reaches the command itself
+        if component.working_dir:
+            # mkdir as the local launcher does; cd in the shell rather than runtime_env working_dir,
+            # which would upload the directory as a package instead of running in it.
+            directory = shlex.quote(component.working_dir)
+            command = f"mkdir -p {directory} && cd {directory} && {command}"
+        return command
+
+    def _submit(self, job_name: str, role: str, attempt: int, entrypoint: str, env_vars: dict[str, str], options: dict) -> None:
+        env_vars = {**env_vars, "RAY_JOB_STOP_WAIT_TIME_S": str(max(0, math.ceil(self.stop_grace_seconds)))}
+        self._call(
+            f"submit {role} of {job_name}",
+            self.client.submit_job,
+            entrypoint=entrypoint,
+            submission_id=_submission_id(job_name, role, attempt),
+            runtime_env={"env_vars": env_vars},
+            # Ray's job listing does not give the entrypoint resources back: keep them for restart().
+            metadata={_JOB_KEY: job_name, _ROLE_KEY: role, _ATTEMPT_KEY: str(attempt), _PLACEMENT_KEY: json.dumps(options)},
+            **options,
+        )
+
+    # -- Launcher interface ---------------------------------------------------------------------
+    def start(self, job: JobLaunch) -> None:
+        if not job.job_name or _SAFE.search(job.job_name):
+            raise LauncherError(f"job name {job.job_name!r} is not usable in a Ray submission id")
+        known = self._latest_by_role(job.job_name)
+        for component in job.components:
+            if component.role in known:
+                continue  # already submitted: start() is idempotent
+            self._submit(
+                job.job_name,
+                component.role,
+                0,
+                self._entrypoint(component),
+                {key: str(value) for key, value in component.environment.items()},
+                self._resources(component),
+            )
+
+    def status(self, job_name: str) -> dict[str, ComponentStatus]:
+        return {role: self._status_of(role, info) for role, info in self._latest_by_role(job_name).items()}
+
+    @staticmethod
+    def _status_of(role: str, info: Any) -> ComponentStatus:
+        state = str(getattr(info.status, "value", info.status))
+        if state == "PENDING":
+            return ComponentStatus(role, ComponentState.PENDING)
+        if state == "RUNNING":
+            return ComponentStatus(role, ComponentState.RUNNING)
+        if state == "SUCCEEDED":
+            return ComponentStatus(role, ComponentState.EXITED, 0)
+        if state == "STOPPED":
+            return ComponentStatus(role, ComponentState.EXITED, _STOPPED_CODE, "stopped through Ray (SIGTERM)")
+        code = getattr(info, "driver_exit_code", None)
+        message = (info.message or "").strip().splitlines()
+        if code is not None:
+            # Ray's message is the log tail; the API reads the log itself, so keep the reason short.
+            return ComponentStatus(role, ComponentState.EXITED, code, "")
+        reason = f"Ray: {message[0] if message else 'the job failed without an exit code'}"
+        return ComponentStatus(role, ComponentState.EXITED, _KILLED_CODE, reason[:500])
+
+    def stop(self, job_name: str, roles: tuple[str, ...] | None = None, grace_seconds: float = 120.0) -> None:
+        for role, info in self._latest_by_role(job_name).items():
+            if roles is not None and role not in roles:
+                continue
+            if self._status_of(role, info).state in (ComponentState.PENDING, ComponentState.RUNNING):
+                self._call(f"stop {role} of {job_name}", self.client.stop_job, info.submission_id)
+
+    def restart(self, job_name: str, role: str) -> None:
+        info = self._latest_by_role(job_name).get(role)
+        if info is None:
+            raise LauncherError(f"job {job_name!r} has no component {role!r} to restart")
+        if self._status_of(role, info).state is not ComponentState.EXITED:
+            return
+        options = json.loads(info.metadata.get(_PLACEMENT_KEY) or "{}")
+        env_vars = dict((info.runtime_env or {}).get("env_vars") or {})
+        attempt = int(info.metadata.get(_ATTEMPT_KEY, "0")) + 1
+        self._submit(job_name, role, attempt, info.entrypoint, env_vars, options)
+
+    def logs(self, job_name: str, role: str = "training", tail: int | None = None) -> str:
+        attempts = [info for info in self._submissions(job_name) if info.metadata.get(_ROLE_KEY) == role]
+        parts = []
+        for number, info in enumerate(attempts):
+            if number:
+                parts.append(f"trainguard launcher: restarting {role} (restart {number})\n")
+            parts.append(self._call(f"logs of {role}", self.client.get_job_logs, info.submission_id) or "")
+        text = "".join(parts)
+        if tail is not None:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-tail:]) if tail > 0 else ""
+        return text
+
+    def jobs(self) -> list[str]:
+        return sorted({info.metadata[_JOB_KEY] for info in self._submissions()})
+
+    def remove(self, job_name: str) -> None:
+        submissions = self._submissions(job_name)
+        running = sorted(
+            {
+                info.metadata[_ROLE_KEY]
+                for info in submissions
+                if self._status_of(info.metadata[_ROLE_KEY], info).state is not ComponentState.EXITED
+            }
+        )
+        if running:
+            raise LauncherError(f"job {job_name} still has running components: {', '.join(running)}; stop it first")
+        for info in submissions:
+            self._call(f"delete {info.submission_id}", self.client.delete_job, info.submission_id)
+
+    def node_of(self, job_name: str, role: str) -> str | None:
+        """The Ray node id the component's latest attempt runs (ran) on: where placement put it."""
+        info = self._latest_by_role(job_name).get(role)
+        return getattr(info, "driver_node_id", None) if info is not None else None
+

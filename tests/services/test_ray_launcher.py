@@ -1,0 +1,187 @@
+"""The Ray launcher on a real multi-node Ray cluster on this machine.
+
+``ray.cluster_utils.Cluster`` starts real Ray nodes (a head, a node offering the ``training``
+resource, a node offering the ``rules`` resource: separate raylets, as separate machines would
+run), and the launcher submits real Ray jobs to the head's job API. Nothing is mocked: the
+components are real processes, the end-to-end test runs the API (uvicorn subprocess) with
+TRAINGUARD_LAUNCHER=ray, real PyTorch training under ``trainguard run`` and a real rule runner.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, REPO, training_command, wait_for
+from tests.s3_server import free_port
+
+pytest.importorskip("ray.job_submission", reason="the ray launcher tests need Ray: pip install -e '.[ray]'")
+
+from trainguard.services.launchers.base import ComponentSpec, ComponentState, JobLaunch  # noqa: E402
+from trainguard.services.launchers.ray import RayLauncher  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+GRACE = 3.0  # the stop grace the launchers here submit with (RAY_JOB_STOP_WAIT_TIME_S)
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    address: str  # the head's job API (dashboard) URL
+    head_node: str
+    training_node: str
+    rules_node: str
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayCluster]:
+    from ray.cluster_utils import Cluster
+
+    # The nodes' processes inherit this environment: the rule runners import the tests' custom rules.
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), saved or ""]).rstrip(os.pathsep)
+    port = free_port()
+    # One logical CPU per node: this machine's cores are shared; placement is by custom resources.
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port},
+    )
+    try:
+        training = cluster.add_node(num_cpus=1, resources={"training": 2})
+        rules = cluster.add_node(num_cpus=1, resources={"rules": 4})
+        cluster.wait_for_nodes()
+        address = f"http://127.0.0.1:{port}"
+
+        def job_api_answers() -> bool:
+            try:
+                RayLauncher(address).jobs()
+                return True
+            except Exception:  # noqa: BLE001 - not up yet
+                return False
+
+        wait_for(job_api_answers, 90, "the Ray job API", interval=1.0)
+        yield RayCluster(address, cluster.head_node.node_id, training.node_id, rules.node_id)
+    finally:
+        cluster.shutdown()
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def _python(code: str) -> tuple[str, ...]:
+    return (sys.executable, "-c", code)
+
+
+def _states(launcher: RayLauncher, job: str) -> dict[str, ComponentState]:
+    return {role: status.state for role, status in launcher.status(job).items()}
+
+
+def _cleanup(launcher: RayLauncher, job: str) -> None:
+    launcher.stop(job, grace_seconds=0)
+    wait_for(lambda: all(s is ComponentState.EXITED for s in _states(launcher, job).values()), 30, f"{job} to end")
+    launcher.remove(job)
+
+
+def test_components_run_on_their_nodes_and_a_new_launcher_finds_them(ray_cluster: RayCluster, tmp_path) -> None:
+    launcher = RayLauncher(ray_cluster.address, stop_grace_seconds=GRACE)
+    job = JobLaunch(
+        "placed",
+        (
+            ComponentSpec("training", "", _python("import os, time; print('lr', os.environ['LR'], flush=True); time.sleep(60)"),
+                          {"LR": "0.5"}, cpus=1, memory_mb=64),
+            ComponentSpec("rule:Loss", "", _python("import os; print('cwd', os.getcwd()); raise SystemExit(1)"),
+                          working_dir=str(tmp_path / "rule-cwd")),
+            ComponentSpec("uploader", "", _python("print('uploaded')")),
+        ),
+    )  # fmt: skip
+    launcher.start(job)
+    launcher.start(job)  # idempotent: nothing submitted twice
+    wait_for(lambda: launcher.status("placed")["rule:Loss"].state is ComponentState.EXITED, 90, "the rule runner to end")
+    wait_for(lambda: "lr 0.5" in launcher.logs("placed", "training"), 60, "training's output")
+
+    assert launcher.node_of("placed", "training") == ray_cluster.training_node
+    assert launcher.node_of("placed", "rule:Loss") == ray_cluster.rules_node
+    status = launcher.status("placed")
+    assert status["training"].state is ComponentState.RUNNING
+    assert (status["rule:Loss"].exit_code, status["rule:Loss"].reason) == (1, "")  # a verdict code passes through
+    assert f"cwd {tmp_path / 'rule-cwd'}" in launcher.logs("placed", "rule:Loss")
+
+    # A new launcher instance (a restarted API) knows everything from Ray alone.
+    restarted = RayLauncher(ray_cluster.address, stop_grace_seconds=GRACE)
+    assert "placed" in restarted.jobs()
+    assert _states(restarted, "placed")["training"] is ComponentState.RUNNING
+    assert restarted.node_of("placed", "training") == ray_cluster.training_node
+
+    # restart() resubmits an exited component as it was first started; the log goes on.
+    restarted.restart("placed", "rule:Loss")
+    printed = f"cwd {tmp_path / 'rule-cwd'}"  # the command's own line (Ray's log also echoes the entrypoint)
+    wait_for(lambda: restarted.logs("placed", "rule:Loss").count(printed) == 2, 90, "the restarted rule runner")
+    assert "restarting rule:Loss (restart 1)" in restarted.logs("placed", "rule:Loss")
+    assert restarted.node_of("placed", "rule:Loss") == ray_cluster.rules_node
+    assert restarted.logs("placed", "rule:Loss", tail=1).strip() == restarted.logs("placed", "rule:Loss").splitlines()[-1]
+
+    _cleanup(restarted, "placed")
+    assert "placed" not in launcher.jobs() and launcher.status("placed") == {}
+
+
+def test_stop_terminates_and_kills_after_the_grace(ray_cluster: RayCluster) -> None:
+    launcher = RayLauncher(ray_cluster.address, stop_grace_seconds=GRACE)
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, lambda *_: print('ignoring TERM', flush=True))\n" \
+               "print('up', flush=True)\nwhile True: time.sleep(0.1)"  # fmt: skip
+    polite = "import time; print('up', flush=True); time.sleep(600)"
+    launcher.start(JobLaunch("stopped", (ComponentSpec("training", "", _python(polite)),
+                                         ComponentSpec("rule:Stubborn", "", _python(stubborn)))))  # fmt: skip
+    wait_for(lambda: launcher.logs("stopped", "training").count("up") and launcher.logs("stopped", "rule:Stubborn").count("up"),
+             90, "both components to run")  # fmt: skip
+
+    began = time.monotonic()
+    launcher.stop("stopped", ("training",))
+    wait_for(lambda: _states(launcher, "stopped")["training"] is ComponentState.EXITED, 30, "training to stop")
+    polite_took = time.monotonic() - began
+    assert _states(launcher, "stopped")["rule:Stubborn"] is ComponentState.RUNNING  # only the roles asked
+    assert launcher.status("stopped")["training"].exit_code == 128 + signal.SIGTERM
+
+    began = time.monotonic()
+    launcher.stop("stopped")
+    wait_for(lambda: _states(launcher, "stopped")["rule:Stubborn"] is ComponentState.EXITED, 30, "the stubborn one")
+    stubborn_took = time.monotonic() - began
+    assert "ignoring TERM" in launcher.logs("stopped", "rule:Stubborn")
+    assert polite_took < GRACE, f"SIGTERM should end a polite process at once, took {polite_took:.1f} s"
+    assert GRACE - 0.5 <= stubborn_took < GRACE + 10, f"SIGKILL should come after the {GRACE} s grace: {stubborn_took:.1f} s"
+    launcher.remove("stopped")
+
+
+def test_api_with_the_ray_launcher_finds_a_faulty_job_and_stops_it(ray_cluster: RayCluster, api_factory) -> None:
+    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
+    assert api.request("GET", "/health", auth=False)[1]["launcher"] == "ray"
+    spec = {
+        "name": "ray-blowup",
+        "command": training_command("--steps", "600", "--blowup-at", "4", "--step-seconds", "0.05"),
+        "hook_config": HOOK_EVERY_STEP,
+        "rules": [{"rule": CUSTOM_RULE, "name": "LossBlowup", "parameters": {"threshold": 1000},
+                   "actions": [{"name": "stoptraining"}]}],
+    }  # fmt: skip
+    began = time.monotonic()
+    status, body = api.request("POST", "/v1/jobs", spec)
+    assert status == 201, body
+    launcher = RayLauncher(ray_cluster.address)
+    wait_for(lambda: launcher.node_of("ray-blowup", "rule:LossBlowup"), 90, "the rule runner's node")
+    job = wait_for(lambda: (j := api.job("ray-blowup"))["status"] == "Stopped" and j, 180, "the rule to stop the job")
+    took = time.monotonic() - began
+
+    assert launcher.node_of("ray-blowup", "training") == ray_cluster.training_node
+    assert launcher.node_of("ray-blowup", "rule:LossBlowup") == ray_cluster.rules_node
+    assert job["rules"][0]["status"] == "IssuesFound", job["rules"][0]
+    assert job["stop_cause"] == "rule LossBlowup found issues (stoptraining action)"
+    training = {c["role"]: c for c in job["components"]}["training"]
+    assert training["state"] == "Exited" and training["exit_code"] == 128 + signal.SIGTERM
+    log = api.request("GET", "/v1/jobs/ray-blowup/logs?component=training")[1]
+    assert "step 4" in log and "step 599" not in log  # stopped long before its 600 steps
+    print(f"submit-to-Stopped through Ray: {took:.1f} s")
