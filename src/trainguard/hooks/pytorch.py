@@ -390,7 +390,9 @@ class TorchHook(BaseHook):
         """Watch activation calls during this root forward, if the step saves any of them."""
         if self._activation_mode is not None:
             self._stop_activation_capture()  # left over from a forward that raised
-        if not (self.saving_this_step and self._due & ACTIVATION_COLLECTIONS) or inside_compiled_call():
+        if not (self.saving_this_step and self._due & ACTIVATION_COLLECTIONS) or self._light_worker:
+            return  # (a rank > 0 under include_workers="one" saves no activations)
+        if inside_compiled_call():
             return
         self._activation_calls.clear()
         self._activation_root = root
