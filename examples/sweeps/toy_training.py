@@ -8,7 +8,8 @@ are the learning rate and the initial weight scale; two settings are bugs traing
   gradient is ~0 and the network barely learns.
 
 ``train`` captures the run with ``trainguard.pytorch.Hook`` into ``out_dir`` and calls
-``on_epoch(epoch, step, loss)`` after every epoch; when it returns True training stops early.
+``on_epoch(epoch, steps, last_saved_step, loss)`` after every epoch (``steps`` trained so far, the
+last step the hook saved); when it returns True training stops early.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ import trainguard.pytorch as tg
 from trainguard.integrations.live import default_hook_collections
 
 STEPS_PER_EPOCH = 8
+# The sweep both examples run: two sane learning rates and the two bugs.
+CONFIGS = (
+    {"name": "good-lr-0.01", "lr": 0.01, "init_scale": 1.0},
+    {"name": "good-lr-0.003", "lr": 0.003, "init_scale": 1.0},
+    {"name": "lr-far-too-high", "lr": 1.0, "init_scale": 1.0},
+    {"name": "saturated-init", "lr": 0.01, "init_scale": 1000.0},  # weights 1000x PyTorch's default
+)
 
 
 def build_model(init_scale: float, seed: int = 0) -> nn.Module:
@@ -38,7 +46,7 @@ def build_model(init_scale: float, seed: int = 0) -> nn.Module:
 def train(
     config: dict,
     out_dir: str,
-    on_epoch: Callable[[int, int, float], bool],
+    on_epoch: Callable[[int, int, int, float], bool],
     *,
     epochs: int = 12,
     save_interval: int = 2,
@@ -66,7 +74,8 @@ def train(
                 optimizer.step()
                 step += 1
             value = loss.item()
-            if on_epoch(epoch, step, value if math.isfinite(value) else float("nan")):
+            last_saved = (step - 1) // save_interval * save_interval  # global steps count from 0
+            if on_epoch(epoch, step, last_saved, value if math.isfinite(value) else float("nan")):
                 break
     finally:
         hook.close()
