@@ -2,7 +2,8 @@
 
 SageMaker ``rule_to_invoke``: ``ExplodingTensor``; parameters ``collection_names``,
 ``tensor_regex`` (union of both; every saved tensor when neither is given) and ``only_nan``
-(default False), all as documented. Integer and boolean tensors cannot hold NaN and are skipped.
+(default False), all as documented. Integer and boolean tensors cannot hold NaN and are skipped;
+so are XGBoost's tree dumps (``trees/*``: NaN split values mark leaves) unless selected explicitly.
 
 Non-finite values never heal, so this finding is immediate and certain under both semantics:
 it is the one tensor-state condition that needs no persistence window. It is also the primary
@@ -62,7 +63,10 @@ class ExplodingTensor(TensorRule):
         if self.collection_names or self.tensor_regex:
             names = select(self, step, collections=self.collection_names, regex=self.tensor_regex)
         else:
-            names = names_at(trial, step)
+            # XGBoost's tree dumps mark leaves with NaN split values by construction: not a number
+            # that exploded (asked for explicitly, they are checked like any tensor)
+            tree_dumps = set(trial.tensor_names(collection="trees")) if "trees" in trial.collections() else set()
+            names = [name for name in names_at(trial, step) if name not in tree_dumps and not name.startswith("trees/")]
         if not names:
             return None
         bad: dict[str, dict[str, int]] = {}

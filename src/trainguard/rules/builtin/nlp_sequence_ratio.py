@@ -13,6 +13,8 @@ length that are mostly padding.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from trainguard.errors import ConfigError
@@ -21,6 +23,9 @@ from trainguard.rules.builtin._helpers import check_regexes, fmt, is_complete, r
 from trainguard.rules.params import Param
 
 DEFAULT_REGEX = ".*embedding0_input_0"
+# inputs of segment/position embeddings hold ids that are legitimately constant (BERT's
+# token_type_ids are all 0 for single-sentence tasks)
+_NOT_TOKENS = re.compile(r"token_type|segment|position", re.IGNORECASE)
 
 
 def _split(value: object) -> list[str]:
@@ -79,6 +84,8 @@ class NLPSequenceRatio(Rule):
             for name in select(self, step, collections=["inputs"]):
                 if name in labels or name.rsplit("_input_", 1)[0].endswith("Loss"):
                     continue
+                if _NOT_TOKENS.search(name):
+                    continue  # segment (token type) and position ids: one value everywhere is normal
                 if self._integer_inputs.get(name, True):
                     names.add(name)
         return sorted(names)

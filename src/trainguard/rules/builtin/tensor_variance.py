@@ -71,7 +71,7 @@ class TensorVariance(PersistentRule):
             if (
                 trial.training_ended
                 and not (self.collection_names or self.tensor_regex)
-                and not trial.tensor_names(collection="weights")
+                and not ("weights" in trial.collections() and trial.tensor_names(collection="weights"))
             ):
                 return self.missing(step, MissingTensor("weights", "weights"))
             return None

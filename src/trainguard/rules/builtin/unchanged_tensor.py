@@ -20,7 +20,10 @@ gradients (their layer gets no signal in that batch or never: AllZero's and Vani
 findings), attention key biases (zero gradient: softmax is shift invariant), and parameters that
 get no gradient: frozen (the run saved gradients but none for this parameter) or with an
 all-zero gradient at every earlier saved step of its window (e.g. all-zero inputs in a batch of
-size 1). When every parameter of the model is unchanged, none is excused: nothing is learning.
+size 1; or a mean |gradient| below 1e-7: a bias followed by BatchNorm). When every parameter of
+the model is unchanged, none is excused: nothing is learning. Unless ``rtol``/``atol`` are given,
+calibrated semantics compare exactly (a low-learning-rate fine-tune moves weights by less than
+rtol per step; a weight nothing updates stays bit-for-bit the same).
 Calibrated defaults inspect weights and biases only (a converged model's gradients legitimately
 stay the same), and a tensor within ``atol`` of zero everywhere is not judged (that is
 AllZero's or VanishingGradient's finding). ``semantics="sagemaker"``: SageMaker's condition at
@@ -28,6 +31,8 @@ every evaluated step.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +86,9 @@ class UnchangedTensor(PersistentRule):
         if self.calibrated:
             # the condition already spans num_steps saved steps: fire at once, certain over `window`
             self.persistence = Persistence(self.window, needed=1)
+        # calibrated defaults compare exactly: fine-tuning at a low learning rate moves weights by
+        # less than rtol=1e-5 per step, while a weight nothing updates stays bit-for-bit the same
+        self._exact = self.calibrated and "rtol" not in kwargs and "atol" not in kwargs
 
     def validate(self) -> None:
         check_regexes(self, "tensor_regex")
@@ -193,7 +201,7 @@ class UnchangedTensor(PersistentRule):
         for p in earlier:
             wanted = [present[name] for name in present if p in windows[name][:-1]]
             for gradient, value in read_values(trial, wanted, p).items():
-                zero[gradient.removeprefix("gradient/")].append(not np.any(np.asarray(value)))
+                zero[gradient.removeprefix("gradient/")].append(_no_signal(value))
         for name, flags in zero.items():
             if flags and all(flags):
                 excused.add(name)
@@ -202,8 +210,8 @@ class UnchangedTensor(PersistentRule):
     def _close(self, a: np.ndarray, b: np.ndarray) -> bool:
         if a.shape != b.shape:
             return False
-        if a.dtype.kind not in "fciub" or b.dtype.kind not in "fciub":
-            return bool(np.array_equal(a, b))
+        if a.dtype.kind not in "fciub" or b.dtype.kind not in "fciub" or self._exact:
+            return bool(np.array_equal(a, b, equal_nan=self.equal_nan and a.dtype.kind in "fc"))
         return bool(np.allclose(a, b, rtol=self.rtol, atol=self.atol, equal_nan=self.equal_nan))
 
     def _forget(self, windows: dict[str, list[int]]) -> None:
@@ -211,3 +219,17 @@ class UnchangedTensor(PersistentRule):
         keep = {(name, p) for name, window in windows.items() for p in window}
         for key in [key for key in self._values if key[0] in windows and key not in keep]:
             del self._values[key]
+
+
+# a gradient this small (mean |g|, VanishingGradient's default threshold) carries no signal: an
+# unchanged weight under it is zero by construction (a bias before BatchNorm, an attention key
+# bias) or VanishingGradient's finding, not a weight the optimizer fails to update
+NO_SIGNAL = 1e-7
+
+
+def _no_signal(value: Any) -> bool:
+    array = np.asarray(value)
+    if array.dtype.kind not in "fciub" or array.size == 0:
+        return False
+    with np.errstate(all="ignore"):
+        return bool(np.mean(np.abs(array.astype(np.float64))) < NO_SIGNAL)

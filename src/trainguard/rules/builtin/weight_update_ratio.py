@@ -131,7 +131,9 @@ class WeightUpdateRatio(PersistentRule):
             return None
         names = select(self, step, collections=["weights"])
         if not names:
-            if trial.training_ended and not trial.tensor_names(collection="weights"):
+            if trial.training_ended and not (
+                "weights" in trial.collections() and trial.tensor_names(collection="weights")
+            ):
                 return self.missing(step, MissingTensor("weights", "weights"))
             return None
         current = read_values(trial, names, step)
@@ -240,7 +242,7 @@ class WeightUpdateRatio(PersistentRule):
         saved = set(trial.tensor_names(collection="gradients")) if "gradients" in trial.collections() else set()
         if not saved:
             return set()  # the run saved no gradients: cannot tell frozen from not updated
-        weights = trial.tensor_names(collection="weights")
+        weights = trial.tensor_names(collection="weights") if "weights" in trial.collections() else []
         if not any(f"gradient/{weight}" in saved for weight in weights):
             return set()  # no weight of the model gets a gradient: report it
         excused = {name for name in names if f"gradient/{name}" not in saved}
