@@ -148,9 +148,9 @@ class Reconciler:
                         service._transition(session, job, "Uploading", "Uploading generated training model")
                         training_row = session.get(ComponentRow, (name, "training"))
                         ended_for = now - training_row.updated if training_row is not None else 0.0
-                        if uploader is None:
-                            self._ensure_local_end_marker(name)
-                        elif uploader.state in _ACTIVE and ended_for > _UPLOADER_FINISH_AFTER_S:
+                        # Local rule runners read the run directory, also when an uploader copies it.
+                        self._ensure_local_end_marker(name)
+                        if uploader is not None and uploader.state in _ACTIVE and ended_for > _UPLOADER_FINISH_AFTER_S:
                             finish_uploader = name not in self._uploader_told
                         if uploader is not None and uploader.state is ComponentState.EXITED and (
                             uploader.exit_code not in (0, None)
