@@ -159,6 +159,9 @@ def test_binary_indicator_inputs_are_not_unnormalised(tmp_path):
     }
     path = write_run(tmp_path / "multi-hot", multi_hot, collections={"weights": ["Net_fc.weight"]})
     assert fired(evaluate_rule(path, "NotNormalizedData")) == []
+    zeros = {s: {"Net_input_0": np.zeros((32, 20), dtype=np.float32), "Net_fc.weight": np.ones(2)} for s in range(6)}
+    path = write_run(tmp_path / "zeros", zeros, collections={"weights": ["Net_fc.weight"]})
+    assert "std of all values is 0" in fired(evaluate_rule(path, "NotNormalizedData"))[0].message  # no indicators
     squashed = {s: {"Net_input_0": rng.normal(size=(32, 20)) * 0.05, "Net_fc.weight": np.ones(2)} for s in range(6)}
     path = write_run(tmp_path / "squashed", squashed, collections={"weights": ["Net_fc.weight"]})
     assert fired(evaluate_rule(path, "NotNormalizedData"))

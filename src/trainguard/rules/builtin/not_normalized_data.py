@@ -78,8 +78,9 @@ class NotNormalizedData(Rule):
         super().__init__(*args, **kwargs)
         self._stats: dict[str, ChannelStats] = {}
         self._seen: set[int] = set()  # a step is counted once, however often it is evaluated
-        self._binary: dict[str, np.ndarray] = {}
-        self._inputs_anywhere: bool | None = None  # per tensor: which channels held only 0 and 1 so far
+        # per tensor: which channels held only 0 and 1 so far, and which held a 1
+        self._binary: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._inputs_anywhere: bool | None = None
 
     def validate(self) -> None:
         check_regexes(self, "tensor_regex")
@@ -108,8 +109,12 @@ class NotNormalizedData(Rule):
             if self._stats.setdefault(name, ChannelStats()).add(array.astype(np.float64), axis):
                 moved = np.moveaxis(array, axis, -1).reshape(-1, array.shape[axis])
                 binary = np.all((moved == 0) | (moved == 1), axis=0)
+                ones = np.any(moved == 1, axis=0)
                 seen = self._binary.get(name)
-                self._binary[name] = binary if seen is None or seen.shape != binary.shape else seen & binary
+                if seen is None or seen[0].shape != binary.shape:
+                    self._binary[name] = (binary, ones)
+                else:
+                    self._binary[name] = (seen[0] & binary, seen[1] | ones)
         return names
 
     @staticmethod
@@ -132,7 +137,10 @@ class NotNormalizedData(Rule):
         if not judged:
             return None
         for name, stats in sorted(judged.items()):
-            continuous = ~self._binary.get(name, np.zeros(0, dtype=bool))
+            # indicator features: 0/1 channels of a tensor where some channel does take the value 1
+            # (a rare feature may not have fired yet); all-zero inputs everywhere are no indicators
+            binary, ones = self._binary.get(name, (np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)))
+            continuous = ~(binary & bool(np.any(binary & ones)))
             if continuous.size and not continuous.any():
                 continue  # every feature is a 0/1 indicator
             means, stds = stats.means(), stats.stds()
