@@ -9,7 +9,7 @@ are the learning rate and the initial weight scale; two settings are bugs traing
 
 ``train`` captures the run with ``trainguard.pytorch.Hook`` into ``out_dir`` and calls
 ``on_epoch(epoch, steps, last_saved_step, loss)`` after every epoch (``steps`` trained so far, the
-last step the hook saved); when it returns True training stops early.
+last step the hook saved and has written); when it returns True training stops early.
 """
 
 from __future__ import annotations
@@ -74,7 +74,10 @@ def train(
                 optimizer.step()
                 step += 1
             value = loss.item()
-            last_saved = (step - 1) // save_interval * save_interval  # global steps count from 0
+            # The last saved step already written: global steps count from 0, and the PyTorch
+            # hook writes a step when the next one begins, so the epoch's last step (step - 1)
+            # is not on disk yet; waiting for it would wait for the timeout.
+            last_saved = max(0, step - 2) // save_interval * save_interval
             if on_epoch(epoch, step, last_saved, value if math.isfinite(value) else float("nan")):
                 break
     finally:

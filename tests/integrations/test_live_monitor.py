@@ -23,7 +23,10 @@ def _train_watched(monitor: LiveRuleMonitor, config: dict, out_dir: str, stop: b
     polled: list = []
 
     def on_epoch(epoch, steps, last_saved, loss):
-        polled.extend(monitor.poll(wait_for_step=last_saved))
+        started = time.monotonic()
+        polled.extend(monitor.poll(wait_for_step=last_saved, timeout=30))
+        # the rules caught up with a step already written; they never sat out the timeout
+        assert time.monotonic() - started < 15
         return stop and bool(polled)
 
     with monitor:

@@ -162,7 +162,9 @@ class LiveRuleMonitor:
         With ``wait_for_step``, first wait (at most ``timeout`` seconds) until every rule still
         running has evaluated that step or a later one, or a finding arrived, or the runner
         ended: a sweep then decides on the data up to that step, not on how fast the thread
-        was. Pass the last step the hook *saved* (a step is evaluated once it is complete).
+        was. Pass the last step the hook saved *and wrote*: the PyTorch hook writes a step when
+        the next one begins, so after training step ``s`` (counting from 0) that is the last
+        saved step <= ``s - 1``; waiting for ``s`` itself lasts the whole ``timeout``.
         """
         with self._changed:
             if wait_for_step is not None and self.running:
