@@ -7,8 +7,9 @@ trainguard summary RUN [--json]
 trainguard tensorboard RUN OUT_DIR
 
 ``trainguard run`` exits with the training command's status, 3 when a rule stopped training (only
-certain findings stop it), and 4 when training succeeded but a rule could not evaluate the run
-(its data is missing) unless ``--allow-not-evaluated``.
+certain findings stop it), and 4 when training succeeded but a rule named in ``--rules`` could not
+evaluate the run (its data is missing) unless ``--allow-not-evaluated``. Rules of the implicit
+default set that could not evaluate are reported as such but leave the status alone.
 """
 
 from __future__ import annotations
@@ -73,11 +74,16 @@ def _rule_specs(args: argparse.Namespace) -> list[Any]:
     if args.stop_on_issue and not values:
         values = ["default"]
     specs: dict[str, Any] = {}
+    named: set[str] = set()
     for value in values:
         for spec in parse_rule_list(value):
-            for one in default_rule_specs() if spec.rule.lower() == "default" and not spec.parameters else [spec]:
+            from_default_set = spec.rule.lower() == "default" and not spec.parameters
+            for one in default_rule_specs() if from_default_set else [spec]:
                 specs.pop(one.name, None)
                 specs[one.name] = one
+                if not from_default_set:
+                    named.add(one.name)
+    args.named_rules = named
     if args.stop_on_issue:
         stop = ({"name": "stoptraining"},)
         specs = {name: dataclasses.replace(spec, actions=tuple(spec.actions) + stop) for name, spec in specs.items()}
@@ -184,8 +190,16 @@ def _supervise(
     if returncode == 0 and rules and not args.allow_not_evaluated:
         from trainguard.commands.rules import EXIT_NOT_EVALUATED, is_not_evaluated
 
-        # "could not check" must not read as "checked, all fine" (the summary says which and why)
-        if any(is_not_evaluated(rule.get("status"), rule.get("status_details")) for rule in rules):
+        # "Could not check" must not read as "checked, all fine": the summary says which rule and
+        # why, and a rule the user named fails the exit status. Rules of the implicit default set
+        # do not: most models have no tanh for SaturatedActivation and many loops no validation
+        # for Overfit, and a healthy run must exit 0.
+        named = getattr(args, "named_rules", set())
+        if any(
+            is_not_evaluated(rule.get("status"), rule.get("status_details"))
+            and rule.get("configuration_name") in named
+            for rule in rules
+        ):
             return EXIT_NOT_EVALUATED
     # A child killed by a signal: the shell convention 128 + signal, not a wrapped negative number.
     return 128 - returncode if returncode < 0 else returncode
@@ -234,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop-on-issue", action="store_true", help="stop training when a rule fires (implies --rules)")
     run.add_argument(
         "--allow-not-evaluated", action="store_true",
-        help="exit with training's status even when a rule could not evaluate the run (default: 4 then)",
+        help="exit with training's status even when a named rule could not evaluate the run (default: 4 then)",
     )  # fmt: skip
     run.add_argument("--stop-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
     run.add_argument("--profile", action="store_true", help="also record system and framework metrics")

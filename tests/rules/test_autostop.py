@@ -84,7 +84,9 @@ def test_faulty_script_is_detected_and_stopped(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_healthy_script_completes_with_no_findings(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = _trainguard("run", "--out", str(out), "--rules", "--stop-on-issue", "--allow-not-evaluated", "--",
+    # No --allow-not-evaluated: rules of the implicit default set that cannot apply to this model
+    # (no tanh/sigmoid for SaturatedActivation) are reported, but a healthy run still exits 0.
+    result = _trainguard("run", "--out", str(out), "--rules", "--stop-on-issue", "--",
                          sys.executable, "examples/healthy/mnist_like_cnn.py",
                          "--epochs", "2", "--train-size", "1024")  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -98,6 +100,7 @@ def test_healthy_script_completes_with_no_findings(tmp_path: Path) -> None:
         for status, details in statuses.values()
     ), statuses
     assert all(not doc["findings"] for doc in outputs.values())
+    assert statuses["SaturatedActivation"][0] == "Error" and "not evaluated" in result.stdout
     assert f"rules       : {len(DEFAULT_RULES)} run, 0 found issues" in result.stdout
     assert not (out / "trainguard-stop.json").exists()
     trial = create_trial(str(out), collection_wait_timeout=0)
