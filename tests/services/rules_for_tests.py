@@ -20,6 +20,9 @@ class LossAboveThreshold(Rule):
     fix_hint = "The loss blew up: lower the learning rate or clip gradients."
     collections = ("losses",)
     threshold = Param(float, 100.0, "largest acceptable loss")
+    # A hard threshold the user chose: crossing it is certain by definition, so it may stop a job
+    # (uncertain findings never do; see StepResult.certain).
+    stop_policy = "stops training when a saved loss is above threshold or not finite"
 
     def check(self, step: int) -> StepResult | None:
         names = self.select_tensors(collection_names=["losses"], step=step)
@@ -28,5 +31,5 @@ class LossAboveThreshold(Rule):
         for name in names:
             value = float(np.mean(self.base_trial.tensor(name).value(step)))
             if not math.isfinite(value) or value > self.threshold:
-                return self.issue(step, f"{name} = {value:g} exceeds {self.threshold:g}", loss=value)
+                return self.issue(step, f"{name} = {value:g} exceeds {self.threshold:g}", certain=True, loss=value)
         return self.no_issue(step)
