@@ -26,21 +26,6 @@ import toy_training  # noqa: E402
 from trainguard.integrations.tune import TrainguardStopper, TuneGuard  # noqa: E402
 
 
-def trainable(config: dict[str, Any]) -> None:
-    sys.path.insert(0, config["examples_dir"])  # the trial runs in a Ray worker process
-    import toy_training
-
-    out_dir = os.path.join(config["out_root"], config["name"])
-    with TuneGuard(out_dir) as guard:
-
-        def on_epoch(epoch: int, steps: int, last_saved: int, loss: float) -> bool:
-            stop = guard.report({"loss": loss, "steps": steps}, wait_for_step=last_saved)
-            # Without stop_in_trainable the TrainguardStopper alone ends the trial (the tests check it).
-            return stop and config.get("stop_in_trainable", True)
-
-        toy_training.train(config, out_dir, on_epoch)
-
-
 def run_sweep(
     out_root: str, configs: tuple[dict[str, Any], ...] = toy_training.CONFIGS, *, stop_in_trainable: bool = True
 ) -> tune.ResultGrid:
@@ -50,6 +35,23 @@ def run_sweep(
     ``TrainguardStopper`` can end it early.
     """
     here = os.path.dirname(os.path.abspath(__file__))
+
+    # Defined here, not at module level: Ray pickles a nested function by value, so the worker
+    # processes need not import this example as a module.
+    def trainable(config: dict[str, Any]) -> None:
+        sys.path.insert(0, config["examples_dir"])  # the trial runs in a Ray worker process
+        import toy_training
+
+        out_dir = os.path.join(config["out_root"], config["name"])
+        with TuneGuard(out_dir) as guard:
+
+            def on_epoch(epoch: int, steps: int, last_saved: int, loss: float) -> bool:
+                stop = guard.report({"loss": loss, "steps": steps}, wait_for_step=last_saved)
+                # Without stop_in_trainable only TrainguardStopper ends the trial (the tests check it).
+                return stop and config.get("stop_in_trainable", True)
+
+            toy_training.train(config, out_dir, on_epoch)
+
     space = {
         "config": tune.grid_search([{**c, "stop_in_trainable": stop_in_trainable} for c in configs]),
         "out_root": out_root,
@@ -77,7 +79,8 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/trainguard-tune-sweep")
     parser.add_argument("--num-cpus", type=int, default=2)
     args = parser.parse_args()
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False)
+    # address="local": a new instance of our own, even where a cluster already runs on this machine
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False)
     results = run_sweep(os.path.abspath(args.out))
     for result in results:
         name, metrics = result.config["config"]["name"], result.metrics

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def local_ray():
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()
