@@ -154,7 +154,9 @@ def main() -> int:
         s3.kill()
     lost = sum(len(r["lost"]) for r in rows)
     wrong = [r for r in rows if r["job"] != "Completed" or not r["end_marker_on_s3"]
-             or (r["fault"] != "no-capture" and (r["rule"] != "NoIssuesFound" or r["steps_evaluated"] != STEPS))]  # fmt: skip
+             or (r["fault"] != "no-capture" and (r["rule"] != "NoIssuesFound" or r["steps_evaluated"] != STEPS))
+             or (r["fault"] == "no-capture" and r["rule"] not in FINAL_RULE - {"NoIssuesFound"})]  # fmt: skip
+    # A run that captured nothing must end its rules as not evaluated (Error), never NoIssuesFound.
     print(f"total: {len(rows)} runs, {sum(r['written'] for r in rows)} files written, {lost} lost; "
           f"{len(rows) - len(wrong)} runs in the expected final state, {len(wrong)} not")
     return 0 if lost == 0 and not wrong else 1
