@@ -148,12 +148,26 @@ class CollectionManager:
     def names(self) -> list[str]:
         return list(self._collections)
 
-    def render(self, num_workers: int) -> bytes:
+    def render(self, num_workers: int, framework: str | None = None) -> bytes:
+        """The collections file; ``framework`` ("pytorch", "keras", "xgboost") goes in ``_meta``
+        (an extra key smdebug ignores) so that rules can give framework-specific fix hints."""
+        meta: dict[str, object] = {"num_workers": num_workers}
+        if framework:
+            meta["framework"] = framework
         document = {
             "collections": {name: collection.to_json() for name, collection in self._collections.items()},
-            "_meta": {"num_workers": num_workers},
+            "_meta": meta,
         }
         return json.dumps(document).encode("utf-8")
+
+    @staticmethod
+    def framework_of(data: bytes) -> str | None:
+        """The framework a collections file names (files written by smdebug name none)."""
+        try:
+            value = json.loads(data).get("_meta", {}).get("framework")
+        except (ValueError, AttributeError):
+            return None
+        return value if isinstance(value, str) and value else None
 
     @classmethod
     def parse(cls, data: bytes) -> tuple[CollectionManager, int]:

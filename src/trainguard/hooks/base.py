@@ -237,7 +237,10 @@ class BaseHook:
 
     def _write_collections(self) -> None:
         if self._writer is not None and self._worker is not None:
-            self._writer.write_object(collections_key(self._worker), self.collection_manager.render(self._num_workers))
+            framework = self.framework if self.framework != "generic" else None
+            self._writer.write_object(
+                collections_key(self._worker), self.collection_manager.render(self._num_workers, framework)
+            )
 
     # -- steps and modes ----------------------------------------------------------------------
     def set_mode(self, mode: ModeKeys) -> None:

@@ -64,6 +64,7 @@ class Trial:
         self._refresh_interval = refresh_interval
         self._missing_event_wait = missing_event_wait
         self._last_refresh = 0.0
+        self._framework: str | None = None
         self._collections, num_workers = self._load_collections(collection_wait_timeout)
         self._collections_final = False
         self._state = RunState(store, num_workers, parallel_reads=parallel_reads)
@@ -90,7 +91,9 @@ class Trial:
                 num_workers = 1
                 for key in keys:
                     try:
-                        parsed, workers = CollectionManager.parse(self.store.read(key))
+                        data = self.store.read(key)
+                        parsed, workers = CollectionManager.parse(data)
+                        self._framework = self._framework or CollectionManager.framework_of(data)
                     except (ValueError, KeyError, TypeError) as error:
                         raise MissingCollectionFiles(f"{self.store.url}/{key} is corrupt: {error}") from None
                     num_workers = max(num_workers, workers)
@@ -157,6 +160,14 @@ class Trial:
             except (ValueError, StorageError) as error:
                 stopped[worker] = {"reason": f"unreadable marker: {error}"}
         return stopped
+
+    @property
+    def framework(self) -> str | None:
+        """The framework that wrote the run ("pytorch", "keras", "xgboost"), or None when it does
+        not say (smdebug's files): rules pick their fix hints by it."""
+        if self._framework is None and any(name.startswith("trees/") for name in self._state.tensors):
+            return "xgboost"  # XGBoost runs are the ones that dump trees, whoever wrote them
+        return self._framework
 
     @property
     def num_workers(self) -> int:
