@@ -78,11 +78,6 @@ def test_uploader_that_cannot_upload_fails_the_job_while_training_runs(api_facto
     assert "uploader failed (exit code 1)" in job["failure_reason"] and "S3 kept failing" in job["failure_reason"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RuleRunner._open_trial waits its wait_timeout (1800 s) for a collections file even when the end "
-    "marker is already there; it ends at once only through training_done. Remove this mark when it does.",
-)
 def test_job_capturing_nothing_completes_and_its_rules_end(api) -> None:  # noqa: ANN001
     spec = {"name": "captures-nothing", "command": ["python", "-c", "print('no model here')"],
             "rules": [{"rule": CUSTOM_RULE, "name": "LossBlowup", "parameters": {"threshold": 1000}}]}  # fmt: skip
@@ -94,6 +89,7 @@ def test_job_capturing_nothing_completes_and_its_rules_end(api) -> None:  # noqa
     )
     assert job["status"] == "Completed", job
     assert job["rules"][0]["status"] == "Error", job["rules"][0]
+    assert job["rules"][0]["status_details"].startswith("RuleNotEvaluated: training ended without capturing"), job
     assert (api.data_dir / "jobs" / "captures-nothing" / "debug-output" / END_OF_TRAINING).exists()
 
 

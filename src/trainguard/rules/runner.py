@@ -200,6 +200,12 @@ class RuleRunner:
         self._load_progress()
         try:
             self.trial = self._open_trial()
+        except NothingCaptured as error:
+            # Nothing to judge is "not evaluated", never "no issues" (and never a hang).
+            for name in self.progress:
+                self._set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {error}"[:1024])
+            self._save(force=True)
+            return dict(self.latest)
         except TrialError as error:
             for name in self.progress:
                 self._set_error(name, f"TrialUnavailable: {error}")
@@ -242,8 +248,8 @@ class RuleRunner:
                 return create_trial(self.trial_path, endpoint_url=self.endpoint_url, collection_wait_timeout=0)
             except (MissingCollectionFiles, StorageError) as error:
                 last_error = error
-            if self.training_done.is_set():
-                raise TrialError(f"training ended before anything was captured at {self.trial_path} ({last_error})")
+            if self.training_done.is_set() or self._ended_without_capture():
+                raise NothingCaptured(f"training ended without capturing anything at {self.trial_path}")
             if time.monotonic() >= deadline:
                 raise TrialError(
                     f"the run at {self.trial_path} did not appear within {self.wait_timeout:.0f} s ({last_error}). "
@@ -252,6 +258,18 @@ class RuleRunner:
                 )
             self.stop_event.wait(min(self.poll_interval, 1.0))
         return None
+
+    def _ended_without_capture(self) -> bool:
+        """The end marker is there but no collections file: a job that captured nothing (its
+        uploader writes the marker alone). Waiting longer cannot help."""
+        from trainguard.format.layout import END_OF_TRAINING
+        from trainguard.storage import is_remote, open_store
+
+        options = {"endpoint_url": self.endpoint_url} if self.endpoint_url and is_remote(self.trial_path) else {}
+        try:
+            return open_store(self.trial_path, **options).exists(END_OF_TRAINING)
+        except (StorageError, OSError, ValueError):
+            return False
 
     def _create_rules(self) -> None:
         for spec in self.specs:
@@ -611,6 +629,10 @@ def _on_worker(result: StepResult | None, worker: str | None) -> StepResult | No
     if result is None or worker is None or result.worker is not None:
         return result
     return dataclasses.replace(result, worker=worker)
+
+
+class NothingCaptured(TrialError):
+    """Training ended and the run holds no capture at all."""
 
 
 def _describe_missing(item: dict[str, Any]) -> str:
