@@ -11,11 +11,10 @@ from bench.detection.registry import FAULTY, HEALTHY, Case, verify
 __all__ = ["FAULTY", "HEALTHY", "Case", "all_cases", "cases_by_name", "verify"]
 
 
-def all_cases() -> list["Case"]:
+def all_cases() -> list[Case]:
     from bench.detection.faulty import faulty_cases
-    from bench.detection.healthy import healthy_cases
-
     from bench.detection.framework_cases import framework_cases
+    from bench.detection.healthy import healthy_cases
 
     cases = healthy_cases() + faulty_cases() + framework_cases()
     try:
@@ -25,5 +24,5 @@ def all_cases() -> list["Case"]:
     return cases + xgboost_cases()
 
 
-def cases_by_name() -> dict[str, "Case"]:
+def cases_by_name() -> dict[str, Case]:
     return {case.name: case for case in all_cases()}

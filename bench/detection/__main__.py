@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.detection import all_cases
-from bench.detection.report import as_json, case_table, render, summarise
+from bench.detection.report import as_json, render, summarise
 from bench.detection.score import CaseResult, Finding, Verdict, debugger_rules, default_rules, score_case
 
 DEFAULT_CACHE = Path(os.environ.get("TRAINGUARD_DETECTION_CACHE", Path.home() / ".cache" / "trainguard-detection"))

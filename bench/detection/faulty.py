@@ -100,7 +100,8 @@ def faulty_cases() -> list[Case]:
            ("VanishingGradient",) + NOT_LEARNING, "no_learning", "5 ReLU layers, softmax into CE"),  # fmt: skip
         _f("softmax-before-ce-cnn", "loss", S(**images, lr=0.05, fault="softmax_before_ce", seed=2),
            ("VanishingGradient",) + NOT_LEARNING, "no_learning", "CNN, softmax into CE"),  # fmt: skip
-        _f("mse-on-class-index", "loss", S(loss="mse", lr=0.01, seed=3), NOT_LEARNING + ("Confusion",), "chance_accuracy",
+        _f("mse-on-class-index", "loss", S(loss="mse", lr=0.01, seed=3), NOT_LEARNING + ("Confusion",),
+           "chance_accuracy",
            "MSE between one output and the class index"),  # fmt: skip
         _f("loss-sign-flipped", "loss", S(lr=0.05, fault="loss_sign_flipped", seed=4),
            NEGATED, "diverges", "loss negated: it falls without bound"),

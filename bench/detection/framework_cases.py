@@ -100,7 +100,8 @@ def train_hf(out_dir: str, spec: FrameworkSpec) -> str:
         learning_rate=spec.lr, warmup_steps=spec.steps // 10, logging_strategy="no", save_strategy="no",
         report_to=[], use_cpu=True, seed=spec.seed, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
-    trainer = HookedTrainer(model=model, args=arguments, train_dataset=Examples(_dataset(spec, spec.steps * spec.batch)))
+    examples = Examples(_dataset(spec, spec.steps * spec.batch))
+    trainer = HookedTrainer(model=model, args=arguments, train_dataset=examples)
     try:
         trainer.train()
     finally:

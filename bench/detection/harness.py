@@ -135,7 +135,8 @@ def _as_input(x: Any, spec: Spec) -> Any:
 def _first_layer(model: Any) -> Any:
     from torch import nn
 
-    return next(m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.Embedding, nn.LSTM, nn.GRU, nn.RNN)))
+    kinds = (nn.Linear, nn.Conv2d, nn.Embedding, nn.LSTM, nn.GRU, nn.RNN)
+    return next(m for m in model.modules() if isinstance(m, kinds))
 
 
 def _pretrain(model: Any, task: Task, spec: Spec) -> None:

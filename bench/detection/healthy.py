@@ -80,9 +80,11 @@ def healthy_cases() -> list[Case]:
     # attention and embeddings (key-bias gradient is exactly zero; unused embedding rows)
     cases += [
         _h("tinybert-adamw-warmup", "attention", S(task="tokens", model="transformer", optimizer="adamw", lr=0.003,
-                                                   schedule="warmup_cosine"), "BERT-style layer, key bias"),  # fmt: skip
+                                                   schedule="warmup_cosine"),
+           "BERT-style layer, key bias"),  # fmt: skip
         _h("tinybert-adam-unused-vocab", "attention", S(task="tokens", model="transformer", optimizer="adam",
-                                                        lr=0.002, seed=1, unused_vocab=200), "200 unused rows"),  # fmt: skip
+                                                        lr=0.002, seed=1, unused_vocab=200),
+           "200 unused rows"),  # fmt: skip
         _h("tinybert-adamw-val", "attention", S(task="tokens", model="transformer", optimizer="adamw", lr=0.002,
                                                 seed=2, validation=True, save_interval=2), "validation"),  # fmt: skip
         _h("tinybert-bs1", "attention", S(task="tokens", model="transformer", optimizer="adamw", lr=0.001, seed=3,
@@ -97,7 +99,8 @@ def healthy_cases() -> list[Case]:
         _h("mlp-bs1-zero-rows", "noisy", S(batch=1, lr=0.01, steps=400, save_interval=4, zero_rows=0.3, seed=1),
            "batch size 1, 30 % of inputs all zero"),  # fmt: skip
         _h("mlp-bs1-adam", "noisy", S(batch=1, optimizer="adam", lr=0.001, steps=200, seed=2), "batch size 1, Adam"),
-        _h("cnn-bs2", "noisy", S(task="images", model="cnn", batch=2, lr=0.02, steps=300, save_interval=3, seed=3), "batch size 2"),
+        _h("cnn-bs2", "noisy", S(task="images", model="cnn", batch=2, lr=0.02, steps=300, save_interval=3, seed=3),
+           "batch size 2"),  # fmt: skip
         _h("mlp-label-noise-30", "noisy", S(batch=8, label_noise=0.3, lr=0.05, steps=150, seed=4),
            "batch 8, 30 % random labels"),  # fmt: skip
         _h("mlp-hard-task", "noisy", S(batch=16, separation=0.4, noise=1.5, optimizer="adam", lr=0.003, steps=150,
@@ -125,7 +128,8 @@ def healthy_cases() -> list[Case]:
         _h("cnn-frozen-first", "finetune", S(task="images", model="cnn", freeze="first", lr=0.1, seed=1),
            "frozen first conv"),  # fmt: skip
         _h("tinybert-frozen-embedding", "finetune", S(task="tokens", model="transformer", freeze="first",
-                                                      optimizer="adamw", lr=0.003, seed=2), "frozen embedding"),  # fmt: skip
+                                                      optimizer="adamw", lr=0.003, seed=2),
+           "frozen embedding"),  # fmt: skip
         _h("mlp-finetune-low-lr", "finetune", S(pretrain_steps=150, optimizer="adam", lr=1e-4, seed=3),
            "fine-tuning at lr 1e-4", "stable"),  # fmt: skip
         _h("cnn-finetune-low-lr", "finetune", S(task="images", model="cnn", pretrain_steps=150, lr=1e-3, seed=4,
@@ -148,7 +152,8 @@ def healthy_cases() -> list[Case]:
         _h("xor-converged-adam", "converged", S(task="xor", model="mlp_tanh", width=8, optimizer="adam", lr=0.05,
                                                 batch=4, steps=400, save_interval=4), "XOR to ~1e-3 loss"),  # fmt: skip
         _h("xor-converged-sgdm", "converged", S(task="xor", model="mlp_tanh", width=8, optimizer="sgd_momentum",
-                                                lr=0.5, batch=4, steps=400, seed=1, save_interval=4), "XOR, SGDm"),  # fmt: skip
+                                                lr=0.5, batch=4, steps=400, seed=1, save_interval=4),
+           "XOR, SGDm"),  # fmt: skip
         _h("small-set-converged", "converged", S(train_size=64, optimizer="adam", lr=0.01, steps=200,
                                                  save_interval=2), "64 examples, many epochs"),  # fmt: skip
         _h("multilabel-bce-adam", "tasks", S(task="multilabel", optimizer="adam", lr=0.003), "5 labels, BCE"),

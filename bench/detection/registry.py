@@ -55,7 +55,8 @@ def verify(case: Case, metrics: dict[str, Any]) -> tuple[bool, str]:
         return False, "no losses recorded"
     head = statistics.fmean(losses[: max(1, len(losses) // 8)])
     tail_values = losses[-max(1, len(losses) // 8) :]
-    tail = statistics.fmean(tail_values) if all(v == v and abs(v) != float("inf") for v in tail_values) else float("nan")
+    finite = all(math.isfinite(value) for value in tail_values)
+    tail = statistics.fmean(tail_values) if finite else float("nan")
     seen = f"loss {head:.4g} -> {tail:.4g}"
     if metrics.get("nonfinite"):
         seen += ", non-finite"

@@ -9,11 +9,10 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+import xgboost  # noqa: F401 - ImportError here leaves the XGBoost cases out
 
 from bench.detection.harness import METRICS_FILE
 from bench.detection.registry import FAULTY, HEALTHY, Case
-
-import xgboost  # noqa: F401 - ImportError here leaves the XGBoost cases out
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,6 @@ def _data(spec: BoostSpec, rows: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def train_xgboost(out_dir: str, spec: BoostSpec) -> str:
-    import xgboost
 
     import trainguard.xgboost as tg
 
@@ -62,7 +60,8 @@ def train_xgboost(out_dir: str, spec: BoostSpec) -> str:
     hook = tg.Hook(out_dir, save_config=tg.SaveConfig(save_interval=spec.save_interval), train_data=dtrain,
                    validation_data=dval)  # fmt: skip
     evals_result: dict = {}
-    booster = xgboost.train(params, dtrain, num_boost_round=spec.rounds, evals=[(dtrain, "train"), (dval, "validation")],
+    evals = [(dtrain, "train"), (dval, "validation")]
+    booster = xgboost.train(params, dtrain, num_boost_round=spec.rounds, evals=evals,
                             callbacks=[hook], evals_result=evals_result, verbose_eval=False,
                             early_stopping_rounds=spec.early_stopping or None)  # fmt: skip
     hook.close()  # after_training closes too; closing twice is harmless
@@ -105,7 +104,8 @@ def xgboost_cases() -> list[Case]:
         faulty("unlimited-depth-noise", B(fault="unlimited_depth", rounds=5), ("TreeDepth",),
                "noisy labels, max_depth 100, no regularisation"),  # fmt: skip
         faulty("unlimited-depth-regression", B(objective="reg:squarederror", fault="unlimited_depth", rounds=5,
-                                               seed=1), ("TreeDepth",), "regression on noise, max_depth 100"),  # fmt: skip
+                                               seed=1), ("TreeDepth",),
+               "regression on noise, max_depth 100"),  # fmt: skip
         faulty("leaked-label", B(fault="leaked_label", seed=2), ("FeatureImportanceOverweight",),
                "feature 5 = label + noise"),  # fmt: skip
         faulty("leaked-label-multiclass", B(objective="multi:softprob", fault="leaked_label", seed=3),
