@@ -214,7 +214,13 @@ class RayLauncher:
         for number, info in enumerate(attempts):
             if number:
                 parts.append(f"trainguard launcher: restarting {role} (restart {number})\n")
-            parts.append(self._call(f"logs of {role}", self.client.get_job_logs, info.submission_id) or "")
+            try:
+                parts.append(self._call(f"logs of {role}", self.client.get_job_logs, info.submission_id) or "")
+            except LauncherError as error:
+                # Ray serves a log from the node that ran it: a dead node's logs are gone, the
+                # later attempts' are still worth reading.
+                first_line = str(error).strip().splitlines()[0][:300]
+                parts.append(f"trainguard launcher: the log of {info.submission_id} is unavailable ({first_line})\n")
         text = "".join(parts)
         if tail is not None:
             lines = text.splitlines(keepends=True)

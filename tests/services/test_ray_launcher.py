@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,7 @@ class RayCluster:
     head_node: str
     training_node: str
     rules_node: str
+    cluster: Any  # the ray.cluster_utils.Cluster: tests add and kill nodes
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,7 @@ def ray_cluster() -> Iterator[RayCluster]:
                 return False
 
         wait_for(job_api_answers, 90, "the Ray job API", interval=1.0)
-        yield RayCluster(address, cluster.head_node.node_id, training.node_id, rules.node_id)
+        yield RayCluster(address, cluster.head_node.node_id, training.node_id, rules.node_id, cluster)
     finally:
         cluster.shutdown()
         if saved is None:
@@ -185,3 +187,55 @@ def test_api_with_the_ray_launcher_finds_a_faulty_job_and_stops_it(ray_cluster: 
     log = api.request("GET", "/v1/jobs/ray-blowup/logs?component=training")[1]
     assert "step 4" in log and "step 599" not in log  # stopped long before its 600 steps
     print(f"submit-to-Stopped through Ray: {took:.1f} s")
+
+
+def test_api_restart_and_a_lost_rule_node_lose_nothing(ray_cluster: RayCluster, api_factory) -> None:
+    """Runs last: it kills a rules node (a spare one takes over)."""
+    cluster = ray_cluster.cluster
+    spare = cluster.add_node(num_cpus=1, resources={"rules": 4})
+    cluster.wait_for_nodes()
+    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
+    steps = 900
+    spec = {
+        "name": "ray-survivor",
+        "command": training_command("--steps", str(steps), "--step-seconds", "0.1"),
+        "hook_config": HOOK_EVERY_STEP,
+        "rules": [{"rule": CUSTOM_RULE, "name": "LossWatch", "parameters": {"threshold": 1000}}],
+    }
+    status, body = api.request("POST", "/v1/jobs", spec)
+    assert status == 201, body
+    launcher = RayLauncher(ray_cluster.address)
+    try:
+        wait_for(lambda: api.job("ray-survivor")["rules"][0]["last_evaluated_step"] is not None, 120, "a rule report")
+    except AssertionError:
+        print(api.job("ray-survivor"), launcher.status("ray-survivor"), launcher.logs("ray-survivor", "rule:LossWatch"),
+              launcher.logs("ray-survivor", "training", tail=20), api.log_tail(), sep="\n----\n")  # fmt: skip
+        raise
+
+    api.kill(signal.SIGKILL)  # the API dies; the Ray jobs go on
+    api.start()
+    first = api.job("ray-survivor")["rules"][0]["last_evaluated_step"]
+    wait_for(lambda: api.job("ray-survivor")["rules"][0]["last_evaluated_step"] > first, 60, "reports to the new API")
+
+    # The rule runner's node dies (no graceful shutdown): Ray fails its job without an exit code,
+    # the API restarts the runner, Ray places it on the other rules node, it resumes.
+    lost = launcher.node_of("ray-survivor", "rule:LossWatch")
+    assert lost in (ray_cluster.rules_node, spare.node_id)
+    [node] = [n for n in cluster.worker_nodes if n.node_id == lost]
+    killed_at = time.monotonic()
+    cluster.remove_node(node, allow_graceful=False)
+    survivor = spare.node_id if lost == ray_cluster.rules_node else ray_cluster.rules_node
+    wait_for(lambda: "restart 1" in launcher.logs("ray-survivor", "rule:LossWatch"), 120, "the runner's restart")
+    wait_for(lambda: launcher.node_of("ray-survivor", "rule:LossWatch") == survivor, 60, "the runner on the other node")
+    print(f"rule node killed -> runner resubmitted: {time.monotonic() - killed_at:.1f} s")
+    assert launcher.status("ray-survivor")["training"].state is ComponentState.RUNNING  # training untouched
+
+    job = wait_for(
+        lambda: (j := api.job("ray-survivor"))["status"] == "Completed" and j["rules"][0]["status"] != "InProgress" and j,
+        300,
+        "the job and its rule to finish",
+    )
+    rule = job["rules"][0]
+    assert rule["status"] == "NoIssuesFound", rule
+    assert rule["last_evaluated_step"] == steps - 1, rule  # evaluated to the end: nothing lost
+    assert launcher.node_of("ray-survivor", "training") == ray_cluster.training_node
