@@ -19,10 +19,11 @@ verdicts, `--from-json FILE` to re-render them). Captured runs are cached under 
 the rules: 6 to 20 minutes for the whole corpus on two shared CPU cores (training everything the
 first time adds about 12). `pytest tests/detection` checks the registry and a 16-run subset.
 
-The corpus is a set of small real training runs, each written anew for trainguard (no code copied from any benchmark), captured by trainguard's own hooks with the
-collections the built-in rules read, and labelled **healthy** or **faulty**. A faulty case names
-the rules any one of which is a right *primary* diagnosis (what the fault is, not whatever fires)
-and the step the fault starts acting (its onset).
+The corpus is a set of small real training runs, each written anew for trainguard (no code
+copied from any benchmark), captured by trainguard's own hooks with the collections the built-in
+rules read, and labelled **healthy** or **faulty**. A faulty case names the rules any one of
+which is a right *primary* diagnosis (what the fault is, not whatever fires) and the step the
+fault starts acting (its onset).
 
 - **Healthy runs** cover the settings users train in: MLP, CNN (with and without BatchNorm), LSTM,
   GRU, Elman RNN, a BERT-style attention layer with a key bias (whose gradient is exactly zero by
