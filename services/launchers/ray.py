@@ -138,7 +138,9 @@ class RayLauncher:
             command = f"mkdir -p {directory} && cd {directory} && {command}"
         return command
 
-    def _submit(self, job_name: str, role: str, attempt: int, entrypoint: str, env_vars: dict[str, str], options: dict) -> None:
+    def _submit(
+        self, job_name: str, role: str, attempt: int, entrypoint: str, env_vars: dict[str, str], options: dict
+    ) -> None:
         env_vars = {**env_vars, "RAY_JOB_STOP_WAIT_TIME_S": str(max(0, math.ceil(self.stop_grace_seconds)))}
         self._call(
             f"submit {role} of {job_name}",
@@ -147,7 +149,12 @@ class RayLauncher:
             submission_id=_submission_id(job_name, role, attempt),
             runtime_env={"env_vars": env_vars},
             # Ray's job listing does not give the entrypoint resources back: keep them for restart().
-            metadata={_JOB_KEY: job_name, _ROLE_KEY: role, _ATTEMPT_KEY: str(attempt), _PLACEMENT_KEY: json.dumps(options)},
+            metadata={
+                _JOB_KEY: job_name,
+                _ROLE_KEY: role,
+                _ATTEMPT_KEY: str(attempt),
+                _PLACEMENT_KEY: json.dumps(options),
+            },
             **options,
         )
 
@@ -248,4 +255,3 @@ class RayLauncher:
         """The Ray node id the component's latest attempt runs (ran) on: where placement put it."""
         info = self._latest_by_role(job_name).get(role)
         return getattr(info, "driver_node_id", None) if info is not None else None
-

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, REPO, training_command, wait_for
 from tests.s3_server import free_port
+from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, REPO, training_command, wait_for
 
 pytest.importorskip("ray.job_submission", reason="the ray launcher tests need Ray: pip install -e '.[ray]'")
 
@@ -52,7 +52,12 @@ def ray_cluster() -> Iterator[RayCluster]:
     # One logical CPU per node: this machine's cores are shared; placement is by custom resources.
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port},
+        head_node_args={
+            "num_cpus": 1,
+            "include_dashboard": True,
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": port,
+        },
     )
     try:
         training = cluster.add_node(num_cpus=1, resources={"training": 2})
@@ -96,8 +101,9 @@ def test_components_run_on_their_nodes_and_a_new_launcher_finds_them(ray_cluster
     job = JobLaunch(
         "placed",
         (
-            ComponentSpec("training", "", _python("import os, time; print('lr', os.environ['LR'], flush=True); time.sleep(60)"),
-                          {"LR": "0.5"}, cpus=1, memory_mb=64),
+            ComponentSpec("training", "", _python(
+                "import os, time; print('lr', os.environ['LR'], flush=True); time.sleep(60)"
+            ), {"LR": "0.5"}, cpus=1, memory_mb=64),
             ComponentSpec("rule:Loss", "", _python("import os; print('cwd', os.getcwd()); raise SystemExit(1)"),
                           working_dir=str(tmp_path / "rule-cwd")),
             ComponentSpec("uploader", "", _python("print('uploaded')")),
@@ -105,7 +111,9 @@ def test_components_run_on_their_nodes_and_a_new_launcher_finds_them(ray_cluster
     )  # fmt: skip
     launcher.start(job)
     launcher.start(job)  # idempotent: nothing submitted twice
-    wait_for(lambda: launcher.status("placed")["rule:Loss"].state is ComponentState.EXITED, 90, "the rule runner to end")
+    wait_for(
+        lambda: launcher.status("placed")["rule:Loss"].state is ComponentState.EXITED, 90, "the rule runner to end"
+    )
     wait_for(lambda: "lr 0.5" in launcher.logs("placed", "training"), 60, "training's output")
 
     assert launcher.node_of("placed", "training") == ray_cluster.training_node
@@ -127,7 +135,9 @@ def test_components_run_on_their_nodes_and_a_new_launcher_finds_them(ray_cluster
     wait_for(lambda: restarted.logs("placed", "rule:Loss").count(printed) == 2, 90, "the restarted rule runner")
     assert "restarting rule:Loss (restart 1)" in restarted.logs("placed", "rule:Loss")
     assert restarted.node_of("placed", "rule:Loss") == ray_cluster.rules_node
-    assert restarted.logs("placed", "rule:Loss", tail=1).strip() == restarted.logs("placed", "rule:Loss").splitlines()[-1]
+    assert (
+        restarted.logs("placed", "rule:Loss", tail=1).strip() == restarted.logs("placed", "rule:Loss").splitlines()[-1]
+    )
 
     _cleanup(restarted, "placed")
     assert "placed" not in launcher.jobs() and launcher.status("placed") == {}
@@ -135,12 +145,13 @@ def test_components_run_on_their_nodes_and_a_new_launcher_finds_them(ray_cluster
 
 def test_stop_terminates_and_kills_after_the_grace(ray_cluster: RayCluster) -> None:
     launcher = RayLauncher(ray_cluster.address, stop_grace_seconds=GRACE)
+    # "ready 42" is printed, never echoed: Ray's log also shows the entrypoint's source.
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, lambda *_: print('ignoring TERM', flush=True))\n" \
-               "print('up', flush=True)\nwhile True: time.sleep(0.1)"  # fmt: skip
-    polite = "import time; print('up', flush=True); time.sleep(600)"
+               "print('ready', 40 + 2, flush=True)\nwhile True: time.sleep(0.1)"  # fmt: skip
+    polite = "import time; print('ready', 40 + 2, flush=True); time.sleep(600)"
     launcher.start(JobLaunch("stopped", (ComponentSpec("training", "", _python(polite)),
                                          ComponentSpec("rule:Stubborn", "", _python(stubborn)))))  # fmt: skip
-    wait_for(lambda: launcher.logs("stopped", "training").count("up") and launcher.logs("stopped", "rule:Stubborn").count("up"),
+    wait_for(lambda: all("ready 42" in launcher.logs("stopped", role) for role in ("training", "rule:Stubborn")),
              90, "both components to run")  # fmt: skip
 
     began = time.monotonic()
@@ -156,7 +167,9 @@ def test_stop_terminates_and_kills_after_the_grace(ray_cluster: RayCluster) -> N
     stubborn_took = time.monotonic() - began
     assert "ignoring TERM" in launcher.logs("stopped", "rule:Stubborn")
     assert polite_took < GRACE, f"SIGTERM should end a polite process at once, took {polite_took:.1f} s"
-    assert GRACE - 0.5 <= stubborn_took < GRACE + 10, f"SIGKILL should come after the {GRACE} s grace: {stubborn_took:.1f} s"
+    assert GRACE - 0.5 <= stubborn_took < GRACE + 10, (
+        f"SIGKILL should come after the {GRACE} s grace: {stubborn_took:.1f} s"
+    )
     launcher.remove("stopped")
 
 
@@ -231,7 +244,9 @@ def test_api_restart_and_a_lost_rule_node_lose_nothing(ray_cluster: RayCluster, 
     assert launcher.status("ray-survivor")["training"].state is ComponentState.RUNNING  # training untouched
 
     job = wait_for(
-        lambda: (j := api.job("ray-survivor"))["status"] == "Completed" and j["rules"][0]["status"] != "InProgress" and j,
+        lambda: (
+            (j := api.job("ray-survivor"))["status"] == "Completed" and j["rules"][0]["status"] != "InProgress" and j
+        ),
         300,
         "the job and its rule to finish",
     )
@@ -239,3 +254,30 @@ def test_api_restart_and_a_lost_rule_node_lose_nothing(ray_cluster: RayCluster, 
     assert rule["status"] == "NoIssuesFound", rule
     assert rule["last_evaluated_step"] == steps - 1, rule  # evaluated to the end: nothing lost
     assert launcher.node_of("ray-survivor", "training") == ray_cluster.training_node
+
+
+def test_a_job_whose_training_node_dies_ends_failed_with_the_reason(ray_cluster: RayCluster, api_factory) -> None:
+    """Runs last: it kills a training node."""
+    cluster = ray_cluster.cluster
+    cluster.add_node(num_cpus=1, resources={"training": 1})
+    cluster.wait_for_nodes()
+    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
+    spec = {
+        "name": "ray-node-lost",
+        "command": training_command("--steps", "2000", "--step-seconds", "0.1"),
+        "hook_config": HOOK_EVERY_STEP,
+        "rules": [{"rule": CUSTOM_RULE, "name": "LossWatch", "parameters": {"threshold": 1000}}],
+    }
+    status, body = api.request("POST", "/v1/jobs", spec)
+    assert status == 201, body
+    launcher = RayLauncher(ray_cluster.address)
+    wait_for(lambda: "step 3 " in launcher.logs("ray-node-lost", "training"), 120, "training to run")
+    [node] = [n for n in cluster.worker_nodes if n.node_id == launcher.node_of("ray-node-lost", "training")]
+    killed_at = time.monotonic()
+    cluster.remove_node(node, allow_graceful=False)
+    job = wait_for(lambda: (j := api.job("ray-node-lost"))["status"] == "Failed" and j, 120, "the job to fail")
+    print(f"training node killed -> job Failed: {time.monotonic() - killed_at:.1f} s")
+    assert job["exit_code"] == 137
+    reason = job["failure_reason"]
+    assert reason.startswith("AlgorithmError: training exited with code 137 (Ray: "), reason
+    wait_for(lambda: api.job("ray-node-lost")["rules"][0]["status"] != "InProgress", 60, "the rule to end")
