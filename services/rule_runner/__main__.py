@@ -102,6 +102,10 @@ def main() -> int:
     datapoints: list[dict[str, Any]] = []
     lock = threading.Lock()
 
+    # A firing step's datapoint travels with (or after) the report that carries its finding: an
+    # alarm or rule action woken by the datapoint must find the finding already there.
+    fired_points: list[dict[str, Any]] = []
+
     def evaluated(result: Any) -> None:
         """Every evaluated step: RuleIssuesFound 0/1 to CloudWatch and (batched) to the API's alarms."""
         value = 1.0 if result.fired else 0.0
@@ -109,6 +113,10 @@ def main() -> int:
             metrics.add("RuleIssuesFound", value, "Count")
             metrics.add("RuleLastEvaluatedStep", float(result.step))
         point = {"metric": "RuleIssuesFound", "value": value, "step": int(result.step)}
+        if reporter is not None and result.fired:
+            with lock:
+                fired_points.append(point)
+            return
         if reporter is not None:
             # Into the durable outbox now, before the progress file records the step as evaluated:
             # a runner killed after that must not lose the datapoint (the outbox batches them).
@@ -119,8 +127,9 @@ def main() -> int:
 
     def send(document: dict[str, Any]) -> None:
         with lock:
-            document["datapoints"] = list(datapoints)
+            document["datapoints"] = [*document.get("datapoints", []), *datapoints, *fired_points]
             datapoints.clear()
+            fired_points.clear()
         steps = [point["step"] for point in document["datapoints"]]
         if steps and document.get("last_evaluated_step") is None:
             document["last_evaluated_step"] = max(steps)  # progress is visible between findings too
@@ -144,6 +153,8 @@ def main() -> int:
             if result is not None and not result.missing and result.not_evaluated is None:
                 evaluated(result)
             super()._record(name, result)
+            if fired_points:  # no report carried it (not every finding changes the status): send it now
+                send({"configuration_name": configuration})
 
     try:
         runner = ReportingRunner(
