@@ -140,6 +140,9 @@ def _serve(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value is not None:
             environ[variable] = str(value)
+    # The embedded one-machine service runs jobs as local processes unless told otherwise: its
+    # embedded S3 endpoint listens on loopback, which containers cannot reach.
+    environ.setdefault("TRAINGUARD_LAUNCHER", "local")
     data_dir = Path(environ.get("TRAINGUARD_DATA_DIR") or "trainguard-service").resolve()
     environ["TRAINGUARD_DATA_DIR"] = str(data_dir)
     credentials = None

@@ -149,6 +149,9 @@ def run_job(contract: JobContract, paths: MlPaths) -> int:
     except (ChannelError, ContractError) as error:
         _fail(paths, f"ClientError: {error}")
         return 1
+    except Exception as error:  # noqa: BLE001 - S3 unreachable while listing, bad credentials...: said, not a traceback
+        _fail(paths, f"ClientError: could not fetch the input channels: {type(error).__name__}: {error}")
+        return 1
     command = _training_command(contract, paths)
     if command is None:
         return 1
