@@ -202,6 +202,42 @@ def test_api_with_the_ray_launcher_finds_a_faulty_job_and_stops_it(ray_cluster: 
     print(f"submit-to-Stopped through Ray: {took:.1f} s")
 
 
+def test_sagemaker_endpoint_runs_a_faulty_job_on_ray(ray_cluster: RayCluster, api_factory, s3_endpoint) -> None:
+    """CreateTrainingJob (boto3, SigV4) with the ray launcher: the SDK's stoptraining action stops it."""
+    from tests.s3_server import s3_client
+    from tests.services.test_sagemaker_endpoint import _request, _sdk_action_json
+
+    bucket = s3_client(s3_endpoint)
+    try:
+        bucket.create_bucket(Bucket="bkt")
+    except bucket.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, S3_ENDPOINT_URL=s3_endpoint,
+                      TRAINGUARD_STOP_GRACE_SECONDS="5")  # fmt: skip
+    client = api.sagemaker()
+    name = "sm-on-ray"
+    rules = [{"RuleConfigurationName": "LossBlowup", "RuleEvaluatorImage": "rules:latest",
+              "RuleParameters": {"rule_to_invoke": CUSTOM_RULE, "threshold": "1000.0",
+                                 "action_json": _sdk_action_json(name)}}]  # fmt: skip
+    command = training_command("--steps", "600", "--blowup-at", "5", "--step-seconds", "0.05")
+    client.create_training_job(**_request(name, command, rules))
+    description = wait_for(
+        lambda: (d := client.describe_training_job(TrainingJobName=name))["TrainingJobStatus"] == "Stopped" and d,
+        180,
+        "the faulty job to be Stopped",
+    )
+    assert description["DebugRuleEvaluationStatuses"][0]["RuleEvaluationStatus"] == "IssuesFound"
+    launcher = RayLauncher(ray_cluster.address)
+    assert launcher.node_of(name, "training") == ray_cluster.training_node
+    assert launcher.node_of(name, "rule:LossBlowup") == ray_cluster.rules_node
+    assert launcher.node_of(name, "uploader") is not None  # it ran somewhere on the cluster
+    uploaded = wait_for(
+        lambda: bucket.list_objects_v2(Bucket="bkt", Prefix=f"{name}/debug-output/").get("KeyCount", 0),
+        30,
+        "the uploader's copy in S3",
+    )
+    print(f"SageMaker job on Ray: {uploaded} objects uploaded to s3://bkt/{name}/debug-output/")
+
 def test_api_restart_and_a_lost_rule_node_lose_nothing(ray_cluster: RayCluster, api_factory) -> None:
     """Runs last: it kills a rules node (a spare one takes over)."""
     cluster = ray_cluster.cluster
