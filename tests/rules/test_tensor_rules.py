@@ -241,7 +241,7 @@ def test_weight_update_ratio_hints_differ_for_large_and_small(tmp_path):
     for framework in ("pytorch", "keras", "xgboost", None):
         for name, path in (("small", frozen), ("large", jumped), ("nan", exploded)):
             trial = create_trial(path)
-            trial.framework = framework  # what the run's framework would say (Rule.framework() reads it)
+            trial._framework = framework  # what the run's collections file would say (Trial.framework)
             (results[framework, name],) = evaluate_rule(trial, sagemaker("WeightUpdateRatio"))
     small, large, nan = (results["pytorch", name] for name in ("small", "large", "nan"))
     assert small.fired and small.details["direction"] == "small" and "requires_grad" in small.fix_hint
