@@ -96,6 +96,20 @@ def _cleanup(launcher: RayLauncher, job: str) -> None:
     launcher.remove(job)
 
 
+def _add_ready_node(ray_cluster: RayCluster, resource: str) -> Any:
+    """A new node offering ``resource``, once it has run a job: a just-added node's agents may take
+    a while to come up on a loaded machine, and the test must not time that instead of the launcher."""
+    tag = f"probe_{resource}"
+    node = ray_cluster.cluster.add_node(num_cpus=1, resources={resource: 4, tag: 1})
+    ray_cluster.cluster.wait_for_nodes()
+    probe = RayLauncher(ray_cluster.address, rules_resource=tag)
+    probe.start(JobLaunch(f"probe-{resource}", (ComponentSpec("rule:probe", "", _python("print('probed')")),)))
+    wait_for(lambda: probe.status(f"probe-{resource}")["rule:probe"].exit_code == 0, 120, f"the new {resource} node")
+    assert probe.node_of(f"probe-{resource}", "rule:probe") == node.node_id
+    probe.remove(f"probe-{resource}")
+    return node
+
+
 def test_components_run_on_their_nodes_and_a_new_launcher_finds_them(ray_cluster: RayCluster, tmp_path) -> None:
     launcher = RayLauncher(ray_cluster.address, stop_grace_seconds=GRACE)
     job = JobLaunch(
@@ -238,11 +252,11 @@ def test_sagemaker_endpoint_runs_a_faulty_job_on_ray(ray_cluster: RayCluster, ap
     )
     print(f"SageMaker job on Ray: {uploaded} objects uploaded to s3://bkt/{name}/debug-output/")
 
+
 def test_api_restart_and_a_lost_rule_node_lose_nothing(ray_cluster: RayCluster, api_factory) -> None:
     """Runs last: it kills a rules node (a spare one takes over)."""
     cluster = ray_cluster.cluster
-    spare = cluster.add_node(num_cpus=1, resources={"rules": 4})
-    cluster.wait_for_nodes()
+    spare = _add_ready_node(ray_cluster, "rules")
     api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
     steps = 900
     spec = {
@@ -295,8 +309,7 @@ def test_api_restart_and_a_lost_rule_node_lose_nothing(ray_cluster: RayCluster, 
 def test_a_job_whose_training_node_dies_ends_failed_with_the_reason(ray_cluster: RayCluster, api_factory) -> None:
     """Runs last: it kills a training node."""
     cluster = ray_cluster.cluster
-    cluster.add_node(num_cpus=1, resources={"training": 1})
-    cluster.wait_for_nodes()
+    _add_ready_node(ray_cluster, "training")
     api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
     spec = {
         "name": "ray-node-lost",
