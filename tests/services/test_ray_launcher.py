@@ -330,3 +330,19 @@ def test_a_job_whose_training_node_dies_ends_failed_with_the_reason(ray_cluster:
     reason = job["failure_reason"]
     assert reason.startswith("AlgorithmError: training exited with code 137 (Ray: "), reason
     wait_for(lambda: api.job("ray-node-lost")["rules"][0]["status"] != "InProgress", 60, "the rule to end")
+
+
+def test_settings_pick_the_ray_launcher_with_its_address_and_grace(tmp_path) -> None:
+    from trainguard.services.api.app import make_launcher
+    from trainguard.services.api.settings import Settings
+
+    from trainguard.errors import ConfigError
+
+    base = {"TRAINGUARD_API_TOKEN": "test-token-0123456789", "TRAINGUARD_DATA_DIR": str(tmp_path)}
+    chosen = {"TRAINGUARD_LAUNCHER": "Ray", "RAY_ADDRESS": "http://head:8265", "TRAINGUARD_STOP_GRACE_SECONDS": "7.5"}
+    settings = Settings.from_env({**base, **chosen})
+    launcher = make_launcher(settings)  # connects lazily: no cluster needed to build it
+    assert isinstance(launcher, RayLauncher)
+    assert (launcher.name, launcher.address, launcher.stop_grace_seconds) == ("ray", "http://head:8265", 7.5)
+    with pytest.raises(ConfigError, match="use local, docker or ray"):
+        Settings.from_env({**base, "TRAINGUARD_LAUNCHER": "kubernetes"})
