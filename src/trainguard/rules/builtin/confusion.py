@@ -43,7 +43,7 @@ from trainguard.rules.builtin._classification import (
     regex_problem,
 )
 from trainguard.rules.builtin._losses import fmt, is_complete, read_values
-from trainguard.rules.params import Param
+from trainguard.rules.params import SAGEMAKER, Param, semantics_param
 
 
 def _fraction(value: float) -> str | None:
@@ -87,6 +87,11 @@ class Confusion(Rule):
     start_step = Param(int, None, "first global step judged (default: 100; 10 rounds in XGBoost runs)",
                        optional=True, documented_default=0,
                        check=lambda value: None if value >= 0 else "must be >= 0")
+    semantics = semantics_param()
+    min_predictions = Param(
+        int, 30, "calibrated semantics: a predicted class is judged once the window holds this many predictions of "
+        "it (a share of 2 predictions is noise: '100 % of class 2 are class 3')",
+    )  # fmt: skip
     samples = Param(int, 500, "labels in the sliding window the matrix is built from",
                     documented_default="the current step only",
                     check=lambda value: None if value > 0 else "must be > 0")
@@ -140,7 +145,8 @@ class Confusion(Rule):
     def _judge(self, step: int, matrix: np.ndarray) -> StepResult:
         column_sums = matrix.sum(axis=0)
         problems: list[dict[str, Any]] = []
-        for column in np.nonzero(column_sums)[0]:
+        least = 1 if self.semantics == SAGEMAKER else max(1, self.min_predictions)
+        for column in np.nonzero(column_sums >= least)[0]:
             total = column_sums[column]
             diag = matrix[column, column] / total
             if diag < self.min_diag:
