@@ -444,3 +444,51 @@ def test_network_policy_evaluation_notices_an_open_database() -> None:
         if policy["metadata"]["name"] == "postgres-from-api-only":
             policy["spec"]["ingress"][0]["from"].append({"podSelector": {}})
     assert can_connect(policies, labels["rules"], labels["trainguard-postgres"], 5432)
+
+
+# -- rayStartParams through the shell, as KubeRay runs them -------------------------------------
+def _kuberay_flags(start_params: dict[str, str]) -> str:
+    """`ray start` flags as KubeRay v1.7.0 writes them (convertParamMap in
+    ray-operator/controllers/ray/common/pod.go): sorted keys, ' --key=value ', "true" as a bare flag."""
+    flags = ""
+    for key in sorted(start_params):
+        value = start_params[key]
+        if value.lower() == "true":
+            flags += f" --{key} "
+        elif value.lower() != "false":
+            flags += f" --{key}={value} "
+    return flags
+
+
+def _ray_start_resources(start_params: dict[str, str]) -> dict[str, float]:
+    """The resources `ray start` gets once bash has split KubeRay's command line, parsed by Ray."""
+    ray_utils = pytest.importorskip("ray._private.utils")
+    from ray.autoscaler._private.cli_logger import cf, cli_logger
+
+    argv = subprocess.run(
+        ["bash", "-c", 'printf "%s\\n" ' + _kuberay_flags(start_params)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.splitlines()
+    given = [arg.split("=", 1)[1] for arg in argv if arg.startswith("--resources=")]
+    if not given:
+        return {}
+    (resources,) = given
+    return ray_utils.parse_resources_json(resources, cli_logger, cf)
+
+
+def test_ray_start_gets_the_resources_through_kuberays_shell_command() -> None:
+    from trainguard.services.launchers.ray import RayLauncher
+
+    launcher = RayLauncher()
+    raycluster = _one(applied(), "RayCluster", "trainguard-ray")
+    groups = {group["groupName"]: group for group in raycluster["spec"]["workerGroupSpecs"]}
+    assert _ray_start_resources(groups["training"]["rayStartParams"]) == {launcher.training_resource: 1}
+    assert _ray_start_resources(groups["rules"]["rayStartParams"]) == {launcher.rules_resource: 4}
+    assert _ray_start_resources(raycluster["spec"]["headGroupSpec"]["rayStartParams"]) == {}
+    # Unquoted JSON loses its quotes and is split in the shell, and `ray start` refuses it.
+    click = pytest.importorskip("click")
+    with pytest.raises(click.ClickException):
+        _ray_start_resources({"resources": '{"rules": 4}'})
