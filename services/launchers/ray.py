@@ -31,6 +31,8 @@ import json
 import math
 import re
 import shlex
+import threading
+import time
 from typing import Any
 
 from trainguard.services.launchers.base import ComponentSpec, ComponentState, ComponentStatus, JobLaunch, LauncherError
@@ -67,12 +69,18 @@ class RayLauncher:
         training_resource: str = "training",
         rules_resource: str = "rules",
         client: Any = None,
+        listing_ttl_seconds: float = 0.25,
     ) -> None:
         self.address = address
         self.stop_grace_seconds = stop_grace_seconds
         self.training_resource = training_resource
         self.rules_resource = rules_resource
         self._client = client
+        # One listing of the cluster's jobs serves every status() of a reconcile tick (the API
+        # polls each unsettled job in turn); anything this launcher changes drops it.
+        self.listing_ttl_seconds = listing_ttl_seconds
+        self._listing: tuple[float, list[Any]] | None = None
+        self._listing_lock = threading.Lock()
 
     # -- the Ray job client ---------------------------------------------------------------------
     @property
@@ -97,10 +105,24 @@ class RayLauncher:
         except Exception as error:  # noqa: BLE001 - Ray raises RuntimeError, requests errors...
             raise LauncherError(f"Ray job API: {what} failed: {error}") from error
 
+    def _list_jobs(self) -> list[Any]:
+        with self._listing_lock:
+            if self._listing is not None and time.monotonic() - self._listing[0] < self.listing_ttl_seconds:
+                return self._listing[1]
+        listed_at = time.monotonic()
+        listing = list(self._call("list_jobs", self.client.list_jobs))
+        with self._listing_lock:
+            self._listing = (listed_at, listing)
+        return listing
+
+    def _forget_listing(self) -> None:
+        with self._listing_lock:
+            self._listing = None
+
     def _submissions(self, job_name: str | None = None) -> list[Any]:
         """Every trainguard submission (of ``job_name``), oldest attempt first."""
         found = []
-        for info in self._call("list_jobs", self.client.list_jobs):
+        for info in self._list_jobs():
             metadata = info.metadata or {}
             if _JOB_KEY not in metadata or (job_name is not None and metadata[_JOB_KEY] != job_name):
                 continue
@@ -157,6 +179,7 @@ class RayLauncher:
             },
             **options,
         )
+        self._forget_listing()  # the next status() sees the new submission
 
     # -- Launcher interface ---------------------------------------------------------------------
     def start(self, job: JobLaunch) -> None:
@@ -203,6 +226,7 @@ class RayLauncher:
                 continue
             if self._status_of(role, info).state in (ComponentState.PENDING, ComponentState.RUNNING):
                 self._call(f"stop {role} of {job_name}", self.client.stop_job, info.submission_id)
+                self._forget_listing()
 
     def restart(self, job_name: str, role: str) -> None:
         info = self._latest_by_role(job_name).get(role)
@@ -250,6 +274,7 @@ class RayLauncher:
             raise LauncherError(f"job {job_name} still has running components: {', '.join(running)}; stop it first")
         for info in submissions:
             self._call(f"delete {info.submission_id}", self.client.delete_job, info.submission_id)
+        self._forget_listing()
 
     def node_of(self, job_name: str, role: str) -> str | None:
         """The Ray node id the component's latest attempt runs (ran) on: where placement put it."""
