@@ -48,6 +48,7 @@ def test_pytorch_estimator_fit_unchanged(api_factory, s3_endpoint, s3_bucket, sd
     # create_trial() on the SDK's debugger artifacts path: the local job's run was uploaded there
     from trainguard.trials import create_trial
 
+    assert result["debugger_artifacts_path"].startswith(f"s3://{s3_bucket}/debug/")  # the user's DebuggerHookConfig
     trial = create_trial(result["debugger_artifacts_path"])
     assert trial.steps() and any("loss" in name.lower() for name in trial.tensor_names()), trial.tensor_names()
     assert result["hyperparameters"]["epochs"] == "3", result

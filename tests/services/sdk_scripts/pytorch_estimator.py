@@ -21,7 +21,7 @@ os.environ["SAGEMAKER_USER_CONFIG_OVERRIDE"] = os.path.join(
 
 import boto3  # noqa: E402
 import sagemaker  # noqa: E402
-from sagemaker.debugger import Rule, rule_configs  # noqa: E402
+from sagemaker.debugger import CollectionConfig, DebuggerHookConfig, Rule, rule_configs  # noqa: E402
 from sagemaker.pytorch import PyTorch  # noqa: E402
 
 boto_session = boto3.Session(
@@ -41,6 +41,13 @@ estimator = PyTorch(
     sagemaker_session=session,
     output_path=f"s3://{settings['bucket']}/output",
     # SageMaker's documented way to stop a job on a finding: the rule's StopTraining action.
+    # An explicit DebuggerHookConfig, as users write it: where the tensors go, which collections.
+    debugger_hook_config=DebuggerHookConfig(
+        s3_output_path=f"s3://{settings['bucket']}/debug",
+        hook_parameters={"save_interval": "2"},
+        collection_configs=[CollectionConfig("losses", parameters={"save_interval": "1"}),
+                            CollectionConfig("gradients"), CollectionConfig("weights")],
+    ),
     rules=[Rule.sagemaker(rule_configs.exploding_tensor(), actions=rule_configs.ActionList(rule_configs.StopTraining()))],
     metric_definitions=[{"Name": "train:loss", "Regex": r"loss=([0-9.eE+-]+|nan|inf)"}],
     disable_profiler=True,
