@@ -94,3 +94,19 @@ def test_finding_kinds_and_the_graph_are_consistent() -> None:
     for edge in EXPLAINS:
         assert edge.why and edge.cause != edge.effect
         assert edge.cause in CAUSAL_ORDER, edge
+
+
+def test_saturated_activations_explain_all_zero_gradients_at_the_same_step() -> None:
+    # a deep tanh net with a huge init: both rules fire at step 2; the saturation is the cause
+    # (float32 rounds tanh's derivative to 0), the all-zero gradients are its consequence
+    results = [
+        _result("AllZero", (2, "4 tensor(s) are >= 100% zeros, e.g. gradient/fc1.bias")),
+        _result("SaturatedActivation", (2, "78% of the nodes of tanh input 3_input_0 are saturated")),
+        _result("VanishingGradient", (2, "6 of 16 gradient(s) vanished")),
+    ]
+    diagnosis = diagnose(results)
+    assert [f["rule"] for f in diagnosis["primary"]] == ["SaturatedActivation"]
+    assert {f["rule"] for f in diagnosis["consequences"]} == {"AllZero", "VanishingGradient"}
+    # an all-zero tensor long before any saturation is not explained by it
+    results[0] = _result("AllZero", (1, "4 tensor(s) are >= 100% zeros"))
+    assert [f["rule"] for f in diagnose(results)["primary"]] == ["AllZero"]

@@ -124,6 +124,8 @@ EXPLAINS: tuple[Edge, ...] = (
     }),  # fmt: skip
     *_edges("SaturatedActivation", {
         "VanishingGradient": "saturated tanh/sigmoid have a near-zero derivative",
+        # float32 rounds 1 - tanh(x)^2 to exactly 0 beyond |x| ~ 9: the gradients behind are all zeros
+        "AllZero": "saturated tanh/sigmoid have a derivative that rounds to zero: the gradients behind them are all zeros",
         "UnchangedTensor": "weights behind saturated units get no gradient and do not change",
         "LossNotDecreasing": "saturated units stop learning",
         "Underfitting": "saturated units keep the model from fitting",
