@@ -9,7 +9,10 @@ files written vs files on S3, steps evaluated (datapoints the API holds) and the
 Faults: kill-uploader (kill -9 of the uploader process), kill-runner (kill -9 of the rule runner),
 restart-api (kill -9 of the API, 3 s down, restarted on the same database), restart-s3-empty (the S3
 endpoint killed and restarted with nothing in it), pause-s3 (SIGSTOP of the endpoint for 5 s),
-no-capture (a job whose command captures nothing: the run must still end, end marker on S3).
+no-capture (a job whose command captures nothing: the run must still end, end marker on S3),
+disk-full (the training's capture directory is a small tmpfs, filled to the last byte mid-run by a
+hidden ballast file and left full: training must go on without capture, every step written before
+must reach S3 and be evaluated, the job must end; needs root for ``mount``).
 The uploader component is added to the local job the way the Docker plan has one (see
 tests/reliability/test_supervision.py); the API's reconciler supervises it.
 """
@@ -20,6 +23,7 @@ import argparse
 import os
 import signal
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +38,7 @@ from tests.services.conftest import ApiServer, _stop_local_jobs, training_comman
 from trainguard.services.launchers.base import ComponentSpec, JobLaunch  # noqa: E402
 from trainguard.services.launchers.local import LocalLauncher  # noqa: E402
 
-FAULTS = ("kill-uploader", "kill-runner", "restart-api", "restart-s3-empty", "pause-s3", "no-capture")
+FAULTS = ("kill-uploader", "kill-runner", "restart-api", "restart-s3-empty", "pause-s3", "no-capture", "disk-full")
 STEPS = 300  # 15 s of training at 0.05 s a step: the fault lands mid-run even on a busy machine
 RULE = "tests.services.rules_for_tests:LossAboveThreshold"
 FINAL_RULE = {"NoIssuesFound", "IssuesFound", "Error", "Stopped"}
@@ -63,11 +67,67 @@ def _kill_command(component_dir: Path) -> bool:
     return True
 
 
+DISK_MIB = 8  # room for the whole run (600 files of one 4 KiB page each); the ballast fills the rest
+
+
+def mount_small_disk(directory: Path, mib: int = DISK_MIB) -> None:
+    """A tmpfs of ``mib`` MiB on ``directory``: a training disk that can fill up. Raises OSError when
+    it cannot be mounted (not root, no mount permission in this container)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(directory)],
+                            capture_output=True, text=True)  # fmt: skip
+    if result.returncode != 0:
+        raise OSError(f"cannot mount a tmpfs on {directory}: {result.stderr.strip() or result.returncode}")
+
+
+def unmount(directory: Path) -> None:
+    subprocess.run(["umount", "-l", str(directory)], capture_output=True)
+
+
+def fill_disk(directory: Path) -> int:
+    """Write a hidden ballast file (the uploader and the file counts skip dot files) until the
+    filesystem says ENOSPC; the file stays, so the disk stays full. Returns the bytes written."""
+    written = 0
+    chunk = b"\0" * (64 << 10)
+    with open(directory / ".ballast", "wb", buffering=0) as ballast:
+        try:
+            while True:
+                written += ballast.write(chunk)
+        except OSError as error:
+            if error.errno != 28:  # ENOSPC is the point; anything else is a broken fault
+                raise
+    # Fill the last partial chunk too: a filesystem rounding to pages may still hold a few KiB.
+    with open(directory / ".ballast2", "wb", buffering=0) as ballast:
+        try:
+            while True:
+                written += ballast.write(b"\0" * 512)
+        except OSError as error:
+            if error.errno != 28:
+                raise
+    return written
+
+
+def training_capture_stopped(component_dir: Path) -> bool:
+    """Whether the training's log has the hook's fail-open line (capture disabled, training goes on)."""
+    log = component_dir / "output.log"
+    return log.exists() and "capture disabled" in log.read_text(errors="replace")
+
+
+def _exit_code(component_dir: Path) -> int | None:
+    try:
+        return int((component_dir / "exit_code").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def one_run(fault: str, index: int, work: Path, s3: RestartableS3) -> dict:
     api = ApiServer(work / f"{fault}-{index}", {})
     api.data_dir.mkdir(parents=True)
     api.start()
     name = f"chaos-{index}"
+    run_dir = api.data_dir / "jobs" / name / "debug-output"
+    if fault == "disk-full":
+        mount_small_disk(run_dir)
     try:
         command = (["python", "-c", "print('nothing captured')"] if fault == "no-capture"
                    else training_command("--steps", str(STEPS), "--step-seconds", "0.05"))  # fmt: skip
@@ -76,7 +136,6 @@ def one_run(fault: str, index: int, work: Path, s3: RestartableS3) -> dict:
         status, body = api.request("POST", "/v1/jobs", spec)
         if status != 201:
             raise RuntimeError(f"create: {status} {body}")
-        run_dir = api.data_dir / "jobs" / name / "debug-output"
         prefix = f"{fault}-{index}/debug-output"
         uploader = uploader_command(run_dir, f"s3://runs/{prefix}", s3.endpoint)
         LocalLauncher(api.data_dir / "local").start(
@@ -103,6 +162,8 @@ def one_run(fault: str, index: int, work: Path, s3: RestartableS3) -> dict:
             s3.process.send_signal(signal.SIGSTOP)
             time.sleep(5)
             s3.process.send_signal(signal.SIGCONT)
+        elif fault == "disk-full":
+            fill_disk(run_dir)
         job = _wait(lambda: (j := api.job(name))["status"] != "InProgress"
                     and j["rules"][0]["status"] in FINAL_RULE and j, 240) or api.job(name)  # fmt: skip
         written = local_run_files(run_dir)
@@ -111,15 +172,35 @@ def one_run(fault: str, index: int, work: Path, s3: RestartableS3) -> dict:
             steps = {row[0] for row in db.execute(
                 "SELECT step FROM metric_data WHERE job_name=? AND metric_name='RuleIssuesFound'", (name,))}  # fmt: skip
         return {
+            # complete steps written (an index is written after its event file): what rules can evaluate
+            "steps_written": sum(1 for key in written if key.startswith("index/")),
             "fault": fault if injected_ok else f"{fault} (too late)", "run": index, "written": len(written), "on_s3": len(on_s3),
             "lost": sorted(set(written) - set(on_s3)), "end_marker_on_s3": "training_job_end.ts" in on_s3,
             "steps_evaluated": len(steps), "job": job["status"], "rule": job["rules"][0]["status"],
             "seconds_after_fault": round(time.monotonic() - injected, 1),
+            "training_exit": _exit_code(api.data_dir / "local" / name / "training"),
+            "capture_disabled_logged": training_capture_stopped(api.data_dir / "local" / name / "training"),
             "reason": (job.get("failure_reason") or job["rules"][0].get("status_details") or "")[:160],
         }  # fmt: skip
     finally:
         api.kill(signal.SIGTERM)
         _stop_local_jobs(api.data_dir / "local")
+        if fault == "disk-full":
+            unmount(run_dir)
+
+
+def _expected_final_state(row: dict) -> bool:
+    """Every job Completed with its end marker on S3 and training exiting 0, and per fault kind:"""
+    if row["job"] != "Completed" or not row["end_marker_on_s3"] or row["training_exit"] != 0:
+        return False
+    if row["fault"] == "no-capture":  # rules end as not evaluated (Error), never NoIssuesFound
+        return row["rule"] in FINAL_RULE - {"NoIssuesFound"}
+    if row["fault"] == "disk-full":
+        # Training goes on without capture (the hook's one fail-open line), and every complete
+        # step written before the disk filled is evaluated; fewer than STEPS is the point.
+        return (row["rule"] == "NoIssuesFound" and row["capture_disabled_logged"]
+                and 0 < row["steps_evaluated"] == row["steps_written"] < STEPS)  # fmt: skip
+    return row["rule"] == "NoIssuesFound" and row["steps_evaluated"] == STEPS
 
 
 def main() -> int:
@@ -147,16 +228,15 @@ def main() -> int:
                 rows.append(row)
                 print(f"{row['fault']:17s} run {row['run']}: files written {row['written']:4d}, on S3 {row['on_s3']:4d}, "
                       f"lost {len(row['lost'])}, end marker on S3 {row['end_marker_on_s3']}, "
-                      f"steps evaluated {row['steps_evaluated']:3d}, job {row['job']}, rule {row['rule']}"
+                      f"steps evaluated {row['steps_evaluated']:3d}/{row['steps_written']:3d} written, "
+                      f"job {row['job']}, rule {row['rule']}, training exit {row['training_exit']}"
+                      + (f", capture-disabled logged {row['capture_disabled_logged']}" if fault == "disk-full" else "")
                       + (f" ({row['reason']})" if row['rule'] not in ('NoIssuesFound',) or row['job'] != 'Completed' else ""),
                       flush=True)  # fmt: skip
     finally:
         s3.kill()
     lost = sum(len(r["lost"]) for r in rows)
-    wrong = [r for r in rows if r["job"] != "Completed" or not r["end_marker_on_s3"]
-             or (r["fault"] != "no-capture" and (r["rule"] != "NoIssuesFound" or r["steps_evaluated"] != STEPS))
-             or (r["fault"] == "no-capture" and r["rule"] not in FINAL_RULE - {"NoIssuesFound"})]  # fmt: skip
-    # A run that captured nothing must end its rules as not evaluated (Error), never NoIssuesFound.
+    wrong = [r for r in rows if not _expected_final_state(r)]
     print(f"total: {len(rows)} runs, {sum(r['written'] for r in rows)} files written, {lost} lost; "
           f"{len(rows) - len(wrong)} runs in the expected final state, {len(wrong)} not")
     return 0 if lost == 0 and not wrong else 1

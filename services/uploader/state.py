@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 __all__ = ["UploadState"]
 
 _VERSION = 1
+log = logging.getLogger("trainguard.uploader")
 
 
 class UploadState:
@@ -29,6 +31,7 @@ class UploadState:
         self.flush_interval_s = flush_interval_s
         self._uploaded: dict[str, tuple[int, int]] = {}
         self._dirty = False
+        self._save_failed = False
         self._last_flush = time.monotonic()
         self._load()
 
@@ -74,9 +77,20 @@ class UploadState:
     def flush(self) -> None:
         if not self._dirty:
             return
-        self._save()
-        self._dirty = False
         self._last_flush = time.monotonic()
+        try:
+            self._save()
+        except OSError as error:
+            # The state lives beside the run, on the training's disk; when that disk is full the
+            # uploader must go on uploading (the run's files are already there), not die. The state
+            # only saves a restarted uploader work: without it, the restart checks S3 first.
+            if not self._save_failed:
+                log.warning("cannot save the upload state %s (%s); uploading goes on, kept in memory", self.path, error)
+            self._save_failed = True
+            self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp").unlink(missing_ok=True)
+            return
+        self._save_failed = False
+        self._dirty = False
 
     def _save(self) -> None:
         document = {
