@@ -23,7 +23,6 @@ import argparse
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,11 +31,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.reliability.faults import RestartableS3, local_run_files, s3_run_files, uploader_command  # noqa: E402
-from tests.s3_server import DUMMY_CREDENTIALS  # noqa: E402
-from tests.services.conftest import ApiServer, _stop_local_jobs, training_command  # noqa: E402
 from trainguard.services.launchers.base import ComponentSpec, JobLaunch  # noqa: E402
 from trainguard.services.launchers.local import LocalLauncher  # noqa: E402
+
+from tests.reliability.faults import (  # noqa: E402
+    RestartableS3,
+    fill_disk,
+    local_run_files,
+    mount_small_disk,
+    s3_run_files,
+    unmount,
+    uploader_command,
+)  # fmt: skip
+from tests.s3_server import DUMMY_CREDENTIALS  # noqa: E402
+from tests.services.conftest import ApiServer, _stop_local_jobs, training_command  # noqa: E402
 
 FAULTS = ("kill-uploader", "kill-runner", "restart-api", "restart-s3-empty", "pause-s3", "no-capture", "disk-full")
 STEPS = 300  # 15 s of training at 0.05 s a step: the fault lands mid-run even on a busy machine
@@ -65,46 +73,6 @@ def _kill_command(component_dir: Path) -> bool:
         return False
     os.kill(int(children[0]), signal.SIGKILL)
     return True
-
-
-DISK_MIB = 8  # room for the whole run (600 files of one 4 KiB page each); the ballast fills the rest
-
-
-def mount_small_disk(directory: Path, mib: int = DISK_MIB) -> None:
-    """A tmpfs of ``mib`` MiB on ``directory``: a training disk that can fill up. Raises OSError when
-    it cannot be mounted (not root, no mount permission in this container)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(directory)],
-                            capture_output=True, text=True)  # fmt: skip
-    if result.returncode != 0:
-        raise OSError(f"cannot mount a tmpfs on {directory}: {result.stderr.strip() or result.returncode}")
-
-
-def unmount(directory: Path) -> None:
-    subprocess.run(["umount", "-l", str(directory)], capture_output=True)
-
-
-def fill_disk(directory: Path) -> int:
-    """Write a hidden ballast file (the uploader and the file counts skip dot files) until the
-    filesystem says ENOSPC; the file stays, so the disk stays full. Returns the bytes written."""
-    written = 0
-    chunk = b"\0" * (64 << 10)
-    with open(directory / ".ballast", "wb", buffering=0) as ballast:
-        try:
-            while True:
-                written += ballast.write(chunk)
-        except OSError as error:
-            if error.errno != 28:  # ENOSPC is the point; anything else is a broken fault
-                raise
-    # Fill the last partial chunk too: a filesystem rounding to pages may still hold a few KiB.
-    with open(directory / ".ballast2", "wb", buffering=0) as ballast:
-        try:
-            while True:
-                written += ballast.write(b"\0" * 512)
-        except OSError as error:
-            if error.errno != 28:
-                raise
-    return written
 
 
 def training_capture_stopped(component_dir: Path) -> bool:

@@ -2,7 +2,8 @@
 killed and restarted empty on the same port, and helpers that compare a run directory with S3.
 
 Nothing here mocks a component: the S3 server is moto's HTTP server in its own process, and a
-"restart empty" is what an S3 endpoint without persistence does when it restarts.
+"restart empty" is what an S3 endpoint without persistence does when it restarts; a full training
+disk is a real tmpfs of a few MiB filled to its last byte.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from pathlib import Path
 
 from tests.s3_server import DUMMY_CREDENTIALS, free_port
 
-__all__ = ["RestartableS3", "local_run_files", "s3_run_files", "uploader_command"]
+__all__ = [
+    "RestartableS3", "fill_disk", "local_run_files", "mount_small_disk", "s3_run_files", "unmount", "uploader_command",
+]  # fmt: skip
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,3 +105,43 @@ def uploader_command(source: Path, dest: str, endpoint: str, *extra: str) -> lis
         sys.executable, "-m", "trainguard.services.uploader", "--source", str(source), "--dest", dest,
         "--endpoint-url", endpoint, "--poll-interval", "0.1", "--verify-interval", "0.5", *extra,
     ]  # fmt: skip
+
+
+DISK_MIB = 8  # room for the whole run (600 files of one 4 KiB page each); the ballast fills the rest
+
+
+def mount_small_disk(directory: Path, mib: int = DISK_MIB) -> None:
+    """A tmpfs of ``mib`` MiB on ``directory``: a training disk that can fill up. Raises OSError when
+    it cannot be mounted (not root, no mount permission in this container)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(directory)],
+                            capture_output=True, text=True)  # fmt: skip
+    if result.returncode != 0:
+        raise OSError(f"cannot mount a tmpfs on {directory}: {result.stderr.strip() or result.returncode}")
+
+
+def unmount(directory: Path) -> None:
+    subprocess.run(["umount", "-l", str(directory)], capture_output=True)
+
+
+def fill_disk(directory: Path) -> int:
+    """Write a hidden ballast file (the uploader and the file counts skip dot files) until the
+    filesystem says ENOSPC; the file stays, so the disk stays full. Returns the bytes written."""
+    written = 0
+    chunk = b"\0" * (64 << 10)
+    with open(directory / ".ballast", "wb", buffering=0) as ballast:
+        try:
+            while True:
+                written += ballast.write(chunk)
+        except OSError as error:
+            if error.errno != 28:  # ENOSPC is the point; anything else is a broken fault
+                raise
+    # Fill the last partial chunk too: a filesystem rounding to pages may still hold a few KiB.
+    with open(directory / ".ballast2", "wb", buffering=0) as ballast:
+        try:
+            while True:
+                written += ballast.write(b"\0" * 512)
+        except OSError as error:
+            if error.errno != 28:
+                raise
+    return written

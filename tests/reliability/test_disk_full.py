@@ -1,0 +1,81 @@
+"""The training disk fills up mid-run (a real tmpfs of a few MiB under the capture directory, filled
+by a ballast file and left full): training must go on without capture, nothing written before may
+be lost on its way to S3, and the job must end Completed with the steps written evaluated.
+
+Needs root (``mount -t tmpfs``); skipped with the reason otherwise. Before the uploader kept its
+state in memory when it could not save it, the uploader died of ENOSPC, the job was failed, the
+training SIGTERMed and the files written since the last upload never reached S3.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from trainguard.services.launchers.base import ComponentSpec, JobLaunch
+from trainguard.services.launchers.local import LocalLauncher
+
+from tests.polling import wait_for
+from tests.reliability.faults import (
+    RestartableS3,
+    fill_disk,
+    local_run_files,
+    mount_small_disk,
+    s3_run_files,
+    unmount,
+    uploader_command,
+)  # fmt: skip
+from tests.s3_server import DUMMY_CREDENTIALS
+from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, training_command
+from trainguard.format.layout import END_OF_TRAINING
+
+STEPS = 300
+RULE_FINAL = {"NoIssuesFound", "IssuesFound", "Error", "Stopped"}
+
+
+def test_full_training_disk_stops_capture_but_not_training_and_loses_nothing(api_factory, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs as the training disk")
+    api = api_factory()
+    job = "disk-full"
+    run = api.data_dir / "jobs" / job / "debug-output"
+    try:
+        mount_small_disk(run)
+    except OSError as error:
+        pytest.skip(str(error))
+    s3 = RestartableS3(tmp_path / "moto.log")
+    try:
+        s3.start()
+        s3.client().create_bucket(Bucket="runs")
+        spec = {"name": job, "hook_config": HOOK_EVERY_STEP,
+                "command": training_command("--steps", str(STEPS), "--step-seconds", "0.05"),
+                "rules": [{"rule": CUSTOM_RULE, "name": "Loss", "parameters": {"threshold": 1e30}}]}  # fmt: skip
+        assert api.request("POST", "/v1/jobs", spec)[0] == 201
+        command = uploader_command(run, f"s3://runs/{job}/debug-output", s3.endpoint)
+        LocalLauncher(api.data_dir / "local").start(
+            JobLaunch(job, (ComponentSpec("uploader", "", tuple(command), dict(DUMMY_CREDENTIALS)),))
+        )
+        wait_for(lambda: len(s3_run_files(s3.client(), "runs", f"{job}/debug-output")) >= 10, 60, "uploads")
+        assert fill_disk(run) > 0
+        ended = wait_for(
+            lambda: (j := api.job(job))["status"] != "InProgress" and j["rules"][0]["status"] in RULE_FINAL and j,
+            180, "the job and its rule to end",
+        )  # fmt: skip
+
+        training = api.data_dir / "local" / job / "training"
+        assert (training / "exit_code").read_text().split()[0] == "0"  # training never crashed
+        assert "capture disabled" in (training / "output.log").read_text()  # the hook's fail-open line
+        assert ended["status"] == "Completed", ended
+        local = local_run_files(run)
+        on_s3 = s3_run_files(s3.client(), "runs", f"{job}/debug-output")
+        assert END_OF_TRAINING in on_s3
+        assert not set(local) - set(on_s3), sorted(set(local) - set(on_s3))  # nothing written was lost
+        steps_written = sum(1 for key in local if key.startswith("index/"))
+        assert 0 < steps_written < STEPS  # the disk really filled mid-run
+        rule = ended["rules"][0]
+        assert rule["status"] == "NoIssuesFound", rule
+        assert rule["last_evaluated_step"] == steps_written - 1, (rule, steps_written)
+    finally:
+        s3.kill()
+        unmount(run)
