@@ -147,6 +147,25 @@ def test_validation_turning_up_fires_overfit_and_overtraining_noise_does_not(tmp
         assert first_firing(evaluate_rule(run, rule)) is None, rule
 
 
+def test_overfit_fires_when_the_training_set_was_memorised_before_the_best_validation_pass(tmp_path):
+    # a tiny training set: CrossEntropy underflows to exactly 0 by epoch 4; validation still improves
+    # until epoch 10, then rises 6 % per epoch (1 % noise). The training loss cannot fall below 0:
+    # Overfit must not wait for it to (fault-overfit-tiny-train in the detection corpus)
+    rng = np.random.default_rng(11)
+    epochs = 30
+    train = [[1.2 * 0.3**e if e < 4 else 0.0] * 10 for e in range(epochs)]
+    rising = [[0.9 * 0.95 ** min(e, 10) * (1 + 0.06 * max(0, e - 10)) * (1 + rng.normal(0, 0.01))] * 2
+              for e in range(epochs)]
+    losses, modes = _epochs(train, rising)
+    fired = [r for r in evaluate_rule(open_trial(write_run(tmp_path / "over", losses, modes=modes)), "Overfit")
+             if r.fired]
+    assert fired and fired[0].certain
+    # the same memorised training set with a validation loss that only wobbles (3 % noise): silent
+    flat = [[0.9 * 0.95 ** min(e, 10) * (1 + rng.normal(0, 0.03))] * 2 for e in range(epochs)]
+    losses, modes = _epochs(train, flat)
+    assert first_firing(evaluate_rule(open_trial(write_run(tmp_path / "flat", losses, modes=modes)), "Overfit")) is None
+
+
 def test_too_short_runs_are_not_evaluated(tmp_path):
     run = write_run(tmp_path / "run", {s: {LOSS: 2.0 - 0.1 * s} for s in range(6)})
     for rule in ("LossNotDecreasing", "Underfitting", "Overtraining", "Overfit"):

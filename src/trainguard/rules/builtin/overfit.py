@@ -20,7 +20,8 @@ loss still falls. With ``noise`` the pass-to-pass spread of the validation loss 
 
     fire when  the best validation pass is at least ``patience`` passes old,
                every one of the last ``patience`` passes is above best + max(1 % of best, 4 * noise),
-               L_train now is below L_train at the best pass (training still improves), and
+               L_train now is below L_train at the best pass (training still improves; a training
+               loss that was and is exactly 0, a memorised training set, counts too), and
                r > ratio_threshold
 
 The finding is certain (confirmed by every pass of its window).
@@ -173,11 +174,11 @@ class Overfit(Rule):
         tracker.add(float(facts["eval_loss"]), int(facts["eval_last_step"]))
         self._train_at_pass.append(float(facts["train_loss"]))
         risen = tracker.risen(self.patience, 0.01)
-        facts["fired"] = bool(
-            risen is not None
-            and facts["train_loss"] < self._train_at_pass[tracker.best_index]
-            and facts["ratio"] > self.ratio_threshold
-        )
+        train_at_best = self._train_at_pass[tracker.best_index]
+        # a memorised training set's loss underflows to exactly 0 and cannot fall further: it counts as
+        # still improving (else a model that memorised its data before the best pass could never overfit)
+        still_improving = facts["train_loss"] < train_at_best or facts["train_loss"] == train_at_best == 0
+        facts["fired"] = bool(risen is not None and still_improving and facts["ratio"] > self.ratio_threshold)
         if risen is not None:
             facts.update(risen)
         return facts
