@@ -87,7 +87,10 @@ class UploadState:
             if not self._save_failed:
                 log.warning("cannot save the upload state %s (%s); uploading goes on, kept in memory", self.path, error)
             self._save_failed = True
-            self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp").unlink(missing_ok=True)
+            try:
+                self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp").unlink(missing_ok=True)
+            except OSError:
+                pass
             return
         self._save_failed = False
         self._dirty = False

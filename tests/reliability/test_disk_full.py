@@ -79,3 +79,18 @@ def test_full_training_disk_stops_capture_but_not_training_and_loses_nothing(api
     finally:
         s3.kill()
         unmount(run)
+
+
+def test_upload_state_that_cannot_be_saved_is_kept_in_memory_and_saved_later(tmp_path: Path) -> None:
+    """Without root: the state's directory is a file for a while (any OSError on save, as ENOSPC)."""
+    from trainguard.services.uploader.state import UploadState
+
+    blocked = tmp_path / "state-dir"
+    blocked.write_text("not a directory")
+    state = UploadState(blocked / ".uploader-state.json", "s3://runs/x")
+    state.record("events/a.tfevents", 10, 1)
+    state.flush()  # cannot be written: no exception, the record stays
+    assert state.is_current("events/a.tfevents", 10, 1) and not (blocked / ".uploader-state.json").exists()
+    blocked.unlink()
+    state.flush()  # room again: the pending record is saved
+    assert UploadState(blocked / ".uploader-state.json", "s3://runs/x").is_current("events/a.tfevents", 10, 1)
