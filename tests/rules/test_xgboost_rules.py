@@ -217,8 +217,13 @@ def test_loss_rules_use_xgboost_validation_metrics(tmp_path):
     overfit = evaluate_rule(over, "Overfit")
     # Overfit cannot judge a boosted run: "not evaluated" (RuleNotEvaluated), pointing to Overtraining
     assert not any(r.fired for r in overfit) and overfit[-1].not_evaluated and "Overtraining" in overfit[-1].message
-    # the over-fitted model confuses the classes of the validation data; judged from round 10
-    assert first_firing(evaluate_rule(over, "Confusion")) == 10
+    # the over-fitted model's validation predictions: 19 of its 54 class-0 predictions (35 %) are class
+    # 1, where the labels' own noise makes ~25 % unavoidable. Not surely above max_off_diag 0.3 (99 %
+    # interval 21-53 %): calibrated semantics stay silent; judging the share itself (SageMaker's
+    # condition, same thresholds) fires from round 10
+    assert first_firing(evaluate_rule(over, "Confusion")) is None
+    documented = "Confusion:semantics=sagemaker,min_diag=0.5,max_off_diag=0.3,start_step=10,samples=500"
+    assert first_firing(evaluate_rule(over, documented)) == 10
     # a gentle run keeps improving its validation loss: silent
     gentle, result = _train_with_validation(tmp_path, {"max_depth": 2, "eta": 0.05}, 40, name="gentle", noise=0.3)
     assert np.all(np.diff(result["validation"]["logloss"]) < 0)
