@@ -36,9 +36,7 @@ FAULTY_SUBSET = [
 ]
 # Verdicts the rules get wrong today (bench/detection scoring of 2026-11-25); strict, so that a fix
 # shows up as XPASS and the mark is removed with it.
-KNOWN_MISFIRES = {
-    "healthy-mlp-bs1-sgd": "Confusion judges a confusion matrix of a handful of batch-size-1 predictions",
-}
+KNOWN_MISFIRES: dict[str, str] = {}
 
 
 def _cases(names: list[str]) -> list:
