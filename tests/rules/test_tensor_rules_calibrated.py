@@ -161,10 +161,26 @@ def test_binary_indicator_inputs_are_not_unnormalised(tmp_path):
     assert fired(evaluate_rule(path, "NotNormalizedData")) == []
     zeros = {s: {"Net_input_0": np.zeros((32, 20), dtype=np.float32), "Net_fc.weight": np.ones(2)} for s in range(6)}
     path = write_run(tmp_path / "zeros", zeros, collections={"weights": ["Net_fc.weight"]})
-    assert "std of all values is 0" in fired(evaluate_rule(path, "NotNormalizedData"))[0].message  # no indicators
+    # no indicators: 128 samples (4 batches) of nothing but zeros carry no information
+    assert "every value of the last 128 samples is 0" in fired(evaluate_rule(path, "NotNormalizedData"))[0].message
     squashed = {s: {"Net_input_0": rng.normal(size=(32, 20)) * 0.05, "Net_fc.weight": np.ones(2)} for s in range(6)}
     path = write_run(tmp_path / "squashed", squashed, collections={"weights": ["Net_fc.weight"]})
     assert fired(evaluate_rule(path, "NotNormalizedData"))
+
+
+def test_inputs_turning_all_zero_mid_run_are_found_behind_the_healthy_start(tmp_path):
+    # 40 steps of standardised inputs, then all zeros (a broken pipeline, the detection corpus'
+    # fault-zero-inputs-midrun): the statistics since the start still look normalised (pooled std
+    # ~0.6), the last 100 samples are all 0. Batches with some all-zero rows stay silent.
+    rng = np.random.default_rng(5)
+    weight = {"Net_fc.weight": np.ones(2)}
+    steps = {s: {"Net_input_0": rng.normal(size=(8, 10)) if s < 40 else np.zeros((8, 10)), **weight} for s in range(60)}
+    path = write_run(tmp_path / "midrun", steps, collections={"weights": ["Net_fc.weight"]})
+    first = fired(evaluate_rule(path, "NotNormalizedData"))[0]
+    assert first.step == 52 and "every value of the last 104 samples is 0" in first.message  # 13 batches of 8
+    rows = {s: {"Net_input_0": rng.normal(size=(8, 10)) * (rng.random((8, 1)) < 0.7), **weight} for s in range(60)}
+    path = write_run(tmp_path / "zero-rows", rows, collections={"weights": ["Net_fc.weight"]})
+    assert fired(evaluate_rule(path, "NotNormalizedData")) == []
 
 
 def test_not_evaluated_when_the_rule_never_had_its_data(tmp_path):

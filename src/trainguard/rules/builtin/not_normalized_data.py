@@ -15,6 +15,11 @@ presence flags) need no standardisation: such channels are not judged, and the p
 bound applies only to the non-binary channels (a multi-label net on sparse multi-hot inputs is
 healthy).
 
+Inputs that stopped carrying information: the statistics accumulate since the start, so inputs
+that turn all zero (or any one constant) mid-run hide behind the earlier batches. A tensor whose
+last ``threshold_samples`` samples or more all held one and the same value fires too (a broken
+data pipeline, a mask applied to everything); a batch with some all-zero rows is not constant.
+
 Tensors: ``tensor_regex`` ∪ ``collection_names``; with neither, the model's inputs
 (``<root module>_input_N`` of the PyTorch hook, saved by the ``inputs`` collection). Integer
 and boolean inputs (token ids, indices) are not features and are skipped.
@@ -81,6 +86,8 @@ class NotNormalizedData(Rule):
         # per tensor: which channels held only 0 and 1 so far, and which held a 1
         self._binary: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._inputs_anywhere: bool | None = None
+        # per tensor: (the one value its latest batches all held, how many samples in a row held it)
+        self._constant: dict[str, tuple[float, int]] = {}
 
     def validate(self) -> None:
         check_regexes(self, "tensor_regex")
@@ -106,6 +113,7 @@ class NotNormalizedData(Rule):
             axis = channel_axis(array, self.channel)
             if not 0 <= axis < array.ndim:
                 continue
+            self._track_constant(name, array, axis)
             if self._stats.setdefault(name, ChannelStats()).add(array.astype(np.float64), axis):
                 moved = np.moveaxis(array, axis, -1).reshape(-1, array.shape[axis])
                 binary = np.all((moved == 0) | (moved == 1), axis=0)
@@ -116,6 +124,28 @@ class NotNormalizedData(Rule):
                 else:
                     self._binary[name] = (seen[0] & binary, seen[1] | ones)
         return names
+
+    def _track_constant(self, name: str, array: np.ndarray, axis: int) -> None:
+        samples = array.shape[0] if axis != 0 else 1
+        if array.size == 0:
+            return
+        first = float(array.flat[0])
+        if not np.isfinite(first) or not np.all(array == first):
+            self._constant.pop(name, None)
+            return
+        value, run = self._constant.get(name, (first, 0))
+        self._constant[name] = (first, run + samples if value == first else samples)
+
+    def _constant_issue(self, step: int) -> StepResult | None:
+        for name, (value, run) in sorted(self._constant.items()):
+            if run >= self.threshold_samples:
+                return self.issue(
+                    step,
+                    f"input {name}: every value of the last {run} samples is {fmt(value)}: the inputs carry no "
+                    "information (check the data pipeline)",
+                    tensor=name, constant=value, samples=run,
+                )
+        return None
 
     @staticmethod
     def _pooled_std(stats: ChannelStats, channels: np.ndarray) -> float:
@@ -133,6 +163,9 @@ class NotNormalizedData(Rule):
             if not names and self.base_trial.training_ended and not self._names_anywhere():
                 return self.missing(step, MissingTensor("model inputs", "inputs"))
             return None
+        constant = self._constant_issue(step)
+        if constant is not None:
+            return constant
         judged = {name: stats for name, stats in self._stats.items() if stats.samples >= self.threshold_samples}
         if not judged:
             return None
