@@ -100,7 +100,8 @@ def test_findings_with_status_step_and_fix_hint_are_shown(rendered: dict) -> Non
         ("VanishingGradient", "IssuesFound", "4"),
         ("VanishingGradient", "IssuesFound", "12"),
     ]
-    assert rows[0][4] == OVERFIT_HINT and rows[1][4] == VANISHING_HINT
+    # columns: rule, status, step, worker, what was found, how to fix
+    assert rows[0][5] == OVERFIT_HINT and rows[1][5] == VANISHING_HINT
     text = rendered["text"]
     for expected in ("NoIssuesFound", "Error", "InsufficientInformation", "relu_output", "Steps per mode", "TRAIN: 15"):
         assert expected in text
