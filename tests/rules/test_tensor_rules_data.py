@@ -202,10 +202,15 @@ def test_not_normalized_data_matches_oracle(tmp_path, seed):
     expected = None
     for step in range(5):
         seen = np.concatenate(batches[: step + 1])
-        if len(seen) < 100:
-            continue
+        n = len(seen)
+        # from 100 samples the plain bounds; from 16, the bounds with 4 standard errors to spare
+        z = 0.0 if n >= 100 else 4.0
         means, stds = seen.mean(axis=0), seen.std(axis=0)
-        if np.any(np.abs(means) > 1.0) or np.any(stds > 5.0) or seen.std() < 0.2:
+        if (
+            np.any(np.abs(means) - z * stds / np.sqrt(n) > 1.0)
+            or np.any(stds * (1 - z / np.sqrt(2 * n)) > 5.0)
+            or seen.std() * (1 + z / np.sqrt(2 * n)) < 0.2
+        ):
             expected = step
             break
     path = model_run(tmp_path, "run", batches)
@@ -224,7 +229,12 @@ def test_not_normalized_data_is_per_channel_for_images_and_skips_token_ids(tmp_p
     fired = next(
         r for r in evaluate_rule(model_run(tmp_path, "img", images), sagemaker("NotNormalizedData")) if r.fired
     )
-    assert fired.details["channel"] == 2 and fired.step == 1
+    # 50 samples of a channel 4 standard deviations off-centre: significant from the first batch
+    assert fired.details["channel"] == 2 and fired.step == 0
+    # a borderline mean (1.2, std 1) is not significant in 32 or 64 samples: judged at 100
+    borderline = [rng.normal(size=(32, 3)) + np.array([0.0, 1.2, 0.0]) for _ in range(5)]
+    firing = [r.step for r in evaluate_rule(model_run(tmp_path, "borderline", borderline), "NotNormalizedData") if r.fired]
+    assert firing and firing[0] == 3
     tokens = [rng.integers(0, 500, size=(64, 10)) for _ in range(3)]
     assert first_firing(evaluate_rule(model_run(tmp_path, "tok", tokens), sagemaker("NotNormalizedData"))) is None
 

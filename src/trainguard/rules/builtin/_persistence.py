@@ -92,10 +92,10 @@ class Persistence:
     def count(self, key: Hashable) -> int:
         return sum(self._held.get(key, ()))
 
-    def persistent(self, key: Hashable) -> bool:
-        """Held now and at most of the window."""
+    def persistent(self, key: Hashable, needed: int | None = None) -> bool:
+        """Held now and at most of the window (or at ``needed`` of its steps)."""
         history = self._held.get(key)
-        return bool(history) and history[-1] and sum(history) >= self.needed
+        return bool(history) and history[-1] and sum(history) >= min(self.window, needed or self.needed)
 
     def confirmed(self, key: Hashable) -> bool:
         """Held at every step of a full window."""
@@ -171,14 +171,16 @@ class PersistentRule(TensorRule):
     def calibrated(self) -> bool:
         return self.semantics == CALIBRATED
 
-    def persisted(self, key: Hashable, held: bool) -> tuple[bool, bool]:
-        """Record this step's condition for ``key``; (fire, certain)."""
+    def persisted(self, key: Hashable, held: bool, needed: int | None = None) -> tuple[bool, bool]:
+        """Record this step's condition for ``key``; (fire, certain). ``needed`` lowers the count of
+        steps that must hold for a condition whose single observation is already far outside what
+        healthy training shows (certainty still needs the full window)."""
         self.persistence.update(key, held)
         if not held:
             return False, False
         if self.single_step:
             return True, False
-        return self.persistence.persistent(key), self.persistence.confirmed(key)
+        return self.persistence.persistent(key, needed), self.persistence.confirmed(key)
 
     def persistence_text(self, key: Hashable) -> str:
         if self.single_step:

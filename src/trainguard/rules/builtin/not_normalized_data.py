@@ -1,7 +1,8 @@
 """NotNormalizedData (trainguard; not a SageMaker rule): over the model's input batches accumulated since
 the start, with per-channel mean μ_c and standard deviation σ_c (channels: axis 1 of N×C×H×W images
 and N×F tables, the last axis of N×T×F sequences, or ``channel``) and the pooled σ of all values,
-once ≥ ``threshold_samples`` samples were seen: fire if ``∃c: |μ_c| > threshold_mean`` or
+once ≥ ``threshold_samples`` samples were seen (earlier, from 16 samples, when a bound holds by 4 standard
+errors): fire if ``∃c: |μ_c| > threshold_mean`` or
 ``∃c: σ_c > threshold_std`` or ``σ_pooled < 1/threshold_std``.
 
 Defaults are deliberately loose (threshold_mean 1.0, threshold_std 5.0, 100 samples): inputs
@@ -41,6 +42,12 @@ from trainguard.rules.builtin._helpers import (
     select,
 )
 from trainguard.rules.params import Param
+
+
+# Early judgement (before threshold_samples): at least this many samples, bounds held by this
+# many standard errors.
+EARLY_MIN_SAMPLES = 16
+EARLY_Z = 4.0
 
 
 class NotNormalizedData(Rule):
@@ -167,9 +174,20 @@ class NotNormalizedData(Rule):
         if constant is not None:
             return constant
         judged = {name: stats for name, stats in self._stats.items() if stats.samples >= self.threshold_samples}
-        if not judged:
+        # Before threshold_samples, a tensor is judged only on significant evidence: each bound must
+        # hold with EARLY_Z standard errors to spare (so raw pixels or features in the thousands are
+        # reported from the first batches, a borderline mean waits for the full sample).
+        early = {
+            name: stats
+            for name, stats in self._stats.items()
+            # inputs that are one constant so far are the constant check's (its own sample count)
+            if name not in judged and stats.samples >= EARLY_MIN_SAMPLES and name not in self._constant
+        }
+        if not judged and not early:
             return None
-        for name, stats in sorted(judged.items()):
+        for name, stats in sorted({**judged, **early}.items()):
+            z = 0.0 if name in judged else EARLY_Z
+            root = np.sqrt(max(stats.samples, 1))
             # indicator features: 0/1 channels of a tensor where some channel does take the value 1
             # (a rare feature may not have fired yet); all-zero inputs everywhere are no indicators
             binary, ones = self._binary.get(name, (np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)))
@@ -182,8 +200,6 @@ class NotNormalizedData(Rule):
                 pooled = self._pooled_std(stats, continuous)
             else:
                 pooled = stats.pooled_std()
-            worst_mean = int(np.argmax(np.abs(means)))
-            worst_std = int(np.argmax(stds))
             details = dict(
                 tensor=name,
                 samples=stats.samples,
@@ -191,7 +207,12 @@ class NotNormalizedData(Rule):
                 stds=stds.tolist()[:64],
                 pooled_std=pooled,
             )
-            if abs(means[worst_mean]) > self.threshold_mean:
+            # standard errors from the sample (row) count: values within a sample are correlated
+            mean_margin = z * stds / root
+            std_factor = max(1.0 - z / np.sqrt(2.0) / root, 0.0)
+            worst_mean = int(np.argmax(np.abs(means) - mean_margin))
+            worst_std = int(np.argmax(stds))
+            if abs(means[worst_mean]) - mean_margin[worst_mean] > self.threshold_mean:
                 return self.issue(
                     step,
                     f"input {name}: channel {worst_mean} has mean {fmt(means[worst_mean])} "
@@ -199,7 +220,7 @@ class NotNormalizedData(Rule):
                     channel=worst_mean,
                     **details,
                 )
-            if stds[worst_std] > self.threshold_std:
+            if stds[worst_std] * std_factor > self.threshold_std:
                 return self.issue(
                     step,
                     f"input {name}: channel {worst_std} has std {fmt(stds[worst_std])} "
@@ -207,7 +228,7 @@ class NotNormalizedData(Rule):
                     channel=worst_std,
                     **details,
                 )
-            if pooled < 1.0 / self.threshold_std:
+            if pooled * (1.0 + z / np.sqrt(2.0) / root) < 1.0 / self.threshold_std:
                 return self.issue(
                     step,
                     f"input {name}: std of all values is {fmt(pooled)} "
@@ -215,6 +236,8 @@ class NotNormalizedData(Rule):
                     channel=None,
                     **details,
                 )
+        if not judged:
+            return None  # only early looks so far, none significant: wait for threshold_samples
         return self.no_issue(step, tensors=sorted(judged))
 
     def _names_anywhere(self) -> bool:

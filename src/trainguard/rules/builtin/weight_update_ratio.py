@@ -13,8 +13,8 @@ Non-finite weights or updates count as an infinitely large update.
 Calibrated semantics (default): W_prev is the weights ``window − 1`` saved steps earlier (the
 oldest saved step in the window when fewer were saved; ``num_steps`` still overrides it), so the
 ratio is the drift over the window — one step's ratio swings with its batch, a diverging or a
-frozen weight does not. A tensor fires when its ratio was out of bounds at most of its last
-``window`` evaluations (certain: all of a full window); a non-finite update fires at once and
+frozen weight does not. A tensor fires when its ratio was too large at 2 of its
+last ``window`` evaluations, or too small at most of them (certain: all of a full window); a non-finite update fires at once and
 is certain. Weights that get no gradient by construction are never "too small": frozen ones
 (the run saved gradients, none for this weight) and those whose gradient is all zero at this
 step (all-zero inputs). A weight that was all zero at the reference step is not judged (no scale:
@@ -191,8 +191,14 @@ class WeightUpdateRatio(PersistentRule):
             immediate = {name: r for name, r in large.items() if r == float("inf")}  # non-finite
             # one persistence update per tensor and direction per evaluated step
             held = {name: (name in large, name in small) for name in ratios}
+            # A drift of ten times a weight's own norm never comes from one unlucky batch (the ratio is
+            # taken over the window, not one step): two evaluations showing it are enough to report
+            # it; a too-small update is the quiet failure and needs most of the window.
             fire = {
-                name: (self.persisted((name, "large"), is_large)[0], self.persisted((name, "small"), is_small)[0])
+                name: (
+                    self.persisted((name, "large"), is_large, needed=2)[0],
+                    self.persisted((name, "small"), is_small)[0],
+                )
                 for name, (is_large, is_small) in held.items()
             }
             large = {name: r for name, r in large.items() if fire[name][0]}
