@@ -87,7 +87,16 @@ def test_feature_importance_overweight_dominant_feature_fires_balanced_silent(tm
     results = evaluate_rule(run, "FeatureImportanceOverweight")
     assert len(results) == 3 and first_firing(results) is None  # rounds 10, 15, 20
     # SageMaker's every-step reading fires at round 0: one depth-2 tree has 3 splits
-    assert first_firing(evaluate_rule(run, "FeatureImportanceOverweight:start_step=0")) == 0
+    assert first_firing(evaluate_rule(run, "FeatureImportanceOverweight:semantics=sagemaker")) == 0
+    # the signal lives in two columns: a model leaning on both is healthy (the top 3 hold > 80 %
+    # of the importance, so SageMaker's sum fires; no single feature does)
+    two = X[:, 0] - 0.8 * X[:, 1] + 0.1 * rng.normal(size=500)
+    run, _ = _train(tmp_path, X, two, {"objective": "reg:squarederror", "max_depth": 2}, rounds=41,
+                    interval=10, name="two-columns")
+    results = evaluate_rule(run, "FeatureImportanceOverweight")
+    assert [r.step for r in results] == [10, 20, 30, 40] and first_firing(results) is None
+    assert max(r.details["dominant_share"] for r in results) < 0.8 < max(r.details["share"] for r in results)
+    assert first_firing(evaluate_rule(run, "FeatureImportanceOverweight:semantics=sagemaker")) is not None
 
 
 # -- synthetic runs: oracles, smdebug-style tensors, parameters ---------------------------------------
@@ -150,8 +159,10 @@ def test_tree_depth_smdebug_style_node_ids_only_is_a_lower_bound_exact_for_full_
                                                "depth": 4}
 
 
+@pytest.mark.parametrize("semantics", ["calibrated", "sagemaker"])
 @pytest.mark.parametrize("seed", range(6))
-def test_feature_importance_overweight_matches_oracle(tmp_path, seed):
+def test_feature_importance_overweight_matches_oracle(tmp_path, seed, semantics):
+    """Calibrated: the one largest share from round 10; SageMaker: the top-nfeatures sum from round 0."""
     rng = np.random.default_rng(seed)
     features = int(rng.integers(2, 12))
     nfeatures, threshold = int(rng.integers(1, 5)), float(rng.choice([0.5, 0.8, 0.95]))
@@ -160,11 +171,14 @@ def test_feature_importance_overweight_matches_oracle(tmp_path, seed):
         raw = rng.dirichlet(np.full(features, float(rng.choice([0.2, 5.0])))) * float(rng.uniform(0.5, 3))
         steps[step] = {f"feature_importance/weight/f{i}": value for i, value in enumerate(raw)}
         steps[step]["feature_importance/gain/f0"] = 1.0  # another type: not selected by the default regex
-        share = np.sort(raw / raw.sum())[::-1][:nfeatures].sum()
-        if expected is None and step >= 10 and features > nfeatures and share > threshold:
+        ranked = np.sort(raw / raw.sum())[::-1]
+        share = ranked[:nfeatures].sum() if semantics == "sagemaker" else ranked[0]
+        first = 0 if semantics == "sagemaker" else 10
+        if expected is None and step >= first and features > nfeatures and share > threshold:
             expected = step
     run = write_run(tmp_path / "run", steps)
-    spec = RuleSpec("FeatureImportanceOverweight", {"nfeatures": str(nfeatures), "threshold": str(threshold)})
+    spec = RuleSpec("FeatureImportanceOverweight", {"nfeatures": str(nfeatures), "threshold": str(threshold),
+                                                    "semantics": semantics})  # fmt: skip
     assert first_firing(evaluate_rule(run, spec)) == expected
 
 
