@@ -110,3 +110,19 @@ def test_saturated_activations_explain_all_zero_gradients_at_the_same_step() -> 
     # an all-zero tensor long before any saturation is not explained by it
     results[0] = _result("AllZero", (1, "4 tensor(s) are >= 100% zeros"))
     assert [f["rule"] for f in diagnose(results)["primary"]] == ["AllZero"]
+
+
+def test_a_mispredicted_class_is_a_symptom_of_a_model_that_does_not_learn() -> None:
+    """ClassImbalance's misprediction finding (labels balanced, one class predicted wrong) does not
+    explain a stalled loss: with shuffled labels the stalled loss is the primary finding."""
+    results = [
+        {"rule": "ClassImbalance", "findings": [{"step": 130, "message": "class 0 is mispredicted 92 % of the time "
+                                                 "in the last 512 labels (threshold_misprediction 0.7)"}]},
+        {"rule": "LossNotDecreasing", "findings": [{"step": 138, "message": "the loss did not learn"}]},
+    ]  # fmt: skip
+    diagnosis = diagnose(results)
+    assert [f["rule"] for f in diagnosis["primary"]] == ["LossNotDecreasing"]
+    assert [f["rule"] for f in diagnosis["consequences"]] == ["ClassImbalance"]
+    # a real label imbalance still explains the stalled loss
+    results[0]["findings"][0]["message"] = "class 0 has 24.6x as many labels as class 1 (492 vs 20)"
+    assert [f["rule"] for f in diagnose(results)["primary"]] == ["ClassImbalance"]

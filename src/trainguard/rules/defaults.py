@@ -4,8 +4,12 @@ The default set holds the deep-learning rules whose trainguard defaults are cali
 silent on healthy training (see each rule's docstring) while catching the common faults: a
 learning rate that makes training explode, vanishing gradients, a loss that stops decreasing,
 dead or saturated activations, weight updates far too large or too small, bad initialisation and
-overfitting. Rules not installed (yet) are left out, so the set works with whatever
-``builtin_rules()`` holds.
+overfitting; the data rules (unnormalised inputs and images, imbalanced classes, padded token
+sequences) and the XGBoost rules (tree depth, one feature doing all the work). A rule whose data a
+run does not have (XGBoost rules on a PyTorch run, Overfit without validation) reports "not
+evaluated" and does not make ``trainguard run`` fail; only rules named explicitly do. Every rule
+here is silent on the healthy runs of the detection corpus (docs/rules-calibration.md). Rules not
+installed (yet) are left out, so the set works with whatever ``builtin_rules()`` holds.
 """
 
 from __future__ import annotations
@@ -29,6 +33,13 @@ DEFAULT_RULES: tuple[str, ...] = (
     "WeightUpdateRatio",
     "PoorWeightInitialization",
     "Overfit",
+    "Overtraining",
+    "NotNormalizedData",
+    "CheckInputImages",
+    "ClassImbalance",
+    "NLPSequenceRatio",
+    "TreeDepth",
+    "FeatureImportanceOverweight",
 )
 # What zero-code capture saves when no config is given; kept when rules add their collections.
 BASE_COLLECTIONS: tuple[str, ...] = ("weights", "biases", "gradients", "losses", "outputs", "scalars", "default")

@@ -34,6 +34,10 @@ __all__ = [
 ]  # fmt: skip
 
 NON_FINITE = "NonFinite"
+# ClassImbalance's second finding, a class predicted wrong most of the time, is a symptom of a model
+# that does not learn (shuffled labels, a wrong loss), not the data imbalance the rule is named after.
+MISPREDICTION = "Misprediction"
+_MISPREDICTED = re.compile(r"\bis mispredicted\b")
 _NOT_EVALUATED_PREFIX = "RuleNotEvaluated:"
 _NON_FINITE_WORDS = re.compile(r"(\bnan\b|[-+]?\binf\b|\binfinit|non-?finite)", re.IGNORECASE)
 
@@ -147,7 +151,12 @@ EXPLAINS: tuple[Edge, ...] = (
         "Confusion": "a rare class is confused with the majority one",
     }),  # fmt: skip
     *_edges("Overfit", {"Overtraining": "a model that overfits stops improving on validation data"}),
-    *_edges("LossNotDecreasing", {"Underfitting": "a loss that stalls high is a model that does not fit"}),
+    *_edges("LossNotDecreasing", {
+        "Underfitting": "a loss that stalls high is a model that does not fit",
+        MISPREDICTION: "a model that does not learn predicts some classes almost always wrong",
+    }),  # fmt: skip
+    *_edges("Underfitting", {MISPREDICTION: "a model that does not fit predicts some classes almost always wrong"}),
+    *_edges("Confusion", {MISPREDICTION: "the same wrong predictions, seen by another rule"}),
 )
 
 # Root causes first, symptoms last: breaks ties between findings at the same step.
@@ -155,10 +164,11 @@ CAUSAL_ORDER: tuple[str, ...] = (
     "NotNormalizedData", "CheckInputImages", "ClassImbalance", "PoorWeightInitialization", NON_FINITE,
     "ExplodingTensor", "WeightUpdateRatio", "AllZero", "DeadRelu", "SaturatedActivation", "VanishingGradient",
     "UnchangedTensor", "TensorVariance", "Overfit", "Overtraining", "LossNotDecreasing", "Underfitting",
+    "Confusion", MISPREDICTION,
 )  # fmt: skip
 
 # Judged over windows of the loss: reported late, so a cause need not come before them.
-_LAGGING = frozenset({"LossNotDecreasing", "Underfitting", "Overfit", "Overtraining"})
+_LAGGING = frozenset({"LossNotDecreasing", "Underfitting", "Overfit", "Overtraining", MISPREDICTION})
 _FINDING_KEYS = ("rule", "step", "worker", "message", "fix_hint", "certain")
 _WHY = {(edge.cause, edge.effect): edge.why for edge in EXPLAINS}
 
@@ -169,8 +179,11 @@ def finding_kind(finding: Mapping[str, Any]) -> str:
     flagged = isinstance(details, Mapping) and any(
         details.get(key) for key in ("non_finite", "nonfinite", "nan", "inf")
     )
-    if flagged or _NON_FINITE_WORDS.search(str(finding.get("message") or "")):
+    message = str(finding.get("message") or "")
+    if flagged or _NON_FINITE_WORDS.search(message):
         return NON_FINITE
+    if finding.get("rule") == "ClassImbalance" and _MISPREDICTED.search(message):
+        return MISPREDICTION
     return str(finding.get("rule") or "")
 
 
