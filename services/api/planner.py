@@ -21,7 +21,7 @@ from trainguard.services.launchers.base import ComponentSpec, JobLaunch
 from trainguard.services.sagemaker_container.contract import CONTRACT_ENV
 from trainguard.services.sagemaker_container.images import training_image_for
 
-__all__ = ["LOCAL_PLAN_LAUNCHERS", "RULE_ROLE_PREFIX", "job_dir", "plan_job", "rule_role", "tensors_location"]
+__all__ = ["LOCAL_PLAN_LAUNCHERS", "RULE_ROLE_PREFIX", "instance_count", "job_dir", "plan_job", "rule_role", "tensors_location"]
 
 RULE_ROLE_PREFIX = "rule:"
 # Launchers that run the local plan (commands with this Python, the capture in the job directory);
@@ -114,8 +114,26 @@ def _local_command(command: list[str]) -> list[str]:
     return command
 
 
+def instance_count(spec: JobSpec) -> int:
+    """Training instances: the native spec's ``resources.instance_count`` or, for a SageMaker job,
+    its ``ResourceConfig.InstanceCount`` (carried in the container contract)."""
+    count = spec.resources.instance_count
+    contract_json = spec.environment.get(CONTRACT_ENV)
+    if contract_json:
+        try:
+            count = max(count, int(json.loads(contract_json).get("instance_count") or 1))
+        except (ValueError, TypeError, AttributeError):
+            pass  # the contract runner reports an unreadable contract itself
+    return count
+
+
 def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str) -> JobLaunch:
-    """The components of ``spec`` for ``launcher`` ("local" or "docker")."""
+    """The components of ``spec`` for ``launcher`` ("local", "docker" or "ray")."""
+    if spec.resources.instance_count > 1 and launcher != "ray":
+        raise ValueError(
+            f"resources.instance_count: {spec.resources.instance_count} instances need the ray launcher "
+            f"(this API runs {launcher!r}: one instance per job)"
+        )
     base_trial = tensors_location(settings, spec, launcher)
     hook_json = json.dumps(_hook_document(spec, base_trial if launcher == "local" else CONTAINER_TENSORS))
     training_environment = {
@@ -147,6 +165,8 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
                 cpus=spec.resources.cpus,
                 memory_mb=spec.resources.memory_mb,
                 working_dir=working_dir,
+                gpus=spec.resources.gpus,
+                instance_count=instance_count(spec) if launcher == "ray" else 1,
             )
         )
         s3_copy = _s3_debug_output(spec, settings)

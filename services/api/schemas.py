@@ -84,6 +84,10 @@ class Resources(BaseModel):
         None, gt=0, le=MAX_CPUS, allow_inf_nan=False, description="CPU limit in cores (fractions allowed)"
     )
     memory_mb: int | None = Field(None, gt=0, le=MAX_MEMORY_MB, description="memory limit in MiB")
+    gpus: int | None = Field(None, ge=0, le=16, description="GPUs per instance (requested from Ray)")
+    instance_count: int = Field(
+        1, ge=1, le=64, description="training instances; more than one runs on the ray launcher only"
+    )
 
 
 class StoppingCondition(BaseModel):

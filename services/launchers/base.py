@@ -27,6 +27,8 @@ class ComponentSpec:
         memory_mb: memory limit; None = unlimited.
         volumes: host path -> container path (Docker); the local launcher ignores it.
         working_dir: working directory inside the container / for the process.
+        gpus: GPUs per instance (the Ray launcher requests them); None = none.
+        instance_count: training instances (hosts); only the Ray launcher runs more than one.
     """
 
     role: str
@@ -37,6 +39,8 @@ class ComponentSpec:
     memory_mb: int | None = None
     volumes: Mapping[str, str] = field(default_factory=dict)
     working_dir: str | None = None
+    gpus: int | None = None
+    instance_count: int = 1
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import json
 import math
 import re
 import shlex
+import sys
 import threading
 import time
 from typing import Any
@@ -137,14 +138,28 @@ class RayLauncher:
         return latest
 
     # -- placement ------------------------------------------------------------------------------
+    def _bundle(self, component: ComponentSpec) -> dict[str, float]:
+        """One training instance's Ray resources: a placement-group bundle (ray_ranks)."""
+        bundle: dict[str, float] = {self.training_resource: 1, "CPU": component.cpus or 1}
+        if component.gpus:
+            bundle["GPU"] = component.gpus
+        if component.memory_mb:
+            bundle["memory"] = int(component.memory_mb) * 1024 * 1024
+        return bundle
+
     def _resources(self, component: ComponentSpec) -> dict[str, Any]:
         options: dict[str, Any] = {}
+        if component.role == "training" and component.instance_count > 1:
+            # The driver (ray_ranks) only coordinates; the instances' resources are its bundles.
+            return {"entrypoint_num_cpus": 0}
         if component.role == "training":
             options["entrypoint_resources"] = {self.training_resource: 1}
         elif component.role.startswith("rule:"):
             options["entrypoint_resources"] = {self.rules_resource: 1}
         if component.cpus:
             options["entrypoint_num_cpus"] = component.cpus
+        if component.gpus:
+            options["entrypoint_num_gpus"] = component.gpus
         if component.memory_mb:
             options["entrypoint_memory"] = int(component.memory_mb) * 1024 * 1024
         return options
@@ -152,7 +167,14 @@ class RayLauncher:
     def _entrypoint(self, component: ComponentSpec) -> str:
         if not component.command:
             raise LauncherError(f"component {component.role!r} has no command (the ray launcher runs no images)")
-        command = "exec " + shlex.join(component.command)  # exec: Ray's SIGTERM reaches the command itself
+        argv = list(component.command)
+        if component.role == "training" and component.instance_count > 1:
+            argv = [
+                sys.executable, "-m", "trainguard.services.launchers.ray_ranks",
+                "--instances", str(component.instance_count), "--bundle", json.dumps(self._bundle(component)),
+                *(["--cwd", component.working_dir] if component.working_dir else []), "--", *argv,
+            ]  # fmt: skip
+        command = "exec " + shlex.join(argv)  # exec: Ray's SIGTERM reaches the command itself
         if component.working_dir:
             # mkdir as the local launcher does; cd in the shell rather than runtime_env working_dir,
             # which would upload the directory as a package instead of running in it.

@@ -173,6 +173,10 @@ def run_job(contract: JobContract, paths: MlPaths) -> int:
             )
         elif error_line and error_line not in written:
             _fail(paths, f"AlgorithmError: {error_line}\n{written}")
+    if contract.hosts and contract.current_host != contract.hosts[0]:
+        # A multi-instance job: the first host uploads the model and output (scripts save on
+        # rank 0, as SageMaker's examples do); another host's upload would overwrite it.
+        return code
     with tempfile.TemporaryDirectory() as scratch:
         try:
             uploaded = upload_outputs(s3, contract, paths, Path(scratch))

@@ -1,0 +1,150 @@
+"""Multi-instance training on a real multi-node Ray cluster (ray.cluster_utils.Cluster, one machine).
+
+A head, TWO nodes offering ``training`` (one unit each, so STRICT_SPREAD must put each instance on
+its own node) and a node offering ``rules``. Jobs go through the API (uvicorn subprocess,
+TRAINGUARD_LAUNCHER=ray); training is a plain PyTorch DDP (gloo) script with one process per
+instance and no torchrun, captured zero-code by ``trainguard run``. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.s3_server import free_port
+from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, REPO, wait_for
+
+pytest.importorskip("ray.job_submission", reason="the ray launcher tests need Ray: pip install -e '.[ray]'")
+
+from trainguard.services.launchers.base import ComponentSpec, ComponentState, JobLaunch  # noqa: E402
+from trainguard.services.launchers.ray import RayLauncher  # noqa: E402
+
+pytestmark = pytest.mark.slow
+DDP_SCRIPT = str(REPO / "tests" / "services" / "ddp_train_script.py")
+
+
+@dataclass(frozen=True)
+class TwoTrainingNodes:
+    address: str
+    training_nodes: frozenset[str]
+    rules_node: str
+    cluster: Any
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[TwoTrainingNodes]:
+    from ray.cluster_utils import Cluster
+
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), saved or ""]).rstrip(os.pathsep)
+    port = free_port()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+                        "dashboard_port": port},
+    )  # fmt: skip
+    try:
+        training = [cluster.add_node(num_cpus=1, resources={"training": 1}) for _ in range(2)]
+        rules = cluster.add_node(num_cpus=1, resources={"rules": 4})
+        cluster.wait_for_nodes()
+        address = f"http://127.0.0.1:{port}"
+
+        def job_api_answers() -> bool:
+            try:
+                RayLauncher(address).jobs()
+                return True
+            except Exception:  # noqa: BLE001 - not up yet
+                return False
+
+        wait_for(job_api_answers, 90, "the Ray job API", interval=1.0)
+        yield TwoTrainingNodes(address, frozenset(node.node_id for node in training), rules.node_id, cluster)
+    finally:
+        cluster.shutdown()
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def _rank_nodes(log: str) -> dict[int, str]:
+    return {int(rank): node for rank, node in re.findall(r"rank (\d) started on node ([0-9a-f]+)", log)}
+
+
+def _rule(threshold: float, actions: list | None = None) -> dict:
+    return {"rule": CUSTOM_RULE, "name": "LossWatch", "parameters": {"threshold": threshold}, "actions": actions or []}
+
+
+def test_two_instance_ddp_job_captures_both_ranks_and_the_rule_checks_them(ray_cluster, api_factory) -> None:
+    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
+    spec = {
+        "name": "ddp-two",
+        "command": [sys.executable, DDP_SCRIPT, "--steps", "12"],
+        "resources": {"instance_count": 2, "cpus": 1},
+        "hook_config": HOOK_EVERY_STEP,
+        "rules": [_rule(1000.0)],
+    }
+    began = time.monotonic()
+    status, body = api.request("POST", "/v1/jobs", spec)
+    assert status == 201, body
+    job = wait_for(
+        lambda: (j := api.job("ddp-two"))["status"] in ("Completed", "Failed", "Stopped")
+        and j["rules"][0]["status"] != "InProgress" and j,
+        180,
+        "the 2-instance job to end",
+    )
+    log = api.request("GET", "/v1/jobs/ddp-two/logs?component=training")[1]
+    assert job["status"] == "Completed", (job, log[-3000:])
+    nodes = _rank_nodes(log)
+    assert set(nodes) == {0, 1} and set(nodes.values()) == set(ray_cluster.training_nodes), log[-3000:]
+    assert 'SM_CURRENT_HOST=algo-2 SM_HOSTS=["algo-1", "algo-2"]' in log
+    capture = api.data_dir / "jobs" / "ddp-two" / "debug-output" / "index"
+    workers = {re.sub(r"^\d+_", "", path.stem) for path in capture.rglob("*.json")}
+    assert workers == {"worker_0", "worker_1"}, workers
+    rule = job["rules"][0]
+    assert rule["status"] == "NoIssuesFound" and rule["last_evaluated_step"] == 11, rule
+    print(f"2-instance DDP job on Ray: submit to Completed {time.monotonic() - began:.1f} s")
+
+
+def test_a_fault_on_rank_1_is_attributed_to_worker_1_and_the_job_stopped(ray_cluster, api_factory) -> None:
+    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
+    spec = {
+        "name": "ddp-fault",
+        "command": [sys.executable, DDP_SCRIPT, "--steps", "400", "--fault-rank", "1", "--fault-from", "4",
+                    "--step-seconds", "0.05"],
+        "resources": {"instance_count": 2},
+        "hook_config": HOOK_EVERY_STEP,
+        "rules": [_rule(1000.0, [{"name": "stoptraining"}])],
+    }  # fmt: skip
+    status, body = api.request("POST", "/v1/jobs", spec)
+    assert status == 201, body
+    job = wait_for(lambda: (j := api.job("ddp-fault"))["status"] == "Stopped" and j, 180, "the rule to stop the job")
+    rule = job["rules"][0]
+    assert rule["status"] == "IssuesFound", rule
+    assert "worker_1" in str(rule) and "worker_0" not in str(rule), rule
+    log = api.request("GET", "/v1/jobs/ddp-fault/logs?component=training")[1]
+    assert "stopping every rank" in log and "rank 1 step 399" not in log
+    launcher = RayLauncher(ray_cluster.address)
+    assert launcher.status("ddp-fault")["training"].state is ComponentState.EXITED
+
+
+def test_instance_count_is_validated_and_gpus_are_requested(ray_cluster, api_factory) -> None:
+    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address)
+    for bad in (0, 65, "2"):
+        status, body = api.request("POST", "/v1/jobs", {"name": "bad-count", "command": ["true"],
+                                                        "resources": {"instance_count": bad}})  # fmt: skip
+        assert status in (400, 422) and "instance_count" in str(body), (bad, status, body)
+    launcher = RayLauncher(ray_cluster.address)
+    launcher.start(JobLaunch("needs-gpu", (ComponentSpec("training", "", ("true",), gpus=1),)))
+    time.sleep(5)  # a GPU-less cluster: the submission waits
+    assert launcher.status("needs-gpu")["training"].state is ComponentState.PENDING
+    assert "entrypoint_num_gpus" in launcher._latest_by_role("needs-gpu")["training"].metadata["trainguard_placement"]
+    launcher.stop("needs-gpu", grace_seconds=0)
+    wait_for(lambda: launcher.status("needs-gpu")["training"].state is ComponentState.EXITED, 30, "the stop")
+    launcher.remove("needs-gpu")
