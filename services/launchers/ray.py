@@ -138,6 +138,14 @@ class RayLauncher:
         return latest
 
     # -- placement ------------------------------------------------------------------------------
+    @staticmethod
+    def _runs_ranks(component: ComponentSpec) -> bool:
+        """Training that runs under the ray_ranks driver: several instances, or GPUs. A GPU job as
+        a plain Ray job would wait PENDING, silently and unstoppable (Ray queues a stop until the
+        job's supervisor is placed); the driver says in the job's log what it waits for, and a
+        stop ends it at once."""
+        return component.role == "training" and (component.instance_count > 1 or bool(component.gpus))
+
     def _bundle(self, component: ComponentSpec) -> dict[str, float]:
         """One training instance's Ray resources: a placement-group bundle (ray_ranks)."""
         bundle: dict[str, float] = {self.training_resource: 1, "CPU": component.cpus or 1}
@@ -149,7 +157,7 @@ class RayLauncher:
 
     def _resources(self, component: ComponentSpec) -> dict[str, Any]:
         options: dict[str, Any] = {}
-        if component.role == "training" and component.instance_count > 1:
+        if self._runs_ranks(component):
             # The driver (ray_ranks) only coordinates; the instances' resources are its bundles.
             return {"entrypoint_num_cpus": 0}
         if component.role == "training":
@@ -168,7 +176,7 @@ class RayLauncher:
         if not component.command:
             raise LauncherError(f"component {component.role!r} has no command (the ray launcher runs no images)")
         argv = list(component.command)
-        if component.role == "training" and component.instance_count > 1:
+        if self._runs_ranks(component):
             argv = [
                 sys.executable, "-m", "trainguard.services.launchers.ray_ranks",
                 "--instances", str(component.instance_count), "--bundle", json.dumps(self._bundle(component)),
