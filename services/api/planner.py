@@ -174,7 +174,9 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
             # The hook config names an S3 output (every SageMaker SDK job does): the run is also
             # uploaded there, so the debugger artifacts path DescribeTrainingJob reports
             # (create_trial(estimator.latest_job_debugger_artifacts_path())) holds it, as on SageMaker.
-            # Rules read the local directory: no round trip through S3 on one machine.
+            # Local rules read the local directory (no round trip through S3 on one machine); Ray's
+            # read the S3 copy, as the Docker plan's do, so a rules node needs no view of the
+            # training node's files.
             uploader = [sys.executable, "-m", "trainguard.services.uploader", "--source", base_trial, "--dest", s3_copy]
             if settings.s3_endpoint_url:
                 uploader += ["--endpoint-url", settings.s3_endpoint_url]
@@ -188,13 +190,18 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
                     working_dir=str(directory),
                 )
             )
+        rules_read = s3_copy if s3_copy and launcher == "ray" else base_trial
+        rule_aws = {key: os.environ[key] for key in _PASSED_AWS_VARIABLES if os.environ.get(key)} if s3_copy else {}
         for rule in spec.rules:
             components.append(
                 ComponentSpec(
                     role=rule_role(rule.configuration_name),
                     image=settings.service_image,
                     command=(sys.executable, "-m", "trainguard.services.rule_runner"),
-                    environment=_rule_environment(spec, rule, settings, base_trial, runner_token, str(directory)),
+                    environment={
+                        **rule_aws,
+                        **_rule_environment(spec, rule, settings, rules_read, runner_token, str(directory)),
+                    },
                     working_dir=working_dir,
                 )
             )

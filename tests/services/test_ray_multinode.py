@@ -149,3 +149,46 @@ def test_instance_count_is_validated_and_gpus_are_requested(ray_cluster, api_fac
     launcher.stop("needs-gpu", grace_seconds=0)
     wait_for(lambda: launcher.status("needs-gpu")["training"].state is ComponentState.EXITED, 30, "the stop")
     launcher.remove("needs-gpu")
+
+
+def test_sagemaker_two_instance_job_on_ray_rules_read_s3(ray_cluster, api_factory, s3_endpoint) -> None:
+    """CreateTrainingJob with InstanceCount 2: both hosts run under the container contract with their
+    own SM_CURRENT_HOST, the capture reaches S3 and the rule runner reads it from S3 (not the shared
+    directory), finding rank 1's fault in worker_1."""
+    from tests.s3_server import s3_client
+    from tests.services.test_sagemaker_endpoint import _request
+
+    bucket = s3_client(s3_endpoint)
+    try:
+        bucket.create_bucket(Bucket="bkt")
+    except bucket.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, S3_ENDPOINT_URL=s3_endpoint,
+                      TRAINGUARD_STOP_GRACE_SECONDS="5")  # fmt: skip
+    client = api.sagemaker()
+    name = "sm-ddp-on-ray"
+    rules = [{"RuleConfigurationName": "LossWatch", "RuleEvaluatorImage": "rules:latest",
+              "RuleParameters": {"rule_to_invoke": CUSTOM_RULE, "threshold": "1000.0"}}]  # fmt: skip
+    command = [sys.executable, DDP_SCRIPT, "--steps", "10", "--fault-rank", "1", "--fault-from", "6"]
+    request = _request(name, command, rules)
+    request["ResourceConfig"]["InstanceCount"] = 2
+    client.create_training_job(**request)
+    description = wait_for(
+        lambda: (d := client.describe_training_job(TrainingJobName=name))["TrainingJobStatus"] in ("Completed", "Failed")
+        and d["DebugRuleEvaluationStatuses"][0]["RuleEvaluationStatus"] not in ("InProgress",) and d,
+        180,
+        "the 2-instance SageMaker job and its rule to end",
+    )
+    launcher = RayLauncher(ray_cluster.address)
+    log = launcher.logs(name)
+    assert description["TrainingJobStatus"] == "Completed", (description, log[-3000:])
+    status = description["DebugRuleEvaluationStatuses"][0]
+    assert status["RuleEvaluationStatus"] == "IssuesFound", status
+    native = api.job(name)["rules"][0]  # the SageMaker view's details do not name workers; the native one does
+    assert "worker_1" in str(native) and "worker_0" not in str(native), native
+    assert set(_rank_nodes(log).values()) == set(ray_cluster.training_nodes), log[-3000:]
+    assert 'SM_CURRENT_HOST=algo-2 SM_HOSTS=["algo-1", "algo-2"]' in log
+    rule_job = launcher._latest_by_role(name)["rule:LossWatch"]
+    assert rule_job.runtime_env["env_vars"]["BASE_TRIAL"] == f"s3://bkt/{name}/debug-output"
+    keys = [o["Key"] for o in bucket.list_objects_v2(Bucket="bkt", Prefix=f"{name}/debug-output/index/")["Contents"]]
+    assert any(k.endswith("_worker_0.json") for k in keys) and any(k.endswith("_worker_1.json") for k in keys)
