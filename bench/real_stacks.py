@@ -1,0 +1,156 @@
+"""Overhead on stacks users run: plain ``python`` vs ``trainguard run`` vs ``trainguard run --rules``.
+
+Each stack is a training script in bench/stacks/ (a small ~1 ms-step MLP, the same compiled with
+torch.compile, the reference CNN, a Hugging Face ``Trainer`` on a tiny BERT built from a config,
+PyTorch Lightning ``Trainer.fit``), sized so that its training loop runs about 30 s on a quiet
+2-core machine. The variants of one stack run back to back, their order rotated each repetition,
+so they share the machine's state; ratios are taken within one repetition and their median
+reported. Measured per run: the loop's own wall time (printed by the script, start-up excluded),
+the whole command's wall time (start-up, capture flush and the rule runner's finish included) and
+the peak RSS of the largest process of the run (``wait4``: the training process under
+``trainguard run``).
+
+``--load`` adds a condition with the other core kept busy (one spinning process, as a
+data-loader worker would), measured after the quiet one in the same invocation.
+
+    python bench/real_stacks.py                                  # quiet and loaded, 1 repetition
+    python bench/real_stacks.py --reps 3 --stacks mlp compiled_mlp --scale 0.5
+    python bench/real_stacks.py --quick                          # seconds per run: a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STACKS: dict[str, tuple[str, list[str], int]] = {
+    # name: (module, extra arguments, steps for ~30 s on a quiet machine)
+    "mlp": ("bench.stacks.mlp", [], 25000),
+    "compiled_mlp": ("bench.stacks.mlp", ["--compile"], 25000),
+    "cnn": ("bench.stacks.cnn", [], 1000),
+    "hf_trainer": ("bench.stacks.hf_trainer", [], 800),
+    "lightning": ("bench.stacks.lightning_fit", [], 5000),
+}
+VARIANTS = ("plain", "trainguard", "trainguard_rules")
+_LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
+
+
+def command(stack: str, variant: str, scale: float) -> list[str]:
+    module, extra, steps = STACKS[stack]
+    script = [sys.executable, "-m", module, "--steps", str(max(1, int(steps * scale))), *extra]
+    runner = [sys.executable, "-m", "trainguard.cli", "run"]
+    if variant == "plain":
+        return script
+    if variant == "trainguard":
+        return [*runner, "--", *script]
+    return [*runner, "--rules", "--", *script]
+
+
+def run_once(argv: list[str]) -> dict[str, float]:
+    """Loop seconds, command seconds and peak RSS (MiB) of one run in a fresh directory."""
+    with tempfile.TemporaryDirectory(prefix="tg-stack-") as cwd:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        started = time.perf_counter()
+        with tempfile.TemporaryFile(mode="w+") as out:
+            process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+            _, status, usage = os.wait4(process.pid, 0)
+            process.returncode = os.waitstatus_to_exitcode(status)
+            elapsed = time.perf_counter() - started
+            out.seek(0)
+            text = out.read()
+    match = _LOOP.search(text)
+    if process.returncode != 0 or match is None:
+        raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}:\n{text[-3000:]}")
+    return {"loop_s": float(match.group(1)), "command_s": elapsed, "peak_rss_mib": usage.ru_maxrss / 1024}
+
+
+def measure(stacks: list[str], reps: int, scale: float, condition: str) -> list[dict]:
+    rows = []
+    for rep in range(reps):
+        for stack in stacks:
+            order = VARIANTS[rep % 3 :] + VARIANTS[: rep % 3]
+            for variant in order:
+                result = run_once(command(stack, variant, scale))
+                rows.append({"condition": condition, "rep": rep, "stack": stack, "variant": variant, **result})
+                print(f"[{condition} rep {rep}] {stack:13s} {variant:17s} loop {result['loop_s']:7.2f} s  "
+                      f"command {result['command_s']:7.2f} s  peak RSS {result['peak_rss_mib']:6.0f} MiB",
+                      file=sys.stderr, flush=True)  # fmt: skip
+    return rows
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    table = []
+    keys = sorted({(r["condition"], r["stack"]) for r in rows}, key=lambda k: (k[0] != "quiet", k[1]))
+    for condition, stack in keys:
+        mine = [r for r in rows if r["condition"] == condition and r["stack"] == stack]
+        by = {(r["rep"], r["variant"]): r for r in mine}
+        reps = sorted({r["rep"] for r in mine})
+        plain = [by[(rep, "plain")] for rep in reps]
+        for variant in VARIANTS:
+            runs = [by[(rep, variant)] for rep in reps]
+            table.append({
+                "condition": condition, "stack": stack, "variant": variant,
+                "loop_s": statistics.median(r["loop_s"] for r in runs),
+                "loop_ratio": statistics.median(r["loop_s"] / p["loop_s"] for r, p in zip(runs, plain)),
+                "command_s": statistics.median(r["command_s"] for r in runs),
+                "command_ratio": statistics.median(r["command_s"] / p["command_s"] for r, p in zip(runs, plain)),
+                "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+            })  # fmt: skip
+    return table
+
+
+def render(table: list[dict], reps: int) -> str:
+    lines = [f"| condition | stack | variant | loop s | loop ratio | command s | command ratio | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in table:
+        lines.append(f"| {row['condition']} | {row['stack']} | {row['variant']} | {row['loop_s']:.2f} | "
+                     f"{row['loop_ratio']:.3f}x | {row['command_s']:.2f} | {row['command_ratio']:.3f}x | "
+                     f"{row['peak_rss_mib']:.0f} |")  # fmt: skip
+    lines.append(f"\nmedians over {reps} repetition(s); ratios against plain python within each repetition")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stacks", nargs="*", default=list(STACKS), choices=list(STACKS))
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every stack's steps")
+    parser.add_argument("--load", choices=["no", "yes", "only"], default="yes",
+                        help="also (yes) or only (only) measure with the other core kept busy")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="1%% of the steps: checks the harness, not speed")
+    parser.add_argument("--json", type=Path, help="write the runs and the table here")
+    args = parser.parse_args(argv)
+    scale = 0.01 if args.quick else args.scale
+    conditions = {"no": ["quiet"], "yes": ["quiet", "loaded"], "only": ["loaded"]}[args.load]
+    print(f"load average before: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    rows: list[dict] = []
+    for condition in conditions:
+        spinner = None
+        if condition == "loaded":
+            spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            rows += measure(args.stacks, args.reps, scale, condition)
+        finally:
+            if spinner is not None:
+                spinner.kill()
+                spinner.wait()
+    table = summarise(rows)
+    print(render(table, args.reps))
+    print(f"load average after: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs; "
+          f"trainguard run's default save interval; torch threads 1", file=sys.stderr)  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"runs": rows, "table": table}, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The reference CNN (MNIST-shaped, two conv layers), as in bench/overhead.py."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch import nn
+
+from bench.stacks._timing import LoopTimer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=1000)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10),
+    )  # fmt: skip
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    criterion = nn.CrossEntropyLoss()
+    images, labels = torch.randn(2048, 1, 28, 28), torch.randint(0, 10, (2048,))
+    with LoopTimer():
+        for step in range(args.steps):
+            start = (step * 64) % 1984
+            optimizer.zero_grad()
+            loss = criterion(model(images[start : start + 64]), labels[start : start + 64])
+            loss.backward()
+            optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
