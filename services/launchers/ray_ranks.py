@@ -162,10 +162,10 @@ def _run(instances: int, bundle: dict[str, float], command: list[str], cwd: str 
     master_addr, master_port = ray.get(ranks[0].address.remote())
     print(f"trainguard ray: {instances} instances, rendezvous {master_addr}:{master_port}", flush=True)
     base = dict(os.environ)
-    runs = {
-        ranks[index].run.remote(command, rank_environment(base, index, instances, master_addr, master_port), cwd, index): index
-        for index in range(instances)
-    }
+    runs = {}
+    for index in range(instances):
+        extra = rank_environment(base, index, instances, master_addr, master_port)
+        runs[ranks[index].run.remote(command, extra, cwd, index)] = index
     pending = list(runs)
     while pending:
         # A short timeout: the SIGTERM handler runs between waits.
@@ -200,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.instances < 1 or not command:
         parser.error("--instances >= 1 and a command are required")
     grace = max(1.0, float(os.environ.get("RAY_JOB_STOP_WAIT_TIME_S") or 30) - 2)
+    # Every rank's lines verbatim in the job's log: Ray would fold similar lines of different
+    # ranks into one ("repeated 86x across cluster") and colour the prefixes. Read when ray is imported.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     return _run(arguments.instances, json.loads(arguments.bundle), command, arguments.cwd, grace)
 
 

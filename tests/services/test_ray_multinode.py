@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from trainguard.services.launchers.ray import RayLauncher  # noqa: E402
 
 pytestmark = pytest.mark.slow
 DDP_SCRIPT = str(REPO / "tests" / "services" / "ddp_train_script.py")
+ENDED = ("Completed", "Failed", "Stopped")
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,40 @@ def test_a_fault_on_rank_1_is_attributed_to_worker_1_and_the_job_stopped(ray_clu
     assert launcher.status("ddp-fault")["training"].state is ComponentState.EXITED
 
 
+def test_one_rank_dying_fails_the_job_with_the_rank_named(ray_cluster, api_factory) -> None:
+    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
+    command = [sys.executable, DDP_SCRIPT, "--steps", "400", "--step-seconds", "0.05"]
+    spec = {"name": "ddp-rank-dies", "command": command, "resources": {"instance_count": 2}}
+    assert api.request("POST", "/v1/jobs", spec)[0] == 201
+    logs = lambda: api.request("GET", "/v1/jobs/ddp-rank-dies/logs?component=training")[1]  # noqa: E731
+    try:
+        wait_for(lambda: "rank 1 step 3 " in logs(), 120, "rank 1 to train")
+    except AssertionError:
+        print(api.job("ddp-rank-dies"), logs()[-3000:])
+        raise
+    pid = int(re.search(r"rank 1 started on node [0-9a-f]+ \(pid (\d+)\)", logs()).group(1))
+    os.kill(pid, signal.SIGKILL)  # rank 1's training process (trainguard run) dies; rank 0 is healthy
+    job = wait_for(lambda: (j := api.job("ddp-rank-dies"))["status"] == "Failed" and j, 90, "the job to fail")
+    assert "rank 1 (algo-2) of 2 ended with exit code 137" in job["failure_reason"], job["failure_reason"]
+    assert "rank 0 step 399" not in logs()  # rank 0 was stopped, not left to finish or hang
+
+
+def test_rank_environment_gives_each_host_its_own_view() -> None:
+    from trainguard.services.launchers.ray_ranks import _CONTRACT_ENV, rank_environment
+    from trainguard.services.sagemaker_container.contract import CONTRACT_ENV, JobContract
+
+    assert _CONTRACT_ENV == CONTRACT_ENV
+    base = {CONTRACT_ENV: JobContract("j", instance_count=2).to_json(), "SAGEMAKER_BASE_DIR": "/d/ml"}
+    second = rank_environment(base, 1, 2, "10.0.0.5", 29500)
+    rendezvous = (second["RANK"], second["WORLD_SIZE"], second["MASTER_ADDR"], second["MASTER_PORT"])
+    assert rendezvous == ("1", "2", "10.0.0.5", "29500")
+    assert second["SM_CURRENT_HOST"] == "algo-2" and second["SAGEMAKER_BASE_DIR"] == "/d/ml-algo-2"
+    contract = JobContract.from_json(second[CONTRACT_ENV])
+    assert contract.current_host == "algo-2" and contract.hosts == ["algo-1", "algo-2"]
+    first = rank_environment(base, 0, 2, "10.0.0.5", 29500)
+    assert JobContract.from_json(first[CONTRACT_ENV]).current_host == "algo-1" and "SAGEMAKER_BASE_DIR" not in first
+
+
 def test_instance_count_is_validated_and_gpus_are_requested(ray_cluster, api_factory) -> None:
     api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address)
     for bad in (0, 65, "2"):
@@ -174,8 +210,9 @@ def test_sagemaker_two_instance_job_on_ray_rules_read_s3(ray_cluster, api_factor
     request["ResourceConfig"]["InstanceCount"] = 2
     client.create_training_job(**request)
     description = wait_for(
-        lambda: (d := client.describe_training_job(TrainingJobName=name))["TrainingJobStatus"] in ("Completed", "Failed")
-        and d["DebugRuleEvaluationStatuses"][0]["RuleEvaluationStatus"] not in ("InProgress",) and d,
+        lambda: (d := client.describe_training_job(TrainingJobName=name))["TrainingJobStatus"] in ENDED
+        and d["DebugRuleEvaluationStatuses"][0]["RuleEvaluationStatus"] != "InProgress"
+        and d,
         180,
         "the 2-instance SageMaker job and its rule to end",
     )
