@@ -5,6 +5,9 @@ Local launcher: the training command runs under ``trainguard run`` writing to
 Docker launcher: the training image's entrypoint does the capture into the named volume
 ``tg-<job>-tensors``; an uploader copies it to ``<S3OutputPath>/<job>/debug-output``, which the
 rule-runner containers read (the service contract in the helper notes).
+Ray launcher: the local plan on nodes sharing the data directory; when the hook config names an
+``s3://`` output the rule runners read the uploader's S3 copy instead, and the training component
+carries the job's instance count and GPUs (the launcher runs several instances under ray_ranks).
 """
 
 from __future__ import annotations
@@ -21,7 +24,15 @@ from trainguard.services.launchers.base import ComponentSpec, JobLaunch
 from trainguard.services.sagemaker_container.contract import CONTRACT_ENV
 from trainguard.services.sagemaker_container.images import training_image_for
 
-__all__ = ["LOCAL_PLAN_LAUNCHERS", "RULE_ROLE_PREFIX", "instance_count", "job_dir", "plan_job", "rule_role", "tensors_location"]
+__all__ = [
+    "LOCAL_PLAN_LAUNCHERS",
+    "RULE_ROLE_PREFIX",
+    "instance_count",
+    "job_dir",
+    "plan_job",
+    "rule_role",
+    "tensors_location",
+]
 
 RULE_ROLE_PREFIX = "rule:"
 # Launchers that run the local plan (commands with this Python, the capture in the job directory);

@@ -13,6 +13,10 @@ Placement is by Ray custom resources, not by host names:
   runs rule containers on their own instances);
 * the uploader (an S3 copy of the shared capture directory) asks for nothing special.
 
+Training with several instances (``ComponentSpec.instance_count > 1``) or GPUs runs under the
+``ray_ranks`` driver: a placement group, one bundle per instance (STRICT_SPREAD), one process per
+instance with the torch.distributed rendezvous and SageMaker's host view (see ray_ranks.py).
+
 Everything the launcher knows lives in Ray: each submission carries ``trainguard_*`` metadata
 (job, role, attempt), so a restarted API (a new :class:`RayLauncher`) finds its jobs again with
 ``jobs()``/``status()``; a restart of a component is a new submission (Ray never reuses a
