@@ -170,6 +170,33 @@ def test_rank_environment_gives_each_host_its_own_view() -> None:
     assert JobContract.from_json(first[CONTRACT_ENV]).current_host == "algo-1" and "SAGEMAKER_BASE_DIR" not in first
 
 
+def test_a_restarted_api_finds_the_two_instance_job_again(ray_cluster, api_factory) -> None:
+    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
+    steps = 150
+    spec = {
+        "name": "ddp-survivor",
+        "command": [sys.executable, DDP_SCRIPT, "--steps", str(steps), "--step-seconds", "0.05"],
+        "resources": {"instance_count": 2},
+        "hook_config": HOOK_EVERY_STEP,
+        "rules": [_rule(1000.0)],
+    }
+    assert api.request("POST", "/v1/jobs", spec)[0] == 201
+    wait_for(lambda: api.job("ddp-survivor")["rules"][0]["last_evaluated_step"] is not None, 120, "a rule report")
+    api.kill(signal.SIGKILL)  # the API dies mid-job; the driver and both ranks go on in Ray
+    api.start()
+    assert "ddp-survivor" in [j["name"] for j in api.request("GET", "/v1/jobs")[1]["jobs"]]
+    job = wait_for(
+        lambda: (j := api.job("ddp-survivor"))["status"] in ENDED and j["rules"][0]["status"] != "InProgress" and j,
+        180,
+        "the job to end under the new API",
+    )
+    assert job["status"] == "Completed" and job["rules"][0]["status"] == "NoIssuesFound", job
+    assert job["rules"][0]["last_evaluated_step"] == steps - 1
+    capture = api.data_dir / "jobs" / "ddp-survivor" / "debug-output" / "index"
+    last = {path.stem for path in capture.rglob(f"{steps - 1:012d}_*.json")}
+    assert last == {f"{steps - 1:012d}_worker_0", f"{steps - 1:012d}_worker_1"}, last
+
+
 def test_instance_count_is_validated_and_gpus_are_requested(ray_cluster, api_factory) -> None:
     api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address)
     for bad in (0, 65, "2"):
