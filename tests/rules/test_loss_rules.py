@@ -367,28 +367,6 @@ def test_underfitting_matches_oracle(tmp_path, seed):
     assert first_firing(evaluate_rule(run, RuleSpec("Underfitting", parameters))) == expected
 
 
-def test_underfitting_short_run_judged_at_its_end_sagemaker_keeps_warmup(tmp_path):
-    # 80 steps at ln 4 (a model that never learned, a run shorter than the old 100-step warm-up): the
-    # calibrated end-of-run verdict needs no warm-up; the per-step SageMaker formula keeps its 100
-    rng = np.random.default_rng(7)
-    values = np.log(4) + rng.normal(0, 0.01, 80)
-    flat = write_run(tmp_path / "short", {s: {"CrossEntropyLoss_output_0": float(v)} for s, v in enumerate(values)})
-    results = evaluate_rule(flat, "Underfitting")
-    # numpy oracle: the first 8 and last 8 means, the 99.5 % Welch bound of the decrease
-    first, last = values[:8], values[-8:]
-    decrease = (first.mean() - last.mean()) / abs(first.mean())
-    bound = decrease + 2.5758293035489 * np.sqrt(first.var(ddof=1) / 8 + last.var(ddof=1) / 8) / abs(first.mean())
-    assert bound < 0.1
-    assert [r.step for r in results] == [79] and results[0].fired
-    assert results[0].details["decrease_upper_bound"] == pytest.approx(bound)
-    sagemaker = evaluate_rule(flat, "Underfitting:semantics=sagemaker")
-    assert first_firing(sagemaker) is None and "warmup_steps=100" in sagemaker[-1].not_evaluated
-    assert first_firing(evaluate_rule(flat, "Underfitting:semantics=sagemaker,warmup_steps=20")) == 20
-    # the same short run learning: silent
-    learning = write_run(tmp_path / "learn", {s: {"CrossEntropyLoss_output_0": 1.39 * 0.97**s} for s in range(80)})
-    assert first_firing(evaluate_rule(learning, "Underfitting")) is None
-
-
 def test_underfitting_flat_loss_fires_after_warmup_learning_loss_does_not(tmp_path):
     flat = write_run(tmp_path / "flat", {s: {"CrossEntropyLoss_output_0": 2.30 + 0.01 * np.sin(s)} for s in range(150)})
     assert first_firing(evaluate_rule(flat, "Underfitting:semantics=sagemaker")) == 100

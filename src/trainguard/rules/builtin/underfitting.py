@@ -14,8 +14,7 @@ last ``window``:
     d         = (reference - mean(R)) / |reference|            (relative decrease)
     bound     = d + 2.58 * (Welch standard error of that difference) / |reference|
     fire if bound < min_improvement                         (needs 2 x window losses and
-                                                             the last mode step >= warmup_steps,
-                                                             default 0: the run has ended)
+                                                             the last mode step >= warmup_steps)
 
 i.e. the loss surely fell by less than ``min_improvement`` (99.5 % confidence): a run whose
 losses are too noisy to tell is not called underfitting, a converged run is far below its
@@ -28,7 +27,7 @@ the saved loss values up to the evaluated step s (``n`` of them, finite only):
 
     w = min(window, n // 2)  (needs n >= 2);  start = mean of the first w;  current = mean of the last w
     reference = baseline if given else start
-    evaluated at steps whose mode step >= warmup_steps (default 100)
+    evaluated at steps whose mode step >= warmup_steps
     fire if current > reference - min_improvement * |reference|
 
 Cost: each saved loss is read once; the state is the first window and the last one.
@@ -52,9 +51,6 @@ _HINT = (
 )
 
 
-_SAGEMAKER_WARMUP = 100  # steps: the per-step formula's default warm-up
-
-
 class Underfitting(Rule):
     """The training loss stays at its starting (or a trivial baseline's) level: the model is not learning."""
 
@@ -74,9 +70,8 @@ class Underfitting(Rule):
     stop_policy = "never stops training: a verdict on the whole run, reported when training ended"
 
     tensor_regex = Param(list, None, "regexes of the loss tensors (default: the 'losses' collection)", optional=True)
-    warmup_steps = Param(int, None, "TRAIN steps before the loss is judged (default: 0 calibrated, the verdict "
-                         "is given when training ended; 100 under SageMaker semantics, judged at every step)",
-                         optional=True, check=lambda value: None if value is None or value >= 0 else "must be >= 0")
+    warmup_steps = Param(int, 100, "TRAIN steps before the loss is judged",
+                         check=lambda value: None if value >= 0 else "must be >= 0")
     min_improvement = Param(float, 0.1, "fraction of the reference loss the loss must fall by",
                             check=lambda value: None if 0 <= value < 1 else "must be in [0, 1)")
     baseline = Param(float, None, "a trivial model's loss to beat (e.g. ln(num_classes) for cross-entropy)",
@@ -87,13 +82,6 @@ class Underfitting(Rule):
 
     def validate(self) -> None:
         self._history = LossHistory(self, tensor_regex=self.tensor_regex, use_losses_collection=True)
-        # A per-step judgement needs a warm-up (at step 1 nothing fell yet); the calibrated verdict is given
-        # when training ended, so a run that stopped before 100 steps without learning is still a run that
-        # did not learn: 2 x window losses and the 99.5 % bound are what protect it from noise.
-        if self.warmup_steps is not None:
-            self._warmup = self.warmup_steps
-        else:
-            self._warmup = _SAGEMAKER_WARMUP if self.semantics == SAGEMAKER else 0
         self._last_step = -1
         self._first: list[float] = []
         self._recent: deque[float] = deque(maxlen=self.window)
@@ -134,7 +122,7 @@ class Underfitting(Rule):
         if step != self._consumed:
             return None
         mode_step = self._last_mode_step
-        if mode_step < self._warmup or self._count < 2:
+        if mode_step < self.warmup_steps or self._count < 2:
             return None
         self._judged = True
         width = min(self.window, self._count // 2)
@@ -160,16 +148,16 @@ class Underfitting(Rule):
         mode = self._consume(None)
         if self.semantics == SAGEMAKER:
             if not self._judged:
-                return self.not_evaluated(f"no saved training loss at or after warmup_steps={self._warmup}",
+                return self.not_evaluated(f"no saved training loss at or after warmup_steps={self.warmup_steps}",
                                           self._last_step)
             return None
         step = max(self._last_step, self._consumed)
         if self._count < 2 * self.window:
             return self.not_evaluated(f"{self._count} finite saved training loss(es); the rule needs 2 x window = "
                                       f"{2 * self.window}", step)
-        if self._last_mode_step < self._warmup:
+        if self._last_mode_step < self.warmup_steps:
             return self.not_evaluated(f"training ended at step {self._last_mode_step}, before warmup_steps="
-                                      f"{self._warmup}", step)
+                                      f"{self.warmup_steps}", step)
         current = list(self._recent)
         if self.baseline is not None:
             scale = abs(self.baseline) or 1.0
