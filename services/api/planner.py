@@ -21,12 +21,13 @@ from typing import Any
 from trainguard.services.api.schemas import JobSpec, RuleConfig
 from trainguard.services.api.settings import Settings
 from trainguard.services.launchers.base import ComponentSpec, JobLaunch
-from trainguard.services.sagemaker_container.contract import CONTRACT_ENV
+from trainguard.services.sagemaker_container.contract import CONTRACT_ENV, GPUS_BY_INSTANCE_TYPE
 from trainguard.services.sagemaker_container.images import training_image_for
 
 __all__ = [
     "LOCAL_PLAN_LAUNCHERS",
     "RULE_ROLE_PREFIX",
+    "gpus_per_instance",
     "instance_count",
     "job_dir",
     "plan_job",
@@ -138,6 +139,17 @@ def instance_count(spec: JobSpec) -> int:
     return count
 
 
+def gpus_per_instance(spec: JobSpec) -> int | None:
+    """``resources.gpus``, else a SageMaker job's instance type's GPUs (None: none asked for)."""
+    if spec.resources.gpus is not None:
+        return spec.resources.gpus
+    try:
+        instance_type = json.loads(spec.environment.get(CONTRACT_ENV) or "{}").get("instance_type") or ""
+    except (ValueError, AttributeError):
+        return None
+    return GPUS_BY_INSTANCE_TYPE.get(instance_type) or None
+
+
 def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str) -> JobLaunch:
     """The components of ``spec`` for ``launcher`` ("local", "docker" or "ray")."""
     if spec.resources.instance_count > 1 and launcher != "ray":
@@ -176,7 +188,7 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
                 cpus=spec.resources.cpus,
                 memory_mb=spec.resources.memory_mb,
                 working_dir=working_dir,
-                gpus=spec.resources.gpus,
+                gpus=gpus_per_instance(spec) if launcher == "ray" else None,
                 instance_count=instance_count(spec) if launcher == "ray" else 1,
             )
         )

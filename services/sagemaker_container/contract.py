@@ -121,6 +121,19 @@ class MlPaths:
         return self.data / name
 
 
+# GPUs of the SageMaker training instance types that have them (AWS's instance-type table): what
+# the Ray launcher asks for per instance. A type not listed has none.
+GPUS_BY_INSTANCE_TYPE = {
+    "ml.p2.xlarge": 1, "ml.p2.8xlarge": 8, "ml.p2.16xlarge": 16,
+    "ml.p3.2xlarge": 1, "ml.p3.8xlarge": 4, "ml.p3.16xlarge": 8, "ml.p3dn.24xlarge": 8,
+    "ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8, "ml.p5.48xlarge": 8,
+    "ml.g4dn.xlarge": 1, "ml.g4dn.2xlarge": 1, "ml.g4dn.4xlarge": 1, "ml.g4dn.8xlarge": 1,
+    "ml.g4dn.12xlarge": 4, "ml.g4dn.16xlarge": 1,
+    "ml.g5.xlarge": 1, "ml.g5.2xlarge": 1, "ml.g5.4xlarge": 1, "ml.g5.8xlarge": 1, "ml.g5.16xlarge": 1,
+    "ml.g5.12xlarge": 4, "ml.g5.24xlarge": 4, "ml.g5.48xlarge": 8,
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class JobContract:
     """What one training job's container is promised. See the module docstring."""
@@ -130,6 +143,7 @@ class JobContract:
     channels: tuple[Channel, ...] = ()
     output_path: str | None = None
     instance_count: int = 1
+    instance_type: str = ""
     current_host: str = "algo-1"
     region: str = "us-east-1"
     command: tuple[str, ...] = ()
@@ -350,6 +364,7 @@ def contract_from_request(request: Mapping[str, Any], *, region: str = "us-east-
         channels=_channels(request),
         output_path=output_path,
         instance_count=count,
+        instance_type=str(resources.get("InstanceType") or ""),
         region=region,
         command=tuple(command),
         hook_config=request.get("DebugHookConfig"),

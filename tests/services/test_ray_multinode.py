@@ -256,3 +256,36 @@ def test_sagemaker_two_instance_job_on_ray_rules_read_s3(ray_cluster, api_factor
     assert rule_job.runtime_env["env_vars"]["BASE_TRIAL"] == f"s3://bkt/{name}/debug-output"
     keys = [o["Key"] for o in bucket.list_objects_v2(Bucket="bkt", Prefix=f"{name}/debug-output/index/")["Contents"]]
     assert any(k.endswith("_worker_0.json") for k in keys) and any(k.endswith("_worker_1.json") for k in keys)
+
+
+def test_ray_plan_carries_instances_gpus_and_the_s3_rule_input(tmp_path) -> None:
+    """Planning only (no GPU here): what the Ray launcher is given and what it submits for it."""
+    from trainguard.services.api.planner import plan_job
+    from trainguard.services.api.schemas import JobSpec
+    from trainguard.services.api.settings import Settings
+    from trainguard.services.sagemaker_container.contract import CONTRACT_ENV, contract_from_request
+    from tests.services.test_sagemaker_endpoint import _request
+
+    settings = Settings.from_env({"TRAINGUARD_API_TOKEN": "planner-token", "TRAINGUARD_DATA_DIR": str(tmp_path)})
+    request = _request("sm-gpu", ["python", "train.py"], [])
+    request["ResourceConfig"].update(InstanceType="ml.p3.8xlarge", InstanceCount=2)
+    contract = contract_from_request(request)
+    spec = JobSpec.model_validate({
+        "name": "sm-gpu", "command": ["python", "train.py"], "environment": {CONTRACT_ENV: contract.to_json()},
+        "hook_config": {"S3OutputPath": "s3://bkt/"},
+        "rules": [{"rule": CUSTOM_RULE, "name": "LossWatch"}],
+    })  # fmt: skip
+    components = {c.role: c for c in plan_job(spec, settings, "ray", "t").components}
+    training = components["training"]
+    assert (training.instance_count, training.gpus) == (2, 4)  # ml.p3.8xlarge: 4 GPUs per instance
+    assert components["rule:LossWatch"].environment["BASE_TRIAL"] == "s3://bkt/sm-gpu/debug-output"
+    entrypoint = RayLauncher("http://unused:8265")._entrypoint(training)
+    assert '"GPU": 4' in entrypoint and "--instances 2" in entrypoint and "STRICT" not in entrypoint
+    native = JobSpec.model_validate({"name": "n", "command": ["true"], "resources": {"gpus": 1}})
+    single = plan_job(native, settings, "ray", "t").components[0]
+    assert RayLauncher("http://unused:8265")._resources(single) == {"entrypoint_num_cpus": 0}  # the driver's
+    local = plan_job(native, settings, "local", "t")
+    assert local.components[0].gpus is None and local.components[0].instance_count == 1
+    with pytest.raises(ValueError, match="resources.instance_count"):
+        plan_job(JobSpec.model_validate({"name": "m", "command": ["true"], "resources": {"instance_count": 2}}),
+                 settings, "local", "t")  # fmt: skip
