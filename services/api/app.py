@@ -97,6 +97,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service.resume_actions()
+        service.resume_launches()  # jobs accepted but not launched before a restart
         reconciler.start()  # its first tick re-attaches to every unsettled job in the database
         try:
             yield

@@ -32,11 +32,12 @@ from trainguard.services.api.db import (
     RuleRow,
     TransitionRow,
 )
+from trainguard.services.api.job_launch_queue import JobLaunchQueue
 from trainguard.services.api.planner import plan_job
 from trainguard.services.api.schemas import JobSpec
 from trainguard.services.api.settings import Settings
 from trainguard.services.api.views import native_description, sagemaker_description, sagemaker_summary
-from trainguard.services.launchers.base import Launcher, LauncherError
+from trainguard.services.launchers.base import JobLaunch, Launcher, LauncherError
 
 __all__ = ["JobExists", "JobNotFound", "JobService", "TERMINAL", "RULE_TERMINAL"]
 
@@ -88,9 +89,11 @@ class JobService:
         self.starting: set[str] = set()  # jobs whose components the launcher is starting right now
         self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
         self._changed: set[str] = set()
+        self.launch_queue = JobLaunchQueue(workers=2)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=False)
+        self.launch_queue.close()
 
     # -- creation ---------------------------------------------------------------------------------
     def create(
@@ -163,41 +166,69 @@ class JobService:
                 session.add(
                     ComponentRow(job_name=spec.name, role=component.role, state="Pending", updated=now, reason="")
                 )
-            self.starting.add(spec.name)  # the reconciler leaves it alone until every component started
             try:
                 session.commit()
             except IntegrityError:  # another API process (same database) took the name meanwhile
                 session.rollback()
-                self.starting.discard(spec.name)
                 raise JobExists(spec.name) from None
-        try:
-            self.launcher.start(launch)
-        except (LauncherError, OSError) as error:
-            with self.lock, self.sessions() as session:
-                job = session.get(JobRow, spec.name)
-                self._finish(
-                    session,
-                    job,
-                    "Failed",
-                    "Failed",
-                    f"InternalServerError: the launcher could not start the job: {error}",
-                )
-                session.commit()
-        except BaseException as error:
-            # Not an infrastructure failure: the request itself could not be launched (a value the
-            # launcher cannot pass on). Undo the creation; a ValueError is the client's 4xx.
-            self._undo_create(spec.name)
-            if isinstance(error, ValueError):
-                raise ValueError(f"the job could not be launched: {error}") from None
-            raise
-        finally:
-            self.starting.discard(spec.name)
-        if spec.name in self._changed:
-            self.flush_notifications()  # the launch failed: its Failed event goes out now
-        # Otherwise there is nothing to flush: a new job has no alarm transitions yet, and the
-        # reconciler's next tick emits its state changes (waiting here for the service lock,
-        # which the reconciler holds while it commits, made concurrent creations queue up).
+        # Accepted: the launch (fork/exec, container start) runs in the background launch queue, as
+        # SageMaker answers CreateTrainingJob before the instances start. Its failure ends the job
+        # Failed with the reason; until then the reconciler leaves the job alone (self.starting).
+        self._queue_launch(spec.name, launch)
         return self.describe(spec.name)
+
+    def _queue_launch(self, name: str, launch: JobLaunch) -> None:
+        self.starting.add(name)
+
+        def run() -> None:
+            try:
+                self.launcher.start(launch)
+            finally:
+                self.starting.discard(name)
+
+        if not self.launch_queue.submit(name, run, lambda error: self._launch_failed(name, error)):
+            log.info("job %s is queued for launch already", name)
+
+    def _launch_failed(self, name: str, error: BaseException) -> None:
+        """A job accepted but not launchable: stop what part of it started, then Failed with why."""
+        try:
+            self.launcher.stop(name, None, 0)
+        except Exception as stop_error:  # noqa: BLE001 - nothing may have started
+            log.info("cleaning up the unlaunchable job %s: %s", name, stop_error)
+        if isinstance(error, (LauncherError, OSError)):
+            reason = f"InternalServerError: the launcher could not start the job: {error}"
+        else:  # a value the launcher cannot pass on (e.g. ValueError): the request's content
+            reason = f"ClientError: the job could not be launched: {error}"
+        with self.lock, self.sessions() as session:
+            job = session.get(JobRow, name)
+            if job is not None and not job.settled:
+                self._finish(session, job, "Failed", "Failed", reason)
+                session.commit()
+        self.flush_notifications()
+
+    def resume_launches(self) -> list[str]:
+        """At start-up: queue again every job accepted but not launched when the API stopped.
+
+        Such a job is unsettled, still Starting, and none of its components was ever seen by the
+        reconciler (all Pending). Starting is idempotent in the launchers, so a launch the API died
+        in the middle of completes; a job that cannot be planned any more ends Failed.
+        """
+        with self.sessions() as session:
+            rows = list(session.scalars(select(JobRow).where(JobRow.settled.is_(False))))
+            pending = []
+            for job in rows:
+                states = {row.state for row in self._rows(session, ComponentRow, job.name, ComponentRow.role)}
+                if job.secondary_status == "Starting" and states <= {"Pending"}:
+                    pending.append((job.name, dict(job.spec), job.runner_token))
+        for name, spec_data, token in pending:
+            try:
+                launch = plan_job(JobSpec.model_validate(spec_data), self.settings, self.launcher.name, token)
+            except Exception as error:  # noqa: BLE001 - the job ends Failed, never stuck Starting
+                self._launch_failed(name, error)
+                continue
+            log.info("job %s was accepted but not launched before the restart: launching it now", name)
+            self._queue_launch(name, launch)
+        return [name for name, _, _ in pending]
 
     def _check_policy(self, spec: JobSpec) -> None:
         """What the server's policy forbids (trainguard.services.api.policy), as ValueError 'field: why'."""
@@ -224,19 +255,6 @@ class JobService:
                 policy.check_working_dir(spec.working_dir, job_dir(self.settings, spec.name))
             except PolicyError as error:
                 raise ValueError(f"working_dir: {error}") from None
-
-    def _undo_create(self, name: str) -> None:
-        """Remove every row of a job whose launch was refused; stop whatever part of it started."""
-        try:
-            self.launcher.stop(name, None, 0)
-        except Exception as error:  # noqa: BLE001 - nothing may have started; the rows go regardless
-            log.info("cleaning up the refused job %s: %s", name, error)
-        with self.lock, self.sessions() as session:
-            for model in (ActionRow, MetricRow, ReportSequenceRow, AlarmRow, ComponentRow, RuleRow, TransitionRow):
-                session.query(model).filter(model.job_name == name).delete(synchronize_session=False)
-            session.query(JobRow).filter(JobRow.name == name).delete(synchronize_session=False)
-            session.commit()
-        self._changed.discard(name)
 
     @staticmethod
     def _class_fix_hint(rule: str) -> str:

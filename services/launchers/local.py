@@ -103,7 +103,23 @@ class LocalLauncher:
 
     name = "local"
 
-    def __init__(self, root: str | os.PathLike[str], *, python: str | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, python: str | None = None, niceness: int | None = None
+    ) -> None:
+        """``niceness``: CPU priority of job processes (default TRAINGUARD_JOB_NICENESS, else 10).
+
+        Job processes (training, uploader, rule runners) run below the control API so that the
+        API stays responsive however many jobs run: 100 jobs on 2 cores made creates wait seconds.
+        """
+        if niceness is None:
+            raw = os.environ.get("TRAINGUARD_JOB_NICENESS", "10").strip() or "10"
+            try:
+                niceness = int(raw)
+            except ValueError:
+                raise LauncherError(f"TRAINGUARD_JOB_NICENESS={raw!r}: use an integer 0..19") from None
+        if not 0 <= niceness <= 19:
+            raise LauncherError(f"niceness {niceness}: use an integer 0..19")
+        self.niceness = niceness
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.python = python or sys.executable
@@ -177,7 +193,7 @@ class LocalLauncher:
         with open(directory / "output.log", "ab") as log:
             try:
                 child = subprocess.Popen(
-                    [self.python, "-c", _WRAPPER, str(directory), *command],
+                    [*self._nice_prefix(), self.python, "-c", _WRAPPER, str(directory), *command],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -191,6 +207,11 @@ class LocalLauncher:
         (directory / "pid").write_text(f"{child.pid}\n{start_time or ''}\n")
         with self._lock:
             self._children[child.pid] = child
+
+    def _nice_prefix(self) -> list[str]:
+        # `nice` execs the wrapper in the same process, so the recorded pid stays the wrapper's.
+        nice = shutil.which("nice") if self.niceness else None
+        return [nice, "-n", str(self.niceness)] if nice else []
 
     def restart(self, job_name: str, role: str) -> None:
         """Run an exited component's recorded spec again in the same directory (its log goes on)."""

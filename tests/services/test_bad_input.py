@@ -335,10 +335,13 @@ def test_rule_status_route_refuses_wrong_types_and_keeps_final_statuses(client, 
     assert rules[0]["status"] == "NoIssuesFound", rules
 
 
-# -- a launch refused on the request's content rolls the creation back ----------------------------------
-def test_a_launch_refused_half_way_leaves_no_row_and_no_process(tmp_path: Path) -> None:
+# -- a launch refused after the create was accepted ends the job Failed with the reason -----------------
+def test_a_launch_refused_half_way_ends_the_job_failed_with_the_reason_and_no_process(tmp_path: Path) -> None:
     """Fault injection: the real local launcher starts the training process, then the next component
-    is refused with a ValueError (a value no process can take). The job must vanish whole."""
+    is refused with a ValueError. The create was accepted (launches run in the background launch
+    queue, as SageMaker's), so the job must end Failed naming the error, with no process left."""
+    import time
+
     from trainguard.services.launchers.local import LocalLauncher
 
     class RefusesSecondComponent(LocalLauncher):
@@ -355,13 +358,19 @@ def test_a_launch_refused_half_way_leaves_no_row_and_no_process(tmp_path: Path) 
                  rules=[{"rule": "LossNotDecreasing", "name": "Loss"}])  # fmt: skip
     with TestClient(create_app(settings, launcher=launcher)) as client:
         response = post_json(client, "/v1/jobs", spec)
-        assert response.status_code == 422, response.text
-        assert "could not be launched" in response.text
-        assert_no_job(client)
+        assert response.status_code == 200, response.text
+        deadline = time.monotonic() + 20
+        job = client.get(f"/v1/jobs/{NAME}", headers=AUTH).json()
+        while job["status"] != "Failed" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            job = client.get(f"/v1/jobs/{NAME}", headers=AUTH).json()
+        assert job["status"] == "Failed", job
+        assert "could not be launched: embedded null byte" in json.dumps(job), job
         statuses = launcher.status(NAME)  # the training process that did start was stopped
         assert all(status.state.value != "Running" for status in statuses.values()), statuses
-        status, body = sagemaker(client, "StopTrainingJob", {"TrainingJobName": NAME})
-        assert (status, body["__type"]) == (400, "ResourceNotFound")
+        status, body = sagemaker(client, "DescribeTrainingJob", {"TrainingJobName": NAME})
+        assert status == 200 and body["TrainingJobStatus"] == "Failed", body
+        assert "embedded null byte" in body["FailureReason"], body
 
 
 def test_concurrent_creations_one_name_one_winner_and_different_names_all_created(client) -> None:
