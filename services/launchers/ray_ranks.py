@@ -182,7 +182,8 @@ def _run(instances: int, bundle: dict[str, float], command: list[str], cwd: str 
             print(f"trainguard ray: rank {rank} (algo-{rank + 1}) failed: {reason}; stopping the others", flush=True)
             for other in ranks:
                 other.terminate.remote(grace)
-            ray.wait(pending, num_returns=len(pending), timeout=grace + 10)
+            if pending:
+                ray.wait(pending, num_returns=len(pending), timeout=grace + 10)
             print(f"RankFailed: rank {rank} (algo-{rank + 1}) of {instances} ended with {reason}", file=sys.stderr)
             return code
         print(f"trainguard ray: rank {rank} (algo-{rank + 1}) finished", flush=True)
