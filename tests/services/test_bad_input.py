@@ -358,7 +358,7 @@ def test_a_launch_refused_half_way_ends_the_job_failed_with_the_reason_and_no_pr
                  rules=[{"rule": "LossNotDecreasing", "name": "Loss"}])  # fmt: skip
     with TestClient(create_app(settings, launcher=launcher)) as client:
         response = post_json(client, "/v1/jobs", spec)
-        assert response.status_code == 200, response.text
+        assert response.status_code == 201, response.text
         deadline = time.monotonic() + 20
         job = client.get(f"/v1/jobs/{NAME}", headers=AUTH).json()
         while job["status"] != "Failed" and time.monotonic() < deadline:
