@@ -17,6 +17,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from sqlalchemy import select
+from trainguard.services.api.db import ComponentRow, JobRow
+from trainguard.services.api.planner import plan_job
+from trainguard.services.api.schemas import JobSpec
+from trainguard.services.launchers.base import JobLaunch, LauncherError
+
 log = logging.getLogger(__name__)
 
 
@@ -65,3 +71,64 @@ class JobLaunchQueue:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=False)
+
+
+class JobLaunching:
+    """JobService's side of the launch queue (kept here so that jobs.py stays small).
+
+    Uses the service's ``launcher``, ``launch_queue``, ``starting``, ``lock``, ``sessions``,
+    ``settings``, ``_finish``, ``_rows`` and ``flush_notifications``.
+    """
+
+    def _queue_launch(self, name: str, launch: JobLaunch) -> None:
+        self.starting.add(name)
+
+        def run() -> None:
+            try:
+                self.launcher.start(launch)
+            finally:
+                self.starting.discard(name)
+
+        if not self.launch_queue.submit(name, run, lambda error: self._launch_failed(name, error)):
+            log.info("job %s is queued for launch already", name)
+
+    def _launch_failed(self, name: str, error: BaseException) -> None:
+        """A job accepted but not launchable: stop what part of it started, then Failed with why."""
+        try:
+            self.launcher.stop(name, None, 0)
+        except Exception as stop_error:  # noqa: BLE001 - nothing may have started
+            log.info("cleaning up the unlaunchable job %s: %s", name, stop_error)
+        if isinstance(error, (LauncherError, OSError)):
+            reason = f"InternalServerError: the launcher could not start the job: {error}"
+        else:  # a value the launcher cannot pass on (e.g. ValueError): the request's content
+            reason = f"ClientError: the job could not be launched: {error}"
+        with self.lock, self.sessions() as session:
+            job = session.get(JobRow, name)
+            if job is not None and not job.settled:
+                self._finish(session, job, "Failed", "Failed", reason)
+                session.commit()
+        self.flush_notifications()
+
+    def resume_launches(self) -> list[str]:
+        """At start-up: queue again every job accepted but not launched when the API stopped.
+
+        Such a job is unsettled, still Starting, and none of its components was ever seen by the
+        reconciler (all Pending). Starting is idempotent in the launchers, so a launch the API died
+        in the middle of completes; a job that cannot be planned any more ends Failed.
+        """
+        with self.sessions() as session:
+            rows = list(session.scalars(select(JobRow).where(JobRow.settled.is_(False))))
+            pending = []
+            for job in rows:
+                states = {row.state for row in self._rows(session, ComponentRow, job.name, ComponentRow.role)}
+                if job.secondary_status == "Starting" and states <= {"Pending"}:
+                    pending.append((job.name, dict(job.spec), job.runner_token))
+        for name, spec_data, token in pending:
+            try:
+                launch = plan_job(JobSpec.model_validate(spec_data), self.settings, self.launcher.name, token)
+            except Exception as error:  # noqa: BLE001 - the job ends Failed, never stuck Starting
+                self._launch_failed(name, error)
+                continue
+            log.info("job %s was accepted but not launched before the restart: launching it now", name)
+            self._queue_launch(name, launch)
+        return [name for name, _, _ in pending]
