@@ -1,0 +1,74 @@
+"""The runs users reported (issue 11), as regression tests through the real CLI and endpoint.
+
+Healthy training must never be stopped by ``trainguard run --rules --stop-on-issue`` (a tiny
+Hugging Face ``Trainer`` run whose attention key biases get an exactly-zero gradient; a plain MLP
+loop without validation on noisy mini-batches), and SageMaker's own LossNotDecreasing
+configuration must stay silent on a noisy healthy run submitted through the SageMaker endpoint;
+the learning-rate-100 variant of each must be found (and, under --stop-on-issue, stopped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "rules" / "reported_scripts"
+
+
+def _run(out: Path, script: str, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "trainguard.cli", "run", "--out", str(out), "--rules", "--stop-on-issue", "--",
+               sys.executable, str(SCRIPTS / script), *args]  # fmt: skip
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=600)
+
+
+def _outputs(out: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in (out / "rule-output").glob("*.json")}
+
+
+def _assert_silent(result: subprocess.CompletedProcess, out: Path) -> None:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not (out / "trainguard-stop.json").exists()
+    outputs = _outputs(out)
+    assert outputs and all(not doc["findings"] for doc in outputs.values()), {
+        name: doc["findings"][:1] for name, doc in outputs.items() if doc["findings"]
+    }
+    assert "0 found issues" in result.stdout
+
+
+def _assert_stopped(result: subprocess.CompletedProcess, out: Path, steps: int) -> dict:
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads((out / "trainguard-stop.json").read_text())
+    assert record["certain"] is True and record["step"] < steps
+    return record
+
+
+@pytest.mark.slow
+def test_mlp_loop_without_validation_is_not_stopped_and_its_lr_100_variant_is(tmp_path: Path) -> None:
+    healthy = _run(tmp_path / "healthy", "mlp_no_validation.py", "--steps", "400")
+    _assert_silent(healthy, tmp_path / "healthy")
+    # the loss rule judged the run (40 saved losses), it did not merely lack data
+    assert _outputs(tmp_path / "healthy")["LossNotDecreasing"]["status"] == "NoIssuesFound"
+    faulty = _run(tmp_path / "lr100", "mlp_no_validation.py", "--steps", "400", "--lr", "100")
+    record = _assert_stopped(faulty, tmp_path / "lr100", 400)
+    assert record["configuration_name"] == "ExplodingTensor"
+
+
+@pytest.mark.slow
+def test_tiny_hugging_face_trainer_is_not_stopped_and_its_lr_100_variant_is(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    healthy = _run(tmp_path / "healthy", "hf_tiny_bert.py", "--steps", "120")
+    _assert_silent(healthy, tmp_path / "healthy")
+    outputs = _outputs(tmp_path / "healthy")
+    # the rules that once fired at step 0 on the key biases judged every saved step
+    for rule in ("VanishingGradient", "PoorWeightInitialization", "ExplodingTensor"):
+        assert outputs[rule]["status"] == "NoIssuesFound", outputs[rule]
+    faulty = _run(tmp_path / "lr100", "hf_tiny_bert.py", "--steps", "300", "--lr", "100")
+    _assert_stopped(faulty, tmp_path / "lr100", 300)
