@@ -16,7 +16,9 @@ def all_cases() -> list[Case]:
     from bench.detection.framework_cases import framework_cases
     from bench.detection.healthy import healthy_cases
 
-    cases = healthy_cases() + faulty_cases() + framework_cases()
+    from bench.detection.keras_cases import keras_cases
+
+    cases = healthy_cases() + faulty_cases() + framework_cases() + keras_cases()
     try:
         from bench.detection.xgboost_cases import xgboost_cases
     except ImportError:  # not written, or xgboost not installed
