@@ -37,7 +37,9 @@ fault starts acting (its onset).
   PyTorch Lightning loop. The last two are registered only where `transformers`+`accelerate` /
   `lightning` import; the figures below were scored with them installed in a separate virtual
   environment (`python -m venv --system-site-packages`), the project's own environment unchanged.
-  Not in the corpus yet: Keras 3 runs and 2-rank DDP runs.
+  Keras 3 runs (torch backend, the KerasHook as a `model.fit` callback) are registered where
+  `keras` imports. Not in the corpus: 2-rank DDP runs (a fault on rank 1 found and attributed to
+  worker 1 is a regression test instead: tests/rules/test_every_worker.py).
 - **Faulty runs** cover the fault taxonomy, re-implemented from the descriptions of the fault
   classes in defects4ML and DeepFD (learning rate, optimizer, loss, activation, initialisation,
   data), AutoTrainer's problem classes (vanishing and exploding gradients, dying ReLU,
