@@ -8,13 +8,14 @@ stores, because on S3 each is its own small object.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from trainguard.errors import FormatError, ObjectNotFound
+from trainguard.errors import FormatError, ObjectNotFound, StorageError
 from trainguard.format.index import IndexEntry, StepIndex, parse_index
-from trainguard.format.layout import END_OF_TRAINING, INDEX_PREFIX, parse_index_key
+from trainguard.format.layout import END_OF_TRAINING, EVENTS_PREFIX, INDEX_PREFIX, index_key, parse_index_key
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 
@@ -24,6 +25,9 @@ REDUCTION_PREFIX = "smdebug/reductions/"
 
 logger = logging.getLogger("trainguard")
 
+
+# events/<S12>/<S12>_<worker>.tfevents (format.layout.event_key)
+_EVENT_RE = re.compile(r"^events/\d+/(\d+)_(.+)\.tfevents$")
 
 # Forget listed index keys behind the listing token once this many are remembered.
 _SEEN_PRUNE_AT = 4096
@@ -68,6 +72,9 @@ class RunState:
         self._last_complete: tuple[int, int | None] = (-1, None)
         self.loaded_all_steps = False
         self.corrupt_index_files: list[str] = []
+        # event file key -> its (step, worker), for event files that no index names once the
+        # run has ended: the writer died between the two, or the index was lost
+        self.unindexed_event_files: dict[str, tuple[int, str]] = {}
         self._token: str | None = None
         self._seen: set[str] = set()
         self._lock = threading.Lock()
@@ -86,7 +93,39 @@ class RunState:
                 self.training_ended = True
                 self._version += 1
                 self.loaded_all_steps = True
+                self._find_unindexed_event_files()
             return added
+
+    def _find_unindexed_event_files(self) -> None:
+        """Report event files without an index, once, when the run is known to be complete.
+
+        A step's event file is written before its index, so during a live run an event file
+        alone is a step being written; after the end marker it is a step whose index never came.
+        Its tensors cannot be read (offsets and names are in the index), and the step is not
+        counted as saved by that worker: say so instead of dropping it without a word.
+        """
+        try:
+            keys = self.store.list(EVENTS_PREFIX)
+        except StorageError as error:
+            logger.warning("trainguard: could not list %s/%s to check for missing index files: %s", self.store.url, EVENTS_PREFIX, error)
+            return
+        corrupt = set(self.corrupt_index_files)
+        for key in keys:
+            match = _EVENT_RE.match(key)
+            if match is None:
+                continue
+            step, worker = int(match.group(1)), match.group(2)
+            record = self.steps.get(step)
+            if record is not None and worker in record.workers:
+                continue
+            if index_key(step, worker) in corrupt:
+                continue  # already reported as unreadable
+            self.unindexed_event_files[key] = (step, worker)
+            logger.warning(
+                "trainguard: %s/%s has no index file (%s): step %d of %s is missing from the run and its tensors "
+                "are not readable (the writer stopped between the event file and its index, or the index was lost)",
+                self.store.url, key, index_key(step, worker), step, worker,
+            )
 
     def _read_new_indexes(self) -> int:
         keys = self.store.list(INDEX_PREFIX, start_after=self._token)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import enum
 import json
+import logging
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -37,6 +38,8 @@ from trainguard.trial.state import Location, RunState
 from trainguard.trial.tensor import Tensor
 
 __all__ = ["StepState", "Trial"]
+
+logger = logging.getLogger("trainguard")
 
 
 class StepState(enum.Enum):
@@ -76,6 +79,8 @@ class Trial:
         self._steps_cache: dict[tuple[Any, ...], tuple[Any, list[int]]] = {}
         self._tensor_steps_cache: dict[tuple[Any, ...], tuple[Any, list[int]]] = {}
         self._modes_cache: tuple[int, list[ModeKeys]] = (-1, [])
+        # event files named by an index that were still absent after the wait: waited for once
+        self._missing_event_files: set[str] = set()
         self.refresh(force=True)
 
     def __repr__(self) -> str:
@@ -160,6 +165,23 @@ class Trial:
             except (ValueError, StorageError) as error:
                 stopped[worker] = {"reason": f"unreadable marker: {error}"}
         return stopped
+
+    def unreadable_files(self) -> dict[str, str]:
+        """Files of the run whose tensors cannot be read, each with why (keys relative to the run).
+
+        Unreadable index files, event files without an index (known once training has ended)
+        and event files an index names that do not exist (known once a read waited for them).
+        Each was logged once as a warning when found; a damaged file in the record of one step
+        leaves the others readable. Corrupt records inside a readable event file are found only
+        when read (a :class:`~trainguard.errors.FormatError` naming the file and byte offset).
+        """
+        self.refresh()
+        found = {key: "unreadable index file" for key in self._state.corrupt_index_files}
+        for key, (step, worker) in self._state.unindexed_event_files.items():
+            found[key] = f"event file without an index: step {step} of {worker} is missing"
+        for key in self._missing_event_files:
+            found[key] = "event file named by an index but missing"
+        return dict(sorted(found.items()))
 
     @property
     def framework(self) -> str | None:
@@ -360,6 +382,12 @@ class Trial:
         known = sorted(self._state.by_mode[mode])
         span = f"steps {known[0]}..{known[-1]}" if known else "no steps"
         if self._state.training_ended:
+            unindexed = [key for key, (saved, _) in self._state.unindexed_event_files.items() if saved == step]
+            if unindexed and mode == ModeKeys.GLOBAL:
+                return StepUnavailable(
+                    f"step {step} of {self.path} is damaged: {unindexed[0]} has no index file, so its tensors "
+                    "cannot be read"
+                )
             if known and step > known[-1]:
                 return NoMoreData(f"step {step} ({mode.name}) is past the end of {self.path}, which has {span}")
             return StepUnavailable(f"step {step} ({mode.name}) was not saved in {self.path}, which has {span}")
@@ -459,17 +487,20 @@ class Trial:
         share when one whole-file read served them all (many records wanted: one read, no
         per-record copy), else 0."""
         # The index is written after its event file, but on eventually consistent stores or
-        # with several writers the event file can lag a moment: retry briefly, never forever.
-        deadline = time.monotonic() + self._missing_event_wait
+        # with several writers the event file can lag a moment: retry briefly, never forever,
+        # and only once per file (a report reads a step many times).
+        wait = 0.0 if event_file in self._missing_event_files else self._missing_event_wait
+        deadline = time.monotonic() + wait
         while True:
             try:
                 return self._read_slices(event_file, ranges)
             except ObjectNotFound:
                 if time.monotonic() >= deadline:
-                    raise TensorUnavailableForStep(
-                        f"{self.path}/{event_file} is listed in an index but does not exist "
-                        f"(waited {self._missing_event_wait:.0f} s)"
-                    ) from None
+                    message = f"{self.path}/{event_file} is listed in an index but does not exist (waited {wait:.0f} s)"
+                    if event_file not in self._missing_event_files:
+                        self._missing_event_files.add(event_file)
+                        logger.warning("trainguard: %s", message)
+                    raise TensorUnavailableForStep(message) from None
                 time.sleep(0.2)
 
     def _read_slices(self, key: str, ranges: list[tuple[int, int]]) -> tuple[list[memoryview], int]:
