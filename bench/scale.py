@@ -113,6 +113,21 @@ def start_ray(jobs: int, rules: int) -> tuple[Any, str]:
             return False
 
     _wait(answers, 120, "the Ray job API", interval=1.0)
+    # The job API answers before its agents can take a submission ("No available agent to submit
+    # job"): a probe job that runs to the end means the launcher's submissions will be accepted.
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(address)
+
+    def probe_ran() -> bool:
+        try:
+            submission = client.submit_job(entrypoint="true", entrypoint_num_cpus=0)
+            return bool(_wait(lambda: client.get_job_status(submission).is_terminal() and
+                              client.get_job_status(submission) == JobStatus.SUCCEEDED, 60, "the probe job"))
+        except (Exception, SystemExit):  # noqa: BLE001 - agents not up yet: try again
+            return False
+
+    _wait(probe_ran, 180, "the Ray job agents to take a job", interval=2.0)
     return cluster, address
 
 
@@ -168,8 +183,9 @@ def job_spec(name: str, rules: int, faulty: bool, steps: int, step_seconds: floa
 class Sampler:
     """Peak RSS of the API and of every rule-runner process, and each runner's last CPU seconds."""
 
-    def __init__(self, api_pid: int) -> None:
+    def __init__(self, api_pid: int, data_dir: Path) -> None:
         self.api = psutil.Process(api_pid)
+        self.data_dir = str(data_dir)  # this run's runners name it in their environment, others' do not
         self.api_peak = 0
         self.runner_peak: dict[int, int] = {}
         self.runner_cpu: dict[int, float] = {}
@@ -182,8 +198,13 @@ class Sampler:
             pass
         for process in psutil.process_iter(["pid", "cmdline"]):
             cmdline = process.info.get("cmdline") or []
-            if "trainguard.services.rule_runner" in cmdline:
-                self.runner_processes.setdefault(process.pid, process)
+            if "trainguard.services.rule_runner" in cmdline and process.pid not in self.runner_processes:
+                try:
+                    mine = any(self.data_dir in value for value in process.environ().values())
+                except psutil.Error:
+                    continue
+                if mine:
+                    self.runner_processes[process.pid] = process
         for pid, process in list(self.runner_processes.items()):
             try:
                 with process.oneshot():
@@ -212,6 +233,8 @@ def first_capture_time(data_dir: Path, job: str) -> float | None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    # A SIGTERM (a timeout, a CI cancel) unwinds through the finally below: no cluster left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="tg-scale-"))
     load_before = os.getloadavg()
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -252,7 +275,7 @@ def measure(args: argparse.Namespace, client: Client, api_pid: int, data_dir: Pa
     detected: dict[str, float] = {}
     stopped: dict[str, float] = {}
     final: dict[str, dict[str, Any]] = {}
-    sampler = Sampler(api_pid)
+    sampler = Sampler(api_pid, data_dir)
     db_before = json.loads(db_counts.read_text()) if db_counts.exists() else {"commits": 0, "writes": 0}
     s3_before = s3_requests(s3_log)
 
@@ -331,7 +354,8 @@ def summarise(args, names, faulty, submitted, running, detected, stopped, final,
     wall_minutes = (ended - min(submitted.values())) / 60
     return {
         "jobs": len(names), "rules_per_job": args.rules, "faulty_jobs": len(faulty), "faulty_stopped": faulty_stopped,
-        "final_statuses": statuses, "steps_per_job": args.steps, "step_seconds": args.step_seconds,
+        "final_statuses": statuses,
+        "failure_reasons": sorted({j["failure_reason"] for j in final.values() if j.get("failure_reason")})[:5], "steps_per_job": args.steps, "step_seconds": args.step_seconds,
         "wall_minutes": round(wall_minutes, 2),
         "submit_to_running_s": _quantiles(to_running), "submit_to_first_saved_step_s": _quantiles(first_steps),
         "detection_to_stopped_s": _quantiles(detection), "detection_to_stopped_api_timestamps_s": _quantiles(api_detection),
