@@ -264,7 +264,7 @@ def render_html(data: ReportData) -> str:
     norm_charts = tensors.weight_norm_charts + tensors.bias_norm_charts + tensors.gradient_norm_charts
     histogram_steps = ", ".join(str(step) for step in tensors.histogram_steps)
     bodies = {
-        "overview": _diagnosis(data) + _overview(data),
+        "overview": _diagnosis(data) + _notes(tensors.notes.get("overview", [])) + _overview(data),
         "findings": _findings(data),
         "scalars": _notes(tensors.notes.get("scalars", []))
         + _charts_or_empty(tensors.scalar_charts, "No losses or metrics to plot."),

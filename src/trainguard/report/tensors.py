@@ -7,13 +7,14 @@ Reading is planned per step: every value a report needs at one global step is fe
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainguard.errors import TensorUnavailable, TensorUnavailableForStep, TrialError
+from trainguard.errors import FormatError, TensorUnavailable, TensorUnavailableForStep, TrialError
 from trainguard.modes import ModeKeys
 from trainguard.reductions import numpy_reduction
 from trainguard.report.charts import Chart, Series
@@ -25,6 +26,8 @@ SCALAR_COLLECTIONS = ("losses", "scalars", "metrics", "sm_metrics")
 ACTIVATION_COLLECTIONS = ("relu_output", "outputs")
 SERIES_PER_CHART = 12
 MAX_HISTOGRAM_TENSORS = 24
+
+logger = logging.getLogger("trainguard")
 
 
 @dataclass
@@ -92,6 +95,14 @@ class _StepReader:
     def __init__(self, trial: Trial) -> None:
         self.trial = trial
         self._steps: dict[str, list[int]] = {}
+        # global step -> why it is left out of every chart: a corrupt or truncated record
+        self.skipped: dict[int, str] = {}
+
+    def _skip(self, step: int, error: FormatError) -> None:
+        """Leave a damaged step out of the report (once, with a warning), not the whole run."""
+        if step not in self.skipped:
+            self.skipped[step] = str(error)
+            logger.warning("trainguard: report skips step %d: %s", step, error)
 
     def saved_steps(self, names: Sequence[str]) -> dict[str, list[int]]:
         """Global steps of each name (raw or reductions), listed once per name per report."""
@@ -102,23 +113,31 @@ class _StepReader:
 
     def raw(self, names: Sequence[str], step: int) -> dict[str, np.ndarray]:
         """Raw values of ``names`` at ``step``; names saved only as reductions are left out."""
-        if not names:
+        if not names or step in self.skipped:
             return {}
         try:
             return self.trial.tensor_values(names, step)
         except (TensorUnavailable, TensorUnavailableForStep):
             pass
+        except FormatError as error:
+            self._skip(step, error)
+            return {}
         found = {}
         for name in names:  # some name lacks a raw value here: read the others one by one
             try:
                 found.update(self.trial.tensor_values([name], step))
             except (TensorUnavailable, TensorUnavailableForStep):
                 continue
+            except FormatError as error:
+                self._skip(step, error)
+                return {}
         return found
 
     def reduced(self, names: Sequence[str], step: int, reduction: str) -> dict[str, float]:
         """``reduction`` of each name at ``step``, from the raw value or from a saved reduction."""
         values = self.raw(names, step)
+        if step in self.skipped:
+            return {}
         result = {name: float(numpy_reduction(value, reduction)) for name, value in values.items() if value.size}
         for name in names:
             if name in values:
@@ -127,6 +146,9 @@ class _StepReader:
                 result[name] = float(self.trial.tensor(name).reduction_value(step, reduction))
             except (TensorUnavailable, TensorUnavailableForStep):
                 continue
+            except FormatError as error:
+                self._skip(step, error)
+                return {}
         return result
 
 
@@ -295,4 +317,8 @@ def gather_tensor_sections(
         sections.note(
             "activations", "No layer outputs were saved: include the 'relu_output' (or 'outputs') collection."
         )
+    for step, why in sorted(reader.skipped.items()):
+        sections.note("overview", f"Step {step} is left out of every chart: its data is damaged ({why}).")
+    for key, why in trial.unreadable_files().items():
+        sections.note("overview", f"{key}: {why}; its tensors are not in this report.")
     return sections
