@@ -57,14 +57,15 @@ class Finding:
         return f"{self.rule} at step {self.step}: {self.message}"
 
 
-def default_hook_collections(specs: Sequence[RuleSpec] | None = None) -> list[str]:
-    """The collections a hook must save for ``specs`` (default: the default rule set) to evaluate."""
+def default_hook_collections(specs: Sequence[RuleSpec] | None = None, framework: str = "pytorch") -> list[str]:
+    """The collections a ``framework`` hook must save for ``specs`` (default: the default rule set)
+    to evaluate; rules of other frameworks (TreeDepth on a PyTorch run) add none."""
     from trainguard.rules.compat import validate_specs
     from trainguard.rules.defaults import BASE_COLLECTIONS, default_rule_specs, rule_collections
 
     classes = validate_specs(list(specs) if specs is not None else default_rule_specs())
     needed = list(BASE_COLLECTIONS)
-    needed += [name for name in rule_collections(classes.values()) if name not in needed]
+    needed += [name for name in rule_collections(classes.values(), framework) if name not in needed]
     return needed
 
 

@@ -124,6 +124,8 @@ class Rule:
     # When a finding of this rule may stop training, in one sentence for ``rules describe``.
     stop_policy: ClassVar[str] = "never stops training: findings are reported only"
     collections: ClassVar[tuple[str, ...]] = ()
+    # The frameworks whose captures can hold this rule's data; None: any framework.
+    frameworks: ClassVar[tuple[str, ...] | None] = None
     kind: ClassVar[str] = "debugger"
 
     def __init__(self, base_trial: Any, *, action_json: Any = None, other_trials: Sequence[Any] = (), **parameters: Any):

@@ -52,11 +52,19 @@ def default_rule_specs() -> list[RuleSpec]:
     return [RuleSpec(name) for name in DEFAULT_RULES if name in available]
 
 
-def rule_collections(rule_classes: Iterable[type]) -> list[str]:
-    """Collections the debugger rules among ``rule_classes`` need the hook to save, in order."""
+def rule_collections(rule_classes: Iterable[type], framework: str | None = None) -> list[str]:
+    """Collections the debugger rules among ``rule_classes`` need the hook to save, in order.
+
+    With ``framework`` ("pytorch", "keras", "xgboost"), rules that declare other ``frameworks``
+    (TreeDepth's ``trees`` exist only in XGBoost captures) add nothing: a framework's hook
+    refuses collections it does not know.
+    """
     needed: list[str] = []
     for rule_class in rule_classes:
         if getattr(rule_class, "kind", "debugger") != "debugger":
+            continue
+        frameworks = getattr(rule_class, "frameworks", None)
+        if framework is not None and frameworks is not None and framework not in frameworks:
             continue
         for name in getattr(rule_class, "collections", ()) or ():
             if name not in needed:

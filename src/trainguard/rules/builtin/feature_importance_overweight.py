@@ -39,6 +39,7 @@ class FeatureImportanceOverweight(Rule):
 
     rule_name = "FeatureImportanceOverweight"
     collections = ("feature_importance",)
+    frameworks = ("xgboost",)  # the collections exist only in XGBoost captures
     fix_hint = (
         "check the dominant features for target leakage (a column computed from the label, an id or a "
         "timestamp); drop or regularise them (colsample_bytree, feature_weights), and check why the other "

@@ -71,6 +71,7 @@ class TreeDepth(Rule):
 
     rule_name = "TreeDepth"
     collections = ("trees",)
+    frameworks = ("xgboost",)  # the collections exist only in XGBoost captures
     fix_hint = (
         "cap the tree depth: set max_depth (e.g. 6 or less), or constrain growth with min_child_weight, "
         "gamma (min_split_loss) or max_leaves"
