@@ -21,6 +21,7 @@ A rule runner killed by a signal other than a stop's SIGTERM is restarted the sa
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
@@ -45,7 +46,11 @@ _UPLOADER_FINAL_CODES = (1, 2)
 # After training exits the uploader normally finds the end marker within a poll or two; past this,
 # it is told training is over (SIGTERM) so it finishes even when no end marker will ever come.
 _UPLOADER_FINISH_AFTER_S = 5.0
+# How long after training ended an uploader that never said it is ready is told to finish anyway.
+_UPLOADER_READY_WAIT_S = 120.0
 _RUNNER_RESTARTS = 3  # per rule runner of a job
+# "ValueError: ...", "torch.OutOfMemoryError: ...", "RankFailed: ...": a line naming a failure.
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failed|Failure|Interrupt)\b.*?:")
 
 
 class Reconciler:
@@ -150,8 +155,11 @@ class Reconciler:
                         ended_for = now - training_row.updated if training_row is not None else 0.0
                         # Local rule runners read the run directory, also when an uploader copies it.
                         self._ensure_local_end_marker(name)
-                        if uploader is not None and uploader.state in _ACTIVE and ended_for > _UPLOADER_FINISH_AFTER_S:
-                            finish_uploader = name not in self._uploader_told
+                        if (
+                            uploader is not None and uploader.state in _ACTIVE and ended_for > _UPLOADER_FINISH_AFTER_S
+                            and name not in self._uploader_told
+                        ):  # fmt: skip
+                            finish_uploader = self._uploader_ready(name, ended_for)
                         if uploader is not None and uploader.state is ComponentState.EXITED and (
                             uploader.exit_code not in (0, None)
                         ):
@@ -323,12 +331,30 @@ class Reconciler:
                 f"ClientError: the rule runner exited with code {code} ({reason}): {tail}"[:1024],
             )
 
-    def _log_tail(self, name: str, role: str) -> str:
+    def _uploader_ready(self, name: str, ended_for: float) -> bool:
+        """Whether the uploader (since its last restart) has its SIGTERM handler in place: it prints
+        "uploader: following" once it has. Told earlier, a (re)started uploader still importing
+        under load dies of the SIGTERM (exit 143), is restarted, told again, and the job ended
+        Failed after 6 such deaths (measured at load average 35). After a long wait it is told
+        anyway, so a job whose uploader never says so still ends."""
+        if ended_for > _UPLOADER_FINISH_AFTER_S + _UPLOADER_READY_WAIT_S:
+            return True
         try:
-            lines = [line for line in self.service.launcher.logs(name, role, tail=20).splitlines() if line.strip()]
+            log = self.service.launcher.logs(name, _UPLOADER_ROLE, tail=200)
+        except Exception:  # noqa: BLE001 - cannot tell: do not hold the job back
+            return True
+        return log.rfind("uploader: following") > log.rfind("restarting uploader")
+
+    def _log_tail(self, name: str, role: str) -> str:
+        """The log line that says why: the last error line ("RuntimeError: ...", "RankFailed: ...")
+        among the last 40, else the last line. Output of other processes can follow the error
+        (Ray forwards the other ranks' shutdown lines after the driver's own)."""
+        try:
+            lines = [line for line in self.service.launcher.logs(name, role, tail=40).splitlines() if line.strip()]
         except Exception:  # noqa: BLE001 - logs are a courtesy in the message
             return ""
-        return lines[-1][:500] if lines else ""
+        errors = [line for line in lines if _ERROR_LINE.match(line)]
+        return (errors or lines or [""])[-1][:500]
 
     def _failure_reason(self, name: str, training: ComponentStatus) -> str:
         try:  # a SageMaker-contract job says why it failed (/opt/ml/output/failure) in its log
