@@ -296,9 +296,16 @@ def measure(args: argparse.Namespace, client: Client, api_pid: int, data_dir: Pa
     if refused:
         raise SystemExit("\n".join(refused))
     deadline = time.monotonic() + args.timeout
+    unfinished: list[str] = []
     while len(final) < len(names):
         if time.monotonic() > deadline:
-            raise SystemExit(f"timed out: {len(final)} of {len(names)} jobs ended ({sorted(set(names) - set(final))})")
+            # Report what was measured so far, the unfinished jobs named, rather than nothing.
+            unfinished = sorted(set(names) - set(final))
+            print(f"timed out after {args.timeout:.0f} s: {len(unfinished)} jobs unfinished", flush=True)
+            for name in unfinished:
+                status, job = client.call("GET", f"/v1/jobs/{name}")
+                final[name] = job if status == 200 else {"status": "Unknown", "rules": []}
+            break
         sampler.sample()
         for name in names:
             if name in final:
@@ -323,7 +330,7 @@ def measure(args: argparse.Namespace, client: Client, api_pid: int, data_dir: Pa
     s3_after = s3_requests(s3_log)
     return summarise(args, names, faulty, submitted, running, detected, stopped, final, sampler, data_dir,
                      {k: db_after[k] - db_before.get(k, 0) for k in ("commits", "writes")},
-                     {k: v - s3_before.get(k, 0) for k, v in s3_after.items()}, ended)  # fmt: skip
+                     {k: v - s3_before.get(k, 0) for k, v in s3_after.items()}, ended) | {"unfinished_at_timeout": unfinished}  # fmt: skip
 
 
 def summarise(args, names, faulty, submitted, running, detected, stopped, final, sampler, data_dir, db, s3,
