@@ -1,6 +1,7 @@
 """The training disk fills up mid-run (a real tmpfs of a few MiB under the capture directory, filled
 by a ballast file and left full): training must go on without capture, nothing written before may
-be lost on its way to S3, and the job must end Completed with the steps written evaluated.
+be lost on its way to S3, and the job must end Completed with the steps written evaluated; the
+rule's verdict is RuleNotEvaluated for the rest, naming where and why capture stopped.
 
 Needs root (``mount -t tmpfs``); skipped with the reason otherwise. Before the uploader kept its
 state in memory when it could not save it, the uploader died of ENOSPC, the job was failed, the
@@ -73,8 +74,12 @@ def test_full_training_disk_stops_capture_but_not_training_and_loses_nothing(api
         assert not set(local) - set(on_s3), sorted(set(local) - set(on_s3))  # nothing written was lost
         steps_written = sum(1 for key in local if key.startswith("index/"))
         assert 0 < steps_written < STEPS  # the disk really filled mid-run
+        # the hook said so in the space it held back, and the verdict says what was not seen
+        assert "capture_stopped/worker_0.json" in on_s3
         rule = ended["rules"][0]
-        assert rule["status"] == "NoIssuesFound", rule
+        assert rule["status"] == "Error", rule
+        assert rule["status_details"].startswith("RuleNotEvaluated: evaluated up to step"), rule
+        assert "capture stopped early on worker_0" in rule["status_details"] and "disk is full" in rule["status_details"]
         assert rule["last_evaluated_step"] == steps_written - 1, (rule, steps_written)
     finally:
         s3.kill()

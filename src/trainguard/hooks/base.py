@@ -399,20 +399,33 @@ class BaseHook:
             if writer is None:
                 return
             self._write_collections()  # again: tensor names added during training
-            if self._stopped_because is not None and self._worker is not None:
-                # The end marker says "no more data"; this says the run is truncated, and why,
-                # so that readers and rules do not take a crippled capture for a full one.
-                document = json.dumps(self._stopped_because).encode()
-                writer.write_object(f"{CAPTURE_STOPPED_PREFIX}{self._worker}.json", document)
             if self._worker == worker_name(0) or (self._num_workers == 1 and not self._light_worker):
                 _flush_profilers()
-                writer.write_object(END_OF_TRAINING, b"")
-            if not writer.close():
+            if writer.failure is None:
+                for key, data in self._final_objects():
+                    writer.write_object(key, data)  # in order, after the last step
+            done = writer.close()
+            if writer.failure is not None:  # the writer thread gave up (a full disk...), maybe just now
+                # A store that hung (the writer timed out) would hang these writes too: skip them.
+                stuck = isinstance(writer.failure, TimeoutError)
+                writer.write_after_failure([] if stuck else self._final_objects())
+            if not done:
                 logger.warning("trainguard: gave up waiting for pending tensors of %s", self.out_dir)
             if self.export_tensorboard and writer.failure is None:
                 self._export_tensorboard()
         except Exception as error:  # noqa: BLE001 - close runs at exit: never raise there
             log_disabled(f"{self.framework} hook close", error)
+
+    def _final_objects(self) -> list[tuple[str, bytes]]:
+        objects = []
+        if self._stopped_because is not None and self._worker is not None:
+            # The end marker says "no more data"; this says the run is truncated, and why,
+            # so that readers and rules do not take a crippled capture for a full one.
+            document = json.dumps(self._stopped_because).encode()
+            objects.append((f"{CAPTURE_STOPPED_PREFIX}{self._worker}.json", document))
+        if self._worker == worker_name(0) or (self._num_workers == 1 and not self._light_worker):
+            objects.append((END_OF_TRAINING, b""))
+        return objects
 
     def _export_tensorboard(self) -> None:
         from trainguard.tensorboard import export_run

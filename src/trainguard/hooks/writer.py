@@ -69,6 +69,7 @@ class StepWriter:
         self._thread.start()
         self._closed = False
         self._disabled_by_fork = False
+        self._reserve = self._reserve_space()
         reference = weakref.ref(self)
 
         def _in_child() -> None:
@@ -77,6 +78,46 @@ class StepWriter:
                 writer._after_fork_in_child()
 
         os.register_at_fork(after_in_child=_in_child)
+
+    # Space held back on a local disk for the records written after a failure: when the disk
+    # fills up, the hook still says that capture stopped, and where (capture_stopped/<worker>),
+    # and rank 0 writes the end marker, instead of leaving readers to take a truncated run for a
+    # complete one. Dot-files are invisible to stores, trials and the uploader.
+    RESERVE_BYTES = 64 << 10
+
+    def _reserve_space(self) -> str | None:
+        root = getattr(self.store, "root", None)  # local stores only: S3 does not fill up
+        if root is None:
+            return None
+        path = os.path.join(os.fspath(root), f".trainguard-reserve-{self.worker}")
+        try:
+            os.makedirs(os.fspath(root), exist_ok=True)
+            with open(path, "wb") as file:
+                os.posix_fallocate(file.fileno(), 0, self.RESERVE_BYTES)
+        except (OSError, AttributeError):  # no room even now, or no fallocate: nothing held back
+            self._release(path)
+            return None
+        return path
+
+    @staticmethod
+    def _release(path: str | None) -> None:
+        if path is not None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def write_after_failure(self, objects: list[tuple[str, bytes]]) -> None:
+        """Write small objects directly (not through the failed writer thread), in the space held
+        back at start: the record of why capture stopped, and the end marker. Best effort."""
+        self._release(self._reserve)
+        self._reserve = None
+        for key, data in objects:
+            try:
+                self.store.write(key, data)
+            except Exception as error:  # noqa: BLE001 - best effort: the failure was logged once already
+                logger.debug("trainguard: could not write %s after capture stopped: %s", key, error)
+                return
 
     def _reset_sync_state(self) -> None:
         self._queue: deque[tuple[Any, ...]] = deque()
@@ -165,6 +206,9 @@ class StepWriter:
             self._queue.append(("stop",))
             self._condition.notify_all()
         self._thread.join(timeout=5.0 if done else 0.1)
+        if self.failure is None:  # after a failure the space is kept for write_after_failure
+            self._release(self._reserve)
+            self._reserve = None
         return done
 
     # -- writer-thread side -----------------------------------------------------------------

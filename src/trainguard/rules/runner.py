@@ -430,6 +430,7 @@ class RuleRunner:
                 self._record(name, _on_worker(result, worker))
 
     def _finish_all(self) -> None:
+        stopped_early = self._capture_stopped_note()
         for name in self.active:
             state = self.progress[name]
             for worker, instance in self._instances(name):
@@ -451,9 +452,22 @@ class RuleRunner:
                 why = state.not_evaluated or (f"missing data: {missing}" if missing else "")
                 why = why or "no evaluated step had the data this rule needs"
                 self._set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {why}"[:1024])
+            elif stopped_early:  # "no issues" in a tenth of the run is not "no issues"
+                why = f"evaluated up to step {state.last_evaluated_step} only: {stopped_early}"
+                self._set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {why}"[:1024])
             else:
                 self._set_status(name, RuleStatus.NO_ISSUES_FOUND, f"Missing data: {missing}" if missing else "")
         self._save(force=True)
+
+    def _capture_stopped_note(self) -> str:
+        """Why some worker's capture ended before training did (the hook's capture_stopped/
+        record: a full disk, an internal error), or ""."""
+        try:
+            stopped = self.trial.capture_stopped()
+        except Exception:  # noqa: BLE001 - the verdict stands without the note
+            return ""
+        parts = [f"{worker} at step {info.get('step')} ({info.get('reason')})" for worker, info in sorted(stopped.items())]
+        return f"capture stopped early on {', '.join(parts)}; later steps were never written" if parts else ""
 
     def _stop_all(self, why: str) -> None:
         for name, state in self.progress.items():
