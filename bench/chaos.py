@@ -164,9 +164,10 @@ def _expected_final_state(row: dict) -> bool:
     if row["fault"] == "no-capture":  # rules end as not evaluated (Error), never NoIssuesFound
         return row["rule"] in FINAL_RULE - {"NoIssuesFound"}
     if row["fault"] == "disk-full":
-        # Training goes on without capture (the hook's one fail-open line), and every complete
-        # step written before the disk filled is evaluated; fewer than STEPS is the point.
-        return (row["rule"] == "NoIssuesFound" and row["capture_disabled_logged"]
+        # Training goes on without capture (the hook's one fail-open line), every complete step
+        # written before the disk filled is evaluated (fewer than STEPS is the point), and the
+        # verdict says the rest was not: RuleNotEvaluated naming where capture stopped.
+        return (row["rule"] == "Error" and "capture stopped early" in row["reason"] and row["capture_disabled_logged"]
                 and 0 < row["steps_evaluated"] == row["steps_written"] < STEPS)  # fmt: skip
     return row["rule"] == "NoIssuesFound" and row["steps_evaluated"] == STEPS
 
