@@ -31,6 +31,7 @@ from trainguard.config.reduction_config import reduction_tensor_name
 from trainguard.hooks.base import BaseHook
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.torch_activations import ACTIVATION_COLLECTIONS, ActivationCapture, inside_compiled_call
+from trainguard.hooks.torch_compiled import ForcedEager, find_compile_wrapper, in_compile_wrapper, is_compile_wrapper
 from trainguard.hooks.torch_tensors import HostSnapshot, reduce_on_device, snapshot
 from trainguard.modes import ModeKeys
 
@@ -87,9 +88,7 @@ class TorchHook(BaseHook):
         self._hooked_parameters: set[int] = set()
         # Gradient hooks exist only while steps are saved: on the other steps autograd calls no
         # Python per parameter (a few µs each). They stay from one saved step to the next and
-        # go when a step that saves nothing begins. Module forward hooks stay registered: with
-        # torch.compile, Dynamo does not guard on hooks, so hooks added after a module was
-        # compiled would never run (and removed ones would).
+        # go when a step that saves nothing begins. Module forward hooks likewise (below).
         self._gradient_sources: list[tuple[weakref.ref[torch.Tensor], Any]] = []
         self._step_handles: list[Any] = []
         # Host copies taken this step, by tensor: in a Sequential, a module's output is the next
@@ -121,15 +120,23 @@ class TorchHook(BaseHook):
         self._activation_calls: dict[tuple[str, str], int] = {}
         self._module_stack: list[torch.nn.Module] = []
         self._module_stack_handles: list[Any] = []
-        # Forward hooks of the registered modules' children exist only during saved steps, as
-        # the gradient hooks do: an unsaved step costs the root's pre-hook, no call per module.
-        # Under torch.compile they are registered once, for good (decided at the first root
-        # forward): Dynamo does not guard on hooks, so hooks added after it traced a module
-        # would never run.
+        # Forward hooks of the registered modules (and of registered losses) exist only during
+        # saved steps, as the gradient hooks do: an unsaved step costs the root's pre-hook, no
+        # call per module. Under torch.compile the root's pre-hook sits on the OptimizedModule
+        # wrapper instead, and a saved step runs the model eagerly (torch_compiled.py): Dynamo
+        # never traces a hook of ours.
         self._registered_roots: list[weakref.ref[torch.nn.Module]] = []
-        self._permanent_module_hooks: bool | None = None
+        self._loss_modules: list[weakref.ref[torch.nn.Module]] = []
         self._module_hook_handles: list[Any] = []
         self._forward_hook = eager(self._after_forward)
+        # id(root) -> its pre-hook's handle, while the root itself drives its steps (not a wrapper)
+        self._root_hooks: dict[int, Any] = {}
+        self._wrapped_roots: set[int] = set()
+        self._forced_eager = ForcedEager()
+        self._wrapper_post_handle: Any = None
+        # Until a registered root first runs: a global pre-hook that spots torch.compile's
+        # wrapper around it (then removed, so it costs nothing per step).
+        self._watch_handle: Any = None
 
     # -- distributed --------------------------------------------------------------------------
     def _rank_and_world(self) -> tuple[int, int]:
@@ -175,18 +182,27 @@ class TorchHook(BaseHook):
         """Capture ``module``: its parameters, gradients, and its children's inputs/outputs."""
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"register_module needs a torch.nn.Module, got {type(module).__name__}")
+        wrapper = None
+        if is_compile_wrapper(module):  # hook.register_module(torch.compile(model))
+            wrapper, module = module, module._orig_mod
         self._name_tree(module)
-        self._handles.append(module.register_forward_pre_hook(eager(self._root_pre_forward)))
         self._registered_roots.append(weakref.ref(module))
-        if self._permanent_module_hooks:
-            self._hook_tree(module, self._handles)
+        self._root_hooks[id(module)] = module.register_forward_pre_hook(eager(self._root_pre_forward))
+        if wrapper is not None:
+            self._drive_from_wrapper(wrapper)
+        elif self._watch_handle is None:
+            self._watch_handle = register_module_forward_pre_hook(self._watch_for_wrapper)
+        if self._module_hook_handles:  # registered during a saved step: capture it now too
+            self._hook_tree(module, self._module_hook_handles)
 
     register_hook = register_module  # smdebug's older name
 
     def register_loss(self, loss_module: torch.nn.Module) -> None:
         """Capture a loss module's output (``<LossClass>_output_0``) and its inputs."""
         self._module_names[loss_module] = loss_module._get_name()
-        self._handles.append(loss_module.register_forward_hook(eager(self._after_forward)))
+        self._loss_modules.append(weakref.ref(loss_module))
+        if self._module_hook_handles:
+            self._module_hook_handles.append(loss_module.register_forward_hook(self._forward_hook))
 
     # -- step boundaries ----------------------------------------------------------------------
     def set_mode(self, mode: ModeKeys) -> None:
@@ -200,38 +216,84 @@ class TorchHook(BaseHook):
 
     @fail_open
     def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if self._watch_handle is not None:
+            self._unwatch()  # the root runs eagerly: no wrapper to look for
+        if in_compile_wrapper() and id(module) not in self._wrapped_roots:
+            # Compiled after it first ran eagerly: drive it from the wrapper from now on. This
+            # one forward is already inside Dynamo; its saved-step hooks are removed before
+            # the next unsaved step, and Dynamo handles removed hooks (tested).
+            wrapper = find_compile_wrapper(module)
+            if wrapper is not None:
+                self._drive_from_wrapper(wrapper)
         self.root_forward(module)
 
+    # -- torch.compile (torch_compiled.py) ----------------------------------------------------
+    def _watch_for_wrapper(self, module: torch.nn.Module, args: Any) -> None:
+        # A global pre-hook, but only until a registered root first runs: it costs nothing later.
+        if is_compile_wrapper(module):
+            root = module._orig_mod
+            if id(root) in self._root_hooks and id(root) not in self._wrapped_roots:
+                self._unwatch()
+                self._drive_from_wrapper(module)
+                # The wrapper's hooks for this call were listed before ours was added: run it.
+                self._wrapper_pre_forward(module, args)
+
+    def _unwatch(self) -> None:
+        handle, self._watch_handle = self._watch_handle, None
+        if handle is not None:
+            handle.remove()
+
+    def _drive_from_wrapper(self, wrapper: torch.nn.Module) -> None:
+        """Steps of ``wrapper._orig_mod`` begin at the wrapper, outside the compiled region."""
+        root = wrapper._orig_mod
+        self._wrapped_roots.add(id(root))
+        handle = self._root_hooks.pop(id(root), None)
+        if handle is not None:
+            handle.remove()  # Dynamo would trace it (a graph break) for torch.nn containers
+        self._handles.append(wrapper.register_forward_pre_hook(self._wrapper_pre_forward))
+
+    @fail_open
+    def _wrapper_pre_forward(self, wrapper: torch.nn.Module, args: Any) -> None:
+        self._leave_eager()  # left over from a forward that raised
+        self.root_forward(wrapper._orig_mod)
+        if self.saving_this_step and self._forced_eager.enter():
+            # This step's module hooks see the model run eagerly: eager names and values, and
+            # no graph traced with our hooks in it. Restored by the wrapper's post-hook.
+            self._wrapper_post_handle = wrapper.register_forward_hook(self._wrapper_post_forward, always_call=True)
+
+    def _wrapper_post_forward(self, wrapper: torch.nn.Module, args: Any, output: Any) -> None:
+        self._leave_eager()
+
+    def _leave_eager(self) -> None:
+        if self._forced_eager.active:
+            self._forced_eager.leave()
+        handle, self._wrapper_post_handle = self._wrapper_post_handle, None
+        if handle is not None:
+            handle.remove()
+
+    # -- module hooks on saved steps ----------------------------------------------------------
     def _hook_tree(self, root: torch.nn.Module, handles: list[Any]) -> None:
         for child in root.modules():
             handles.append(child.register_forward_hook(self._forward_hook))
 
     def _attach_module_hooks(self) -> None:
-        if self._module_hook_handles or self._permanent_module_hooks:
+        if self._module_hook_handles:
             return
         for reference in self._registered_roots:
             root = reference()
             if root is not None:
                 self._hook_tree(root, self._module_hook_handles)
+        for reference in self._loss_modules:
+            loss = reference()
+            if loss is not None:
+                self._module_hook_handles.append(loss.register_forward_hook(self._forward_hook))
 
     def _detach_module_hooks(self) -> None:
         handles, self._module_hook_handles = self._module_hook_handles, []
         for handle in handles:
             handle.remove()
 
-    def _decide_module_hooks(self) -> None:
-        """At the first root forward: permanent module hooks under torch.compile, else per step."""
-        self._permanent_module_hooks = inside_compiled_call()
-        if self._permanent_module_hooks:
-            self._detach_module_hooks()
-            for reference in self._registered_roots:
-                root = reference()
-                if root is not None:
-                    self._hook_tree(root, self._handles)
-
     def root_forward(self, module: torch.nn.Module) -> None:
-        if self._permanent_module_hooks is None and self._registered_roots:
-            self._decide_module_hooks()
         if self._end_pending:
             self.end_step()
         mode = self._mode_of(module)
@@ -243,7 +305,7 @@ class TorchHook(BaseHook):
             self.ensure_step()
         else:
             self.begin_step()
-        if self.saving_this_step and self._registered_roots:
+        if self.saving_this_step:
             self._attach_module_hooks()
         self._start_activation_capture(module)
 
@@ -342,8 +404,7 @@ class TorchHook(BaseHook):
         if not self.saving_this_step:
             if self._step_handles:
                 self._detach_step_hooks()
-            if self._module_hook_handles:
-                self._detach_module_hooks()
+            self._detach_module_hooks()
 
     def end_step(self) -> None:
         self._end_pending = False
@@ -590,9 +651,12 @@ class TorchHook(BaseHook):
 
     def close(self) -> None:
         self._stop_activation_capture()
-        for handle in self._handles:
+        self._leave_eager()
+        self._unwatch()
+        for handle in [*self._handles, *self._root_hooks.values()]:
             handle.remove()
         self._handles.clear()
+        self._root_hooks.clear()
         super().close()
         self._detach_step_hooks()
         self._detach_module_hooks()

@@ -26,6 +26,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.pytorch import TorchHook, eager, is_loss_module
+from trainguard.hooks.torch_compiled import is_compile_wrapper
 
 __all__ = ["FUNCTIONAL_LOSSES", "ZeroCodeHook"]
 
@@ -39,11 +40,6 @@ FUNCTIONAL_LOSSES = (
 BACKWARD_LOSS_NAME = "loss_backward_output_0"
 
 
-def _is_compile_wrapper(module: torch.nn.Module) -> bool:
-    """``torch.compile(model)``'s wrapper (by name: no import of torch._dynamo for the check)."""
-    return type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod")
-
-
 class ZeroCodeHook(TorchHook):
     """A TorchHook that finds models, losses and steps by itself."""
 
@@ -51,8 +47,14 @@ class ZeroCodeHook(TorchHook):
         super().__init__(*args, **kwargs)
         self._stack: list[torch.nn.Module] = []
         self._loss_tensor_ids: set[int] = set()
-        self._handles.append(register_module_forward_pre_hook(eager(self._global_pre_forward)))
-        self._handles.append(register_module_forward_hook(eager(self._global_forward), always_call=True))
+        # The global module hooks find roots and losses and capture module I/O. A global hook
+        # sends every module call down PyTorch's slow path with two Python calls, so they exist
+        # only until a root is found and during saved steps; in between, each root's own
+        # pre-hook (or its torch.compile wrapper's) drives the steps.
+        self._global_pre_hook = eager(self._global_pre_forward)
+        self._global_post_hook = eager(self._global_forward)
+        self._global_handles: list[Any] = []
+        self._attach_globals()
         self._originals: list[tuple[Any, str, Any]] = []
         for name in FUNCTIONAL_LOSSES:
             original = getattr(F, name, None)
@@ -65,21 +67,68 @@ class ZeroCodeHook(TorchHook):
         setattr(owner, name, replacement)
 
     # -- modules ------------------------------------------------------------------------------
+    def _attach_globals(self) -> None:
+        if not self._global_handles:
+            self._global_handles = [
+                register_module_forward_pre_hook(self._global_pre_hook),
+                register_module_forward_hook(self._global_post_hook, always_call=True),
+            ]
+
+    def _detach_globals(self) -> None:
+        handles, self._global_handles = self._global_handles, []
+        for handle in handles:
+            handle.remove()
+        self._stack.clear()  # the post-hooks that would have emptied it will not run
+
+    def _attach_module_hooks(self) -> None:
+        super()._attach_module_hooks()
+        self._attach_globals()
+
+    def _detach_module_hooks(self) -> None:
+        super()._detach_module_hooks()
+        if self._roots:  # until a root is found, the global hooks are how one is found
+            self._detach_globals()
+
+    def _is_root(self, module: torch.nn.Module) -> bool:
+        return id(module) in self._root_hooks or id(module) in self._wrapped_roots
+
     def _global_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
-        if _is_compile_wrapper(module):
-            return  # the model it wraps runs next, with its own names: that one is the root
-        if not self._stack and not is_loss_module(module):
+        if is_compile_wrapper(module):
+            # The model it wraps runs next, with its own names: that one is the root, and its
+            # steps begin at the wrapper, outside the compiled region.
+            if not self._stack and id(module._orig_mod) not in self._wrapped_roots:
+                self._on_wrapper_found(module, args)
+            return
+        if not self._stack and not is_loss_module(module) and not self._is_root(module):
             self._on_root_forward(module)
+            if not self._global_handles:
+                return  # the new root's step saves nothing: the global hooks are gone
         self._stack.append(module)
 
     @fail_open
     def _on_root_forward(self, module: torch.nn.Module) -> None:
         if not any(reference() is module for reference, _ in self._roots):
             self._name_tree(module)
+        self._root_hooks[id(module)] = module.register_forward_pre_hook(eager(self._root_pre_forward))
         self.root_forward(module)
 
+    @fail_open
+    def _on_wrapper_found(self, wrapper: torch.nn.Module, args: Any) -> None:
+        root = wrapper._orig_mod
+        if not any(reference() is root for reference, _ in self._roots):
+            self._name_tree(root)
+        self._drive_from_wrapper(wrapper)
+        self._wrapper_pre_forward(wrapper, args)
+
+    def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        active = bool(self._global_handles)
+        super()._root_pre_forward(module, args)
+        if self._global_handles and not active:
+            # A saved step begins: the global hooks came too late for this root's own call.
+            self._stack.append(module)
+
     def _global_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if _is_compile_wrapper(module):
+        if is_compile_wrapper(module):
             return
         # Keep the stack right even when a forward raised (always_call=True brings us here).
         if self._stack and self._stack[-1] is module:
@@ -158,3 +207,4 @@ class ZeroCodeHook(TorchHook):
             setattr(owner, name, original)
         self._originals.clear()
         super().close()
+        self._detach_globals()
