@@ -92,8 +92,18 @@ logger = logging.getLogger("trainguard.rules")
 OUTPUT_INTERVAL = 1.0
 # Status details of a rule that could not evaluate the run (SageMaker's Error status).
 NOT_EVALUATED_PREFIX = "RuleNotEvaluated:"
-# Consecutive failed polls of the store (network, permissions) before every rule gets Error.
+# Consecutive failed polls of the store (network, permissions) before every rule gets Error, and
+# the least time they must span: an S3 endpoint restarted empty is down for seconds, then misses
+# objects until the uploader's next verification (every 10 s) has sent them again.
 _MAX_STORE_FAILURES = 30
+_STORE_FAILURE_GRACE_S = 120.0
+
+
+class _StoreUnavailable(Exception):
+    """A rule's read of a step failed in the store (endpoint unreachable, object gone): the loop
+    retries that step like a failed poll instead of ending the rule in Error. Measured on the
+    compose stack (bench/chaos_stack.py, restart-s3-empty): a rule reading while S3 restarted
+    ended Error after evaluating 1 of 200 steps, although every file was back on S3 seconds later."""
 
 
 def evaluates_per_worker(rule: Rule) -> bool:
@@ -295,6 +305,7 @@ class RuleRunner:
     # -- the loop ------------------------------------------------------------------------------
     def _loop(self) -> None:
         store_failures = 0
+        failing_since = 0.0
         while True:
             if self.stop_event.is_set():
                 self._stop_all("rule evaluation was stopped before training ended")
@@ -305,11 +316,19 @@ class RuleRunner:
                     self.trial.refresh(force=True)
                 ended = self.trial.training_ended or done_signal
                 steps = self._ready_steps(ended)
+                for step in steps:
+                    if self.stop_event.is_set():
+                        break
+                    self._evaluate_step(step)
                 store_failures = 0
-            except (StorageError, TrialError) as error:
+            except (StorageError, TrialError, _StoreUnavailable) as error:
+                if isinstance(error, _StoreUnavailable) and error.__cause__ is not None:
+                    error = error.__cause__
+                if store_failures == 0:
+                    failing_since = time.monotonic()
                 store_failures += 1
                 logger.warning("trainguard rules: reading %s failed (%s); retrying", self.trial_path, error)
-                if store_failures >= _MAX_STORE_FAILURES:
+                if store_failures >= _MAX_STORE_FAILURES and time.monotonic() - failing_since >= _STORE_FAILURE_GRACE_S:
                     for name in self.active:
                         self._set_error(
                             name, f"{type(error).__name__}: reading the run failed {store_failures} times: {error}"
@@ -318,10 +337,6 @@ class RuleRunner:
                     return
                 self.stop_event.wait(self.poll_interval)
                 continue
-            for step in steps:
-                if self.stop_event.is_set():
-                    break
-                self._evaluate_step(step)
             if self.stop_event.is_set():
                 continue
             self._idle_checks(had_steps=bool(steps))
@@ -400,6 +415,8 @@ class RuleRunner:
                         result = instance.evaluate(step)
                     except (StepNotYetAvailable, NoMoreData, WaitTimeout):
                         result = None
+                    except StorageError as error:  # the store, not the rule: the loop retries the step
+                        raise _StoreUnavailable(str(error)) from error
                     except Exception as error:  # noqa: BLE001 - isolate the rule
                         where = f"while evaluating step {step}" + (f" of {worker}" if worker else "")
                         self._rule_failed(name, error, where)
