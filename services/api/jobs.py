@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, load_only, sessionmaker
 from trainguard.services.actions import ActionContext, build_event, get_handler
 from trainguard.services.alarms import AlarmSpec, AlarmState, evaluate_alarm, implicit_rule_alarm
 from trainguard.services.api.db import (
@@ -42,6 +42,12 @@ from trainguard.services.launchers.base import Launcher
 __all__ = ["JobExists", "JobNotFound", "JobService", "TERMINAL", "RULE_TERMINAL"]
 
 log = logging.getLogger("trainguard.api")
+
+# What job lists and summaries read of a job (native list, ListTrainingJobs, the stop-all path).
+_SUMMARY_COLUMNS = (
+    JobRow.name, JobRow.arn, JobRow.status, JobRow.secondary_status, JobRow.creation_time,
+    JobRow.last_modified_time, JobRow.training_end_time,
+)  # fmt: skip
 
 TERMINAL = ("Completed", "Failed", "Stopped")
 RULE_TERMINAL = ("IssuesFound", "NoIssuesFound", "Error", "Stopped")
@@ -133,13 +139,17 @@ class JobService(JobLaunching):
             except IntegrityError:  # another API process (same database) took the name meanwhile
                 session.rollback()
                 raise JobExists(spec.name) from None
-            session.add(
-                TransitionRow(
-                    job_name=spec.name, status="Starting", start_time=now, message="Launching the job's components"
-                )
+            # The rows are kept: the answer is described from them, not read back (6 queries less).
+            job_row = session.get(JobRow, spec.name)
+            transition = TransitionRow(
+                job_name=spec.name, status="Starting", start_time=now, message="Launching the job's components"
             )
+            session.add(transition)
+            rule_rows: list[RuleRow] = []
+            alarm_rows: list[AlarmRow] = []
+            component_rows: list[ComponentRow] = []
             for rule in spec.rules:
-                session.add(
+                rule_rows.append(
                     RuleRow(
                         job_name=spec.name, configuration_name=rule.configuration_name, kind=rule.kind, rule=rule.rule,
                         evaluation_job_arn=_processing_job_arn(self.settings, spec.name, rule.configuration_name),
@@ -149,9 +159,9 @@ class JobService(JobLaunching):
                 )  # fmt: skip
                 if rule.actions:
                     alarm = implicit_rule_alarm(rule.configuration_name, rule.actions)
-                    session.add(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
+                    alarm_rows.append(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
             for unavailable in unavailable_rules:
-                session.add(
+                rule_rows.append(
                     RuleRow(
                         job_name=spec.name, configuration_name=unavailable["name"], kind=unavailable["kind"],
                         rule=unavailable["rule"], launched=False, status="Error", status_details=unavailable["reason"],
@@ -161,11 +171,12 @@ class JobService(JobLaunching):
                 )  # fmt: skip
             for alarm_config in spec.alarms:
                 alarm = AlarmSpec.from_dict(alarm_config.model_dump())
-                session.add(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
+                alarm_rows.append(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
             for component in launch.components:
-                session.add(
+                component_rows.append(
                     ComponentRow(job_name=spec.name, role=component.role, state="Pending", updated=now, reason="")
                 )
+            session.add_all([*rule_rows, *alarm_rows, *component_rows])
             try:
                 session.commit()
             except IntegrityError:  # another API process (same database) took the name meanwhile
@@ -175,7 +186,14 @@ class JobService(JobLaunching):
         # SageMaker answers CreateTrainingJob before the instances start. Its failure ends the job
         # Failed with the reason; until then the reconciler leaves the job alone (self.starting).
         self._queue_launch(spec.name, launch)
-        return self.describe(spec.name)
+        return native_description(
+            job_row,
+            [transition],
+            sorted(component_rows, key=lambda row: row.role),
+            sorted(rule_rows, key=lambda row: row.configuration_name),
+            sorted(alarm_rows, key=lambda row: row.name),
+            [],
+        )
 
     def _check_policy(self, spec: JobSpec) -> None:
         """What the server's policy forbids (trainguard.services.api.policy), as ValueError 'field: why'."""
@@ -245,14 +263,15 @@ class JobService(JobLaunching):
             )
 
     def list_jobs(self, *, status: str | None = None, name_contains: str | None = None) -> list[JobRow]:
+        """Jobs newest first, with the columns a summary shows loaded (not each job's spec, request and
+        environment: a list of a few hundred jobs cost 10x more CPU with them)."""
         with self.sessions() as session:
-            query = select(JobRow).order_by(JobRow.creation_time.desc())
+            query = select(JobRow).options(load_only(*_SUMMARY_COLUMNS)).order_by(JobRow.creation_time.desc())
             if status:
                 query = query.where(JobRow.status == status)
             jobs = list(session.scalars(query))
-        if name_contains:
-            jobs = [job for job in jobs if name_contains in job.name]
-        return jobs
+        # In Python: case-sensitive on every database (SQLite's LIKE ignores case)
+        return [job for job in jobs if name_contains in job.name] if name_contains else jobs
 
     def summaries(self, jobs: list[JobRow]) -> list[dict[str, Any]]:
         return [sagemaker_summary(job) for job in jobs]
