@@ -193,19 +193,29 @@ def test_dead_relu_fires_on_a_dead_functional_relu_and_not_on_a_healthy_one(tmp_
     assert not any(result.fired for result in healthy), [r.message for r in healthy if r.fired]
 
 
-def test_compiled_model_is_not_traced_through_the_capture_mode(make_hook, run_dir):
-    """Under torch.compile the mode is not entered (Dynamo would trace it into every graph):
-    training is unchanged, capture stays on, and the module activations are still saved."""
+def test_compiled_model_saves_the_functional_activations_of_an_eager_run(make_hook, tmp_path):
+    """Under torch.compile a saved step runs the model eagerly (torch_compiled.py), so the mode is
+    entered outside any graph: the same names and values as an eager run, training unchanged."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    plain, hooked = FunctionalNet(), FunctionalNet()
+    plain, eager_hooked, hooked = FunctionalNet(), FunctionalNet(), FunctionalNet()
+    eager_hooked.load_state_dict(plain.state_dict())
     hooked.load_state_dict(plain.state_dict())
     reference = _train(plain, 4)
-    hook = make_hook(save_config=tg.SaveConfig(save_interval=2), include_collections=ACTIVATIONS)
-    hook.register_module(hooked)
-    compiled = torch.compile(hooked, backend="eager")
-    assert _train(compiled, 4) == reference
-    hook.close()
-    assert hook.enabled
-    names = create_trial(run_dir).tensor_names()
-    assert "act_output_0" in names and not [name for name in names if name.startswith("block.")]
+    runs = {}
+    for kind, model in (("eager", eager_hooked), ("compiled", hooked)):
+        hook = make_hook(out_dir=str(tmp_path / kind), save_config=tg.SaveConfig(save_interval=2),
+                         include_collections=ACTIVATIONS)  # fmt: skip
+        hook.register_module(model)
+        assert _train(torch.compile(model, backend="eager") if kind == "compiled" else model, 4) == reference
+        hook.close()
+        assert hook.enabled
+        runs[kind] = create_trial(str(tmp_path / kind))
+    names = runs["eager"].tensor_names()
+    assert "block.relu_1_output" in names and "act_output_0" in names
+    assert runs["compiled"].tensor_names() == names
+    assert runs["compiled"].steps() == runs["eager"].steps() == [0, 2]
+    for name in names:
+        for step in (0, 2):
+            compiled_value = runs["compiled"].tensor(name).value(step)
+            np.testing.assert_array_equal(compiled_value, runs["eager"].tensor(name).value(step))

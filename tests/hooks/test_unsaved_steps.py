@@ -1,13 +1,21 @@
-"""Steps that save nothing cost no per-module Python: module forward hooks exist on saved steps only
-(eager), and for good under torch.compile, where Dynamo would not see hooks added later."""
+"""Steps that save nothing cost no per-module Python: module forward hooks exist on saved steps only.
+Under torch.compile a saved step runs the model eagerly and an unsaved one runs the graph Dynamo
+traced without any hook of ours: no graph break, same names and values as eager."""
 
 from __future__ import annotations
 
+import collections
+import os
+import sys
+
 import numpy as np
+import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import trainguard.pytorch as tg
+from trainguard.hooks.zero_code import ZeroCodeHook
 from trainguard.trials import create_trial
 
 
@@ -53,7 +61,7 @@ def test_module_hooks_exist_only_on_saved_steps(make_hook, run_dir):
         assert trial.tensor("0.fc_output_0").value(step).shape == (3, 4)
 
 
-def test_compiled_model_keeps_its_hooks_and_captures_every_saved_step(make_hook, run_dir):
+def test_compiled_model_captures_every_saved_step(make_hook, run_dir):
     torch._dynamo.reset()
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -71,3 +79,117 @@ def test_compiled_model_keeps_its_hooks_and_captures_every_saved_step(make_hook,
         relu = trial.tensor("1_output_0").value(step)
         assert relu.shape == (3, 8) and (relu >= 0).all()
         np.testing.assert_array_equal(relu, np.maximum(trial.tensor("0_output_0").value(step), 0))
+
+
+# -- what an unsaved step costs, and torch.compile -----------------------------------------------
+
+# Callbacks that run per module or per parameter: none may run on a step that saves nothing.
+PER_MODULE_CALLBACKS = {"_after_forward", "_capture_after_forward", "capture_module_io", "_global_pre_forward",
+                        "_global_forward", "_capture", "hook", "_push_module", "_pop_module"}  # fmt: skip
+
+
+def _mlp(width: int, depth: int) -> nn.Module:
+    layers: list[nn.Module] = [nn.Linear(4, width), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 2))
+
+
+def _trainguard_calls(model: nn.Module, steps: int) -> list[collections.Counter]:
+    """The trainguard Python functions called during each training step (a profiler per step)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    criterion = nn.CrossEntropyLoss()
+    per_step = []
+    for _ in range(steps):
+        calls: collections.Counter = collections.Counter()
+
+        def profile(frame, event, arg, calls=calls):
+            if event == "call" and f"{os.sep}trainguard{os.sep}" in frame.f_code.co_filename:
+                calls[frame.f_code.co_name] += 1
+
+        x, y = torch.randn(3, 4), torch.randint(0, 2, (3,))
+        sys.setprofile(profile)
+        try:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        finally:
+            sys.setprofile(None)
+        per_step.append(calls)
+    return per_step
+
+
+@pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_unsaved_steps_call_no_per_module_python(make_hook, tmp_path, zero_code, compiled):
+    """On a step that saves nothing only the step bookkeeping runs: the same few calls whatever the
+    model's size, and not one per module or parameter (save_all, so every module would capture)."""
+    torch._dynamo.reset()
+    counts = []
+    for depth in (1, 6):
+        torch.manual_seed(0)
+        model = _mlp(8, depth)
+        hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, out_dir=str(tmp_path / f"depth{depth}"),
+                         save_config=tg.SaveConfig(save_interval=4), save_all=True)  # fmt: skip
+        if not zero_code:
+            hook.register_module(model)
+            hook.register_loss(nn.CrossEntropyLoss())
+        per_step = _trainguard_calls(torch.compile(model, backend="eager") if compiled else model, 8)
+        hook.close()
+        assert hook.enabled
+        saved = [per_step[step] for step in (0, 4)]
+        unsaved = [per_step[step] for step in (2, 3, 6, 7)]  # steps 1 and 5 end (write) steps 0 and 4
+        for calls in saved:  # the saved steps do capture per module
+            assert calls["capture_module_io"] >= 2 * depth + 1
+        for calls in unsaved:
+            assert not PER_MODULE_CALLBACKS & set(calls), calls
+            assert sum(calls.values()) <= 40, calls
+        counts.append(sum(unsaved[0].values()))
+    assert counts[0] == counts[1]  # independent of the number of modules
+
+
+@pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
+def test_compiled_model_has_no_graph_break_and_saves_what_eager_saves(make_hook, tmp_path, zero_code):
+    """Dynamo traces the model once, without any hook of ours (no graph break on any step, saved
+    steps run eagerly); every tensor name and value equals an eager run's, training unchanged."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    reference_model = _mlp(8, 2)
+    state = reference_model.state_dict()
+
+    def run(kind: str) -> list[float]:
+        model = _mlp(8, 2)
+        model.load_state_dict(state)
+        hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, out_dir=str(tmp_path / kind),
+                         save_config=tg.SaveConfig(save_interval=3), save_all=True)  # fmt: skip
+        if not zero_code:
+            hook.register_module(model)
+        torch.manual_seed(5)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        runnable = torch.compile(model, backend="eager") if kind == "compiled" else model
+        losses = []
+        for _ in range(7):
+            loss = F.cross_entropy(runnable(torch.randn(3, 4)), torch.randint(0, 2, (3,)))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        hook.close()
+        assert hook.enabled
+        return losses
+
+    eager_losses = run("eager")
+    torch._dynamo.reset()
+    counters.clear()
+    assert run("compiled") == eager_losses
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1
+    eager, compiled = create_trial(str(tmp_path / "eager")), create_trial(str(tmp_path / "compiled"))
+    assert compiled.steps() == eager.steps() == [0, 3, 6]
+    names = eager.tensor_names()
+    assert compiled.tensor_names() == names
+    assert {"0_output_0", "1_output_0", "gradient/Sequential_0.weight"} <= set(names)
+    for name in names:
+        for step in eager.tensor(name).steps():
+            np.testing.assert_array_equal(compiled.tensor(name).value(step), eager.tensor(name).value(step))

@@ -19,23 +19,34 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import torch
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from trainguard.config.reduction_config import reduction_tensor_name
 from trainguard.hooks.base import BaseHook
 from trainguard.hooks.fail_open import fail_open
-from trainguard.hooks.torch_activations import ACTIVATION_COLLECTIONS, ActivationCapture, inside_compiled_call
-from trainguard.hooks.torch_compiled import ForcedEager, find_compile_wrapper, in_compile_wrapper, is_compile_wrapper
+from trainguard.hooks.torch_activations import (
+    _ACTIVATION_KINDS,
+    ActivationCapture,
+    FunctionalActivations,
+    is_loss_module,
+)
+from trainguard.hooks.torch_compiled import (
+    CompiledWrapperSteps,
+    ForcedEager,
+    find_compile_wrapper,
+    in_compile_wrapper,
+    is_compile_wrapper,
+)
 from trainguard.hooks.torch_tensors import HostSnapshot, reduce_on_device, snapshot
 from trainguard.modes import ModeKeys
 
-__all__ = ["TorchHook"]
+__all__ = ["TorchHook", "eager", "is_loss_module"]
 
 logger = logging.getLogger("trainguard")
 
@@ -60,21 +71,7 @@ def _flatten_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-# Activation modules whose inputs/outputs go to SageMaker's per-activation collections.
-_ACTIVATION_KINDS: tuple[tuple[tuple[type, ...], str], ...] = (
-    ((torch.nn.ReLU, torch.nn.ReLU6), "relu"),
-    ((torch.nn.Tanh,), "tanh"),
-    ((torch.nn.Sigmoid,), "sigmoid"),
-)
-_ACTIVATION_MODULES: tuple[type, ...] = tuple(t for types, _ in _ACTIVATION_KINDS for t in types)
-
-
-def is_loss_module(module: torch.nn.Module) -> bool:
-    # By class name, as smdebug's losses regex does: no private torch base class needed.
-    return type(module).__name__.endswith("Loss")
-
-
-class TorchHook(BaseHook):
+class TorchHook(CompiledWrapperSteps, FunctionalActivations, BaseHook):
     """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
 
     framework = "pytorch"
@@ -226,50 +223,6 @@ class TorchHook(BaseHook):
             if wrapper is not None:
                 self._drive_from_wrapper(wrapper)
         self.root_forward(module)
-
-    # -- torch.compile (torch_compiled.py) ----------------------------------------------------
-    def _watch_for_wrapper(self, module: torch.nn.Module, args: Any) -> None:
-        # A global pre-hook, but only until a registered root first runs: it costs nothing later.
-        if is_compile_wrapper(module):
-            root = module._orig_mod
-            if id(root) in self._root_hooks and id(root) not in self._wrapped_roots:
-                self._unwatch()
-                self._drive_from_wrapper(module)
-                # The wrapper's hooks for this call were listed before ours was added: run it.
-                self._wrapper_pre_forward(module, args)
-
-    def _unwatch(self) -> None:
-        handle, self._watch_handle = self._watch_handle, None
-        if handle is not None:
-            handle.remove()
-
-    def _drive_from_wrapper(self, wrapper: torch.nn.Module) -> None:
-        """Steps of ``wrapper._orig_mod`` begin at the wrapper, outside the compiled region."""
-        root = wrapper._orig_mod
-        self._wrapped_roots.add(id(root))
-        handle = self._root_hooks.pop(id(root), None)
-        if handle is not None:
-            handle.remove()  # Dynamo would trace it (a graph break) for torch.nn containers
-        self._handles.append(wrapper.register_forward_pre_hook(self._wrapper_pre_forward))
-
-    @fail_open
-    def _wrapper_pre_forward(self, wrapper: torch.nn.Module, args: Any) -> None:
-        self._leave_eager()  # left over from a forward that raised
-        self.root_forward(wrapper._orig_mod)
-        if self.saving_this_step and self._forced_eager.enter():
-            # This step's module hooks see the model run eagerly: eager names and values, and
-            # no graph traced with our hooks in it. Restored by the wrapper's post-hook.
-            self._wrapper_post_handle = wrapper.register_forward_hook(self._wrapper_post_forward, always_call=True)
-
-    def _wrapper_post_forward(self, wrapper: torch.nn.Module, args: Any, output: Any) -> None:
-        self._leave_eager()
-
-    def _leave_eager(self) -> None:
-        if self._forced_eager.active:
-            self._forced_eager.leave()
-        handle, self._wrapper_post_handle = self._wrapper_post_handle, None
-        if handle is not None:
-            handle.remove()
 
     # -- module hooks on saved steps ----------------------------------------------------------
     def _hook_tree(self, root: torch.nn.Module, handles: list[Any]) -> None:
@@ -445,80 +398,6 @@ class TorchHook(BaseHook):
     @fail_open
     def _capture_after_forward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         self.capture_module_io(module, inputs, output)
-
-    # -- functional activations ---------------------------------------------------------------
-    def _start_activation_capture(self, root: torch.nn.Module) -> None:
-        """Watch activation calls during this root forward, if the step saves any of them."""
-        if self._activation_mode is not None:
-            self._stop_activation_capture()  # left over from a forward that raised
-        if not (self.saving_this_step and self._due & ACTIVATION_COLLECTIONS) or self._light_worker:
-            return  # (a rank > 0 under include_workers="one" saves no activations)
-        if inside_compiled_call():
-            return
-        self._activation_calls.clear()
-        self._activation_root = root
-        self._track_module_stack()
-        mode = ActivationCapture(self._on_activation)
-        mode.__enter__()
-        self._activation_mode = mode
-
-    def _stop_activation_capture(self) -> None:
-        mode, self._activation_mode = self._activation_mode, None
-        self._activation_root = None
-        handles, self._module_stack_handles = self._module_stack_handles, []
-        for handle in handles:
-            handle.remove()
-        self._module_stack.clear()
-        if mode is not None:
-            try:
-                mode.__exit__(None, None, None)
-            except Exception as error:  # noqa: BLE001 - someone else's mode on top: never break training
-                self.disable(error)
-
-    def _track_module_stack(self) -> None:
-        """Know the running module while activations are watched (global hooks, removed after)."""
-        self._module_stack_handles.append(register_module_forward_pre_hook(self._push_module))
-        self._module_stack_handles.append(register_module_forward_hook(self._pop_module, always_call=True))
-
-    def _push_module(self, module: torch.nn.Module, args: Any) -> None:
-        self._module_stack.append(module)
-
-    def _pop_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self._module_stack and self._module_stack[-1] is module:
-            self._module_stack.pop()
-
-    def _current_module(self) -> torch.nn.Module | None:
-        return self._module_stack[-1] if self._module_stack else self._activation_root
-
-    def _on_activation(self, function: Any, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        names = self._activation_names(kind) if self.saving_this_step else None
-        if names is None:
-            return function(*args, **kwargs)
-        tensor = args[0] if args else kwargs.get("input")
-        if isinstance(tensor, torch.Tensor):
-            self._save_activation(names[0], tensor)  # before the call: in-place variants overwrite it
-        result = function(*args, **kwargs)
-        if isinstance(result, torch.Tensor):
-            self._save_activation(names[1], result)
-        return result
-
-    @fail_open
-    def _activation_names(self, kind: str) -> tuple[str, str] | None:
-        module = self._current_module()
-        if module is not None and (isinstance(module, _ACTIVATION_MODULES) or is_loss_module(module)):
-            return None  # nn.ReLU & co are captured as module I/O; a loss's internals are not activations
-        scope = self.module_name(module) if module is not None else "functional"
-        key = (scope, kind)
-        index = self._activation_calls.get(key, 0)
-        self._activation_calls[key] = index + 1
-        names = (f"{scope}.{kind}_{index}_input", f"{scope}.{kind}_{index}_output")
-        self.add_membership(names[0], f"{kind}_input")
-        self.add_membership(names[1], f"{kind}_output")
-        return names
-
-    @fail_open
-    def _save_activation(self, name: str, tensor: torch.Tensor) -> None:
-        self.save_torch_tensor(name, tensor)
 
     def module_name(self, module: torch.nn.Module) -> str:
         name = self._module_names.get(module)

@@ -21,9 +21,19 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["ACTIVATION_COLLECTIONS", "ActivationCapture", "activation_kind", "inside_compiled_call"]
+from trainguard.hooks.fail_open import fail_open
+
+__all__ = [
+    "ACTIVATION_COLLECTIONS",
+    "ActivationCapture",
+    "FunctionalActivations",
+    "activation_kind",
+    "inside_compiled_call",
+    "is_loss_module",
+]
 
 ACTIVATION_COLLECTIONS = frozenset(
     {"relu_input", "relu_output", "tanh_input", "tanh_output", "sigmoid_input", "sigmoid_output"}
@@ -101,3 +111,101 @@ class ActivationCapture(TorchFunctionMode):
         if kind is None:
             return func(*args, **kwargs)
         return self._on_activation(func, kind, args, kwargs)
+
+
+# Activation modules whose inputs/outputs go to SageMaker's per-activation collections.
+_ACTIVATION_KINDS: tuple[tuple[tuple[type, ...], str], ...] = (
+    ((torch.nn.ReLU, torch.nn.ReLU6), "relu"),
+    ((torch.nn.Tanh,), "tanh"),
+    ((torch.nn.Sigmoid,), "sigmoid"),
+)
+_ACTIVATION_MODULES: tuple[type, ...] = tuple(t for types, _ in _ACTIVATION_KINDS for t in types)
+
+
+def is_loss_module(module: torch.nn.Module) -> bool:
+    # By class name, as smdebug's losses regex does: no private torch base class needed.
+    return type(module).__name__.endswith("Loss")
+
+
+class FunctionalActivations:
+    """TorchHook's part that watches functional activations during a saved step's root forward."""
+
+    # set by TorchHook.__init__
+    _activation_mode: ActivationCapture | None
+    _activation_root: torch.nn.Module | None
+    _activation_calls: dict[tuple[str, str], int]
+    _module_stack: list[torch.nn.Module]
+    _module_stack_handles: list[Any]
+
+    def _start_activation_capture(self, root: torch.nn.Module) -> None:
+        """Watch activation calls during this root forward, if the step saves any of them."""
+        if self._activation_mode is not None:
+            self._stop_activation_capture()  # left over from a forward that raised
+        if not (self.saving_this_step and self._due & ACTIVATION_COLLECTIONS) or self._light_worker:
+            return  # (a rank > 0 under include_workers="one" saves no activations)
+        if inside_compiled_call():
+            return
+        self._activation_calls.clear()
+        self._activation_root = root
+        self._track_module_stack()
+        mode = ActivationCapture(self._on_activation)
+        mode.__enter__()
+        self._activation_mode = mode
+
+    def _stop_activation_capture(self) -> None:
+        mode, self._activation_mode = self._activation_mode, None
+        self._activation_root = None
+        handles, self._module_stack_handles = self._module_stack_handles, []
+        for handle in handles:
+            handle.remove()
+        self._module_stack.clear()
+        if mode is not None:
+            try:
+                mode.__exit__(None, None, None)
+            except Exception as error:  # noqa: BLE001 - someone else's mode on top: never break training
+                self.disable(error)
+
+    def _track_module_stack(self) -> None:
+        """Know the running module while activations are watched (global hooks, removed after)."""
+        self._module_stack_handles.append(register_module_forward_pre_hook(self._push_module))
+        self._module_stack_handles.append(register_module_forward_hook(self._pop_module, always_call=True))
+
+    def _push_module(self, module: torch.nn.Module, args: Any) -> None:
+        self._module_stack.append(module)
+
+    def _pop_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._module_stack and self._module_stack[-1] is module:
+            self._module_stack.pop()
+
+    def _current_module(self) -> torch.nn.Module | None:
+        return self._module_stack[-1] if self._module_stack else self._activation_root
+
+    def _on_activation(self, function: Any, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        names = self._activation_names(kind) if self.saving_this_step else None
+        if names is None:
+            return function(*args, **kwargs)
+        tensor = args[0] if args else kwargs.get("input")
+        if isinstance(tensor, torch.Tensor):
+            self._save_activation(names[0], tensor)  # before the call: in-place variants overwrite it
+        result = function(*args, **kwargs)
+        if isinstance(result, torch.Tensor):
+            self._save_activation(names[1], result)
+        return result
+
+    @fail_open
+    def _activation_names(self, kind: str) -> tuple[str, str] | None:
+        module = self._current_module()
+        if module is not None and (isinstance(module, _ACTIVATION_MODULES) or is_loss_module(module)):
+            return None  # nn.ReLU & co are captured as module I/O; a loss's internals are not activations
+        scope = self.module_name(module) if module is not None else "functional"
+        key = (scope, kind)
+        index = self._activation_calls.get(key, 0)
+        self._activation_calls[key] = index + 1
+        names = (f"{scope}.{kind}_{index}_input", f"{scope}.{kind}_{index}_output")
+        self.add_membership(names[0], f"{kind}_input")
+        self.add_membership(names[1], f"{kind}_output")
+        return names
+
+    @fail_open
+    def _save_activation(self, name: str, tensor: torch.Tensor) -> None:
+        self.save_torch_tensor(name, tensor)

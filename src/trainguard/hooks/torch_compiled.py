@@ -29,7 +29,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["ForcedEager", "find_compile_wrapper", "in_compile_wrapper", "is_compile_wrapper"]
+from trainguard.hooks.fail_open import fail_open
+
+__all__ = ["CompiledWrapperSteps", "ForcedEager", "find_compile_wrapper", "in_compile_wrapper", "is_compile_wrapper"]
 
 
 def is_compile_wrapper(module: Any) -> bool:
@@ -92,3 +94,59 @@ class ForcedEager:
         stance, self._stance = self._stance, None
         if stance is not None:
             stance.__exit__(None, None, None)  # back to the stance that was set before
+
+
+class CompiledWrapperSteps:
+    """TorchHook's part that drives a compiled model's steps from its OptimizedModule wrapper."""
+
+    # set by TorchHook.__init__
+    _root_hooks: dict[int, Any]
+    _wrapped_roots: set[int]
+    _forced_eager: ForcedEager
+    _wrapper_post_handle: Any
+    _watch_handle: Any
+    _handles: list[Any]
+    saving_this_step: bool
+
+    def _watch_for_wrapper(self, module: torch.nn.Module, args: Any) -> None:
+        # A global pre-hook, but only until a registered root first runs: it costs nothing later.
+        if is_compile_wrapper(module):
+            root = module._orig_mod
+            if id(root) in self._root_hooks and id(root) not in self._wrapped_roots:
+                self._unwatch()
+                self._drive_from_wrapper(module)
+                # The wrapper's hooks for this call were listed before ours was added: run it.
+                self._wrapper_pre_forward(module, args)
+
+    def _unwatch(self) -> None:
+        handle, self._watch_handle = self._watch_handle, None
+        if handle is not None:
+            handle.remove()
+
+    def _drive_from_wrapper(self, wrapper: torch.nn.Module) -> None:
+        """Steps of ``wrapper._orig_mod`` begin at the wrapper, outside the compiled region."""
+        root = wrapper._orig_mod
+        self._wrapped_roots.add(id(root))
+        handle = self._root_hooks.pop(id(root), None)
+        if handle is not None:
+            handle.remove()  # Dynamo would trace it (a graph break) for torch.nn containers
+        self._handles.append(wrapper.register_forward_pre_hook(self._wrapper_pre_forward))
+
+    @fail_open
+    def _wrapper_pre_forward(self, wrapper: torch.nn.Module, args: Any) -> None:
+        self._leave_eager()  # left over from a forward that raised
+        self.root_forward(wrapper._orig_mod)
+        if self.saving_this_step and self._forced_eager.enter():
+            # This step's module hooks see the model run eagerly: eager names and values, and
+            # no graph traced with our hooks in it. Restored by the wrapper's post-hook.
+            self._wrapper_post_handle = wrapper.register_forward_hook(self._wrapper_post_forward, always_call=True)
+
+    def _wrapper_post_forward(self, wrapper: torch.nn.Module, args: Any, output: Any) -> None:
+        self._leave_eager()
+
+    def _leave_eager(self) -> None:
+        if self._forced_eager.active:
+            self._forced_eager.leave()
+        handle, self._wrapper_post_handle = self._wrapper_post_handle, None
+        if handle is not None:
+            handle.remove()
