@@ -48,6 +48,13 @@ _UPLOADER_FINAL_CODES = (1, 2)
 _UPLOADER_FINISH_AFTER_S = 5.0
 # How long after training ended an uploader that never said it is ready is told to finish anyway.
 _UPLOADER_READY_WAIT_S = 120.0
+# The grace of the stop that tells an uploader training is over: it is not a stop but "send the
+# rest, verify S3, write the end marker", which is bounded by the uploader's own give-up time
+# (--give-up-after, 600 s by default: it exits 1 naming the files not on S3). The job's stop grace
+# (TRAINGUARD_STOP_GRACE_SECONDS, 10 s on the e2e stack) SIGKILLed an uploader re-sending a run to
+# an S3 endpoint restarted empty under load: it died 6 times (exit 137) and a job whose every file
+# did reach S3 ended Failed (bench/chaos_stack.py, restart-s3-empty, load average 80).
+_UPLOADER_FINISH_GRACE_S = 660.0
 _RUNNER_RESTARTS = 3  # per rule runner of a job
 # "ValueError: ...", "torch.OutOfMemoryError: ...", "RankFailed: ...": a line naming a failure.
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failed|Failure|Interrupt)\b.*?:")
@@ -236,7 +243,7 @@ class Reconciler:
             log.info("training of %s ended: telling its uploader to finish (end marker last)", name)
             threading.Thread(
                 target=service._launcher_stop,
-                args=(name, (_UPLOADER_ROLE,), service.settings.stop_grace_seconds),
+                args=(name, (_UPLOADER_ROLE,), max(_UPLOADER_FINISH_GRACE_S, service.settings.stop_grace_seconds)),
                 daemon=True,
             ).start()
         if stop_all:

@@ -111,3 +111,39 @@ def test_killed_rule_runner_is_restarted_and_resumes(api) -> None:  # noqa: ANN0
     with sqlite3.connect(api.data_dir / "trainguard.db") as db:
         steps = {row[0] for row in db.execute("SELECT step FROM metric_data WHERE job_name='kill-runner'")}
     assert steps == set(range(300))  # every step evaluated and reported, across the kill
+
+
+def test_uploader_told_to_finish_is_not_killed_by_the_stop_grace(api_factory, tmp_path: Path) -> None:
+    """Telling an uploader that training ended (SIGTERM) is no stop: its last pass may outlast the
+    job's stop grace (S3 slow, or emptied and being refilled) and must not be SIGKILLed for it.
+    On the compose stack (bench/chaos_stack.py, restart-s3-empty under load) such an uploader died
+    6 times (exit 137) and a job with every file on S3 ended Failed. Here the grace is 1 s and the
+    S3 endpoint is paused (SIGSTOP) from the end of training until well after the uploader was told."""
+    s3 = RestartableS3(tmp_path / "moto.log")
+    s3.start()
+    try:
+        s3.client().create_bucket(Bucket="runs")
+        api = api_factory(TRAINGUARD_STOP_GRACE_SECONDS="1")
+        spec = {"name": "slow-finish", "hook_config": HOOK_EVERY_STEP,
+                "command": training_command("--steps", "100", "--step-seconds", "0.05")}  # fmt: skip
+        assert api.request("POST", "/v1/jobs", spec)[0] == 201
+        component = _add_uploader(api, "slow-finish", s3.endpoint)
+        wait_for(lambda: len(s3_run_files(s3.client(), "runs", "slow-finish/debug-output")) >= 10, 60, "uploads")
+        # Paused mid-run: the uploader cannot put the end marker, so it is still at work when
+        # training has ended; the reconciler tells it to finish 5 s later, and its last pass waits
+        # on S3 for longer than the 1 s grace.
+        s3.process.send_signal(signal.SIGSTOP)
+        try:
+            told = "telling its uploader to finish"
+            wait_for(lambda: told in api.log_path.read_text(errors="replace"), 90, "the uploader to be told")
+            time.sleep(4)
+        finally:
+            s3.process.send_signal(signal.SIGCONT)
+        job = wait_for(lambda: (j := api.job("slow-finish"))["status"] != "InProgress" and j, 120, "the job to end")
+        assert job["status"] == "Completed", job
+        assert "restarting uploader" not in (component / "output.log").read_text(), "the uploader was killed"
+        local = local_run_files(api.data_dir / "jobs" / "slow-finish" / "debug-output")
+        on_s3 = s3_run_files(s3.client(), "runs", "slow-finish/debug-output")
+        assert END_OF_TRAINING in on_s3 and on_s3 == local, sorted(set(local) - set(on_s3))
+    finally:
+        s3.kill()
