@@ -16,7 +16,6 @@ when accumulated, for loops without a torch optimizer.
 
 from __future__ import annotations
 
-import gc
 import logging
 import weakref
 from collections.abc import Callable, Iterable
@@ -43,6 +42,7 @@ from trainguard.hooks.torch_compiled import (
     in_compile_wrapper,
     is_compile_wrapper,
 )
+from trainguard.hooks.torch_optimizer import OptimizerSteps
 from trainguard.hooks.torch_tensors import HostSnapshot, reduce_on_device, snapshot
 from trainguard.modes import ModeKeys
 
@@ -54,9 +54,12 @@ logger = logging.getLogger("trainguard")
 def eager(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function`` run as plain Python even inside a ``torch.compile``d model.
 
-    Dynamo would otherwise trace the hook's bookkeeping (locks, files, weak references) into the
-    compiled graph, which it cannot, and capture would stop; here it breaks the graph around the
-    hook instead, as for any Python side effect.
+    Dynamo never sees our hooks in the usual cases (torch_compiled.py: a compiled model's saved
+    steps run eagerly, its unsaved steps carry no hook). This covers the others, e.g. a model
+    compiled after its first eager forward, or one called from a compiled training step:
+    Dynamo would otherwise trace the hook's bookkeeping (locks, files, weak references), which
+    it cannot, and capture would stop; disabled, it breaks the graph around the hook instead.
+    In eager mode the wrapper costs about half a microsecond per call.
     """
     return torch.compiler.disable(function, recursive=True)
 
@@ -71,7 +74,7 @@ def _flatten_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-class TorchHook(CompiledWrapperSteps, FunctionalActivations, BaseHook):
+class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, BaseHook):
     """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
 
     framework = "pytorch"
@@ -262,86 +265,6 @@ class TorchHook(CompiledWrapperSteps, FunctionalActivations, BaseHook):
             self._attach_module_hooks()
         self._start_activation_capture(module)
 
-    # Forwards one presumed optimizer step may span before the guess is given up: far more
-    # micro-batches than any accumulation window uses, few enough to keep a step small.
-    MAX_PRESUMED_FORWARDS = 64
-
-    def _presume_optimizer(self) -> None:
-        """Decide, before the first optimizer.step(), whether steps will end with one.
-
-        Once an optimizer has stepped, a step ends at optimizer.step(), so several micro-batch
-        forwards (gradient accumulation) are one step. Before that, a hook cannot see the
-        future; but an optimizer that holds the model's parameters already exists by the
-        first training forward in any usual script, so its presence decides. A loop that has
-        such an optimizer and still never steps it falls back to one step per forward after
-        MAX_PRESUMED_FORWARDS forwards.
-        """
-        if self._presumed_forwards is not None:
-            self._presumed_forwards += 1
-            if self._presumed_forwards > self.MAX_PRESUMED_FORWARDS:
-                self._take_gradients()
-                self._optimizer_driven = False
-                self._presumed_forwards = None
-                logger.info("trainguard: no optimizer.step() in %d forwards: one step per forward",
-                            self.MAX_PRESUMED_FORWARDS)  # fmt: skip
-            return
-        if self._optimizer_probed or self._optimizer_driven:
-            return
-        self._optimizer_probed = True
-        if self._an_optimizer_holds_our_parameters():
-            self._optimizer_driven = True
-            self._presumed_forwards = 0
-
-    def _an_optimizer_holds_our_parameters(self) -> bool:
-        ours = {id(parameter) for reference, _ in self._roots if (root := reference()) is not None
-                for parameter in root.parameters()}  # fmt: skip
-        if not ours:
-            return False
-        # Optimizers keep no registry; one scan of the tracked objects, once per hook.
-        optimizer_type = torch.optim.Optimizer
-        for candidate in gc.get_objects():
-            # type(), not isinstance(): that would read __class__ of every object, and some
-            # (deprecated torch aliases) warn when touched
-            if issubclass(type(candidate), optimizer_type):
-                for group in candidate.param_groups:
-                    if any(id(parameter) in ours for parameter in group["params"]):
-                        return True
-        return False
-
-    @fail_open
-    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        # The gradients the optimizer applies: after DDP's all-reduce, clipping, AMP unscaling,
-        # all of which rewrite .grad after autograd accumulated it.
-        if self.saving_this_step and self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL):
-            self._take_gradients()
-
-    def _take_gradients(self) -> None:
-        parameters, self._grad_parameters = self._grad_parameters, {}
-        for name, parameter in parameters.items():
-            if parameter.grad is not None:
-                self.hold_torch_tensor(name, parameter.grad)
-
-    @fail_open
-    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._roots:
-            self._optimizer_driven = True
-            self._presumed_forwards = None  # not presumed any more: seen
-            self._end_pending = True
-
-    def _attach_step_hooks(self) -> None:
-        """Hook the gradients for this (saved) step; removed when it ends."""
-        if self._step_handles:
-            return
-        for reference, hook in self._gradient_sources:
-            parameter = reference()
-            if parameter is not None:
-                self._step_handles.append(parameter.register_post_accumulate_grad_hook(hook))
-
-    def _detach_step_hooks(self) -> None:
-        handles, self._step_handles = self._step_handles, []
-        for handle in handles:
-            handle.remove()
-
     def _on_step_begin(self) -> None:
         self._attach_step_hooks()
         self._grad_parameters.clear()
@@ -375,20 +298,6 @@ class TorchHook(CompiledWrapperSteps, FunctionalActivations, BaseHook):
             self._write_reductions(name, reduced, requested)
 
     # -- capture ------------------------------------------------------------------------------
-    def _gradient_hook(self, parameter_name: str):  # type: ignore[no-untyped-def]
-        name = f"gradient/{parameter_name}"
-
-        @fail_open
-        def hook(self: TorchHook, parameter: torch.Tensor) -> None:
-            if self.saving_this_step and parameter.grad is not None and self.plan(name) is not None:
-                if not self._optimizer_driven or self._presumed_forwards is not None:
-                    # No optimizer has stepped (there may be none, and the step may then end after
-                    # the gradients were zeroed): copy now; an optimizer.step() re-reads them.
-                    self.hold_torch_tensor(name, parameter.grad)
-                self._grad_parameters[name] = parameter
-
-        return lambda parameter: hook(self, parameter)
-
     def _after_forward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         if self.saving_this_step:
             self._capture_after_forward(module, inputs, output)
