@@ -8,12 +8,8 @@ import time
 class LoopTimer:
     def __enter__(self) -> LoopTimer:
         self.started = time.perf_counter()
-        self.cpu_started = time.process_time()
         return self
 
     def __exit__(self, *exc: object) -> None:
         # bench/real_stacks.py reads this line from stdout
         print(f"BENCH_LOOP_SECONDS={time.perf_counter() - self.started:.4f}", flush=True)
-        # CPU seconds of the whole process (writer thread included): steadier than wall time
-        # when other jobs share the cores (bench/unsaved_steps.py)
-        print(f"BENCH_LOOP_CPU_SECONDS={time.process_time() - self.cpu_started:.4f}", flush=True)

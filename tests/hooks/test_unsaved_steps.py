@@ -193,3 +193,31 @@ def test_compiled_model_has_no_graph_break_and_saves_what_eager_saves(make_hook,
     for name in names:
         for step in eager.tensor(name).steps():
             np.testing.assert_array_equal(compiled.tensor(name).value(step), eager.tensor(name).value(step))
+
+
+@pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_disabled_capture_removes_every_per_step_hook(make_hook, monkeypatch, zero_code, compiled):
+    """An internal error during a saved step disables capture; from the next forward on, no hook of
+    ours is left to call (training then runs as without trainguard), and training is unchanged."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _mlp(8, 2)
+    hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, save_config=tg.SaveConfig(save_interval=2),
+                     save_all=True)  # fmt: skip
+    if not zero_code:
+        hook.register_module(model)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(type(hook), "capture_module_io", broken)
+    per_step = _trainguard_calls(torch.compile(model, backend="eager") if compiled else model, 5)
+    assert not hook.enabled
+    assert all(not module._forward_hooks for module in model.modules())
+    assert not any(parameter._post_accumulate_grad_hooks for parameter in model.parameters())
+    assert not torch.nn.modules.module._global_forward_hooks
+    for calls in per_step[2:]:
+        # one check each: the root's (or wrapper's) pre-hook, the two global optimizer hooks and,
+        # zero-code, the wrapped functional losses and Tensor.backward
+        assert not PER_MODULE_CALLBACKS & set(calls) and sum(calls.values()) <= 6, calls

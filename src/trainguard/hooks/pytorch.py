@@ -137,6 +137,7 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
         # Until a registered root first runs: a global pre-hook that spots torch.compile's
         # wrapper around it (then removed, so it costs nothing per step).
         self._watch_handle: Any = None
+        self._released = False  # per-step hooks removed after capture was disabled
 
     # -- distributed --------------------------------------------------------------------------
     def _rank_and_world(self) -> tuple[int, int]:
@@ -214,8 +215,29 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
             return self.mode
         return ModeKeys.TRAIN if module.training and torch.is_grad_enabled() else ModeKeys.EVAL
 
-    @fail_open
     def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if self.enabled:
+            self._root_step(module)
+        elif not self._released:
+            self._release_hooks()
+
+    def _release_hooks(self) -> None:
+        """Once capture is disabled (an internal error), take every per-step hook away so that
+        training runs as without trainguard. Done here, in the training thread at its next
+        forward: the writer thread that may have disabled the hook must not edit hook dicts
+        PyTorch is reading."""
+        self._released = True
+        try:
+            self._stop_activation_capture()
+            self._leave_eager()
+            self._unwatch()
+            self._detach_module_hooks()
+            self._detach_step_hooks()
+        except Exception:  # noqa: BLE001 - already disabled: nothing may reach training
+            logger.debug("trainguard: could not remove every hook after capture was disabled", exc_info=True)
+
+    @fail_open
+    def _root_step(self, module: torch.nn.Module) -> None:
         if self._watch_handle is not None:
             self._unwatch()  # the root runs eagerly: no wrapper to look for
         if in_compile_wrapper() and id(module) not in self._wrapped_roots:

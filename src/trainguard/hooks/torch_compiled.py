@@ -107,6 +107,8 @@ class CompiledWrapperSteps:
     _watch_handle: Any
     _handles: list[Any]
     saving_this_step: bool
+    enabled: bool
+    _released: bool
 
     def _watch_for_wrapper(self, module: torch.nn.Module, args: Any) -> None:
         # A global pre-hook, but only until a registered root first runs: it costs nothing later.
@@ -132,8 +134,14 @@ class CompiledWrapperSteps:
             handle.remove()  # Dynamo would trace it (a graph break) for torch.nn containers
         self._handles.append(wrapper.register_forward_pre_hook(self._wrapper_pre_forward))
 
-    @fail_open
     def _wrapper_pre_forward(self, wrapper: torch.nn.Module, args: Any) -> None:
+        if self.enabled:
+            self._wrapper_step(wrapper)
+        elif not self._released:
+            self._release_hooks()
+
+    @fail_open
+    def _wrapper_step(self, wrapper: torch.nn.Module) -> None:
         self._leave_eager()  # left over from a forward that raised
         self.root_forward(wrapper._orig_mod)
         if self.saving_this_step and self._forced_eager.enter():

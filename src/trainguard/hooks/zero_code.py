@@ -92,7 +92,15 @@ class ZeroCodeHook(TorchHook):
     def _is_root(self, module: torch.nn.Module) -> bool:
         return id(module) in self._root_hooks or id(module) in self._wrapped_roots
 
+    def _release_hooks(self) -> None:
+        super()._release_hooks()
+        self._detach_globals()
+
     def _global_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if not self.enabled:
+            if not self._released:
+                self._release_hooks()  # capture was disabled: stop costing a call per module
+            return
         if is_compile_wrapper(module):
             # The model it wraps runs next, with its own names: that one is the root, and its
             # steps begin at the wrapper, outside the compiled region.
