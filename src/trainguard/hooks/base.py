@@ -330,6 +330,18 @@ class BaseHook:
             due.difference_update(_TRAINING_ONLY_COLLECTIONS)
         return frozenset(due)
 
+    def unsaved_steps_ahead(self, mode: ModeKeys, mode_step: int, limit: int = 256) -> int:
+        """How many steps of ``mode`` after ``mode_step`` are certainly saved by no collection
+        (at most ``limit``): adapters skip their per-step bookkeeping for those. Valid while
+        ``_groups`` is the same list (it is rebuilt whenever collections or schedules change)."""
+        groups = self._schedule_groups()
+        ahead = 0
+        while ahead < limit and not any(
+            schedule.should_save_step(mode, mode_step + ahead + 1) for schedule, _ in groups
+        ):
+            ahead += 1
+        return ahead
+
     # -- what to save -------------------------------------------------------------------------
     def _matching(self, tensor_name: str) -> tuple[Collection, ...]:
         found = self._match_cache.get(tensor_name)

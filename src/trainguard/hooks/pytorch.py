@@ -138,6 +138,10 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
         # wrapper around it (then removed, so it costs nothing per step).
         self._watch_handle: Any = None
         self._released = False  # per-step hooks removed after capture was disabled
+        # TRAIN steps ahead that the schedule saves nothing in (root_forward's fast path), and
+        # the schedule groups that was computed with
+        self._quiet_steps = 0
+        self._quiet_groups: Any = None
 
     # -- distributed --------------------------------------------------------------------------
     def _rank_and_world(self) -> tuple[int, int]:
@@ -208,6 +212,7 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
     # -- step boundaries ----------------------------------------------------------------------
     def set_mode(self, mode: ModeKeys) -> None:
         self._explicit_mode = True
+        self._quiet_steps = 0
         super().set_mode(mode)
 
     def _mode_of(self, module: torch.nn.Module) -> ModeKeys:
@@ -272,6 +277,24 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
             handle.remove()
 
     def root_forward(self, module: torch.nn.Module) -> None:
+        if (
+            self._quiet_steps
+            and self._end_pending
+            and not self.saving_this_step
+            and self.mode is ModeKeys.TRAIN
+            and self._groups is self._quiet_groups
+            and self._groups_for == len(self.include_collections)
+            and module.training
+            and torch.is_grad_enabled()
+        ):
+            # The usual unsaved step: an optimizer-driven TRAIN step after one that saved nothing,
+            # whose number the schedule was already asked about (begin_step): count it, and do
+            # nothing else (the general path below would come to the same state).
+            self._quiet_steps -= 1
+            self._end_pending = False
+            self.step += 1
+            self.mode_steps[ModeKeys.TRAIN] += 1
+            return
         if self._end_pending:
             self.end_step()
         mode = self._mode_of(module)
@@ -299,7 +322,12 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
 
     def begin_step(self) -> None:
         super().begin_step()
+        self._quiet_steps = 0
         if not self.saving_this_step:
+            if self._optimizer_driven and self._presumed_forwards is None and not self._explicit_mode:
+                if self.mode is ModeKeys.TRAIN and self.enabled:
+                    self._quiet_steps = self.unsaved_steps_ahead(ModeKeys.TRAIN, self.mode_steps[ModeKeys.TRAIN])
+                    self._quiet_groups = self._groups
             if self._step_handles:
                 self._detach_step_hooks()
             self._detach_module_hooks()
