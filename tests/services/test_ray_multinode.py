@@ -75,6 +75,28 @@ def ray_cluster() -> Iterator[TwoTrainingNodes]:
             os.environ["PYTHONPATH"] = saved
 
 
+@pytest.fixture(autouse=True)
+def _cluster_released_after_each_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every Ray job a test started is stopped after it: a job the API left running (the API is
+    killed, not the jobs, by design) would keep its placement group, and the next test's
+    2-instance job would wait for nodes forever (seen in CI: one timeout under load cascaded into
+    every later test of this module)."""
+    yield
+    if "ray_cluster" not in request.fixturenames:
+        return
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(request.getfixturevalue("ray_cluster").address)
+    terminal = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
+    for job in client.list_jobs():
+        if job.status not in terminal and job.submission_id:
+            try:
+                client.stop_job(job.submission_id)
+            except Exception:  # noqa: BLE001 - it may have ended meanwhile
+                pass
+    wait_for(lambda: all(job.status in terminal for job in client.list_jobs()), 90, "the tests' Ray jobs to stop")
+
+
 def _rank_nodes(log: str) -> dict[int, str]:
     return {int(rank): node for rank, node in re.findall(r"rank (\d) started on node ([0-9a-f]+)", log)}
 
