@@ -1,5 +1,5 @@
-"""Hook cost on unsaved steps and on compiled models: the small MLP of bench/stacks/mlp.py (64-128-128-10,
-batch 64, Adam, one torch thread), eager and ``torch.compile``d, plain ``python`` vs ``trainguard
+"""Hook cost on unsaved steps and on compiled models: the small MLP of bench/stacks/mlp.py
+(64-128-128-10, batch 64, Adam, one torch thread), eager and ``torch.compile``d, plain ``python`` vs ``trainguard
 run`` with save interval 10 (the default) and 1000 (nearly every step unsaved).
 
 Every run is a fresh process (Dynamo caches and global hooks never leak between variants) running
@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS),
+                        help="a subset (each with its mode's plain run; eager twins for the last column)")  # fmt: skip
     parser.add_argument("--json", type=Path)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.steps, args.compile)
         return 0
     steps = max(BLOCK, args.steps // BLOCK * BLOCK)
-    names = list(VARIANTS)
+    names = [name for name in VARIANTS if name in args.variants]
     rows: list[dict] = []
     print(f"load average before: {os.getloadavg()[0]:.1f}", file=sys.stderr)
     for rep in range(args.reps):
@@ -145,12 +147,13 @@ def main(argv: list[str] | None = None) -> int:
                 by[(rep, name)] / by[(rep, f"{mode} plain")] for rep in range(args.reps)
             )
             twin = name.replace("compiled", "eager")
-            row[f"{measure}_vs_eager"] = statistics.median(
-                by[(rep, name)] / by[(rep, twin)] for rep in range(args.reps)
-            )
+            if twin in names:
+                row[f"{measure}_vs_eager"] = statistics.median(
+                    by[(rep, name)] / by[(rep, twin)] for rep in range(args.reps)
+                )
         table.append(row)
         lines.append(f"| {name} | " + " | ".join(f"{row[m]:.3f} | {row[m + '_ratio']:.3f}x" for m in measures)
-                     + f" | {row['wall_p20_vs_eager']:.3f}x |")  # fmt: skip
+                     + f" | {row.get('wall_p20_vs_eager', float('nan')):.3f}x |")  # fmt: skip
     lines.append(f"\n{args.reps} rounds, {steps} timed steps per run in blocks of {BLOCK}, order rotated; "
                  f"ratios against plain python of the same mode, per round, median over rounds; "
                  f"load average after: {os.getloadavg()[0]:.1f}")  # fmt: skip
