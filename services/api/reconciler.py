@@ -124,7 +124,7 @@ class Reconciler:
                         now,
                     )
             training = statuses.get("training")
-            uploader = statuses.get("uploader")
+            uploader = self._as_finished_if_it_finished(name, statuses.get("uploader"))
             max_runtime = (job.spec.get("stopping_condition") or {}).get("max_runtime_seconds")
 
             if job.status == "InProgress":
@@ -351,6 +351,25 @@ class Reconciler:
         except Exception:  # noqa: BLE001 - cannot tell: do not hold the job back
             return True
         return log.rfind("uploader: following") > log.rfind("restarting uploader")
+
+    def _as_finished_if_it_finished(self, name: str, uploader: ComponentStatus | None) -> ComponentStatus | None:
+        """An uploader told that training ended, stopped by SIGTERM (143), that logged its clean final
+        line ('{"uploader": "stopped", ...}': its last pass done, end marker last) since it started
+        is finished (exit 0). Ray reports every job ended by stop_job as STOPPED, whatever the
+        process's own exit code (measured: bench/scale.py 5x5 on Ray, two healthy jobs Failed after
+        their finished uploaders were 'restarted' 5 times each)."""
+        if (
+            uploader is None or uploader.state is not ComponentState.EXITED or uploader.exit_code != 128 + 15
+            or name not in self._uploader_told
+        ):  # fmt: skip
+            return uploader
+        try:
+            log = self.service.launcher.logs(name, _UPLOADER_ROLE, tail=50)
+        except Exception:  # noqa: BLE001 - cannot tell: supervise it as a death
+            return uploader
+        if log.rfind('{"uploader": "stopped"') > log.rfind("uploader: following") >= 0:
+            return ComponentStatus(uploader.role, ComponentState.EXITED, 0, "finished after training ended")
+        return uploader
 
     def _log_tail(self, name: str, role: str) -> str:
         """The log line that says why: the last error line ("RuntimeError: ...", "RankFailed: ...")

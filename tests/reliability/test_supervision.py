@@ -147,3 +147,31 @@ def test_uploader_told_to_finish_is_not_killed_by_the_stop_grace(api_factory, tm
         assert END_OF_TRAINING in on_s3 and on_s3 == local, sorted(set(local) - set(on_s3))
     finally:
         s3.kill()
+
+
+def test_an_uploader_stopped_after_its_clean_last_pass_counts_as_finished() -> None:
+    """Ray reports a job ended by stop_job as STOPPED (exit 143 here) whatever the process's own exit
+    code: an uploader told that training ended, which logged its clean final line, finished; one
+    that did not (killed mid-pass, or never told) is supervised as a death."""
+    from types import SimpleNamespace
+
+    from trainguard.services.api.reconciler import Reconciler
+    from trainguard.services.launchers.base import ComponentState, ComponentStatus
+
+    logs = {"uploader": ""}
+    service = SimpleNamespace(launcher=SimpleNamespace(logs=lambda name, role, tail=50: logs[role]))
+    reconciler = Reconciler(service, interval=1.0)  # type: ignore[arg-type]
+    stopped = ComponentStatus("uploader", ComponentState.EXITED, 143, "stopped through Ray (SIGTERM)")
+    clean = 'uploader: following /run -> s3://b/p\n{"uploader": "stopped", "files": 12, "bytes": 4096}\n'
+
+    logs["uploader"] = clean
+    assert reconciler._as_finished_if_it_finished("job", stopped) is stopped  # not told: a death
+    reconciler._uploader_told.add("job")
+    finished = reconciler._as_finished_if_it_finished("job", stopped)
+    assert (finished.state, finished.exit_code) == (ComponentState.EXITED, 0)
+    logs["uploader"] = "uploader: following /run -> s3://b/p\n"  # SIGKILLed before its last pass ended
+    assert reconciler._as_finished_if_it_finished("job", stopped) is stopped
+    logs["uploader"] = clean + "uploader: following /run -> s3://b/p\n"  # a restarted one, not done yet
+    assert reconciler._as_finished_if_it_finished("job", stopped) is stopped
+    killed = ComponentStatus("uploader", ComponentState.EXITED, 137, "killed by SIGKILL")
+    assert reconciler._as_finished_if_it_finished("job", killed) is killed
