@@ -144,10 +144,17 @@ class CompiledWrapperSteps:
     def _wrapper_step(self, wrapper: torch.nn.Module) -> None:
         self._leave_eager()  # left over from a forward that raised
         self.root_forward(wrapper._orig_mod)
-        if self.saving_this_step and self._forced_eager.enter():
+        if not self.saving_this_step:
+            return
+        if self._forced_eager.enter():
             # This step's module hooks see the model run eagerly: eager names and values, and
             # no graph traced with our hooks in it. Restored by the wrapper's post-hook.
             self._wrapper_post_handle = wrapper.register_forward_hook(self._wrapper_post_forward, always_call=True)
+        else:
+            # torch < 2.6 has no set_stance: the compiled graph runs, and module hooks would be
+            # traced into it (a break per module, on every later step). Weights, gradients and
+            # losses are still saved; the module I/O of compiled models is not.
+            self._detach_module_hooks()
 
     def _wrapper_post_forward(self, wrapper: torch.nn.Module, args: Any, output: Any) -> None:
         self._leave_eager()
