@@ -106,6 +106,7 @@ class Reconciler:
         stop_rules: list[str] = []
         stop_all = False
         finish_uploader = False
+        end_marker = False
         with service.lock, service.sessions() as session:
             job = session.get(JobRow, name)
             if job is None or job.settled:
@@ -161,7 +162,9 @@ class Reconciler:
                         training_row = session.get(ComponentRow, (name, "training"))
                         ended_for = now - training_row.updated if training_row is not None else 0.0
                         # Local rule runners read the run directory, also when an uploader copies it.
-                        self._ensure_local_end_marker(name)
+                        # Written after the commit: no file I/O while this transaction holds SQLite's
+                        # write lock (creations wait behind it in the busy handler).
+                        end_marker = True
                         if (
                             uploader is not None and uploader.state in _ACTIVE and ended_for > _UPLOADER_FINISH_AFTER_S
                             and name not in self._uploader_told
@@ -238,6 +241,8 @@ class Reconciler:
             elif job.status in ("Failed", "Stopped") and others_active:
                 stop_all = True
             session.commit()
+        if end_marker:
+            self._ensure_local_end_marker(name)
         if finish_uploader and not stop_all:
             self._uploader_told.add(name)
             log.info("training of %s ended: telling its uploader to finish (end marker last)", name)
