@@ -14,9 +14,18 @@ import subprocess
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
-from tests.e2e.docker_env import REPO
+from tests.e2e.docker_env import (
+    REPO,
+    SERVICE_IMAGE,
+    TRAINING_IMAGE,
+    compose_available,
+    docker_client,
+    require_image,
+    unavailable,
+)
 from tests.polling import wait_for  # the tests here import it from this module too
 
 TOKEN = "e2e-" + uuid.uuid4().hex
@@ -192,3 +201,20 @@ def volume_files(volume: str) -> dict[str, dict[str, Any]]:
         path, size, rest = line.split("\t", 2)
         files[path] = {"size": int(size), "etag": rest.split()[0]}
     return files
+
+
+def running_stack() -> Iterator[Stack]:
+    """The stack up for one test module (a module-scoped fixture yields from this), down after
+    it; the module is skipped with the reason when Docker, Compose or an image is missing."""
+    client = docker_client()
+    if not compose_available():
+        unavailable("docker compose v2 is missing; as root: bash infra/setup_docker.sh")
+    require_image(client, TRAINING_IMAGE, "infra/build_images.sh")
+    require_image(client, SERVICE_IMAGE, "infra/build_images.sh")
+    client.close()
+    running = Stack()
+    try:
+        running.up()
+        yield running
+    finally:
+        running.down()

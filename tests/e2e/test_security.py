@@ -15,38 +15,26 @@ import json
 import os
 import subprocess
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
 from tests.e2e.docker_env import (
     BASE_IMAGE,
     SERVICE_IMAGE,
-    TRAINING_IMAGE,
     compose_available,
     docker_client,
-    require_image,
     unavailable,
 )
-from tests.e2e.stack import REPO, Stack
+from tests.e2e.stack import REPO, Stack, running_stack
 
 pytestmark = pytest.mark.slow
 UNPRIVILEGED = "10001"
 
 
 @pytest.fixture(scope="module")
-def stack():  # noqa: ANN201
-    client = docker_client()
-    if not compose_available():
-        unavailable("docker compose v2 is missing; as root: bash infra/setup_docker.sh")
-    require_image(client, TRAINING_IMAGE, "infra/build_images.sh")
-    require_image(client, SERVICE_IMAGE, "infra/build_images.sh")
-    client.close()
-    running = Stack()
-    try:
-        running.up()
-        yield running
-    finally:
-        running.down()
+def stack() -> Iterator[Stack]:
+    yield from running_stack()
 
 
 def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -11,36 +11,21 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
 from tests.e2e.docker_env import (
-    SERVICE_IMAGE,
     TRAINING_IMAGE,
-    compose_available,
-    docker_client,
-    require_image,
-    unavailable,
 )
-from tests.e2e.stack import REPO, TOKEN, Stack, job_spec, volume_files, wait_for
+from tests.e2e.stack import REPO, TOKEN, Stack, job_spec, running_stack, volume_files, wait_for
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def stack():  # noqa: ANN201
-    client = docker_client()
-    if not compose_available():
-        unavailable("docker compose v2 is missing; as root: bash infra/setup_docker.sh")
-    require_image(client, TRAINING_IMAGE, "infra/build_images.sh")
-    require_image(client, SERVICE_IMAGE, "infra/build_images.sh")
-    client.close()
-    running = Stack()
-    try:
-        running.up()
-        yield running
-    finally:
-        running.down()
+def stack() -> Iterator[Stack]:
+    yield from running_stack()
 
 
 def _name(kind: str) -> str:

@@ -16,15 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.e2e.docker_env import (
-    SERVICE_IMAGE,
-    TRAINING_IMAGE,
-    compose_available,
-    docker_client,
-    require_image,
-    unavailable,
-)
-from tests.e2e.stack import REPO, Stack
+from tests.e2e.stack import REPO, Stack, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -47,18 +39,7 @@ chaos = _chaos()
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    client = docker_client()
-    if not compose_available():
-        unavailable("docker compose v2 is missing; as root: bash infra/setup_docker.sh")
-    require_image(client, TRAINING_IMAGE, "infra/build_images.sh")
-    require_image(client, SERVICE_IMAGE, "infra/build_images.sh")
-    client.close()
-    running = Stack()
-    try:
-        running.up()
-        yield running
-    finally:
-        running.down()
+    yield from running_stack()
 
 
 @pytest.mark.parametrize("fault", chaos.FAULTS)
