@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -68,16 +67,12 @@ from trainguard.modes import ModeKeys
 from trainguard.rules.actions import spec_actions, stops_training
 from trainguard.rules.base import Rule, RuleStatus, StepResult
 from trainguard.rules.compat import make_rule, validate_specs
-from trainguard.rules.diagnosis import diagnose, finding_kind, role_of
 from trainguard.rules.progress import (
     RuleProgress,
     load_progress,
-    rule_output_document,
-    rule_output_key,
-    write_progress,
-    write_rule_output,
 )
 from trainguard.rules.read_cache import StepReadCache
+from trainguard.rules.runner_results import RunnerResults
 from trainguard.rules.spec import RuleSpec
 from trainguard.rules.status_update import StatusUpdate
 
@@ -88,8 +83,6 @@ _BUILTIN_PREFIX = "trainguard.rules.builtin."
 
 logger = logging.getLogger("trainguard.rules")
 
-# Seconds between rewrites of a rule's rule-output file while only its last evaluated step moves.
-OUTPUT_INTERVAL = 1.0
 # Status details of a rule that could not evaluate the run (SageMaker's Error status).
 NOT_EVALUATED_PREFIX = "RuleNotEvaluated:"
 # Consecutive failed polls of the store (network, permissions) before every rule gets Error, and
@@ -119,7 +112,7 @@ def _overrides(rule: Rule, method: str) -> bool:
     return getattr(type(rule), method) is not getattr(Rule, method)
 
 
-class RuleRunner:
+class RuleRunner(RunnerResults):
     """Evaluates rule configurations on one run as it is written. See the module docstring.
 
     Args:
@@ -483,7 +476,9 @@ class RuleRunner:
             stopped = self.trial.capture_stopped()
         except Exception:  # noqa: BLE001 - the verdict stands without the note
             return ""
-        parts = [f"{worker} at step {info.get('step')} ({info.get('reason')})" for worker, info in sorted(stopped.items())]
+        parts = [
+            f"{worker} at step {info.get('step')} ({info.get('reason')})" for worker, info in sorted(stopped.items())
+        ]
         return f"capture stopped early on {', '.join(parts)}; later steps were never written" if parts else ""
 
     def _stop_all(self, why: str) -> None:
@@ -496,163 +491,6 @@ class RuleRunner:
                 step = state.last_evaluated_step
                 self._set_status(name, RuleStatus.STOPPED, f"{why} (last evaluated step: {step})")
         self._save(force=True)
-
-    # -- results -------------------------------------------------------------------------------
-    def _record(self, name: str, result: StepResult | None) -> None:
-        if result is None:
-            return
-        state = self.progress[name]
-        if result.not_evaluated is not None:
-            if not state.not_evaluated:
-                state.not_evaluated = result.not_evaluated
-                self._progress_dirty = True
-            return
-        if result.missing:
-            new = [m for m in result.missing if state.add_missing(m.what, m.collection)]
-            if new:
-                details = "Missing data: " + "; ".join(m.describe() for m in new)
-                if not state.fired_steps:
-                    state.status_details = details
-                self._emit(name, RuleStatus(state.status), details, result)
-                self._save(force=True)
-            return
-        if not state.evaluated:
-            state.evaluated = True
-            self._progress_dirty = True
-        if not result.fired:
-            return
-        finding = result.to_dict()
-        if not state.add_finding(finding):
-            return  # already recorded before a restart
-        self._note_finding(name, finding)
-        details = result.condition_met_details()
-        first = state.status != RuleStatus.ISSUES_FOUND.value
-        if first:
-            state.status_details = details
-        state.status = RuleStatus.ISSUES_FOUND.value
-        if self._stop_on_fire.get(name) and result.certain:
-            state.finished = True  # its action stops training: nothing more to evaluate
-        self._emit(name, RuleStatus.ISSUES_FOUND, details, result)
-        # The first finding (a transition) and a stop are saved at once; later findings of a rule
-        # that keeps firing with the progress (every progress_interval) and the output file (every
-        # OUTPUT_INTERVAL): rewriting files of up to 1,000 findings on every step was quadratic.
-        self._save(force=first or state.finished)
-
-    def _first_fired_details(self, name: str) -> str:
-        state = self.progress[name]
-        first = min(state.fired_steps)
-        return (
-            f"RuleEvaluationConditionMet: Evaluation of the rule {state.rule} at step {first} "
-            "resulted in the condition being met\n"
-        )
-
-    def _rule_failed(self, name: str, error: BaseException, where: str) -> None:
-        logger.warning("trainguard rules: %s raised %s %s", name, type(error).__name__, where, exc_info=error)
-        self.progress[name].finished = True
-        self._set_error(name, f"{type(error).__name__}: {error} ({where})")
-
-    def _set_error(self, name: str, details: str) -> None:
-        state = self.progress[name]
-        state.error = True
-        state.finished = True
-        self._set_status(name, RuleStatus.ERROR, details[:1024])
-
-    def _set_status(self, name: str, status: RuleStatus, details: str) -> None:
-        state = self.progress[name]
-        latest = self.latest.get(name)
-        changed = (
-            latest is None
-            or latest.status != status
-            or latest.status_details != details
-            or latest.result is not None  # the final word is a status, not a finding
-            or latest.last_evaluated_step != state.last_evaluated_step
-        )
-        state.status, state.status_details = status.value, details
-        self._diagnosis_stale = True  # a rule that ends not evaluated is in the diagnosis
-        self._dirty.add(name)
-        if changed:
-            self._emit(name, status, details)
-
-    def _emit(self, name: str, status: RuleStatus, details: str, result: StepResult | None = None) -> None:
-        state = self.progress[name]
-        state.status = status.value
-        update = StatusUpdate(
-            configuration_name=name,
-            rule=state.rule,
-            status=status,
-            status_details=details,
-            step=result.step if result is not None else state.last_evaluated_step,
-            result=result,
-            last_evaluated_step=state.last_evaluated_step,
-        )
-        self.latest[name] = update
-        self._dirty.add(name)
-        if self.on_update is not None:
-            try:
-                self.on_update(update)
-            except Exception:  # noqa: BLE001 - a broken callback must not stop rule evaluation
-                logger.exception("trainguard rules: on_update callback failed for %s", name)
-
-    # -- persistence ---------------------------------------------------------------------------
-    def _save(self, force: bool = False) -> None:
-        """Progress file at most every ``progress_interval`` s (at once when ``force``); the
-        rule-output files of rules that changed on ``force`` (a status or finding) and otherwise
-        at most every ``OUTPUT_INTERVAL`` s: they are for people and reports, not for resuming."""
-        now = time.monotonic()
-        if not force and now - self._last_save < self.progress_interval:
-            return
-        self._last_save = now
-        try:
-            if self.progress_file and (self._dirty or self._progress_dirty):
-                write_progress(self.progress_file, self.trial_path, self.progress)
-                self._progress_dirty = False
-            if self.output_dir and self._dirty and (force or now - self._last_output >= OUTPUT_INTERVAL):
-                self._last_output = now
-                # Every file leads with the run's diagnosis: when it changed, every file is rewritten.
-                before = self._diagnosis
-                diagnosis = self.diagnosis()
-                names = sorted(self.progress) if diagnosis != before else sorted(self._dirty)
-                for name in names:
-                    self._write_output(self.progress[name], diagnosis)
-                self._dirty.clear()
-        except (OSError, StorageError) as error:  # never stop evaluating over a file we keep for people
-            logger.warning("trainguard rules: cannot save rule progress or output: %s", error)
-
-    def diagnosis(self) -> dict[str, Any]:
-        """The run's diagnosis so far over every configuration (see :mod:`trainguard.rules.diagnosis`).
-
-        Computed from each rule's first finding per kind and worker (all the diagnosis looks at),
-        and only again after one of those or a status changed: a rule that fires at every step
-        costs no more per step on a long run than on a short one."""
-        if self._diagnosis is None or self._diagnosis_stale:
-            results = []
-            for name, progress in self.progress.items():
-                document = progress.to_dict()
-                document["findings"] = list(self._first_findings.get(name, {}).values())
-                results.append(document)
-            self._diagnosis, self._diagnosis_stale = diagnose(results), False
-        return self._diagnosis
-
-    def _note_finding(self, name: str, finding: dict[str, Any]) -> None:
-        firsts = self._first_findings.setdefault(name, {})
-        key = (finding_kind({**finding, "rule": self.progress[name].rule}), finding.get("worker"))
-        known = firsts.get(key)
-        if known is None or int(finding.get("step", 0)) < int(known.get("step", 0)):
-            firsts[key] = finding
-            self._diagnosis_stale = True
-
-    def _write_output(self, progress: RuleProgress, diagnosis: dict[str, Any] | None = None) -> None:
-        from trainguard.storage import is_remote, open_store
-
-        if diagnosis is not None:
-            diagnosis = {**diagnosis, "this_rule": role_of(diagnosis, progress.rule)}
-        if not is_remote(self.output_dir):
-            write_rule_output(self.output_dir, progress, diagnosis)
-            return
-        if self._output_store is None:
-            self._output_store = open_store(self.output_dir, endpoint_url=self.endpoint_url)
-        document = json.dumps(rule_output_document(progress, diagnosis), default=str, separators=(",", ":")).encode()
-        self._output_store.write(rule_output_key(progress), document)
 
 
 def _on_worker(result: StepResult | None, worker: str | None) -> StepResult | None:
