@@ -87,6 +87,20 @@ def s3_requests(log: Path) -> dict[str, int]:
     return counts
 
 
+def _add_node(cluster: Any, attempts: int = 3, **node_args: Any) -> None:
+    """Ray gives a starting node a fixed 30 s to register with the GCS; on a loaded machine it can
+    miss that ("The current node timed out during startup", seen twice in CI runs beside other
+    work): try again rather than fail the whole measurement."""
+    for attempt in range(1, attempts + 1):
+        try:
+            cluster.add_node(**node_args)
+            return
+        except Exception as error:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if attempt == attempts or "timed out during startup" not in str(error):
+                raise
+            print(f"scale: a Ray node missed its start-up window ({error}); starting it again", file=sys.stderr)
+
+
 def start_ray(jobs: int, rules: int) -> tuple[Any, str]:
     from ray.cluster_utils import Cluster
 
@@ -100,8 +114,8 @@ def start_ray(jobs: int, rules: int) -> tuple[Any, str]:
     )  # fmt: skip
     # Logical resources sized so every job's components fit at once; the machine's real cores are
     # what they are (the figures say how many).
-    cluster.add_node(num_cpus=jobs, resources={"training": jobs})
-    cluster.add_node(num_cpus=jobs, resources={"rules": jobs * rules})
+    _add_node(cluster, num_cpus=jobs, resources={"training": jobs})
+    _add_node(cluster, num_cpus=jobs, resources={"rules": jobs * rules})
     cluster.wait_for_nodes()
     address = f"http://127.0.0.1:{port}"
 

@@ -92,7 +92,14 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     launcher = launcher or make_launcher(settings)
     sessions = make_session_factory(make_engine(settings.database_url))
     service = JobService(sessions, launcher, settings)
-    reconciler = Reconciler(service, settings.reconcile_interval)
+    # The reconciler's writes are derived from the launcher and written again on its next tick if
+    # lost, so they skip the fsync that creations, stops and rule reports keep.
+    derived_sessions = (
+        make_session_factory(make_engine(settings.database_url, durable_commits=False))
+        if settings.database_url.startswith("sqlite")
+        else sessions
+    )
+    reconciler = Reconciler(service, settings.reconcile_interval, sessions=derived_sessions)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

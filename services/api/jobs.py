@@ -32,12 +32,13 @@ from trainguard.services.api.db import (
     RuleRow,
     TransitionRow,
 )
+from trainguard.services.api.job_creation import GroupCommit, NameClaims, NameTaken
 from trainguard.services.api.job_launch_queue import JobLaunching, JobLaunchQueue
 from trainguard.services.api.planner import plan_job
 from trainguard.services.api.schemas import JobSpec
 from trainguard.services.api.settings import Settings
 from trainguard.services.api.views import native_description, sagemaker_description, sagemaker_summary
-from trainguard.services.launchers.base import Launcher
+from trainguard.services.launchers.base import JobLaunch, Launcher
 
 __all__ = ["JobExists", "JobNotFound", "JobService", "TERMINAL", "RULE_TERMINAL"]
 
@@ -85,12 +86,9 @@ class JobService(JobLaunching):
         self.launcher = launcher
         self.settings = settings
         self.lock = threading.RLock()
-        # A job name is checked, planned (files in its directory) and inserted by one creation at a
-        # time. One lock for all names, not one per name: with per-name locks concurrent inserts
-        # meet in SQLite's busy handler, whose sleeps (up to 100 ms each) made the tail worse in
-        # bench/load_api.py (10x10, loaded machine): create p50 1.3-1.5 s but p95 5.2-6.0 s and
-        # max 8.7-13.5 s, against p50 2.1-2.5 s, p95 3.9-5.0 s and max 4.9-5.8 s with one lock.
-        self._create_lock = threading.Lock()
+        # Creations claim their names in memory and commit their rows together (group commit).
+        self._name_claims = NameClaims(sessions)
+        self._group_commit = GroupCommit(sessions)
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainguard-action")
         self.starting: set[str] = set()  # jobs whose components the launcher is starting right now
         self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
@@ -119,81 +117,92 @@ class JobService(JobLaunching):
         self._check_policy(spec)
         token = secrets.token_urlsafe(24)
         now = time.time()
-        # Only creations wait for each other here (check, plan, insert); status reports, describes
-        # and lists go on meanwhile. The launch itself runs outside any lock.
-        with self._create_lock, self.sessions() as session:
-            if session.get(JobRow, spec.name) is not None:
-                raise JobExists(spec.name)
-            launch = plan_job(spec, self.settings, self.launcher.name, token)
-            arn = f"arn:aws:sagemaker:{self.settings.region}:{self.settings.account_id}:training-job/{spec.name}"
-            session.add(
-                JobRow(
-                    name=spec.name, arn=arn, source=source, spec=spec.model_dump(mode="json"), request=request,
-                    launcher=self.launcher.name, runner_token=token, status="InProgress", secondary_status="Starting",
-                    failure_reason="", creation_time=now, last_modified_time=now, stop_status="", stop_cause="",
-                    settled=False,
-                )
-            )  # fmt: skip
-            try:
-                session.flush()  # the name is taken here, in the database's own unique index
-            except IntegrityError:  # another API process (same database) took the name meanwhile
-                session.rollback()
-                raise JobExists(spec.name) from None
-            # The rows are kept: the answer is described from them, not read back (6 queries less).
-            job_row = session.get(JobRow, spec.name)
-            transition = TransitionRow(
-                job_name=spec.name, status="Starting", start_time=now, message="Launching the job's components"
-            )
-            session.add(transition)
-            rule_rows: list[RuleRow] = []
-            alarm_rows: list[AlarmRow] = []
-            component_rows: list[ComponentRow] = []
-            for rule in spec.rules:
-                rule_rows.append(
-                    RuleRow(
-                        job_name=spec.name, configuration_name=rule.configuration_name, kind=rule.kind, rule=rule.rule,
-                        evaluation_job_arn=_processing_job_arn(self.settings, spec.name, rule.configuration_name),
-                        launched=True, status="InProgress", status_details="", last_modified_time=now, findings=[],
-                        missing=[], fix_hint=self._class_fix_hint(rule.rule), actions=list(rule.actions),
-                    )
-                )  # fmt: skip
-                if rule.actions:
-                    alarm = implicit_rule_alarm(rule.configuration_name, rule.actions)
-                    alarm_rows.append(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
-            for unavailable in unavailable_rules:
-                rule_rows.append(
-                    RuleRow(
-                        job_name=spec.name, configuration_name=unavailable["name"], kind=unavailable["kind"],
-                        rule=unavailable["rule"], launched=False, status="Error", status_details=unavailable["reason"],
-                        evaluation_job_arn=_processing_job_arn(self.settings, spec.name, unavailable["name"]),
-                        last_modified_time=now, findings=[], missing=[], fix_hint="", actions=[],
-                    )
-                )  # fmt: skip
-            for alarm_config in spec.alarms:
-                alarm = AlarmSpec.from_dict(alarm_config.model_dump())
-                alarm_rows.append(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
-            for component in launch.components:
-                component_rows.append(
-                    ComponentRow(job_name=spec.name, role=component.role, state="Pending", updated=now, reason="")
-                )
-            session.add_all([*rule_rows, *alarm_rows, *component_rows])
-            try:
-                session.commit()
-            except IntegrityError:  # another API process (same database) took the name meanwhile
-                session.rollback()
-                raise JobExists(spec.name) from None
+        # A name is claimed before its directory is planned; nothing here waits for other
+        # creations but the commit, which concurrent creations share. The launch itself runs
+        # outside, in the background launch queue.
+        try:
+            with self._name_claims.claim(spec.name):
+                launch = plan_job(spec, self.settings, self.launcher.name, token)
+                job_row, children = self._new_rows(spec, launch, source, request, unavailable_rules, token, now)
+                try:
+                    self._group_commit.commit(job_row, children)
+                except IntegrityError:
+                    with self.sessions() as session:
+                        if session.get(JobRow, spec.name) is not None:  # another API process took it
+                            raise NameTaken(spec.name) from None
+                    raise
+        except NameTaken:
+            raise JobExists(spec.name) from None
         # Accepted: the launch (fork/exec, container start) runs in the background launch queue, as
         # SageMaker answers CreateTrainingJob before the instances start. Its failure ends the job
         # Failed with the reason; until then the reconciler leaves the job alone (self.starting).
         self._queue_launch(spec.name, launch)
+        # Described from the rows just written, not read back (6 queries less).
+        by_kind: dict[type, list[Any]] = {TransitionRow: [], ComponentRow: [], RuleRow: [], AlarmRow: []}
+        for row in children:
+            by_kind[type(row)].append(row)
         return native_description(
             job_row,
-            [transition],
-            sorted(component_rows, key=lambda row: row.role),
-            sorted(rule_rows, key=lambda row: row.configuration_name),
-            sorted(alarm_rows, key=lambda row: row.name),
+            by_kind[TransitionRow],
+            sorted(by_kind[ComponentRow], key=lambda row: row.role),
+            sorted(by_kind[RuleRow], key=lambda row: row.configuration_name),
+            sorted(by_kind[AlarmRow], key=lambda row: row.name),
             [],
         )
+
+    def _new_rows(
+        self,
+        spec: JobSpec,
+        launch: JobLaunch,
+        source: str,
+        request: dict[str, Any] | None,
+        unavailable_rules: list[dict[str, str]],
+        token: str,
+        now: float,
+    ) -> tuple[JobRow, list[Any]]:
+        """A new job's row and the rows that belong to it: its first transition, components, rules, alarms."""
+        arn = f"arn:aws:sagemaker:{self.settings.region}:{self.settings.account_id}:training-job/{spec.name}"
+        job_row = JobRow(
+            name=spec.name, arn=arn, source=source, spec=spec.model_dump(mode="json"), request=request,
+            launcher=self.launcher.name, runner_token=token, status="InProgress", secondary_status="Starting",
+            failure_reason="", creation_time=now, last_modified_time=now, stop_status="", stop_cause="",
+            settled=False,
+        )  # fmt: skip
+        transition = TransitionRow(
+            job_name=spec.name, status="Starting", start_time=now, message="Launching the job's components"
+        )
+        rule_rows: list[RuleRow] = []
+        alarm_rows: list[AlarmRow] = []
+        component_rows: list[ComponentRow] = []
+        for rule in spec.rules:
+            rule_rows.append(
+                RuleRow(
+                    job_name=spec.name, configuration_name=rule.configuration_name, kind=rule.kind, rule=rule.rule,
+                    evaluation_job_arn=_processing_job_arn(self.settings, spec.name, rule.configuration_name),
+                    launched=True, status="InProgress", status_details="", last_modified_time=now, findings=[],
+                    missing=[], fix_hint=self._class_fix_hint(rule.rule), actions=list(rule.actions),
+                )
+            )  # fmt: skip
+            if rule.actions:
+                alarm = implicit_rule_alarm(rule.configuration_name, rule.actions)
+                alarm_rows.append(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
+        for unavailable in unavailable_rules:
+            rule_rows.append(
+                RuleRow(
+                    job_name=spec.name, configuration_name=unavailable["name"], kind=unavailable["kind"],
+                    rule=unavailable["rule"], launched=False, status="Error", status_details=unavailable["reason"],
+                    evaluation_job_arn=_processing_job_arn(self.settings, spec.name, unavailable["name"]),
+                    last_modified_time=now, findings=[], missing=[], fix_hint="", actions=[],
+                )
+            )  # fmt: skip
+        for alarm_config in spec.alarms:
+            alarm = AlarmSpec.from_dict(alarm_config.model_dump())
+            alarm_rows.append(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
+        for component in launch.components:
+            component_rows.append(
+                ComponentRow(job_name=spec.name, role=component.role, state="Pending", updated=now, reason="")
+            )
+        return job_row, [transition, *component_rows, *rule_rows, *alarm_rows]
 
     def _check_policy(self, spec: JobSpec) -> None:
         """What the server's policy forbids (trainguard.services.api.policy), as ValueError 'field: why'."""

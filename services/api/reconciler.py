@@ -26,6 +26,7 @@ import threading
 import time
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 from trainguard.services.api.db import ComponentRow, JobRow, RuleRow
 from trainguard.services.api.jobs import RULE_TERMINAL, JobService
 from trainguard.format.layout import END_OF_TRAINING
@@ -60,15 +61,25 @@ _RUNNER_RESTARTS = 3  # per rule runner of a job
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failed|Failure|Interrupt)\b.*?:")
 
 
+def _fingerprint(statuses: dict[str, ComponentStatus]) -> tuple:
+    return tuple(sorted((role, status.state.value, status.exit_code, status.reason) for role, status in statuses.items()))
+
+
 class Reconciler:
-    def __init__(self, service: JobService, interval: float) -> None:
+    def __init__(self, service: JobService, interval: float, *, sessions: sessionmaker | None = None) -> None:
+        """``sessions``: where the reconciler writes (default: the service's own sessions)."""
         self.service = service
         self.interval = interval
+        self._sessions = sessions
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._uploader_restarts: dict[str, int] = {}  # job -> restarts so far (since this API started)
         self._uploader_told: set[str] = set()  # jobs whose uploader was told training is over
         self._runner_restarts: dict[tuple[str, str], int] = {}  # (job, rule role) -> restarts so far
+        self._steady: dict[str, tuple] = {}  # job -> what its row and components were when last steady
+
+    def _session(self) -> Session:
+        return (self._sessions or self.service.sessions)()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="trainguard-reconciler", daemon=True)
@@ -88,9 +99,11 @@ class Reconciler:
             self._stop.wait(self.interval)
 
     def tick(self) -> None:
-        with self.service.sessions() as session:
-            names = list(session.scalars(select(JobRow.name).where(JobRow.settled.is_(False))))
-        for name in names:
+        with self._session() as session:
+            jobs = session.execute(
+                select(JobRow.name, JobRow.status, JobRow.last_modified_time).where(JobRow.settled.is_(False))
+            ).all()
+        for name, status, modified in jobs:
             if name in self.service.starting:
                 continue
             try:
@@ -98,19 +111,35 @@ class Reconciler:
             except Exception as error:  # noqa: BLE001 - the engine may be briefly unreachable
                 log.warning("launcher status of %s failed: %s", name, error)
                 continue
-            self.reconcile_job(name, statuses)
+            # A job in a steady state whose row and components are as they were on the last tick
+            # needs no transaction: most jobs, most of the time, are simply training. Reconciling
+            # 100 such jobs every second held the GIL a third of the time (py-spy --gil under
+            # bench/load_api.py) and every request of the API waited for it.
+            fingerprint = (status, modified, _fingerprint(statuses))
+            if self._steady.get(name) == fingerprint:
+                continue
+            self._steady.pop(name, None)
+            if self.reconcile_job(name, statuses):
+                self._steady[name] = fingerprint
+        known = {name for name, _status, _modified in jobs}
+        for name in [name for name in self._steady if name not in known]:
+            del self._steady[name]  # settled (or gone): nothing to remember
         self.service.flush_notifications()
 
-    def reconcile_job(self, name: str, statuses: dict[str, ComponentStatus]) -> None:
+    def reconcile_job(self, name: str, statuses: dict[str, ComponentStatus]) -> bool:
+        """Move one job on from what its components do. True when the job is in a steady state:
+        training (or starting) with nothing timed pending (no max runtime, no stop, no uploader or
+        rule runner to finish), so another tick with the same row and statuses would change nothing."""
+        steady = self._is_steady_in_progress(statuses)
         service = self.service
         stop_rules: list[str] = []
         stop_all = False
         finish_uploader = False
         end_marker = False
-        with service.lock, service.sessions() as session:
+        with service.lock, self._session() as session:
             job = session.get(JobRow, name)
             if job is None or job.settled:
-                return
+                return False
             now = time.time()
             for role, status in statuses.items():
                 row = session.get(ComponentRow, (name, role))
@@ -134,7 +163,7 @@ class Reconciler:
                     service.stop(
                         name, cause=f"MaxRuntimeInSeconds ({max_runtime}) exceeded", status="MaxRuntimeExceeded"
                     )
-                    return
+                    return False
                 uploader_failure = self._supervise_uploader(name, uploader)
                 if uploader_failure:
                     service._finish(session, job, "Failed", "Failed", uploader_failure)
@@ -241,6 +270,7 @@ class Reconciler:
             elif job.status in ("Failed", "Stopped") and others_active:
                 stop_all = True
             session.commit()
+        steady = steady and job.status == "InProgress" and not max_runtime and not (stop_all or stop_rules)
         if end_marker:
             self._ensure_local_end_marker(name)
         if finish_uploader and not stop_all:
@@ -257,6 +287,15 @@ class Reconciler:
             threading.Thread(
                 target=service._launcher_stop, args=(name, tuple(stop_rules), _RULE_STOP_GRACE), daemon=True
             ).start()
+        return steady
+
+    @staticmethod
+    def _is_steady_in_progress(statuses: dict[str, ComponentStatus]) -> bool:
+        """Training pending or running, every other component running: the states a job stays in."""
+        training = statuses.get("training")
+        if training is None or training.state not in _ACTIVE:
+            return False
+        return all(status.state in _ACTIVE for status in statuses.values())
 
     def _supervise_uploader(self, name: str, uploader: ComponentStatus | None) -> str:
         """Restart a dead uploader; the job's failure reason when that cannot be done ("" otherwise)."""

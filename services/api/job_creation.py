@@ -1,0 +1,129 @@
+"""Creating a job's rows: name claims and group commit.
+
+A creation is acknowledged only once its rows are durable (a commit with its fsync). On this kind
+of machine an fsync took 28 ms at p50 and 137 ms at p95 while jobs started beside the API, and
+one creation at a time behind one lock paid for every fsync queued before it: 10 concurrent
+clients saw create p95 of 3.5-5.6 s (bench/load_api.py). Here creations that arrive while a
+commit is in flight are written together by the next one, in one transaction and one fsync
+(group commit, as databases do for their own logs), so a creation waits for at most about two
+commits whatever the number of clients.
+
+A name is claimed in memory before its directory is planned, so two creations of one name in
+this process never both write its files; a second API process on the same database is caught by
+the database's unique index at the commit (IntegrityError for that creation only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import sessionmaker
+from trainguard.services.api.db import Base, JobRow
+
+__all__ = ["GroupCommit", "NameClaims", "NameTaken"]
+
+
+class NameTaken(Exception):
+    """The job name is taken: by a job in the database or by a creation in flight."""
+
+
+class NameClaims:
+    """Names of the creations in flight in this process."""
+
+    def __init__(self, sessions: sessionmaker) -> None:
+        self._sessions = sessions
+        self._lock = threading.Lock()
+        self._claimed: set[str] = set()
+
+    @contextlib.contextmanager
+    def claim(self, name: str) -> Iterator[None]:
+        """Hold ``name`` for one creation; NameTaken if a job or another creation has it."""
+        with self._lock:
+            if name in self._claimed:
+                raise NameTaken(name)
+            self._claimed.add(name)
+        try:
+            with self._sessions() as session:
+                if session.get(JobRow, name) is not None:
+                    raise NameTaken(name)
+            yield
+        finally:
+            with self._lock:
+                self._claimed.discard(name)
+
+
+@dataclass
+class _Creation:
+    job: JobRow
+    children: Sequence[Base]
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class GroupCommit:
+    """Writes the rows of concurrent creations in shared transactions.
+
+    The caller that finds no commit in flight becomes the writer: it takes every creation queued
+    so far (its own included) and commits them together; creations queued meanwhile wait for the
+    next writer. ``commit`` returns once the caller's own rows are committed, or raises why not.
+    """
+
+    def __init__(self, sessions: sessionmaker) -> None:
+        self._sessions = sessions
+        self._queue_lock = threading.Lock()
+        self._queue: list[_Creation] = []
+        self._commit_lock = threading.Lock()
+
+    def commit(self, job: JobRow, children: Sequence[Base]) -> None:
+        """Commit ``job`` and then ``children`` (rows whose foreign keys point at it).
+
+        Raises IntegrityError when the database refuses this creation's rows (the name was taken
+        by another process meanwhile), or whatever else the database raised.
+        """
+        creation = _Creation(job, children)
+        with self._queue_lock:
+            self._queue.append(creation)
+        with self._commit_lock:
+            if not creation.done.is_set():
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._commit_batch(batch)
+        if creation.error is not None:
+            raise creation.error
+
+    def _commit_batch(self, batch: list[_Creation]) -> None:
+        try:
+            self._write(batch)
+        except IntegrityError as error:
+            if len(batch) == 1:
+                batch[0].error = error
+            else:  # one refused creation must not refuse the others: write them one by one
+                for creation in batch:
+                    try:
+                        self._write([creation])
+                    except Exception as single_error:  # noqa: BLE001 - handed to that creation's caller
+                        creation.error = single_error
+        except Exception as error:  # noqa: BLE001 - every creation of the batch learns it failed
+            for creation in batch:
+                creation.error = error
+        finally:
+            for creation in batch:
+                creation.done.set()
+
+    def _write(self, batch: list[_Creation]) -> None:
+        with self._sessions() as session:
+            try:
+                # Jobs first: their children's foreign keys point at them.
+                session.add_all([creation.job for creation in batch])
+                session.flush()
+                session.add_all([row for creation in batch for row in creation.children])
+                session.commit()
+            except BaseException:
+                session.rollback()
+                # The rows go back to transient, so a retry (one by one) can add them again.
+                session.expunge_all()
+                raise
