@@ -27,7 +27,7 @@ import time
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
-from trainguard.services.api.db import ComponentRow, JobRow, RuleRow
+from trainguard.services.api.db import ComponentRow, JobRow, RuleRow, checkpoint_wal
 from trainguard.services.api.jobs import RULE_TERMINAL, JobService
 from trainguard.format.layout import END_OF_TRAINING
 from trainguard.services.api.planner import LOCAL_PLAN_LAUNCHERS, RULE_ROLE_PREFIX, job_dir, rule_role
@@ -56,6 +56,8 @@ _UPLOADER_READY_WAIT_S = 120.0
 # an S3 endpoint restarted empty under load: it died 6 times (exit 137) and a job whose every file
 # did reach S3 ended Failed (bench/chaos_stack.py, restart-s3-empty, load average 80).
 _UPLOADER_FINISH_GRACE_S = 660.0
+# SQLite log checkpoints run here, off the requests' commits (services/api/db.py).
+_CHECKPOINT_EVERY_S = 5.0
 _RUNNER_RESTARTS = 3  # per rule runner of a job
 # "ValueError: ...", "torch.OutOfMemoryError: ...", "RankFailed: ...": a line naming a failure.
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failed|Failure|Interrupt)\b.*?:")
@@ -76,6 +78,7 @@ class Reconciler:
         self._uploader_restarts: dict[str, int] = {}  # job -> restarts so far (since this API started)
         self._uploader_told: set[str] = set()  # jobs whose uploader was told training is over
         self._runner_restarts: dict[tuple[str, str], int] = {}  # (job, rule role) -> restarts so far
+        self._last_checkpoint = time.monotonic()
         self._steady: dict[str, tuple] = {}  # job -> what its row and components were when last steady
 
     def _session(self) -> Session:
@@ -121,6 +124,12 @@ class Reconciler:
             self._steady.pop(name, None)
             if self.reconcile_job(name, statuses):
                 self._steady[name] = fingerprint
+        if time.monotonic() - self._last_checkpoint > _CHECKPOINT_EVERY_S:
+            self._last_checkpoint = time.monotonic()
+            try:
+                checkpoint_wal(self._session().get_bind())
+            except Exception as error:  # noqa: BLE001 - SQLite's own threshold still checkpoints
+                log.warning("checkpointing the database log failed: %s", error)
         known = {name for name, _status, _modified in jobs}
         for name in [name for name in self._steady if name not in known]:
             del self._steady[name]  # settled (or gone): nothing to remember

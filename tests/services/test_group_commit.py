@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 
 import pytest
 from sqlalchemy import event, func, select
 from sqlalchemy.exc import IntegrityError
-from trainguard.services.api.db import ComponentRow, JobRow, TransitionRow, make_engine, make_session_factory
+from trainguard.services.api.db import (
+    ComponentRow,
+    JobRow,
+    TransitionRow,
+    checkpoint_wal,
+    make_engine,
+    make_session_factory,
+)
 from trainguard.services.api.job_creation import GroupCommit, NameClaims, NameTaken
 
 
@@ -106,3 +114,24 @@ def test_a_claimed_or_existing_name_is_taken(database) -> None:
     with pytest.raises(NameTaken):
         with claims.claim("x"):
             pass
+
+
+def test_the_reconcilers_checkpoint_copies_the_whole_log(tmp_path) -> None:
+    path = tmp_path / "api.db"
+    engine = make_engine(f"sqlite:///{path}")
+    sessions = make_session_factory(engine)
+    for index in range(30):
+        GroupCommit(sessions).commit(*_rows(f"job-{index}"))
+
+    def jobs_in_the_database_file() -> int:
+        # immutable=1 reads the database file alone, ignoring the write-ahead log.
+        with sqlite3.connect(f"file:{path}?immutable=1", uri=True) as reader:
+            try:
+                return reader.execute("SELECT count(*) FROM jobs").fetchone()[0]
+            except sqlite3.OperationalError:  # not even the table is in the file yet
+                return 0
+
+    # SQLite's own threshold (a backstop far above 30 commits) has not copied the log yet.
+    assert jobs_in_the_database_file() == 0
+    checkpoint_wal(engine)
+    assert jobs_in_the_database_file() == 30
