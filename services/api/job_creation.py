@@ -1,4 +1,4 @@
-"""Creating a job's rows: name claims and group commit.
+"""Creating a job's rows: building them, name claims and group commit.
 
 A creation is acknowledged only once its rows are durable (a commit with its fsync). On this kind
 of machine an fsync took 28 ms at p50 and 137 ms at p95 while jobs started beside the API, and
@@ -16,15 +16,22 @@ the database's unique index at the commit (IntegrityError for that creation only
 from __future__ import annotations
 
 import contextlib
+import re
+import secrets
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
-from trainguard.services.api.db import Base, JobRow
+from trainguard.services.alarms import AlarmSpec, implicit_rule_alarm
+from trainguard.services.api.db import AlarmRow, Base, ComponentRow, JobRow, RuleRow, TransitionRow
+from trainguard.services.api.schemas import JobSpec
+from trainguard.services.api.settings import Settings
+from trainguard.services.launchers.base import JobLaunch
 
-__all__ = ["GroupCommit", "NameClaims", "NameTaken"]
+__all__ = ["GroupCommit", "NameClaims", "NameTaken", "new_job_rows"]
 
 
 class NameTaken(Exception):
@@ -127,3 +134,75 @@ class GroupCommit:
                 # The rows go back to transient, so a retry (one by one) can add them again.
                 session.expunge_all()
                 raise
+
+
+def _processing_job_arn(settings: Settings, job: str, configuration: str) -> str:
+    slug = re.sub(r"[^a-z0-9-]", "-", configuration.lower()).strip("-") or "rule"
+    name = f"{job[:26]}-{slug}"[:54].strip("-") + f"-{secrets.token_hex(4)}"
+    return f"arn:aws:sagemaker:{settings.region}:{settings.account_id}:processing-job/{name}"
+
+
+def _class_fix_hint(rule: str) -> str:
+    try:
+        from trainguard.rules import get_rule_class
+
+        return str(getattr(get_rule_class(rule), "fix_hint", "") or "")
+    except Exception:  # noqa: BLE001 - a hint is optional; the rule is validated elsewhere
+        return ""
+
+
+def new_job_rows(
+    spec: JobSpec,
+    launch: JobLaunch,
+    settings: Settings,
+    launcher_name: str,
+    *,
+    source: str,
+    request: dict[str, Any] | None,
+    unavailable_rules: Sequence[dict[str, str]],
+    runner_token: str,
+    now: float,
+) -> tuple[JobRow, list[Any]]:
+    """A new job's row and the rows that belong to it: its first transition, components, rules, alarms."""
+    arn = f"arn:aws:sagemaker:{settings.region}:{settings.account_id}:training-job/{spec.name}"
+    job_row = JobRow(
+        name=spec.name, arn=arn, source=source, spec=spec.model_dump(mode="json"), request=request,
+        launcher=launcher_name, runner_token=runner_token, status="InProgress", secondary_status="Starting",
+        failure_reason="", creation_time=now, last_modified_time=now, stop_status="", stop_cause="",
+        settled=False,
+    )  # fmt: skip
+    transition = TransitionRow(
+        job_name=spec.name, status="Starting", start_time=now, message="Launching the job's components"
+    )
+    rule_rows: list[RuleRow] = []
+    alarm_rows: list[AlarmRow] = []
+    component_rows: list[ComponentRow] = []
+    for rule in spec.rules:
+        rule_rows.append(
+            RuleRow(
+                job_name=spec.name, configuration_name=rule.configuration_name, kind=rule.kind, rule=rule.rule,
+                evaluation_job_arn=_processing_job_arn(settings, spec.name, rule.configuration_name),
+                launched=True, status="InProgress", status_details="", last_modified_time=now, findings=[],
+                missing=[], fix_hint=_class_fix_hint(rule.rule), actions=list(rule.actions),
+            )
+        )  # fmt: skip
+        if rule.actions:
+            alarm = implicit_rule_alarm(rule.configuration_name, rule.actions)
+            alarm_rows.append(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
+    for unavailable in unavailable_rules:
+        rule_rows.append(
+            RuleRow(
+                job_name=spec.name, configuration_name=unavailable["name"], kind=unavailable["kind"],
+                rule=unavailable["rule"], launched=False, status="Error", status_details=unavailable["reason"],
+                evaluation_job_arn=_processing_job_arn(settings, spec.name, unavailable["name"]),
+                last_modified_time=now, findings=[], missing=[], fix_hint="", actions=[],
+            )
+        )  # fmt: skip
+    for alarm_config in spec.alarms:
+        alarm = AlarmSpec.from_dict(alarm_config.model_dump())
+        alarm_rows.append(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
+    for component in launch.components:
+        component_rows.append(
+            ComponentRow(job_name=spec.name, role=component.role, state="Pending", updated=now, reason="")
+        )
+    return job_row, [transition, *component_rows, *rule_rows, *alarm_rows]

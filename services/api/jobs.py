@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import secrets
 import threading
 import time
@@ -21,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, load_only, sessionmaker
 from trainguard.services.actions import ActionContext, build_event, get_handler
-from trainguard.services.alarms import AlarmSpec, AlarmState, evaluate_alarm, implicit_rule_alarm
+from trainguard.services.alarms import AlarmSpec, AlarmState, evaluate_alarm
 from trainguard.services.api.db import (
     ActionRow,
     AlarmRow,
@@ -32,13 +31,13 @@ from trainguard.services.api.db import (
     RuleRow,
     TransitionRow,
 )
-from trainguard.services.api.job_creation import GroupCommit, NameClaims, NameTaken
+from trainguard.services.api.job_creation import GroupCommit, NameClaims, NameTaken, new_job_rows
 from trainguard.services.api.job_launch_queue import JobLaunching, JobLaunchQueue
 from trainguard.services.api.planner import plan_job
 from trainguard.services.api.schemas import JobSpec
 from trainguard.services.api.settings import Settings
 from trainguard.services.api.views import native_description, sagemaker_description, sagemaker_summary
-from trainguard.services.launchers.base import JobLaunch, Launcher
+from trainguard.services.launchers.base import Launcher
 
 __all__ = ["JobExists", "JobNotFound", "JobService", "TERMINAL", "RULE_TERMINAL"]
 
@@ -72,12 +71,6 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, list):
         return [_json_safe(item) for item in value]
     return value
-
-
-def _processing_job_arn(settings: Settings, job: str, configuration: str) -> str:
-    slug = re.sub(r"[^a-z0-9-]", "-", configuration.lower()).strip("-") or "rule"
-    name = f"{job[:26]}-{slug}"[:54].strip("-") + f"-{secrets.token_hex(4)}"
-    return f"arn:aws:sagemaker:{settings.region}:{settings.account_id}:processing-job/{name}"
 
 
 class JobService(JobLaunching):
@@ -123,7 +116,10 @@ class JobService(JobLaunching):
         try:
             with self._name_claims.claim(spec.name):
                 launch = plan_job(spec, self.settings, self.launcher.name, token)
-                job_row, children = self._new_rows(spec, launch, source, request, unavailable_rules, token, now)
+                job_row, children = new_job_rows(
+                    spec, launch, self.settings, self.launcher.name, source=source, request=request,
+                    unavailable_rules=unavailable_rules, runner_token=token, now=now,
+                )  # fmt: skip
                 try:
                     self._group_commit.commit(job_row, children)
                 except IntegrityError:
@@ -150,60 +146,6 @@ class JobService(JobLaunching):
             [],
         )
 
-    def _new_rows(
-        self,
-        spec: JobSpec,
-        launch: JobLaunch,
-        source: str,
-        request: dict[str, Any] | None,
-        unavailable_rules: list[dict[str, str]],
-        token: str,
-        now: float,
-    ) -> tuple[JobRow, list[Any]]:
-        """A new job's row and the rows that belong to it: its first transition, components, rules, alarms."""
-        arn = f"arn:aws:sagemaker:{self.settings.region}:{self.settings.account_id}:training-job/{spec.name}"
-        job_row = JobRow(
-            name=spec.name, arn=arn, source=source, spec=spec.model_dump(mode="json"), request=request,
-            launcher=self.launcher.name, runner_token=token, status="InProgress", secondary_status="Starting",
-            failure_reason="", creation_time=now, last_modified_time=now, stop_status="", stop_cause="",
-            settled=False,
-        )  # fmt: skip
-        transition = TransitionRow(
-            job_name=spec.name, status="Starting", start_time=now, message="Launching the job's components"
-        )
-        rule_rows: list[RuleRow] = []
-        alarm_rows: list[AlarmRow] = []
-        component_rows: list[ComponentRow] = []
-        for rule in spec.rules:
-            rule_rows.append(
-                RuleRow(
-                    job_name=spec.name, configuration_name=rule.configuration_name, kind=rule.kind, rule=rule.rule,
-                    evaluation_job_arn=_processing_job_arn(self.settings, spec.name, rule.configuration_name),
-                    launched=True, status="InProgress", status_details="", last_modified_time=now, findings=[],
-                    missing=[], fix_hint=self._class_fix_hint(rule.rule), actions=list(rule.actions),
-                )
-            )  # fmt: skip
-            if rule.actions:
-                alarm = implicit_rule_alarm(rule.configuration_name, rule.actions)
-                alarm_rows.append(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
-        for unavailable in unavailable_rules:
-            rule_rows.append(
-                RuleRow(
-                    job_name=spec.name, configuration_name=unavailable["name"], kind=unavailable["kind"],
-                    rule=unavailable["rule"], launched=False, status="Error", status_details=unavailable["reason"],
-                    evaluation_job_arn=_processing_job_arn(self.settings, spec.name, unavailable["name"]),
-                    last_modified_time=now, findings=[], missing=[], fix_hint="", actions=[],
-                )
-            )  # fmt: skip
-        for alarm_config in spec.alarms:
-            alarm = AlarmSpec.from_dict(alarm_config.model_dump())
-            alarm_rows.append(AlarmRow(job_name=spec.name, name=alarm.name, spec=alarm.to_dict(), updated=now))
-        for component in launch.components:
-            component_rows.append(
-                ComponentRow(job_name=spec.name, role=component.role, state="Pending", updated=now, reason="")
-            )
-        return job_row, [transition, *component_rows, *rule_rows, *alarm_rows]
-
     def _check_policy(self, spec: JobSpec) -> None:
         """What the server's policy forbids (trainguard.services.api.policy), as ValueError 'field: why'."""
         from trainguard.services.api.planner import job_dir
@@ -229,15 +171,6 @@ class JobService(JobLaunching):
                 policy.check_working_dir(spec.working_dir, job_dir(self.settings, spec.name))
             except PolicyError as error:
                 raise ValueError(f"working_dir: {error}") from None
-
-    @staticmethod
-    def _class_fix_hint(rule: str) -> str:
-        try:
-            from trainguard.rules import get_rule_class
-
-            return str(getattr(get_rule_class(rule), "fix_hint", "") or "")
-        except Exception:  # noqa: BLE001 - a hint is optional; the rule is validated elsewhere
-            return ""
 
     # -- reading ----------------------------------------------------------------------------------
     def _job(self, session: Session, name: str) -> JobRow:
