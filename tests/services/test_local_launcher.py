@@ -115,3 +115,20 @@ def test_a_pending_stop_deadline_survives_a_launcher_restart(tmp_path: Path) -> 
         lambda: (s := second.status("job-d")["training"]).state is ComponentState.EXITED and s, 20, "the kill"
     )
     assert status.exit_code == 137
+
+
+def test_a_job_has_its_own_process_group_in_the_launchers_session(tmp_path: Path) -> None:
+    """Not its own session: the kernel's autogroup scheduling shares the CPU equally between
+    sessions whatever their niceness, so 100 jobs in 100 sessions starved the API
+    (bench/load_api.py, create p50 1.4-2.8 s). In the API's session the job's niceness applies."""
+    launcher = LocalLauncher(tmp_path, niceness=10)
+    sleeper = _python("import time; print('up', flush=True); time.sleep(30)")
+    launcher.start(_job("job-s", ComponentSpec("training", "", sleeper)))
+    wait_for(lambda: "up" in launcher.logs("job-s", "training"), 30, "the job to start")
+    pid = int(next((tmp_path / "job-s").glob("*/pid")).read_text().split()[0])
+    try:
+        assert os.getpgid(pid) == pid  # stop() signals this group: the whole tree
+        assert os.getsid(pid) == os.getsid(0)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0) + 10
+    finally:
+        launcher.stop("job-s", None, 0)
