@@ -36,6 +36,7 @@ ENVIRONMENT: dict[str, str] = {
     "TRAINGUARD_PUBLIC_URL": "the API's URL as rule runners reach it (default http://127.0.0.1:<port>)",
     "TRAINGUARD_STOP_GRACE_SECONDS": "SIGTERM-to-SIGKILL grace of a stop (default 120, as SageMaker)",
     "TRAINGUARD_RECONCILE_INTERVAL": "seconds between launcher polls (default 1.0)",
+    "TRAINGUARD_JOB_CPU_SHARES": "CPU weight (docker --cpu-shares, 2-262144) of docker-launcher job containers, below the services' (default 2)",
     "TRAINGUARD_JOB_NICENESS": "CPU niceness 0-19 of local-launcher job processes, below the API's (default 10)",
     "TRAINGUARD_RULE_FINISH_TIMEOUT": "seconds rule runners may run on after training ended (default 600)",
     "TRAINGUARD_SAGEMAKER_ACCESS_KEYS": "SageMaker endpoint credentials, '[name=]AKID:SECRET,...' (SigV4-verified)",

@@ -62,6 +62,7 @@ def test_start_status_logs_stop_and_find_again(client, job_name):  # noqa: ANN00
     host_config = training.attrs["HostConfig"]
     assert host_config["NanoCpus"] == 500_000_000
     assert host_config["Memory"] == 128 * 1024 * 1024
+    assert host_config["CpuShares"] == 2  # below the stack's services: the API is not starved by jobs
     assert any(m["Type"] == "volume" and m["Name"] == f"tg-{job_name}-tensors" for m in training.attrs["Mounts"])
 
     _wait(lambda: "hello from training" in launcher.logs(job_name, "training"))
@@ -123,3 +124,14 @@ def test_missing_image_and_network_are_clear_errors(client, job_name):  # noqa: 
         DockerLauncher(client, network="no-such-network").start(
             JobLaunch(job_name, (ComponentSpec("training", BASE_IMAGE, ("true",)),))
         )
+
+
+def test_job_cpu_shares_come_from_the_environment_and_are_bounded(client, job_name, monkeypatch):  # noqa: ANN001
+    monkeypatch.setenv("TRAINGUARD_JOB_CPU_SHARES", "512")
+    launcher = DockerLauncher(client)
+    launcher.start(JobLaunch(job_name, (ComponentSpec("training", BASE_IMAGE, ("true",)),)))
+    assert client.containers.get(container_name(job_name, "training")).attrs["HostConfig"]["CpuShares"] == 512
+    for bad in ("1", "lots", "300000"):
+        monkeypatch.setenv("TRAINGUARD_JOB_CPU_SHARES", bad)
+        with pytest.raises(LauncherError, match="TRAINGUARD_JOB_CPU_SHARES|cpu_shares"):
+            DockerLauncher(client)
