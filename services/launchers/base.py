@@ -3,15 +3,38 @@
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["ComponentSpec", "ComponentState", "ComponentStatus", "JobLaunch", "Launcher", "LauncherError"]
+__all__ = [
+    "ComponentSpec",
+    "ComponentState",
+    "ComponentStatus",
+    "JobLaunch",
+    "Launcher",
+    "LauncherError",
+    "bounded_int",
+]
 
 
 class LauncherError(RuntimeError):
     """The back-end could not do what was asked (engine unreachable, image missing...)."""
+
+
+def bounded_int(value: int | None, variable: str, default: int, low: int, high: int, what: str) -> int:
+    """``value``, else the environment variable ``variable``, else ``default``; LauncherError
+    naming the source unless it is an integer in ``low..high``. Read when a launcher is built."""
+    if value is None:
+        raw = os.environ.get(variable, "").strip() or str(default)
+        try:
+            value = int(raw)
+        except ValueError:
+            raise LauncherError(f"{variable}={raw!r}: use an integer {low}..{high}") from None
+    if not low <= value <= high:
+        raise LauncherError(f"{what} {value}: use an integer {low}..{high}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,14 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from trainguard.services.launchers.base import ComponentSpec, ComponentState, ComponentStatus, JobLaunch, LauncherError
+from trainguard.services.launchers.base import (
+    ComponentSpec,
+    ComponentState,
+    ComponentStatus,
+    JobLaunch,
+    LauncherError,
+    bounded_int,
+)
 
 __all__ = ["LocalLauncher"]
 
@@ -111,15 +118,7 @@ class LocalLauncher:
         Job processes (training, uploader, rule runners) run below the control API so that the
         API stays responsive however many jobs run: 100 jobs on 2 cores made creates wait seconds.
         """
-        if niceness is None:
-            raw = os.environ.get("TRAINGUARD_JOB_NICENESS", "10").strip() or "10"
-            try:
-                niceness = int(raw)
-            except ValueError:
-                raise LauncherError(f"TRAINGUARD_JOB_NICENESS={raw!r}: use an integer 0..19") from None
-        if not 0 <= niceness <= 19:
-            raise LauncherError(f"niceness {niceness}: use an integer 0..19")
-        self.niceness = niceness
+        self.niceness = bounded_int(niceness, "TRAINGUARD_JOB_NICENESS", 10, 0, 19, "niceness")
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.python = python or sys.executable
