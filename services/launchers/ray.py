@@ -13,6 +13,18 @@ Placement is by Ray custom resources, not by host names:
   runs rule containers on their own instances);
 * the uploader (an S3 copy of the shared capture directory) asks for nothing special.
 
+A job's rule runners (components ``rule:<name>`` whose command is the rule runner) run as ONE Ray
+job, the rules group (role ``rules`` in the submission's metadata, one unit of ``rules``): one
+process evaluating every rule of the job over one read of each step (the rule runner's group mode,
+TRAINGUARD_RULE_GROUP_JSON), each rule still reporting to the API on its own. One Ray job per rule
+cost a job supervisor, a driver and an interpreter per rule, and read every step once per rule
+(bench/RESULTS.md, scale). To the API nothing changes: ``status()`` answers per rule role (the
+group's state; once it ended, each rule's own exit code from the line the group prints for it),
+``restart()`` of any of its roles resubmits the group once (every rule resumes from the group's
+progress file; a no-op while the new attempt is pending), ``stop()`` naming any of its roles stops
+the group (the reconciler only stops rules together: all those still in progress), and ``logs()``
+of a rule role is the group's log. Rule components with another command run one Ray job each.
+
 Training with several instances (``ComponentSpec.instance_count > 1``) or GPUs runs under the
 ``ray_ranks`` driver: a placement group, one bundle per instance (STRICT_SPREAD), one process per
 instance with the torch.distributed rendezvous and SageMaker's host view (see ray_ranks.py).
@@ -48,6 +60,12 @@ _JOB_KEY = "trainguard_job"
 _ROLE_KEY = "trainguard_role"
 _ATTEMPT_KEY = "trainguard_attempt"
 _PLACEMENT_KEY = "trainguard_placement"  # the submit options (resources) as JSON, for restart()
+_GROUP_KEY = "trainguard_rules"  # a rules group's rule roles, as a JSON list
+_GROUP_ROLE = "rules"
+_RULE_PREFIX = "rule:"
+_RULE_RUNNER_MODULE = "trainguard.services.rule_runner"
+_GROUP_ENV = "TRAINGUARD_RULE_GROUP_JSON"  # what the rule runner's group mode reads (rule_runner/__main__.py)
+_EXIT_LINE = re.compile(r"^trainguard rule group: (\S+) exit (-?\d+)\s*$", re.MULTILINE)
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 # A killed process's conventional code: a component that ended without an exit code of its own
 # (its node or its Ray supervisor died) reads as killed, so the API restarts a rule runner and
@@ -86,6 +104,7 @@ class RayLauncher:
         self.listing_ttl_seconds = listing_ttl_seconds
         self._listing: tuple[float, list[Any]] | None = None
         self._listing_lock = threading.Lock()
+        self._codes: dict[str, dict[str, int]] = {}  # ended rules group -> each rule's exit code
 
     # -- the Ray job client ---------------------------------------------------------------------
     @property
@@ -136,10 +155,29 @@ class RayLauncher:
         return found
 
     def _latest_by_role(self, job_name: str) -> dict[str, Any]:
+        """The latest submission of each component role: a rules group's under each of its rules."""
         latest: dict[str, Any] = {}
         for info in self._submissions(job_name):
-            latest[info.metadata[_ROLE_KEY]] = info  # sorted by attempt: the last one wins
+            for role in _roles_of(info):
+                latest[role] = info  # sorted by attempt: the last one wins
         return latest
+
+    def _group_codes(self, info: Any) -> dict[str, int]:
+        """Each rule's exit code, from the lines an ended rules group printed (cached: it ended)."""
+        with self._listing_lock:
+            known = self._codes.get(info.submission_id)
+        if known is not None:
+            return known
+        try:
+            text = self._call(f"logs of {info.submission_id}", self.client.get_job_logs, info.submission_id) or ""
+        except LauncherError:
+            text = ""  # a dead node's log is gone (for good): the group's own status stands for every rule
+        codes = {role: int(code) for role, code in _EXIT_LINE.findall(text)}
+        with self._listing_lock:
+            if len(self._codes) > 4096:
+                self._codes.clear()
+            self._codes[info.submission_id] = codes
+        return codes
 
     # -- placement ------------------------------------------------------------------------------
     @staticmethod
@@ -166,7 +204,7 @@ class RayLauncher:
             return {"entrypoint_num_cpus": 0}
         if component.role == "training":
             options["entrypoint_resources"] = {self.training_resource: 1}
-        elif component.role.startswith("rule:"):
+        elif component.role.startswith(_RULE_PREFIX) or component.role == _GROUP_ROLE:
             options["entrypoint_resources"] = {self.rules_resource: 1}
         if component.cpus:
             options["entrypoint_num_cpus"] = component.cpus
@@ -195,7 +233,14 @@ class RayLauncher:
         return command
 
     def _submit(
-        self, job_name: str, role: str, attempt: int, entrypoint: str, env_vars: dict[str, str], options: dict
+        self,
+        job_name: str,
+        role: str,
+        attempt: int,
+        entrypoint: str,
+        env_vars: dict[str, str],
+        options: dict,
+        group: list[str] | None = None,
     ) -> None:
         env_vars = {**env_vars, "RAY_JOB_STOP_WAIT_TIME_S": str(max(0, math.ceil(self.stop_grace_seconds)))}
         self._call(
@@ -210,19 +255,53 @@ class RayLauncher:
                 _ROLE_KEY: role,
                 _ATTEMPT_KEY: str(attempt),
                 _PLACEMENT_KEY: json.dumps(options),
+                **({_GROUP_KEY: json.dumps(group)} if group is not None else {}),
             },
             **options,
         )
         self._forget_listing()  # the next status() sees the new submission
+
+    # -- the rules group --------------------------------------------------------------------------
+    @staticmethod
+    def _groupable(component: ComponentSpec) -> bool:
+        """A rule runner (``<python> -m trainguard.services.rule_runner``): it can run in the group."""
+        return component.role.startswith(_RULE_PREFIX) and tuple(component.command[1:]) == ("-m", _RULE_RUNNER_MODULE)
+
+    @staticmethod
+    def _group(components: list[ComponentSpec]) -> ComponentSpec:
+        """One component running ``components`` (rule runners) in one process: the variables they
+        all share are its own, the group's list carries each rule's complete environment. It asks
+        for the most CPUs any of them asked (the rules are evaluated one after the other) and the
+        memory they asked together."""
+        environments = [{key: str(value) for key, value in c.environment.items()} for c in components]
+        shared = {key: value for key, value in environments[0].items()
+                  if all(other.get(key) == value for other in environments[1:])}  # fmt: skip
+        entries = [{"role": c.role, "environment": e} for c, e in zip(components, environments, strict=True)]
+        cpus = [c.cpus for c in components if c.cpus]
+        memory = [c.memory_mb for c in components if c.memory_mb]
+        return ComponentSpec(
+            role=_GROUP_ROLE,
+            image=components[0].image,
+            command=components[0].command,
+            environment={**shared, _GROUP_ENV: json.dumps(entries)},
+            cpus=max(cpus) if cpus else None,
+            memory_mb=sum(memory) if memory else None,
+            working_dir=components[0].working_dir,
+        )
 
     # -- Launcher interface ---------------------------------------------------------------------
     def start(self, job: JobLaunch) -> None:
         if not job.job_name or _SAFE.search(job.job_name):
             raise LauncherError(f"job name {job.job_name!r} is not usable in a Ray submission id")
         known = self._latest_by_role(job.job_name)
-        for component in job.components:
-            if component.role in known:
-                continue  # already submitted: start() is idempotent
+        new = [component for component in job.components if component.role not in known]  # start() is idempotent
+        rules = [c for c in new if self._groupable(c)]
+        rules = [c for c in rules if c.working_dir == rules[0].working_dir]  # one group: one directory
+        submissions = [c for c in new if all(c is not rule for rule in rules)]
+        if rules:
+            submissions.append(self._group(rules))
+        for component in submissions:
+            group = json.loads(component.environment[_GROUP_ENV]) if component.role == _GROUP_ROLE else None
             self._submit(
                 job.job_name,
                 component.role,
@@ -230,10 +309,20 @@ class RayLauncher:
                 self._entrypoint(component),
                 {key: str(value) for key, value in component.environment.items()},
                 self._resources(component),
+                [entry["role"] for entry in group] if group is not None else None,
             )
 
     def status(self, job_name: str) -> dict[str, ComponentStatus]:
-        return {role: self._status_of(role, info) for role, info in self._latest_by_role(job_name).items()}
+        statuses = {}
+        for role, info in self._latest_by_role(job_name).items():
+            status = self._status_of(role, info)
+            if _GROUP_KEY in info.metadata and status.state is ComponentState.EXITED:
+                code = self._group_codes(info).get(role)
+                if code is not None and code != status.exit_code:
+                    # the rule's own end; the group's (a stop, a kill) stands when it printed none
+                    status = ComponentStatus(role, ComponentState.EXITED, code, "")
+            statuses[role] = status
+        return statuses
 
     @staticmethod
     def _status_of(role: str, info: Any) -> ComponentStatus:
@@ -255,11 +344,13 @@ class RayLauncher:
         return ComponentStatus(role, ComponentState.EXITED, _KILLED_CODE, reason[:500])
 
     def stop(self, job_name: str, roles: tuple[str, ...] | None = None, grace_seconds: float = 120.0) -> None:
+        stopped: set[str] = set()
         for role, info in self._latest_by_role(job_name).items():
-            if roles is not None and role not in roles:
+            if roles is not None and role not in roles or info.submission_id in stopped:
                 continue
             if self._status_of(role, info).state in (ComponentState.PENDING, ComponentState.RUNNING):
                 self._call(f"stop {role} of {job_name}", self.client.stop_job, info.submission_id)
+                stopped.add(info.submission_id)  # a rules group once, whichever of its rules named it
                 self._forget_listing()
 
     def restart(self, job_name: str, role: str) -> None:
@@ -271,14 +362,17 @@ class RayLauncher:
         options = json.loads(info.metadata.get(_PLACEMENT_KEY) or "{}")
         env_vars = dict((info.runtime_env or {}).get("env_vars") or {})
         attempt = int(info.metadata.get(_ATTEMPT_KEY, "0")) + 1
-        self._submit(job_name, role, attempt, info.entrypoint, env_vars, options)
+        group = json.loads(info.metadata[_GROUP_KEY]) if _GROUP_KEY in info.metadata else None
+        # A rules group is resubmitted whole, once: its other rules then see the new attempt pending.
+        self._submit(job_name, info.metadata[_ROLE_KEY], attempt, info.entrypoint, env_vars, options, group)
 
     def logs(self, job_name: str, role: str = "training", tail: int | None = None) -> str:
-        attempts = [info for info in self._submissions(job_name) if info.metadata.get(_ROLE_KEY) == role]
+        attempts = [info for info in self._submissions(job_name) if role in _roles_of(info)]
         parts = []
         for number, info in enumerate(attempts):
             if number:
-                parts.append(f"trainguard launcher: restarting {role} (restart {number})\n")
+                what = role if _GROUP_KEY not in info.metadata else f"{role} (the rules group)"
+                parts.append(f"trainguard launcher: restarting {what} (restart {number})\n")
             try:
                 parts.append(self._call(f"logs of {role}", self.client.get_job_logs, info.submission_id) or "")
             except LauncherError as error:
@@ -299,9 +393,10 @@ class RayLauncher:
         submissions = self._submissions(job_name)
         running = sorted(
             {
-                info.metadata[_ROLE_KEY]
+                role
                 for info in submissions
                 if self._status_of(info.metadata[_ROLE_KEY], info).state is not ComponentState.EXITED
+                for role in _roles_of(info)
             }
         )
         if running:
@@ -314,3 +409,14 @@ class RayLauncher:
         """The Ray node id the component's latest attempt runs (ran) on: where placement put it."""
         info = self._latest_by_role(job_name).get(role)
         return getattr(info, "driver_node_id", None) if info is not None else None
+
+
+def _roles_of(info: Any) -> list[str]:
+    """The component roles a submission runs: a rules group's rules, else its one role."""
+    metadata = info.metadata or {}
+    if _GROUP_KEY in metadata:
+        try:
+            return [str(role) for role in json.loads(metadata[_GROUP_KEY])]
+        except (ValueError, TypeError):
+            pass
+    return [metadata[_ROLE_KEY]]

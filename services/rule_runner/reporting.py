@@ -35,8 +35,13 @@ class ApiReporter:
     file's id) and ``sequence``, so the API can ignore a report it already applied (a lost answer).
     At exit, the runner waits up to ``drain_s`` for the outbox to empty (an API restart mid-run).
 
+    Datapoint-only reports (one per evaluated step) are held up to ``batch_s`` and sent as one POST,
+    at once when a status or finding report is queued behind them or at exit: statuses and
+    findings go out as they change, the per-step datapoints (and the progress they carry) every
+    few seconds, so the API commits a few times a minute per rule instead of once per step.
+
     Configuration (read here): ``RULE_OUTBOX_DIR``, else ``<RULE_OUTPUT_DIR>/rule-outbox``, else the
-    temp directory; ``RULE_REPORT_DRAIN_S`` (default 120).
+    temp directory; ``RULE_REPORT_DRAIN_S`` (default 120); ``RULE_REPORT_BATCH_S`` (default 5).
     """
 
     def __init__(
@@ -49,6 +54,7 @@ class ApiReporter:
         timeout: float = 5.0,
         outbox_dir: str | os.PathLike[str] | None = None,
         drain_s: float | None = None,
+        batch_s: float | None = None,
     ):
         quote = urllib.parse.quote
         self.url = (
@@ -57,12 +63,14 @@ class ApiReporter:
         self.token = token
         self.timeout = timeout
         self.drain_s = float(os.environ.get("RULE_REPORT_DRAIN_S") or 120.0) if drain_s is None else drain_s
+        if batch_s is None:
+            batch_s = float(os.environ.get("RULE_REPORT_BATCH_S") or DATAPOINT_BATCH_S)
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         directory = Path(outbox_dir or _default_outbox_dir())
         # The runner token is new for each job: a later job of the same name never replays this one's reports.
         token_id = hashlib.sha256(token.encode()).hexdigest()[:12]
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{job}--{configuration}--{token_id}")
-        self.outbox = ReportOutbox(directory / f"{safe}.jsonl", self._post)
+        self.outbox = ReportOutbox(directory / f"{safe}.jsonl", self._post, batch_s=batch_s)
         atexit.register(self.close)
 
     def send(self, document: dict[str, Any]) -> bool:
@@ -108,6 +116,8 @@ def _default_outbox_dir() -> Path:
 
 
 _MAX_BATCH_POINTS = 1000
+# Seconds datapoint-only reports wait to travel together (see ApiReporter).
+DATAPOINT_BATCH_S = 5.0
 _DATAPOINT_KEYS = {"configuration_name", "datapoints", "outbox", "sequence"}
 
 
@@ -117,19 +127,23 @@ def _datapoints_only(document: dict[str, Any]) -> bool:
 
 class ReportOutbox:
     """Append-only file of reports (``{"sequence": n, "document": {...}}`` lines) plus the last
-    acknowledged sequence (``<file>.acked``, replaced atomically); ``post`` delivers one report."""
+    acknowledged sequence (``<file>.acked``, replaced atomically); ``post`` delivers one report.
+    Datapoint-only reports wait up to ``batch_s`` for company (see :class:`ApiReporter`)."""
 
-    def __init__(self, path: Path, post: Callable[[dict[str, Any]], str]) -> None:
+    def __init__(self, path: Path, post: Callable[[dict[str, Any]], str], *, batch_s: float = 0.0) -> None:
         self.path = path
+        self.batch_s = max(0.0, float(batch_s))
         self._acked_path = path.with_name(path.name + ".acked")
         self._post = post
         self._condition = threading.Condition()
         self._pending: list[dict[str, Any]] = []
+        self._queued_at: list[float] = []  # when each pending report was put (0: replayed, send now)
         self._closing = False
         path.parent.mkdir(parents=True, exist_ok=True)
         self.id, acked, entries = self._load()
         self._next = max((entry["sequence"] for entry in entries), default=0) + 1
         self._pending = [entry["document"] for entry in entries if entry["sequence"] > acked]
+        self._queued_at = [0.0] * len(self._pending)
         if self._pending:
             log.info("outbox %s: replaying %d unacknowledged report(s)", path, len(self._pending))
         self._thread = threading.Thread(target=self._deliver, name="trainguard-report-outbox", daemon=True)
@@ -172,6 +186,7 @@ class ReportOutbox:
             self._append({"sequence": self._next, "document": document})
             self._next += 1
             self._pending.append(document)
+            self._queued_at.append(time.monotonic())
             self._condition.notify_all()
 
     def pending(self) -> int:
@@ -182,10 +197,16 @@ class ReportOutbox:
         delay = 0.2
         while True:
             with self._condition:
-                while not self._pending and not self._closing:
-                    self._condition.wait()
-                if not self._pending:
-                    return
+                while True:
+                    if not self._pending and not self._closing:
+                        self._condition.wait()
+                        continue
+                    if not self._pending:
+                        return
+                    held = self._hold_for()
+                    if held <= 0:
+                        break
+                    self._condition.wait(held)
                 document, merged = self._next_batch()
             outcome = self._post(document)
             if outcome == "retry":
@@ -196,8 +217,24 @@ class ReportOutbox:
             delay = 0.2
             with self._condition:
                 del self._pending[:merged]
+                del self._queued_at[:merged]
                 self._write_acked(document["sequence"])
                 self._condition.notify_all()
+
+    def _hold_for(self) -> float:
+        """Seconds the pending reports may still wait (0: send now). Only datapoint-only reports
+        wait, up to ``batch_s`` after the oldest was put; a status or finding behind them, a full
+        batch or close() sends them at once. Called with the condition held."""
+        if self.batch_s <= 0 or self._closing:
+            return 0.0
+        points = 0
+        for document in self._pending:
+            if not _datapoints_only(document):
+                return 0.0
+            points += len(document["datapoints"])
+        if points >= _MAX_BATCH_POINTS:
+            return 0.0
+        return self._queued_at[0] + self.batch_s - time.monotonic()
 
     def _next_batch(self) -> tuple[dict[str, Any], int]:
         """The first pending report, merged with the datapoint-only reports right after it.
