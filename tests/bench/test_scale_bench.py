@@ -30,11 +30,14 @@ def test_scale_tiny_mode_stops_the_faulty_job_and_measures_every_figure(tmp_path
     assert 0 <= figures["detection_to_stopped_s"]["p95"] < 60
     assert figures["submit_to_running_s"]["n"] == 2 and figures["submit_to_running_s"]["p50"] > 0
     # Every cost the paper estimate scales from was measured, not defaulted.
-    assert figures["rule_runner_processes"] >= 4 and figures["rule_runner_peak_rss_mib"]["median"] > 20
+    # One rule-runner process per job on Ray (the job's rules group), not one per rule.
+    assert figures["rule_runner_processes"] == 2 and figures["rules_per_runner_process"] == 2
+    assert figures["rule_runner_peak_rss_mib"]["median"] > 20
     assert figures["api_peak_rss_mib"] > 30
     assert figures["rule_steps_evaluated"] > 0 and figures["rule_runner_cpu_ms_per_evaluated_step"] > 0
     assert figures["saved_steps"] > 0 and figures["s3_requests"].get("PUT", 0) > 0
     assert figures["s3_writes_per_saved_step"] > 0 and figures["s3_reads_per_saved_step_per_rule"] > 0
+    assert figures["s3_reads_per_saved_step"] > 0
     assert figures["db"]["commits"] > 0 and figures["db_commits_per_job_minute"] > 0
     estimate = {row[0]: row for row in figures["paper_estimate"]}
     assert {"rule-runner CPU", "rule-runner memory", "S3 writes", "S3 reads", "API DB commits"} <= set(estimate)

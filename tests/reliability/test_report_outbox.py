@@ -55,3 +55,25 @@ def test_outbox_replays_unacknowledged_reports_after_a_restart(tmp_path: Path) -
     assert delivered[2]["status"] == "NoIssuesFound"
     third = ReportOutbox(tmp_path / "r.jsonl", lambda document: delivered.append(document) or "acknowledged")
     assert third.close(timeout=1) and len(delivered) == 3  # acknowledged reports are not sent again
+
+
+def test_datapoints_wait_for_company_and_a_status_sends_them_at_once(tmp_path: Path) -> None:
+    """One POST (one API commit) per batch window for the per-step datapoints, not one per step; a
+    status or finding is never held back, nor are the datapoints before it."""
+    delivered: list[dict] = []
+    outbox = ReportOutbox(tmp_path / "r.jsonl", lambda d: delivered.append(d) or "acknowledged", batch_s=1.5)
+    began = time.monotonic()
+    for step in range(5):
+        outbox.put({"configuration_name": "Loss", "datapoints": [{"step": step, "value": 0.0}]})
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert delivered == []  # still within the window
+    wait_for(lambda: delivered, 5, "the batch")
+    assert time.monotonic() - began >= 1.4
+    assert [len(d["datapoints"]) for d in delivered] == [5] and delivered[0]["last_evaluated_step"] == 4
+    outbox.put({"configuration_name": "Loss", "datapoints": [{"step": 5, "value": 0.0}]})
+    outbox.put({"configuration_name": "Loss", "status": "IssuesFound", "datapoints": [{"step": 6, "value": 1.0}]})
+    wait_for(lambda: len(delivered) == 3, 1.0, "the status and the datapoint before it, at once")
+    assert [d["sequence"] for d in delivered] == [5, 6, 7] and delivered[2]["status"] == "IssuesFound"
+    outbox.put({"configuration_name": "Loss", "datapoints": [{"step": 7, "value": 0.0}]})
+    assert outbox.close(timeout=1.0) and len(delivered) == 4  # close() does not wait out the window

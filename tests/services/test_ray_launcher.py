@@ -9,6 +9,7 @@ TRAINGUARD_LAUNCHER=ray, real PyTorch training under ``trainguard run`` and a re
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -253,8 +254,22 @@ def test_sagemaker_endpoint_runs_a_faulty_job_on_ray(ray_cluster: RayCluster, ap
     print(f"SageMaker job on Ray: {uploaded} objects uploaded to s3://bkt/{name}/debug-output/")
 
 
+def _rule_submissions(address: str, job: str) -> list[Any]:
+    """Every Ray job the launcher submitted for ``job``'s rules (groups and single rules), oldest first."""
+    from ray.job_submission import JobSubmissionClient
+
+    found = [info for info in JobSubmissionClient(address).list_jobs()
+             if (info.metadata or {}).get("trainguard_job") == job
+             and info.metadata.get("trainguard_role") not in ("training", "uploader")]  # fmt: skip
+    return sorted(found, key=lambda info: int(info.metadata["trainguard_attempt"]))
+
+
 def test_api_restart_and_a_lost_rule_node_lose_nothing(ray_cluster: RayCluster, api_factory) -> None:
-    """Runs last: it kills a rules node (a spare one takes over)."""
+    """Runs last: it kills a rules node (a spare one takes over). The job's three rules run as ONE
+    Ray job (the rules group, one process); the node's death restarts that group once, not once per
+    rule, and every rule resumes from its saved progress to its own right final status."""
+    import sqlite3
+
     cluster = ray_cluster.cluster
     spare = _add_ready_node(ray_cluster, "rules")
     api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
@@ -263,47 +278,85 @@ def test_api_restart_and_a_lost_rule_node_lose_nothing(ray_cluster: RayCluster, 
         "name": "ray-survivor",
         "command": training_command("--steps", str(steps), "--step-seconds", "0.1"),
         "hook_config": HOOK_EVERY_STEP,
-        "rules": [{"rule": CUSTOM_RULE, "name": "LossWatch", "parameters": {"threshold": 1000}}],
+        "rules": [
+            {"rule": CUSTOM_RULE, "name": "LossWatch", "parameters": {"threshold": 1000}},
+            # the loss starts at 4.5 and falls below 4 within about 10 steps: found, no action
+            {"rule": CUSTOM_RULE, "name": "LossHigh", "parameters": {"threshold": 4.0}},
+            # another step range: evaluated beside the others in the same process, ends on its own
+            {"rule": CUSTOM_RULE, "name": "LossEarly", "parameters": {"threshold": 1000, "end_step": 300}},
+        ],
     }
     status, body = api.request("POST", "/v1/jobs", spec)
     assert status == 201, body
     launcher = RayLauncher(ray_cluster.address)
+    rules = lambda: {r["configuration_name"]: r for r in api.job("ray-survivor")["rules"]}  # noqa: E731
     try:
-        wait_for(lambda: api.job("ray-survivor")["rules"][0]["last_evaluated_step"] is not None, 120, "a rule report")
+        wait_for(lambda: (rules()["LossWatch"]["last_evaluated_step"] or -1) >= 100, 180, "100 evaluated steps")
     except AssertionError:
         print(api.job("ray-survivor"), launcher.status("ray-survivor"), launcher.logs("ray-survivor", "rule:LossWatch"),
               launcher.logs("ray-survivor", "training", tail=20), api.log_tail(), sep="\n----\n")  # fmt: skip
         raise
+    [group] = _rule_submissions(ray_cluster.address, "ray-survivor")  # one Ray job for the three rules
+    assert group.metadata["trainguard_role"] == "rules"
+    assert json.loads(group.metadata["trainguard_rules"]) == ["rule:LossWatch", "rule:LossHigh", "rule:LossEarly"]
+    assert set(launcher.status("ray-survivor")) == {"training", "rule:LossWatch", "rule:LossHigh", "rule:LossEarly"}
 
     api.kill(signal.SIGKILL)  # the API dies; the Ray jobs go on
     api.start()
-    first = api.job("ray-survivor")["rules"][0]["last_evaluated_step"]
-    wait_for(lambda: api.job("ray-survivor")["rules"][0]["last_evaluated_step"] > first, 60, "reports to the new API")
+    first = rules()["LossWatch"]["last_evaluated_step"]
+    wait_for(lambda: rules()["LossWatch"]["last_evaluated_step"] > first, 60, "reports to the new API")
 
-    # The rule runner's node dies (no graceful shutdown): Ray fails its job without an exit code,
-    # the API restarts the runner, Ray places it on the other rules node, it resumes.
+    # The rules node dies (no graceful shutdown): Ray fails the group without an exit code, the API
+    # restarts it (once, whichever rule asked first), Ray places it on the other rules node, and
+    # every rule resumes from the group's progress file.
     lost = launcher.node_of("ray-survivor", "rule:LossWatch")
     assert lost in (ray_cluster.rules_node, spare.node_id)
+    assert {launcher.node_of("ray-survivor", f"rule:{name}") for name in ("LossHigh", "LossEarly")} == {lost}
     [node] = [n for n in cluster.worker_nodes if n.node_id == lost]
     killed_at = time.monotonic()
     cluster.remove_node(node, allow_graceful=False)
     survivor = spare.node_id if lost == ray_cluster.rules_node else ray_cluster.rules_node
     wait_for(lambda: "restart 1" in launcher.logs("ray-survivor", "rule:LossWatch"), 120, "the runner's restart")
     wait_for(lambda: launcher.node_of("ray-survivor", "rule:LossWatch") == survivor, 60, "the runner on the other node")
-    print(f"rule node killed -> runner resubmitted: {time.monotonic() - killed_at:.1f} s")
+    print(f"rule node killed -> rules group resubmitted: {time.monotonic() - killed_at:.1f} s")
     assert launcher.status("ray-survivor")["training"].state is ComponentState.RUNNING  # training untouched
 
     job = wait_for(
         lambda: (
-            (j := api.job("ray-survivor"))["status"] == "Completed" and j["rules"][0]["status"] != "InProgress" and j
+            (j := api.job("ray-survivor"))["status"] == "Completed"
+            and all(r["status"] != "InProgress" for r in j["rules"]) and j
         ),
         300,
-        "the job and its rule to finish",
+        "the job and its rules to finish",
     )
-    rule = job["rules"][0]
-    assert rule["status"] == "NoIssuesFound", rule
-    assert rule["last_evaluated_step"] == steps - 1, rule  # evaluated to the end: nothing lost
+    final = {r["configuration_name"]: r for r in job["rules"]}
+    assert final["LossWatch"]["status"] == "NoIssuesFound", final
+    assert final["LossWatch"]["last_evaluated_step"] == steps - 1, final  # evaluated to the end: nothing lost
+    assert final["LossHigh"]["status"] == "IssuesFound", final
+    assert "at step 0 " in final["LossHigh"]["status_details"], final  # its first finding, kept across the restart
+    assert final["LossEarly"]["status"] == "NoIssuesFound" and final["LossEarly"]["last_evaluated_step"] == 299, final
     assert launcher.node_of("ray-survivor", "training") == ray_cluster.training_node
+    # The group was restarted once: attempts 0 and 1 of the one rules job, no Ray job per rule.
+    attempts = _rule_submissions(ray_cluster.address, "ray-survivor")
+    assert [(a.metadata["trainguard_role"], a.metadata["trainguard_attempt"]) for a in attempts] == [
+        ("rules", "0"),
+        ("rules", "1"),
+    ]
+    # Resumed, not started over: a step is evaluated again only if the kill came between its
+    # evaluation and the next save of the progress (every 0.05 s); a restart from step 0 would
+    # re-send 100+ datapoints per rule.
+    with sqlite3.connect(api.data_dir / "trainguard.db") as db:
+        rows = db.execute(
+            "SELECT configuration_name, step, COUNT(*) FROM metric_data WHERE job_name='ray-survivor' "
+            "AND metric_name='RuleIssuesFound' GROUP BY configuration_name, step"
+        ).fetchall()
+    evaluated: dict[str, int] = {}
+    again: dict[str, int] = {}
+    for name, _step, count in rows:
+        evaluated[name] = evaluated.get(name, 0) + 1
+        again[name] = again.get(name, 0) + count - 1
+    assert evaluated == {"LossWatch": steps, "LossHigh": steps, "LossEarly": 300}, evaluated
+    assert all(count < 30 for count in again.values()), again
 
 
 def test_a_job_whose_training_node_dies_ends_failed_with_the_reason(ray_cluster: RayCluster, api_factory) -> None:
