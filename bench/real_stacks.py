@@ -40,12 +40,16 @@ STACKS: dict[str, tuple[str, list[str], int]] = {
     "hf_trainer": ("bench.stacks.hf_trainer", [], 800),
     "lightning": ("bench.stacks.lightning_fit", [], 5000),
 }
+# steps for about 10 s of loop on one H100 (its kernels are quick: per-step Python dominates)
+CUDA_STEPS = {"mlp": 30000, "compiled_mlp": 30000, "cnn": 10000, "hf_trainer": 800, "lightning": 10000}
 VARIANTS = ("plain", "trainguard", "trainguard_rules")
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 
 
-def command(stack: str, variant: str, scale: float) -> list[str]:
+def command(stack: str, variant: str, scale: float, device: str = "cpu") -> list[str]:
     module, extra, steps = STACKS[stack]
+    if device == "cuda":
+        steps, extra = CUDA_STEPS[stack], [*extra, "--device", "cuda"]
     script = [sys.executable, "-m", module, "--steps", str(max(1, int(steps * scale))), *extra]
     runner = [sys.executable, "-m", "trainguard.cli", "run"]
     if variant == "plain":
@@ -73,17 +77,24 @@ def run_once(argv: list[str]) -> dict[str, float]:
     return {"loop_s": float(match.group(1)), "command_s": elapsed, "peak_rss_mib": usage.ru_maxrss / 1024}
 
 
-def measure(stacks: list[str], reps: int, scale: float, condition: str) -> list[dict]:
+def measure(stacks: list[str], reps: int, scale: float, condition: str, device: str = "cpu") -> list[dict]:
     rows = []
     for rep in range(reps):
         for stack in stacks:
             order = VARIANTS[rep % 3 :] + VARIANTS[: rep % 3]
+            mine = []
             for variant in order:
-                result = run_once(command(stack, variant, scale))
-                rows.append({"condition": condition, "rep": rep, "stack": stack, "variant": variant, **result})
+                try:
+                    result = run_once(command(stack, variant, scale, device))
+                except RuntimeError as error:  # one broken stack must not cost the others' figures
+                    print(f"[{condition} rep {rep}] {stack} {variant} FAILED: {error}", file=sys.stderr, flush=True)
+                    mine = []
+                    break
+                mine.append({"condition": condition, "rep": rep, "stack": stack, "variant": variant, **result})
                 print(f"[{condition} rep {rep}] {stack:13s} {variant:17s} loop {result['loop_s']:7.2f} s  "
                       f"command {result['command_s']:7.2f} s  peak RSS {result['peak_rss_mib']:6.0f} MiB",
                       file=sys.stderr, flush=True)  # fmt: skip
+            rows += mine
     return rows
 
 
@@ -94,6 +105,8 @@ def summarise(rows: list[dict]) -> list[dict]:
         mine = [r for r in rows if r["condition"] == condition and r["stack"] == stack]
         by = {(r["rep"], r["variant"]): r for r in mine}
         reps = sorted({r["rep"] for r in mine})
+        if not reps:
+            continue
         plain = [by[(rep, "plain")] for rep in reps]
         for variant in VARIANTS:
             runs = [by[(rep, variant)] for rep in reps]
@@ -127,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", choices=["no", "yes", "only"], default="yes",
                         help="also (yes) or only (only) measure with the other core kept busy")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="1%% of the steps: checks the harness, not speed")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: every stack on the GPU, CUDA_STEPS steps (use with --load no)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the runs and the table here")
     args = parser.parse_args(argv)
     scale = 0.01 if args.quick else args.scale
@@ -138,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if condition == "loaded":
             spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
-            rows += measure(args.stacks, args.reps, scale, condition)
+            rows += measure(args.stacks, args.reps, scale, condition, args.device)
         finally:
             if spinner is not None:
                 spinner.kill()

@@ -8,12 +8,13 @@ import tempfile
 
 import torch
 
-from bench.stacks._timing import LoopTimer
+from bench.stacks._timing import LoopTimer, add_device_argument
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=800)
+    add_device_argument(parser)
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
@@ -37,9 +38,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as output:
         arguments = TrainingArguments(output_dir=output, max_steps=args.steps, per_device_train_batch_size=16,
                                       learning_rate=5e-4, warmup_steps=10, logging_steps=10**6, save_strategy="no",
-                                      report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)  # fmt: skip
+                                      report_to=[], use_cpu=args.device == "cpu", dataloader_num_workers=0, disable_tqdm=True)  # fmt: skip
         trainer = Trainer(model=model, args=arguments, train_dataset=Examples())
-        with LoopTimer():
+        with LoopTimer(args.device):
             trainer.train()
 
 

@@ -8,12 +8,13 @@ import tempfile
 import torch
 from torch import nn
 
-from bench.stacks._timing import LoopTimer
+from bench.stacks._timing import LoopTimer, add_device_argument
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=5000)
+    add_device_argument(parser)
     args = parser.parse_args()
     import lightning
 
@@ -37,10 +38,10 @@ def main() -> None:
     y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, shuffle=True)
     with tempfile.TemporaryDirectory() as root:
-        trainer = lightning.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, logger=False,
+        trainer = lightning.Trainer(max_steps=args.steps, accelerator="gpu" if args.device == "cuda" else "cpu", devices=1, logger=False,
                                     enable_checkpointing=False, enable_progress_bar=False,
                                     enable_model_summary=False, default_root_dir=root)  # fmt: skip
-        with LoopTimer():
+        with LoopTimer(args.device):
             trainer.fit(Classifier(), loader)
 
 
