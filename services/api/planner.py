@@ -27,6 +27,7 @@ from trainguard.services.sagemaker_container.images import training_image_for
 __all__ = [
     "LOCAL_PLAN_LAUNCHERS",
     "RULE_ROLE_PREFIX",
+    "UPLOADER_FINISH_GRACE_S",
     "gpus_per_instance",
     "instance_count",
     "job_dir",
@@ -41,6 +42,8 @@ RULE_ROLE_PREFIX = "rule:"
 LOCAL_PLAN_LAUNCHERS = ("local", "ray")
 CONTAINER_TENSORS = "/opt/ml/output/tensors"
 _PASSED_AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# The grace of the stop that tells an uploader training is over (see the reconciler, which uses it).
+UPLOADER_FINISH_GRACE_S = 660.0
 
 
 def rule_role(configuration_name: str) -> str:
@@ -211,6 +214,8 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
                     command=tuple(uploader),
                     environment={**aws, "AWS_REGION": settings.region},
                     working_dir=str(directory),
+                    # Told to finish by a stop (SIGTERM): on Ray that stop's grace is the submitted one.
+                    stop_grace_seconds=UPLOADER_FINISH_GRACE_S,
                 )
             )
         rules_read = s3_copy if s3_copy and launcher == "ray" else base_trial

@@ -30,7 +30,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from trainguard.services.api.db import ComponentRow, JobRow, RuleRow, checkpoint_wal
 from trainguard.services.api.jobs import RULE_TERMINAL, JobService
 from trainguard.format.layout import END_OF_TRAINING
-from trainguard.services.api.planner import LOCAL_PLAN_LAUNCHERS, RULE_ROLE_PREFIX, job_dir, rule_role
+from trainguard.services.api.planner import (
+    LOCAL_PLAN_LAUNCHERS,
+    RULE_ROLE_PREFIX,
+    UPLOADER_FINISH_GRACE_S,
+    job_dir,
+    rule_role,
+)
 from trainguard.services.launchers.base import ComponentState, ComponentStatus
 from trainguard.services.sagemaker_container.contract import failure_reason_from_log
 
@@ -55,7 +61,7 @@ _UPLOADER_READY_WAIT_S = 120.0
 # (TRAINGUARD_STOP_GRACE_SECONDS, 10 s on the e2e stack) SIGKILLed an uploader re-sending a run to
 # an S3 endpoint restarted empty under load: it died 6 times (exit 137) and a job whose every file
 # did reach S3 ended Failed (bench/chaos_stack.py, restart-s3-empty, load average 80).
-_UPLOADER_FINISH_GRACE_S = 660.0
+_UPLOADER_FINISH_GRACE_S = UPLOADER_FINISH_GRACE_S  # the Ray launcher submits the uploader with it
 # SQLite log checkpoints run here, off the requests' commits (services/api/db.py).
 _CHECKPOINT_EVERY_S = 5.0
 _RUNNER_RESTARTS = 3  # per rule runner of a job

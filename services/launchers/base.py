@@ -52,6 +52,9 @@ class ComponentSpec:
         working_dir: working directory inside the container / for the process.
         gpus: GPUs per instance (the Ray launcher requests them); None = none.
         instance_count: training instances (hosts); only the Ray launcher runs more than one.
+        stop_grace_seconds: the longest grace a stop of this component may ask for (the uploader's
+            "training ended, finish" stop); the Ray launcher, whose grace is fixed when a
+            component is submitted, submits with the larger of this and its own. None: its own.
     """
 
     role: str
@@ -64,6 +67,7 @@ class ComponentSpec:
     working_dir: str | None = None
     gpus: int | None = None
     instance_count: int = 1
+    stop_grace_seconds: float | None = None
 
 
 @dataclass(frozen=True)

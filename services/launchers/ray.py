@@ -36,7 +36,9 @@ submission id) and ``logs()`` joins the attempts.
 
 Stop: Ray's job API sends SIGTERM to the entrypoint's process tree and SIGKILL after
 ``RAY_JOB_STOP_WAIT_TIME_S``, which Ray reads from the job's environment. That grace is fixed
-when the job is submitted (``stop_grace_seconds``, the API's TRAINGUARD_STOP_GRACE_SECONDS);
+when the job is submitted (``stop_grace_seconds``, the API's TRAINGUARD_STOP_GRACE_SECONDS, or
+the component's own ``stop_grace_seconds`` when longer: the uploader's, whose "training ended,
+finish" stop must not SIGKILL it mid-upload after a few seconds);
 a stop asking for a shorter grace still gets SIGTERM at once, the SIGKILL comes after the
 submitted grace (Ray's job API has no per-stop grace).
 """
@@ -241,8 +243,10 @@ class RayLauncher:
         env_vars: dict[str, str],
         options: dict,
         group: list[str] | None = None,
+        grace_seconds: float | None = None,
     ) -> None:
-        env_vars = {**env_vars, "RAY_JOB_STOP_WAIT_TIME_S": str(max(0, math.ceil(self.stop_grace_seconds)))}
+        grace = max(self.stop_grace_seconds, grace_seconds or 0.0)
+        env_vars = {**env_vars, "RAY_JOB_STOP_WAIT_TIME_S": str(max(0, math.ceil(grace)))}
         self._call(
             f"submit {role} of {job_name}",
             self.client.submit_job,
@@ -270,13 +274,17 @@ class RayLauncher:
     @staticmethod
     def _group(components: list[ComponentSpec]) -> ComponentSpec:
         """One component running ``components`` (rule runners) in one process: the variables they
-        all share are its own, the group's list carries each rule's complete environment. It asks
+        all share are its own, the group's list carries what differs per rule (a process's
+        environment is bounded: 128 KiB per variable on Linux). It asks
         for the most CPUs any of them asked (the rules are evaluated one after the other) and the
         memory they asked together."""
         environments = [{key: str(value) for key, value in c.environment.items()} for c in components]
         shared = {key: value for key, value in environments[0].items()
                   if all(other.get(key) == value for other in environments[1:])}  # fmt: skip
-        entries = [{"role": c.role, "environment": e} for c, e in zip(components, environments, strict=True)]
+        entries = [
+            {"role": c.role, "environment": {key: value for key, value in e.items() if shared.get(key) != value}}
+            for c, e in zip(components, environments, strict=True)
+        ]
         cpus = [c.cpus for c in components if c.cpus]
         memory = [c.memory_mb for c in components if c.memory_mb]
         return ComponentSpec(
@@ -310,6 +318,7 @@ class RayLauncher:
                 {key: str(value) for key, value in component.environment.items()},
                 self._resources(component),
                 [entry["role"] for entry in group] if group is not None else None,
+                component.stop_grace_seconds,
             )
 
     def status(self, job_name: str) -> dict[str, ComponentStatus]:
@@ -363,8 +372,10 @@ class RayLauncher:
         env_vars = dict((info.runtime_env or {}).get("env_vars") or {})
         attempt = int(info.metadata.get(_ATTEMPT_KEY, "0")) + 1
         group = json.loads(info.metadata[_GROUP_KEY]) if _GROUP_KEY in info.metadata else None
+        submitted_grace = float(env_vars.get("RAY_JOB_STOP_WAIT_TIME_S") or 0)  # the component's own, if longer
         # A rules group is resubmitted whole, once: its other rules then see the new attempt pending.
-        self._submit(job_name, info.metadata[_ROLE_KEY], attempt, info.entrypoint, env_vars, options, group)
+        self._submit(job_name, info.metadata[_ROLE_KEY], attempt, info.entrypoint, env_vars, options, group,
+                     submitted_grace)  # fmt: skip
 
     def logs(self, job_name: str, role: str = "training", tail: int | None = None) -> str:
         attempts = [info for info in self._submissions(job_name) if role in _roles_of(info)]

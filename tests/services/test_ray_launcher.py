@@ -399,3 +399,62 @@ def test_settings_pick_the_ray_launcher_with_its_address_and_grace(tmp_path) -> 
     assert (launcher.name, launcher.address, launcher.stop_grace_seconds) == ("ray", "http://head:8265", 7.5)
     with pytest.raises(ConfigError, match="use local, docker or ray"):
         Settings.from_env({**base, "TRAINGUARD_LAUNCHER": "kubernetes"})
+
+
+class _RecordingClient:
+    """Ray's JobSubmissionClient as far as submit/list go: what the launcher submits, no cluster."""
+
+    def __init__(self) -> None:
+        self.submitted: list[dict[str, Any]] = []
+
+    def submit_job(self, **kwargs: Any) -> str:
+        self.submitted.append(kwargs)
+        return kwargs["submission_id"]
+
+    def list_jobs(self) -> list[Any]:
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(submission_id=k["submission_id"], metadata=k["metadata"], entrypoint=k["entrypoint"],
+                                runtime_env=k["runtime_env"], status="FAILED", driver_exit_code=None,
+                                message="Job supervisor actor died")
+                for k in self.submitted]  # fmt: skip
+
+
+def test_planned_job_submissions_one_rules_group_and_the_uploader_finish_grace(tmp_path) -> None:
+    """What the launcher submits for a planned job, without a cluster: the rules as one group
+    carrying what differs per rule; the uploader with the reconciler's finish grace (Ray fixes a
+    stop's grace at submission: with the job's 5 s, 'training ended, finish' SIGKILLed uploaders
+    mid-upload under load and the API restarted them until their jobs failed, bench/scale.py
+    20 x 5), kept when it is restarted."""
+    from trainguard.services.api.planner import UPLOADER_FINISH_GRACE_S, plan_job
+    from trainguard.services.api.schemas import JobSpec
+    from trainguard.services.api.settings import Settings
+
+    settings = Settings.from_env({"TRAINGUARD_API_TOKEN": "planner-token", "TRAINGUARD_DATA_DIR": str(tmp_path)})
+    spec = JobSpec.model_validate({
+        "name": "grouped", "command": ["true"], "hook_config": {"S3OutputPath": "s3://bkt/"},
+        "rules": [{"rule": CUSTOM_RULE, "name": "A"}, {"rule": CUSTOM_RULE, "name": "B", "parameters": {"end_step": 9}}],
+    })  # fmt: skip
+    client = _RecordingClient()
+    launcher = RayLauncher("http://unused:8265", stop_grace_seconds=5, client=client)
+    launcher.start(plan_job(spec, settings, "ray", "t"))
+    by_role = {k["metadata"]["trainguard_role"]: k for k in client.submitted}
+    assert set(by_role) == {"training", "uploader", "rules"}
+    group = by_role["rules"]
+    assert group["entrypoint_resources"] == {"rules": 1}
+    assert json.loads(group["metadata"]["trainguard_rules"]) == ["rule:A", "rule:B"]
+    shared = group["runtime_env"]["env_vars"]
+    assert shared["BASE_TRIAL"] == "s3://bkt/grouped/debug-output" and "RULE_CONFIGURATION_NAME" not in shared
+    entries = json.loads(shared["TRAINGUARD_RULE_GROUP_JSON"])
+    assert [e["environment"]["RULE_CONFIGURATION_NAME"] for e in entries] == ["A", "B"]
+    assert "BASE_TRIAL" not in entries[0]["environment"]  # shared variables travel once
+    grace = lambda role: by_role[role]["runtime_env"]["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"]  # noqa: E731
+    assert (grace("training"), grace("rules"), grace("uploader")) == ("5", "5", str(int(UPLOADER_FINISH_GRACE_S)))
+    launcher.start(plan_job(spec, settings, "ray", "t"))
+    assert len(client.submitted) == 3  # idempotent, the group included
+    launcher.restart("grouped", "uploader")
+    launcher.restart("grouped", "rule:B")
+    again = {k["metadata"]["trainguard_role"]: k for k in client.submitted[3:]}
+    assert again["uploader"]["runtime_env"]["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"] == grace("uploader")
+    assert again["rules"]["submission_id"] == "tg-grouped--rules--1"
+    assert json.loads(again["rules"]["metadata"]["trainguard_rules"]) == ["rule:A", "rule:B"]
