@@ -138,6 +138,7 @@ class ReportOutbox:
         self._condition = threading.Condition()
         self._pending: list[dict[str, Any]] = []
         self._queued_at: list[float] = []  # when each pending report was put (0: replayed, send now)
+        self._points_sent = False  # the first datapoints go at once: the API sees the rule's progress start
         self._closing = False
         path.parent.mkdir(parents=True, exist_ok=True)
         self.id, acked, entries = self._load()
@@ -216,6 +217,7 @@ class ReportOutbox:
                 continue
             delay = 0.2
             with self._condition:
+                self._points_sent = self._points_sent or _datapoints_only(self._pending[0])
                 del self._pending[:merged]
                 del self._queued_at[:merged]
                 self._write_acked(document["sequence"])
@@ -223,9 +225,10 @@ class ReportOutbox:
 
     def _hold_for(self) -> float:
         """Seconds the pending reports may still wait (0: send now). Only datapoint-only reports
-        wait, up to ``batch_s`` after the oldest was put; a status or finding behind them, a full
-        batch or close() sends them at once. Called with the condition held."""
-        if self.batch_s <= 0 or self._closing:
+        wait, up to ``batch_s`` after the oldest was put; the outbox's first datapoints, a status
+        or finding behind them, a full batch or close() send them at once. Called with the
+        condition held."""
+        if self.batch_s <= 0 or self._closing or not self._points_sent:
             return 0.0
         points = 0
         for document in self._pending:

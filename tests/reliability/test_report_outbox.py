@@ -62,18 +62,20 @@ def test_datapoints_wait_for_company_and_a_status_sends_them_at_once(tmp_path: P
     status or finding is never held back, nor are the datapoints before it."""
     delivered: list[dict] = []
     outbox = ReportOutbox(tmp_path / "r.jsonl", lambda d: delivered.append(d) or "acknowledged", batch_s=1.5)
+    outbox.put({"configuration_name": "Loss", "datapoints": [{"step": 0, "value": 0.0}]})
+    wait_for(lambda: delivered, 1.0, "the first report, at once (the rule started evaluating)")
     began = time.monotonic()
-    for step in range(5):
+    for step in range(1, 6):
         outbox.put({"configuration_name": "Loss", "datapoints": [{"step": step, "value": 0.0}]})
         time.sleep(0.05)
     time.sleep(0.5)
-    assert delivered == []  # still within the window
-    wait_for(lambda: delivered, 5, "the batch")
+    assert len(delivered) == 1  # the next ones are still within the window
+    wait_for(lambda: len(delivered) == 2, 5, "the batch")
     assert time.monotonic() - began >= 1.4
-    assert [len(d["datapoints"]) for d in delivered] == [5] and delivered[0]["last_evaluated_step"] == 4
-    outbox.put({"configuration_name": "Loss", "datapoints": [{"step": 5, "value": 0.0}]})
-    outbox.put({"configuration_name": "Loss", "status": "IssuesFound", "datapoints": [{"step": 6, "value": 1.0}]})
-    wait_for(lambda: len(delivered) == 3, 1.0, "the status and the datapoint before it, at once")
-    assert [d["sequence"] for d in delivered] == [5, 6, 7] and delivered[2]["status"] == "IssuesFound"
-    outbox.put({"configuration_name": "Loss", "datapoints": [{"step": 7, "value": 0.0}]})
-    assert outbox.close(timeout=1.0) and len(delivered) == 4  # close() does not wait out the window
+    assert [len(d["datapoints"]) for d in delivered] == [1, 5] and delivered[1]["last_evaluated_step"] == 5
+    outbox.put({"configuration_name": "Loss", "datapoints": [{"step": 6, "value": 0.0}]})
+    outbox.put({"configuration_name": "Loss", "status": "IssuesFound", "datapoints": [{"step": 7, "value": 1.0}]})
+    wait_for(lambda: len(delivered) == 4, 1.0, "the status and the datapoint before it, at once")
+    assert [d["sequence"] for d in delivered] == [1, 6, 7, 8] and delivered[3]["status"] == "IssuesFound"
+    outbox.put({"configuration_name": "Loss", "datapoints": [{"step": 8, "value": 0.0}]})
+    assert outbox.close(timeout=1.0) and len(delivered) == 5  # close() does not wait out the window
