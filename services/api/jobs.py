@@ -86,7 +86,9 @@ class JobService(JobLaunching):
         self.starting: set[str] = set()  # jobs whose components the launcher is starting right now
         self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
         self._changed: set[str] = set()
-        self.launch_queue = JobLaunchQueue(workers=2)
+        self.launch_queue = JobLaunchQueue(
+            workers=2, settle_seconds=settings.launch_settle_seconds, max_delay_seconds=settings.launch_max_delay_seconds
+        )
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=False)

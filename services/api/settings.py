@@ -36,6 +36,10 @@ ENVIRONMENT: dict[str, str] = {
     "TRAINGUARD_PUBLIC_URL": "the API's URL as rule runners reach it (default http://127.0.0.1:<port>)",
     "TRAINGUARD_STOP_GRACE_SECONDS": "SIGTERM-to-SIGKILL grace of a stop (default 120, as SageMaker)",
     "TRAINGUARD_RECONCILE_INTERVAL": "seconds between launcher polls (default 1.0)",
+    "TRAINGUARD_LAUNCH_SETTLE_SECONDS": "accepted jobs start once no job was accepted for this long (default 0.2; "
+    "0 = at once), so a burst of creations is answered before its jobs take the CPU",
+    "TRAINGUARD_LAUNCH_MAX_DELAY_SECONDS": "the longest an accepted job waits for a burst to settle "
+    "(default 2, at most 600)",
     "TRAINGUARD_JOB_CPU_SHARES": "CPU weight (docker --cpu-shares, 2-262144) of docker-launcher job containers, below the services' (default 2)",
     "TRAINGUARD_JOB_NICENESS": "CPU niceness 0-19 of local-launcher job processes, below the API's (default 10)",
     "TRAINGUARD_RULE_FINISH_TIMEOUT": "seconds rule runners may run on after training ended (default 600)",
@@ -112,6 +116,8 @@ class Settings:
     public_url: str = ""
     stop_grace_seconds: float = 120.0
     reconcile_interval: float = 1.0
+    launch_settle_seconds: float = 0.2
+    launch_max_delay_seconds: float = 2.0
     rule_finish_timeout: float = 600.0
     sagemaker_keys: AccessKeyStore = field(default_factory=AccessKeyStore)
     rule_modules: tuple[str, ...] = ()
@@ -180,6 +186,8 @@ class Settings:
             public_url=(environ.get("TRAINGUARD_PUBLIC_URL") or f"http://127.0.0.1:{port}").rstrip("/"),
             stop_grace_seconds=_float(environ, "TRAINGUARD_STOP_GRACE_SECONDS", 120.0),
             reconcile_interval=max(0.05, _float(environ, "TRAINGUARD_RECONCILE_INTERVAL", 1.0)),
+            launch_settle_seconds=min(60.0, _float(environ, "TRAINGUARD_LAUNCH_SETTLE_SECONDS", 0.2)),
+            launch_max_delay_seconds=min(600.0, _float(environ, "TRAINGUARD_LAUNCH_MAX_DELAY_SECONDS", 2.0)),
             rule_finish_timeout=_float(environ, "TRAINGUARD_RULE_FINISH_TIMEOUT", 600.0),
             sagemaker_keys=keys,
             rule_modules=rule_modules,

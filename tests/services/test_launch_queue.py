@@ -93,6 +93,59 @@ def test_launch_queue_runs_each_job_once_and_reports_failures() -> None:
         JobLaunchQueue(workers=0)
 
 
+def _launch_times(queue: JobLaunchQueue, names: list[str], every: float) -> tuple[dict[str, float], list[float]]:
+    """Submit ``names`` one every ``every`` seconds; when each was accepted and when it launched.
+    Closes ``queue``."""
+    launched: dict[str, float] = {}
+    accepted: list[float] = []
+    try:
+        for name in names:
+            accepted.append(time.monotonic())
+            assert queue.submit(name, lambda name=name: launched.__setitem__(name, time.monotonic()), lambda e: None)
+            time.sleep(every)
+        assert queue.wait_idle(10)
+    finally:
+        queue.close()
+    return launched, accepted
+
+
+def test_launches_wait_until_a_burst_of_creations_settles() -> None:
+    queue = JobLaunchQueue(workers=2, settle_seconds=0.4, max_delay_seconds=5.0)
+    launched, accepted = _launch_times(queue, [f"job-{i}" for i in range(6)], every=0.1)
+    last = accepted[-1]
+    assert len(launched) == 6
+    # nothing started while creations kept coming (one every 0.1 s < 0.4 s of quiet)
+    assert min(launched.values()) >= last + 0.35, (min(launched.values()) - last)
+    assert max(launched.values()) <= last + 2.0
+
+
+def test_a_long_stream_of_creations_does_not_hold_launches_past_the_max_delay() -> None:
+    queue = JobLaunchQueue(workers=2, settle_seconds=0.4, max_delay_seconds=0.5)
+    launched, accepted = _launch_times(queue, [f"job-{i}" for i in range(20)], every=0.1)
+    waits = [launched[f"job-{i}"] - accepted[i] for i in range(20)]
+    # the stream never goes quiet for 0.4 s, so each job starts once it waited its 0.5 s; the
+    # last few, accepted less than 0.5 s before the stream ended, when it has been quiet 0.4 s
+    assert all(0.45 <= wait <= 1.5 for wait in waits[:15]), [round(w, 2) for w in waits]
+    assert all(0.35 <= wait <= 1.5 for wait in waits[15:]), [round(w, 2) for w in waits]
+    assert launched["job-0"] < accepted[-1]  # the first started while creations were still arriving
+
+
+def test_launches_go_at_once_without_settling_and_on_close() -> None:
+    launched, accepted = _launch_times(JobLaunchQueue(workers=2), ["a"], every=0)  # settle 0: the old behaviour
+    assert launched["a"] - accepted[0] < 0.3
+    waiting = JobLaunchQueue(workers=1, settle_seconds=30, max_delay_seconds=60)
+    done = []
+    waiting.submit("b", lambda: done.append(time.monotonic()), lambda e: None)
+    closed = time.monotonic()
+    waiting.close()  # a closing API launches what is queued instead of waiting out the burst
+    deadline = time.monotonic() + 5
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done and done[0] - closed < 2
+    with pytest.raises(ValueError):
+        JobLaunchQueue(settle_seconds=-1, max_delay_seconds=1)
+
+
 def test_job_processes_run_with_the_configured_niceness(tmp_path: Path) -> None:
     import os
 
