@@ -80,6 +80,8 @@ def _float(environ: Mapping[str, str], key: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{key}={raw!r} is not a number") from None
+    if value != value:  # NaN passes every comparison below and min()/max() would hide it
+        raise ConfigError(f"{key}={raw!r} is not a number")
     if value < 0:
         raise ConfigError(f"{key}={raw!r} must not be negative")
     return value

@@ -146,6 +146,15 @@ def test_launches_go_at_once_without_settling_and_on_close() -> None:
         JobLaunchQueue(settle_seconds=-1, max_delay_seconds=1)
 
 
+@pytest.mark.parametrize("value", ["nan", "-1", "soon"])
+def test_launch_settings_refuse_what_is_not_a_duration(value: str) -> None:
+    from trainguard.errors import ConfigError
+
+    for key in ("TRAINGUARD_LAUNCH_SETTLE_SECONDS", "TRAINGUARD_LAUNCH_MAX_DELAY_SECONDS"):
+        with pytest.raises(ConfigError, match=key):
+            Settings.from_env({"TRAINGUARD_API_TOKEN": TOKEN, key: value})
+
+
 def test_job_processes_run_with_the_configured_niceness(tmp_path: Path) -> None:
     import os
 
