@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import trainguard.hooks.base as hooks_base
 import trainguard.hooks.pytorch as hooks_pytorch
+import trainguard.hooks.step_file as hooks_step_file
 import trainguard.hooks.writer as hooks_writer
 import trainguard.pytorch as tg
 import trainguard.storage.local as storage_local
@@ -128,7 +129,7 @@ INJECTIONS = {
     # the writer thread: opening the event file
     "open_writer": lambda mp, hook: mp.setattr(hook.store, "open_writer", _raise),
     # the writer thread: encoding a tensor
-    "encode": lambda mp, hook: mp.setattr(hooks_writer, "encode_tensor_event", _raise),
+    "encode": lambda mp, hook: mp.setattr(hooks_step_file, "encode_tensor_event", _raise),
 }
 
 

@@ -16,57 +16,43 @@ import os
 import threading
 import time
 import weakref
-import zlib
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from trainguard.format.index import IndexEntry, StepIndex, render_index
-from trainguard.format.layout import event_key, index_key
-from trainguard.format.record import FOOTER_SIZE, HEADER_SIZE, frame_footer, frame_header
-from trainguard.format.tensor_codec import encode_scalar_events, encode_tensor_event
+from trainguard.hooks.step_file import StepFile
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 
-__all__ = ["StepWriter", "TensorSource"]
+__all__ = ["StepWriter", "TensorSource", "WriterBase", "resolve_reductions"]
 
 logger = logging.getLogger("trainguard")
 
 # A tensor handed over is a numpy array, or a callable returning one (e.g. a device-to-host
 # copy still in flight that the writer thread waits for), with an optional DataType override.
 TensorSource = np.ndarray | Callable[[], np.ndarray]
-_FOOTER = frame_footer()
-# Record headers by payload length: scalar records of a run repeat a handful of lengths.
-_HEADERS: dict[int, bytes] = {}
 
 
-class StepWriter:
-    """Writes one worker's steps to a store on a background thread."""
+class WriterBase:
+    """What every step writer shares: failure state, space held back, and fork safety."""
 
     def __init__(
         self,
         store: Store,
         worker: str,
         *,
-        max_pending_bytes: int = 256 << 20,
-        max_block_seconds: float = 60.0,
-        on_error: Callable[[BaseException], None] | None = None,
+        max_pending_bytes: int,
+        max_block_seconds: float,
+        on_error: Callable[[BaseException], None] | None,
     ) -> None:
         self.store = store
         self.worker = worker
         self.max_pending_bytes = max_pending_bytes
         self.max_block_seconds = max_block_seconds
-        self._wake_bytes = min(self.WAKE_BYTES, max(1, max_pending_bytes // 4))
-        self.bytes_written = 0
-        self.steps_written = 0
         self.failure: BaseException | None = None
         self._on_error = on_error
-        self._pid = os.getpid()
-        self._reset_sync_state()
-        self._thread = threading.Thread(target=self._run, name=f"trainguard-writer-{worker}", daemon=True)
-        self._thread.start()
         self._closed = False
         self._disabled_by_fork = False
         self._reserve = self._reserve_space()
@@ -107,8 +93,13 @@ class StepWriter:
             except OSError:
                 pass
 
+    def _release_reserve(self) -> None:
+        if self.failure is None:  # after a failure the space is kept for write_after_failure
+            self._release(self._reserve)
+            self._reserve = None
+
     def write_after_failure(self, objects: list[tuple[str, bytes]]) -> None:
-        """Write small objects directly (not through the failed writer thread), in the space held
+        """Write small objects directly (not through the failed writer), in the space held
         back at start: the record of why capture stopped, and the end marker. Best effort."""
         self._release(self._reserve)
         self._reserve = None
@@ -119,6 +110,45 @@ class StepWriter:
                 logger.debug("trainguard: could not write %s after capture stopped: %s", key, error)
                 return
 
+    def _after_fork_in_child(self) -> None:
+        self._disabled_by_fork = True
+
+    @property
+    def active(self) -> bool:
+        return self.failure is None and not self._closed and not self._disabled_by_fork
+
+    def _fail(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+            if self._on_error is not None:
+                try:
+                    self._on_error(error)
+                except Exception:  # never let error reporting take training down
+                    logger.exception("trainguard: error handler failed")
+
+
+class StepWriter(WriterBase):
+    """Writes one worker's steps to a store on a background thread."""
+
+    def __init__(
+        self,
+        store: Store,
+        worker: str,
+        *,
+        max_pending_bytes: int = 256 << 20,
+        max_block_seconds: float = 60.0,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self._reset_sync_state()
+        super().__init__(
+            store, worker, max_pending_bytes=max_pending_bytes, max_block_seconds=max_block_seconds, on_error=on_error
+        )
+        self._wake_bytes = min(self.WAKE_BYTES, max(1, max_pending_bytes // 4))
+        self.bytes_written = 0
+        self.steps_written = 0
+        self._thread = threading.Thread(target=self._run, name=f"trainguard-writer-{worker}", daemon=True)
+        self._thread.start()
+
     def _reset_sync_state(self) -> None:
         self._queue: deque[tuple[Any, ...]] = deque()
         self._pending_bytes = 0
@@ -128,11 +158,7 @@ class StepWriter:
         # The lock may have been held by the parent's writer thread at fork time; a fresh one is
         # the only safe state. The child never writes: its thread does not exist.
         self._reset_sync_state()
-        self._disabled_by_fork = True
-
-    @property
-    def active(self) -> bool:
-        return self.failure is None and not self._closed and not self._disabled_by_fork
+        super()._after_fork_in_child()
 
     # -- training-thread side ---------------------------------------------------------------
     # A step's pieces (begin, tensors, reductions) are queued without waking the writer thread
@@ -206,25 +232,15 @@ class StepWriter:
             self._queue.append(("stop",))
             self._condition.notify_all()
         self._thread.join(timeout=5.0 if done else 0.1)
-        if self.failure is None:  # after a failure the space is kept for write_after_failure
-            self._release(self._reserve)
-            self._reserve = None
+        self._release_reserve()
         return done
 
     # -- writer-thread side -----------------------------------------------------------------
     _busy = False
 
-    def _fail(self, error: BaseException) -> None:
-        if self.failure is None:
-            self.failure = error
-            if self._on_error is not None:
-                try:
-                    self._on_error(error)
-                except Exception:  # never let error reporting take training down
-                    logger.exception("trainguard: error handler failed")
-
     def _run(self) -> None:
-        step_state: dict[str, Any] | None = None
+        step_file = StepFile(self.store, self.worker, pause=_hand_back_gil)
+        reductions: list[tuple[list[str], Any]] = []  # the open step's, written at its end
         while True:
             with self._condition:
                 while not self._queue:
@@ -242,147 +258,74 @@ class StepWriter:
             nbytes = item[4] if kind in ("tensor", "reductions") else 0
             try:
                 if self.failure is None:
-                    step_state = self._handle(item, step_state)
+                    self._handle(item, step_file, reductions)
             except BaseException as error:  # noqa: BLE001 - any failure disables capture
-                if step_state is not None and step_state.get("file") is not None:
-                    try:
-                        step_state["file"].abort()
-                    except Exception:
-                        pass
-                step_state = None
+                step_file.abort_quietly()
+                reductions.clear()
                 self._fail(error)
             finally:
                 if nbytes:
                     with self._condition:
                         self._pending_bytes -= nbytes
                         self._condition.notify_all()
+                self.bytes_written = step_file.bytes_written
+                self.steps_written = step_file.steps_written
 
-    def _handle(self, item: tuple[Any, ...], state: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _handle(self, item: tuple[Any, ...], step_file: StepFile, reductions: list[tuple[list[str], Any]]) -> None:
         kind = item[0]
         if kind == "begin":
-            if state is not None:  # a step left open: finish it rather than lose it
-                self._finish_step(state)
-            _, step, mode, mode_step = item
-            return {"step": step, "mode": mode, "mode_step": mode_step, "file": None, "offset": 0, "entries": [],
-                    "reductions": []}  # fmt: skip
-        if kind == "reductions":
-            if state is None:
-                return state
-            _, names, vector, _, _ = item
-            state["reductions"].append((names, vector))  # written together at the step's end
-            return state
-        if kind == "tensor":
-            if state is None:
-                return state
-            _, name, value, proto_dtype, _ = item
-            self._write_record(state, name, value() if callable(value) else value, proto_dtype)
-            return state
-        if kind == "end":
-            if state is not None:
-                self._finish_step(state)
-            return None
-        if kind == "abort":
-            if state is not None and state["file"] is not None:
-                state["file"].abort()
-            return None
-        if kind == "object":
-            _, key, data = item
-            self.store.write(key, data)
-            return state
-        raise AssertionError(f"unknown writer item {kind!r}")
+            if step_file.open:  # a step left open: finish it rather than lose it
+                self._finish_step(step_file, reductions)
+            step_file.begin(item[1], item[2], item[3])
+        elif kind == "reductions":
+            if step_file.open:
+                reductions.append((item[1], item[2]))  # computed together at the step's end
+        elif kind == "tensor":
+            if step_file.open:
+                _, name, value, proto_dtype, _ = item
+                step_file.tensor(name, value() if callable(value) else value, proto_dtype)
+        elif kind == "end":
+            self._finish_step(step_file, reductions)
+        elif kind == "abort":
+            reductions.clear()
+            step_file.abort()
+        elif kind == "object":
+            self.store.write(item[1], item[2])
+        else:
+            raise AssertionError(f"unknown writer item {kind!r}")
 
-    def _write_record(self, state: dict[str, Any], name: str, array: np.ndarray, proto_dtype: int | None) -> None:
-        encoded = encode_tensor_event(
-            name,
-            array,
-            step=state["step"],
-            mode=state["mode"],
-            mode_step=state["mode_step"],
-            wall_time=time.time(),
-            proto_dtype=proto_dtype,
-        )
-        if state["file"] is None:
-            state["file"] = self.store.open_writer(event_key(state["step"], self.worker))
-        file = state["file"]
-        file.write(frame_header(encoded.length))
-        file.write(encoded.prefix)
-        if encoded.content.nbytes:
-            file.write(encoded.content)
-        file.write(_FOOTER)
-        record_length = HEADER_SIZE + encoded.length + FOOTER_SIZE
-        # The payload's checksum goes in the index (see IndexEntry.checksum): a flipped byte is
-        # then a clear error on read, never a silently wrong value. zlib's CRC-32 is in C, always
-        # installed, and drops the GIL on large buffers.
-        checksum = zlib.crc32(encoded.prefix)
-        if encoded.content.nbytes:
-            checksum = zlib.crc32(encoded.content, checksum)
-        state["entries"].append(IndexEntry(name, state["offset"], record_length, checksum))
-        state["offset"] += record_length
-        # Writing is background work: hand the GIL back after every record. Without this the
-        # training thread, which drops the GIL in every torch op, can wait a whole switch
-        # interval (5 ms) to get it back while this thread encodes (measured: 1.4x slowdown).
-        time.sleep(0)
+    def _finish_step(self, step_file: StepFile, reductions: list[tuple[list[str], Any]]) -> None:
+        if reductions and step_file.open:
+            names, values = resolve_reductions(reductions)
+            step_file.scalars(names, values)
+        reductions.clear()
+        step_file.end()
 
-    def _write_scalar_records(self, state: dict[str, Any], names: list[str], values: np.ndarray) -> None:
-        """A batch of scalar records (reductions) in one buffer and one write."""
-        payloads = encode_scalar_events(
-            names, values, step=state["step"], mode=state["mode"], mode_step=state["mode_step"], wall_time=time.time()
-        )
-        if state["file"] is None:
-            state["file"] = self.store.open_writer(event_key(state["step"], self.worker))
-        buffer = bytearray()
-        for name, payload in zip(names, payloads, strict=True):
-            header = _HEADERS.get(len(payload))
-            if header is None:
-                header = _HEADERS.setdefault(len(payload), frame_header(len(payload)))
-            buffer += header
-            buffer += payload
-            buffer += _FOOTER
-            record_length = HEADER_SIZE + len(payload) + FOOTER_SIZE
-            state["entries"].append(IndexEntry(name, state["offset"], record_length, zlib.crc32(payload)))
-            state["offset"] += record_length
-        state["file"].write(bytes(buffer))
-        time.sleep(0)  # hand the GIL back to training once per batch (see _write_record)
 
-    def _write_reductions(self, state: dict[str, Any]) -> None:
-        """All of a step's reductions: computed together, encoded as one batch, one write.
+def _hand_back_gil() -> None:
+    # Writing is background work: hand the GIL back after every record. Without this the
+    # training thread, which drops the GIL in every torch op, can wait a whole switch
+    # interval (5 ms) to get it back while this thread encodes (measured: 1.4x slowdown).
+    time.sleep(0)
 
-        Deferred reductions of one kind (e.g. CPU tensor copies) resolve in one call of their
-        ``resolve_many``, which shares multi-tensor kernels between tensors; per-step pieces of
-        the records (mode, step, wall time) are encoded once.
-        """
-        pending, state["reductions"] = state["reductions"], []
-        if not pending:
-            return
-        vectors: list[Any] = [vector for _, vector in pending]
-        batches: dict[Any, list[int]] = {}
-        for index, vector in enumerate(vectors):
-            resolve_many = getattr(type(vector), "resolve_many", None)
-            if resolve_many is not None:
-                batches.setdefault(resolve_many, []).append(index)
-            elif callable(vector):
-                vectors[index] = vector()
-        for resolve_many, indices in batches.items():
-            for index, resolved in zip(indices, resolve_many([vectors[index] for index in indices]), strict=True):
-                vectors[index] = resolved
-        names = [name for group, _ in pending for name in group]
-        values = np.concatenate([np.asarray(vector, dtype=np.float64).reshape(-1) for vector in vectors])
-        self._write_scalar_records(state, names, values)
 
-    def _finish_step(self, state: dict[str, Any]) -> None:
-        self._write_reductions(state)
-        if state["file"] is None:
-            return
-        state["file"].commit()  # the event file first: an index must never name a missing file
-        event_file = event_key(state["step"], self.worker)
-        index = StepIndex(
-            step=state["step"],
-            worker=self.worker,
-            mode=state["mode"],
-            mode_step=state["mode_step"],
-            event_file=event_file,
-            tensors=state["entries"],
-        )
-        self.store.write(index_key(state["step"], self.worker), render_index(index))
-        self.bytes_written += state["offset"]
-        self.steps_written += 1
+def resolve_reductions(pending: list[tuple[list[str], Any]]) -> tuple[list[str], np.ndarray]:
+    """A step's reductions, computed together: (tensor names, float64 values).
+
+    Deferred reductions of one kind (e.g. CPU tensor copies) resolve in one call of their
+    ``resolve_many``, which shares multi-tensor kernels between tensors.
+    """
+    vectors: list[Any] = [vector for _, vector in pending]
+    batches: dict[Any, list[int]] = {}
+    for index, vector in enumerate(vectors):
+        resolve_many = getattr(type(vector), "resolve_many", None)
+        if resolve_many is not None:
+            batches.setdefault(resolve_many, []).append(index)
+        elif callable(vector):
+            vectors[index] = vector()
+    for resolve_many, indices in batches.items():
+        for index, resolved in zip(indices, resolve_many([vectors[index] for index in indices]), strict=True):
+            vectors[index] = resolved
+    names = [name for group, _ in pending for name in group]
+    values = np.concatenate([np.asarray(vector, dtype=np.float64).reshape(-1) for vector in vectors])
+    return names, values
