@@ -10,6 +10,10 @@ trainguard tensorboard RUN OUT_DIR
 certain findings stop it), and 4 when training succeeded but a rule named in ``--rules`` could not
 evaluate the run (its data is missing) unless ``--allow-not-evaluated``. Rules of the implicit
 default set that could not evaluate are reported as such but leave the status alone.
+
+A training command still running TRAINGUARD_TEARDOWN_WARNING_SECONDS (default 300) after its
+capture's end-of-training marker gets one warning on stderr naming its processes (stuck in
+teardown?); nothing is stopped.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,11 @@ __all__ = ["main"]
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 EXIT_STOPPED_BY_RULE = 3
+# A training command still running this long after its capture's end marker gets one warning
+# naming its processes (nothing is stopped); TRAINGUARD_TEARDOWN_WARNING_SECONDS overrides.
+TEARDOWN_WARNING_VARIABLE = "TRAINGUARD_TEARDOWN_WARNING_SECONDS"
+DEFAULT_TEARDOWN_WARNING_SECONDS = 300.0
+TEARDOWN_CHECK_INTERVAL = 10.0  # how often the end marker is looked for (s)
 
 
 def _default_out_dir() -> str:
@@ -115,6 +126,7 @@ def _validate(environment: dict[str, str], out_dir: str) -> None:
     from trainguard.zero_code import zero_code_hook_kwargs
 
     zero_code_hook_kwargs(environment)
+    _teardown_warning_seconds(environment)
     store = open_store(out_dir)
     if store.exists(END_OF_TRAINING):
         raise ConfigError(f"--out {out_dir} already holds a finished run: choose a new directory")
@@ -177,7 +189,7 @@ def _supervise(
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, forward)
-    returncode = child.wait()
+    returncode = _wait_for_training(child, out_dir, _teardown_warning_seconds(environment))
     rules = None
     if watch is not None:
         latest = watch.training_finished()
@@ -203,6 +215,100 @@ def _supervise(
             return EXIT_NOT_EVALUATED
     # A child killed by a signal: the shell convention 128 + signal, not a wrapped negative number.
     return 128 - returncode if returncode < 0 else returncode
+
+
+def _teardown_warning_seconds(environment: dict[str, str]) -> float:
+    raw = environment.get(TEARDOWN_WARNING_VARIABLE)
+    if raw is None or raw == "":
+        return DEFAULT_TEARDOWN_WARNING_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{TEARDOWN_WARNING_VARIABLE}={raw!r} must be a positive number of seconds")
+    return seconds
+
+
+def _wait_for_training(child: subprocess.Popen, out_dir: str, warn_after: float) -> int:
+    """``child.wait()``, with one warning when the command outlives its capture's end by
+    ``warn_after`` seconds.
+
+    The end-of-training marker is written by the hook's close at interpreter exit (worker_0's,
+    in a distributed run): processes still there long after it are usually stuck in teardown
+    (e.g. PyTorch joining its gloo threads while holding the GIL). They might also still be
+    doing legitimate work (an upload, another rank finishing), so they are only named, never
+    signalled: Ctrl-C or SIGTERM to trainguard still stops the whole group. A hang before the
+    hook's close (no marker yet) looks like training and gets no warning.
+    """
+    done = threading.Event()
+    watcher = threading.Thread(
+        target=_watch_teardown, args=(child, out_dir, warn_after, done), name="trainguard-teardown", daemon=True
+    )
+    watcher.start()
+    try:
+        return child.wait()
+    finally:
+        done.set()
+
+
+def _watch_teardown(child: subprocess.Popen, out_dir: str, warn_after: float, done: threading.Event) -> None:
+    from trainguard.format.layout import END_OF_TRAINING
+    from trainguard.storage import open_store
+
+    try:
+        store = open_store(out_dir)
+        # an s3:// run is asked once per interval until the marker exists: a HEAD request
+        while not done.wait(min(TEARDOWN_CHECK_INTERVAL, warn_after)):
+            if store.exists(END_OF_TRAINING):
+                break
+        else:
+            return
+        if not done.wait(warn_after):
+            _warn_still_running(child, warn_after)
+    except Exception:  # noqa: BLE001 - a diagnostic only: never disturb the run
+        return
+
+
+def _warn_still_running(child: subprocess.Popen, seconds: float) -> None:
+    from trainguard.format.layout import END_OF_TRAINING
+
+    processes = _process_group_members(child.pid) or [(child.pid, " ".join(map(str, child.args)))]
+    listed = "; ".join(f"pid {pid} ({command[:120]})" for pid, command in processes)
+    print(
+        f"trainguard: warning: the training command is still running {seconds:.0f} s after its capture "
+        f"ended ({END_OF_TRAINING} written at the hook's close). It may be stuck in interpreter or "
+        f"framework teardown; see where with: py-spy dump --native --pid <pid>. Still running: {listed}. "
+        "trainguard keeps waiting and stops nothing; Ctrl-C or SIGTERM to trainguard stops them all.",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _process_group_members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes in process group ``pgid``, from /proc (Linux);
+    empty where /proc cannot say."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                stat = file.read().decode(errors="replace")
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) != pgid or fields[0] == "Z":
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                command = file.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        members.append((int(entry), command or stat[stat.index("(") + 1 : stat.rindex(")")]))
+    return sorted(members)
 
 
 def _print_summary(

@@ -154,6 +154,31 @@ def test_include_workers_one_without_other_workers_collections_writes_rank_0_onl
     assert trial.training_ended
 
 
+def _run_to_the_end(command: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``trainguard run`` ``command``; past ``timeout`` the test fails with trainguard's stderr and
+    stops the training processes instead of leaving them behind.
+
+    A rank can deadlock in PyTorch's own DDP teardown after training (seen in CI: its main thread
+    in ~ProcessGroupGloo, joining a gloo thread while holding the GIL; that thread waits for the
+    GIL to free the contextvars.Context that backward stashed in an allreduce's thread-local
+    state). trainguard names such processes 30 s after the end marker; SIGTERM to trainguard
+    reaches the script's whole process group.
+    """
+    environment = {**os.environ, "TRAINGUARD_TEARDOWN_WARNING_SECONDS": "30"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.terminate()  # forwarded to the script's process group
+        try:
+            stdout, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+        pytest.fail(f"trainguard run still running after {timeout:.0f} s; its stderr: {stderr[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("include_workers", ["all", "one"])
 def test_zero_code_ddp_script_that_spawns_its_ranks(tmp_path, include_workers):
@@ -164,7 +189,7 @@ def test_zero_code_ddp_script_that_spawns_its_ranks(tmp_path, include_workers):
         sys.executable, "-m", "trainguard.cli", "run", "--out", str(out), "--config", str(config), "--",
         sys.executable, str(ZERO_CODE_EXAMPLES / "ddp_spawn.py"), "--steps", "3",
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    result = _run_to_the_end(command, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "capture disabled" not in result.stderr, result.stderr[-3000:]
     trial = create_trial(out)
