@@ -43,6 +43,9 @@ STACKS: dict[str, tuple[str, list[str], int]] = {
 # steps for about 10 s of loop on one H100 (its kernels are quick: per-step Python dominates)
 CUDA_STEPS = {"mlp": 30000, "compiled_mlp": 30000, "cnn": 10000, "hf_trainer": 800, "lightning": 10000}
 VARIANTS = ("plain", "trainguard", "trainguard_rules")
+# more variants, on request (--variants): the default run with one writer or the other
+WRITER_VARIANTS = {"trainguard_thread": "thread", "trainguard_process": "process"}
+ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS)
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 
 
@@ -56,6 +59,8 @@ def command(stack: str, variant: str, scale: float, device: str = "cpu") -> list
         return script
     if variant == "trainguard":
         return [*runner, "--", *script]
+    if variant in WRITER_VARIANTS:
+        return ["env", f"TRAINGUARD_WRITER={WRITER_VARIANTS[variant]}", *runner, "--", *script]
     return [*runner, "--rules", "--", *script]
 
 
@@ -77,11 +82,18 @@ def run_once(argv: list[str]) -> dict[str, float]:
     return {"loop_s": float(match.group(1)), "command_s": elapsed, "peak_rss_mib": usage.ru_maxrss / 1024}
 
 
-def measure(stacks: list[str], reps: int, scale: float, condition: str, device: str = "cpu") -> list[dict]:
+def measure(
+    stacks: list[str],
+    reps: int,
+    scale: float,
+    condition: str,
+    device: str = "cpu",
+    variants: tuple[str, ...] = VARIANTS,
+) -> list[dict]:
     rows = []
     for rep in range(reps):
         for stack in stacks:
-            order = VARIANTS[rep % 3 :] + VARIANTS[: rep % 3]
+            order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
             mine = []
             for variant in order:
                 try:
@@ -108,14 +120,14 @@ def summarise(rows: list[dict]) -> list[dict]:
         if not reps:
             continue
         plain = [by[(rep, "plain")] for rep in reps]
-        for variant in VARIANTS:
+        for variant in dict.fromkeys(r["variant"] for r in mine):
             runs = [by[(rep, variant)] for rep in reps]
             table.append({
                 "condition": condition, "stack": stack, "variant": variant,
                 "loop_s": statistics.median(r["loop_s"] for r in runs),
-                "loop_ratio": statistics.median(r["loop_s"] / p["loop_s"] for r, p in zip(runs, plain)),
+                "loop_ratio": statistics.median(r["loop_s"] / p["loop_s"] for r, p in zip(runs, plain, strict=True)),
                 "command_s": statistics.median(r["command_s"] for r in runs),
-                "command_ratio": statistics.median(r["command_s"] / p["command_s"] for r, p in zip(runs, plain)),
+                "command_ratio": statistics.median(r["command_s"] / p["command_s"] for r, p in zip(runs, plain, strict=True)),
                 "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
             })  # fmt: skip
     return table
@@ -143,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: every stack on the GPU, CUDA_STEPS steps (use with --load no)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the runs and the table here")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(ALL_VARIANTS),
+                        help="plain is always run (ratios are against it)")  # fmt: skip
     args = parser.parse_args(argv)
+    variants = tuple(dict.fromkeys(["plain", *args.variants]))
     scale = 0.01 if args.quick else args.scale
     conditions = {"no": ["quiet"], "yes": ["quiet", "loaded"], "only": ["loaded"]}[args.load]
     print(f"load average before: {os.getloadavg()[0]:.2f}", file=sys.stderr)
@@ -153,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if condition == "loaded":
             spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
-            rows += measure(args.stacks, args.reps, scale, condition, args.device)
+            rows += measure(args.stacks, args.reps, scale, condition, args.device, variants)
         finally:
             if spinner is not None:
                 spinner.kill()

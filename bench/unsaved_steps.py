@@ -29,14 +29,17 @@ REPO = Path(__file__).resolve().parents[1]
 BLOCK = 50  # steps per timed block: a multiple of the save intervals' 10, so blocks are alike
 WARMUP = 20
 
-# name: (mode, save interval or None for plain python)
-VARIANTS: dict[str, tuple[str, int | None]] = {
-    "eager plain": ("eager", None),
-    "eager si=10": ("eager", 10),
-    "eager si=1000": ("eager", 1000),
-    "compiled plain": ("compiled", None),
-    "compiled si=10": ("compiled", 10),
-    "compiled si=1000": ("compiled", 1000),
+# name: (mode, save interval or None for plain python, writer (TRAINGUARD_WRITER) or None)
+VARIANTS: dict[str, tuple[str, int | None, str | None]] = {
+    "eager plain": ("eager", None, None),
+    "eager si=10": ("eager", 10, None),
+    "eager si=10 thread": ("eager", 10, "thread"),
+    "eager si=10 process": ("eager", 10, "process"),
+    "eager si=1000": ("eager", 1000, None),
+    "compiled plain": ("compiled", None, None),
+    "compiled si=10": ("compiled", 10, None),
+    "compiled si=10 process": ("compiled", 10, "process"),
+    "compiled si=1000": ("compiled", 1000, None),
 }
 
 
@@ -71,13 +74,15 @@ def worker(steps: int, compiled: bool) -> None:
     print("BENCH_BLOCKS=" + json.dumps(blocks), flush=True)
 
 
-def command(mode: str, interval: int | None, steps: int) -> list[str]:
+def command(mode: str, interval: int | None, steps: int, writer: str | None = None) -> list[str]:
     script = [sys.executable, str(Path(__file__).resolve()), "--worker", "--steps", str(steps)]
     if mode == "compiled":
         script.append("--compile")
     if interval is None:
         return script
     runner = [sys.executable, "-m", "trainguard.cli", "run", "--out", "run", "--save-interval", str(interval)]
+    if writer is not None:
+        runner = ["env", f"TRAINGUARD_WRITER={writer}", *runner]
     return [*runner, "--", *script]
 
 
@@ -129,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.reps):
         shift = rep % len(names)
         for name in names[shift:] + names[:shift]:
-            mode, interval = VARIANTS[name]
-            rows.append({"rep": rep, "variant": name, **run_once(command(mode, interval, steps), interval, steps)})
+            mode, interval, writer = VARIANTS[name]
+            argv = command(mode, interval, steps, writer)
+            rows.append({"rep": rep, "variant": name, **run_once(argv, interval, steps)})
             print(f"[rep {rep}] {name:17s} " + "  ".join(f"{k} {rows[-1][k]:.3f}" for k in
                   ("wall_p20", "wall_median", "cpu_p20", "cpu_median")), file=sys.stderr, flush=True)  # fmt: skip
     measures = ("wall_p20", "cpu_p20", "wall_median")
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
              "ratio | wall p20 vs eager, same interval |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     table = []
     for name in names:
-        mode, _ = VARIANTS[name]
+        mode = VARIANTS[name][0]
         row: dict = {"variant": name}
         for measure in measures:
             by = {(r["rep"], r["variant"]): r[measure] for r in rows}

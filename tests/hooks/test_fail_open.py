@@ -19,10 +19,10 @@ import torch.nn as nn
 import torch.optim.optimizer as torch_optimizer
 from torch.utils.data import DataLoader, Dataset
 
-import trainguard.hooks.base as hooks_base
 import trainguard.hooks.pytorch as hooks_pytorch
 import trainguard.hooks.step_file as hooks_step_file
 import trainguard.hooks.writer as hooks_writer
+import trainguard.hooks.writer_process as hooks_writer_process
 import trainguard.pytorch as tg
 import trainguard.storage.local as storage_local
 from tests.hooks._util import as_numpy
@@ -133,10 +133,21 @@ INJECTIONS = {
 }
 
 
+# Injections into the writer thread's own code: the writer process has its tests of the same
+# faults (tests/hooks/test_writer_process.py: it fails, dies, stalls; a real full disk below).
+THREAD_WRITER_INJECTIONS = ("open_writer", "encode")
+
+
+def _pin_thread_writer(monkeypatch) -> None:
+    monkeypatch.setenv("TRAINGUARD_WRITER", "thread")
+
+
 @pytest.mark.parametrize("where", sorted(INJECTIONS))
 @pytest.mark.parametrize("first_failing_step", [0, 3])
 def test_internal_error_disables_capture_once(run_dir, reference, caplog, monkeypatch, where, first_failing_step):
     caplog.set_level(logging.DEBUG, logger="trainguard")
+    if where in THREAD_WRITER_INJECTIONS:
+        _pin_thread_writer(monkeypatch)
     hooks = []
 
     def factory():
@@ -241,6 +252,7 @@ def _make_disk_fail(monkeypatch, run_dir: Path) -> str:
 @pytest.mark.parametrize("fail_at_step", [0, 4])
 def test_disk_failure_during_training_disables_capture(run_dir, reference, caplog, monkeypatch, fail_at_step):
     caplog.set_level(logging.WARNING, logger="trainguard")
+    _pin_thread_writer(monkeypatch)  # the failure is injected in this process (as root, no chmod)
     hooks = []
     reason = []
 
@@ -405,7 +417,8 @@ class WideNet(nn.Module):
 
 
 def test_backpressure_bounds_pending_bytes(make_hook, run_dir, monkeypatch):
-    monkeypatch.setattr(hooks_base, "StepWriter", InstrumentedWriter)
+    _pin_thread_writer(monkeypatch)
+    monkeypatch.setattr(hooks_writer_process, "StepWriter", InstrumentedWriter)
     limit = 40_000
     hook = make_hook(save_all=True, save_config=tg.SaveConfig(save_interval=1), max_pending_bytes=limit)
     hook.store = SlowStore(hook.store, delay=0.002)
@@ -441,7 +454,8 @@ def test_backpressure_bounds_pending_bytes(make_hook, run_dir, monkeypatch):
 def test_stuck_writer_disables_instead_of_hanging(make_hook, run_dir, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="trainguard")
     release = threading.Event()
-    monkeypatch.setattr(hooks_base, "StepWriter", _short_block_writer(0.5))
+    _pin_thread_writer(monkeypatch)
+    monkeypatch.setattr(hooks_writer_process, "StepWriter", _short_block_writer(0.5))
     hook = make_hook(save_all=True, save_config=tg.SaveConfig(save_interval=1), max_pending_bytes=1000)
 
     class Stuck(SlowStore):

@@ -28,6 +28,7 @@ from trainguard.errors import ConfigError, StorageError
 from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, END_OF_TRAINING, collections_key, worker_name
 from trainguard.hooks.fail_open import log_disabled
 from trainguard.hooks.writer import StepWriter, TensorSource
+from trainguard.hooks.writer_process import WRITER_KINDS, ProcessStepWriter, open_step_writer
 from trainguard.modes import ModeKeys
 from trainguard.storage import LocalStore, Store, open_store
 
@@ -42,6 +43,8 @@ _NOTHING_DUE: frozenset[str] = frozenset()
 # not among them: in data-parallel training they are all-reduced, so rank 0's copy already holds
 # every rank's non-finite values; weights are the same on every rank.
 OTHER_WORKERS_COLLECTIONS: tuple[str, ...] = ("losses", "scalars", "metrics", "sm_metrics")
+# Which writer a hook uses unless told (Hook(writer=...) or TRAINGUARD_WRITER).
+DEFAULT_WRITER = "thread"
 
 
 @dataclass(frozen=True)
@@ -76,10 +79,13 @@ class BaseHook:
         collection_manager: CollectionManager | None = None,
         max_pending_bytes: int = 256 << 20,
         other_workers_collections: Sequence[str] | None = None,
+        writer: str | None = None,
     ) -> None:
         """``other_workers_collections``: with ``include_workers="one"``, the collections every
         rank but 0 still saves (default ``OTHER_WORKERS_COLLECTIONS``: losses and scalars, a few
-        numbers per saved step); ``()`` makes the other ranks write nothing at all."""
+        numbers per saved step); ``()`` makes the other ranks write nothing at all.
+        ``writer``: "thread", "process" (a writer process, for local directories) or "auto"
+        (the process for CPU training into a local directory); default ``TRAINGUARD_WRITER``."""
         if out_dir is None:
             out_dir = os.environ.get("TRAINGUARD_OUT_DIR")
         if not out_dir:
@@ -90,6 +96,10 @@ class BaseHook:
             raise ConfigError(f"save_config must be a trainguard SaveConfig, got {type(save_config).__name__}")
         if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
             raise ConfigError(f"reduction_config must be a ReductionConfig, got {type(reduction_config).__name__}")
+        writer = writer or os.environ.get("TRAINGUARD_WRITER") or DEFAULT_WRITER
+        if writer not in WRITER_KINDS:
+            raise ConfigError(f"writer={writer!r} (or TRAINGUARD_WRITER) is invalid: use {', '.join(WRITER_KINDS)}")
+        self.writer_kind = writer
         self.out_dir = os.fspath(out_dir)
         self.dry_run = dry_run
         self.export_tensorboard = export_tensorboard
@@ -147,7 +157,7 @@ class BaseHook:
         self._schedules: dict[str, tuple[SaveConfig, SaveConfig]] = {}
         self._groups: list[tuple[SaveConfig, tuple[str, ...]]] | None = None
         self._groups_for = -1  # len(include_collections) the groups were built for
-        self._writer: StepWriter | None = None
+        self._writer: StepWriter | ProcessStepWriter | None = None
         self._worker: str | None = None
         self._num_workers = 1
         self._max_pending_bytes = max_pending_bytes
@@ -197,8 +207,11 @@ class BaseHook:
         if not self.enabled:
             return
         self.enabled = False
-        self._stopped_because = {"step": self.step, "reason": f"{type(reason).__name__}: {reason}"
-                                 if isinstance(reason, BaseException) else str(reason), "time": time.time()}
+        # A writer process reports the step it was writing; training may be further on by then.
+        failed_step = getattr(reason, "step", None)
+        text = f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException) else str(reason)
+        step = self.step if failed_step is None else failed_step
+        self._stopped_because = {"step": step, "reason": text, "time": time.time()}
         if self.saving_this_step and self._writer is not None:
             self._writer.abort_step()  # a half-written step must not leave its temp file behind
         self.saving_this_step = False
@@ -209,7 +222,7 @@ class BaseHook:
         """The adapter overrides this with its framework's distributed rank."""
         return 0, 1
 
-    def _ensure_writer(self) -> StepWriter | None:
+    def _ensure_writer(self) -> StepWriter | ProcessStepWriter | None:
         if self._writer is not None:
             return self._writer
         if self.dry_run:
@@ -229,11 +242,18 @@ class BaseHook:
         # come along (DDP keeps ranks in step) but are not waited for, so that a script that
         # creates the hook on rank 0 only is still read live.
         self._num_workers = world if self.include_workers == "all" else 1
-        self._writer = StepWriter(
-            self.store, self._worker, max_pending_bytes=self._max_pending_bytes, on_error=self.disable
+        kind = self.writer_kind
+        if kind == "auto" and self._tensors_off_cpu():
+            kind = "thread"  # device copies are waited for off the training thread there
+        self._writer = open_step_writer(
+            self.store, self._worker, kind=kind, max_pending_bytes=self._max_pending_bytes, on_error=self.disable
         )
         self._write_collections()
         return self._writer
+
+    def _tensors_off_cpu(self) -> bool:
+        """Adapter: whether the tensors saved live on an accelerator (the writer choice)."""
+        return False
 
     def _write_collections(self) -> None:
         if self._writer is not None and self._worker is not None:

@@ -160,6 +160,14 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
             return None
         return super()._ensure_writer()
 
+    def _tensors_off_cpu(self) -> bool:
+        for reference in self._registered_roots:
+            module = reference()
+            if module is not None:
+                for parameter in module.parameters():
+                    return parameter.device.type != "cpu"
+        return False
+
     # -- registration -------------------------------------------------------------------------
     def _name_tree(self, module: torch.nn.Module) -> str:
         """Name a root module and its children as smdebug does; return the root's name."""

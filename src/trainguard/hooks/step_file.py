@@ -51,6 +51,11 @@ class StepFile:
     def open(self) -> bool:
         return self._step is not None
 
+    @property
+    def step(self) -> int | None:
+        """The open step's number."""
+        return None if self._step is None else self._step[0]
+
     def begin(self, step: int, mode: ModeKeys, mode_step: int) -> None:
         if self._step is not None:  # a step left open: finish it rather than lose it
             self.end()

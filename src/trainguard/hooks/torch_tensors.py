@@ -100,6 +100,13 @@ class DeferredReductions:
     def __call__(self) -> np.ndarray:
         return compute_reductions(self.tensor, self.requested).numpy()
 
+    def host_array(self) -> np.ndarray:
+        """The copy as a numpy array numpy can reduce (a writer process reduces it there)."""
+        tensor = self.tensor
+        if tensor.dtype == torch.bfloat16 or tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            tensor = tensor.float()  # numpy has no such type; widening is exact
+        return tensor.numpy()
+
     @staticmethod
     def resolve_many(items: Sequence[DeferredReductions]) -> list[np.ndarray]:
         """The reductions of every item, in order."""

@@ -1,0 +1,457 @@
+"""The step writer as a separate process: serialising, reducing and writing leave the training
+process, so they never take the GIL from training and can run on another core.
+
+The training thread copies each tensor into a shared-memory ring (one memcpy) and queues a small
+descriptor; a step's descriptors go down a pipe in one message when the step ends (or once a
+quarter MiB of tensors waits, so a large step starts writing early). The writer process
+(writer_child.py, started with ``subprocess``, never ``multiprocessing``, which would re-import
+the user's ``__main__``) computes CPU reductions with numpy on one BLAS thread, encodes and writes
+the records with the same code as the thread writer (step_file.py), and releases ring space in
+order by advancing a counter in the ring's header. Tensors larger than a quarter of the ring get
+a shared-memory file of their own. Every shared-memory file is fully allocated up front, so a
+full /dev/shm is an error at allocation (then the tensor goes down the pipe), never a SIGBUS.
+
+Fail open: if the process dies, fails, or makes no progress for ``max_block_seconds`` while
+training waits for space, capture is disabled with the reason and training goes on. If the
+training process dies, the writer process reads end-of-file, writes every step it was told about
+and exits; it ignores SIGINT and SIGTERM for that reason (a Ctrl-C reaches the whole group).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from trainguard.errors import TrainguardError
+from trainguard.hooks.writer import StepWriter, TensorSource, WriterBase
+from trainguard.modes import ModeKeys
+from trainguard.storage.base import Store
+from trainguard.storage.local import LocalStore
+
+__all__ = ["ProcessStepWriter", "WriterProcessError", "WriterUnavailable", "open_step_writer"]
+
+logger = logging.getLogger("trainguard")
+
+# Ring header: uint64 slots, then the error text, then the data from HEADER_BYTES on.
+SLOT_TAIL = 0  # ring bytes the writer process released (a position, only grows)
+SLOT_FRAMES_DONE = 1  # messages fully handled
+SLOT_FAILED = 2  # 1 once the writer process failed; the reason is at ERROR_OFFSET
+SLOT_BYTES_WRITTEN = 3
+SLOT_STEPS_WRITTEN = 4
+SLOT_SEGMENT_BYTES_DONE = 5  # bytes of own-file tensors released
+SLOT_READY = 6  # 1 once the writer process runs
+SLOT_FAILED_STEP = 7  # the step being written when it failed, plus one (0: none)
+SLOTS = 8
+ERROR_OFFSET = 64
+ERROR_BYTES = 4096 - ERROR_OFFSET
+HEADER_BYTES = 4096
+ALIGN = 64
+FRAME_HEAD = struct.Struct("<IQ")  # payload length, message number
+
+WRITER_KINDS = ("auto", "thread", "process")
+
+
+class WriterUnavailable(TrainguardError):
+    """The writer process cannot be used here (no shared memory, a store it cannot open)."""
+
+
+class WriterProcessError(TrainguardError):
+    """The writer process failed; ``step`` is the step it was writing (training is further on)."""
+
+    def __init__(self, message: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+def shared_memory_dir() -> str:
+    """/dev/shm where it is a writable directory (RAM), else the temporary directory."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    return tempfile.gettempdir()
+
+
+def allocate_shared_file(size: int, prefix: str) -> tuple[str, int]:
+    """A new file of ``size`` bytes, every block allocated (a full tmpfs fails here, not later
+    with a SIGBUS on first touch). Returns its path and an open descriptor."""
+    fd, path = tempfile.mkstemp(prefix=prefix, dir=shared_memory_dir())
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except BaseException:
+        os.close(fd)
+        _unlink(path)
+        raise
+    return path, fd
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _child_environment() -> dict[str, str]:
+    environment = dict(os.environ)
+    # The writer process must not arm the zero-code hook or a profiler of its own, and must keep
+    # to one core: numpy's BLAS would otherwise start a thread per core.
+    environment["TRAINGUARD_ZERO_CODE"] = "0"
+    environment.pop("TRAINGUARD_PROFILER", None)
+    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        environment[variable] = "1"
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    existing = environment.get("PYTHONPATH", "")
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, existing) if p)
+    return environment
+
+
+class ProcessStepWriter(WriterBase):
+    """Writes one worker's steps to a local store from a separate process."""
+
+    RING_BYTES = 32 << 20
+    WAKE_BYTES = 256 << 10  # descriptors go out before the step ends once this many bytes wait
+    START_SECONDS = 30.0  # a writer process not running by then counts as failed
+
+    def __init__(
+        self,
+        store: Store,
+        worker: str,
+        *,
+        max_pending_bytes: int = 256 << 20,
+        max_block_seconds: float = 60.0,
+        on_error: Callable[[BaseException], None] | None = None,
+        ring_bytes: int | None = None,
+    ) -> None:
+        if not isinstance(store, LocalStore):
+            raise WriterUnavailable(f"the writer process writes to local directories only, not {store.url}")
+        ring = min(ring_bytes or self.RING_BYTES, max(max_pending_bytes, 1 << 20))
+        self._ring_size = max(ALIGN, ring - ring % ALIGN)
+        try:
+            self._shm_path, fd = allocate_shared_file(HEADER_BYTES + self._ring_size, "trainguard-ring-")
+        except OSError as error:
+            raise WriterUnavailable(f"no shared memory for the writer process: {error}") from error
+        try:
+            self._map = mmap.mmap(fd, HEADER_BYTES + self._ring_size)
+        finally:
+            os.close(fd)
+        self._slots = np.frombuffer(self._map, dtype=np.uint64, count=SLOTS)
+        self._ring = np.frombuffer(self._map, dtype=np.uint8, offset=HEADER_BYTES)
+        self._head = 0  # ring bytes handed out (a position, only grows)
+        self._segment_bytes_sent = 0
+        self._batch: list[tuple[Any, ...]] = []
+        self._batch_bytes = 0
+        self._frames_sent = 0
+        super().__init__(
+            store, worker, max_pending_bytes=max_pending_bytes, max_block_seconds=max_block_seconds, on_error=on_error
+        )
+        read_end, self._pipe = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainguard.hooks.writer_child",
+                    os.fspath(store.root),
+                    worker,
+                    self._shm_path,
+                    str(self._ring_size),
+                    str(read_end),
+                ],  # fmt: skip
+                pass_fds=(read_end,),
+                env=_child_environment(),
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as error:
+            os.close(self._pipe)
+            self._discard_shared_memory()
+            raise WriterUnavailable(f"cannot start the writer process: {error}") from error
+        finally:
+            os.close(read_end)
+        os.set_blocking(self._pipe, False)
+        self._started = time.monotonic()
+
+    # -- training-thread side -------------------------------------------------------------
+    @property
+    def bytes_written(self) -> int:
+        return int(self._slots[SLOT_BYTES_WRITTEN])
+
+    @property
+    def steps_written(self) -> int:
+        return int(self._slots[SLOT_STEPS_WRITTEN])
+
+    @property
+    def ring_size(self) -> int:
+        return self._ring_size
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def begin_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:
+        if self._usable():
+            self._batch.append(("begin", step, mode, mode_step))
+
+    def add_tensor(self, name: str, value: TensorSource, *, nbytes: int, proto_dtype: int | None = None) -> None:
+        if not self._usable():
+            return
+        array = value() if callable(value) else value  # e.g. a device copy: waited for here
+        placed = self._place(np.asarray(array))
+        if placed is not None:
+            self._queue(("tensor", name, placed, proto_dtype), placed[2])
+
+    def add_reductions(self, names: list[str], vector: TensorSource) -> None:
+        """Several scalar tensors at once: ``names[i]`` gets element ``i`` of ``vector``;
+        a deferred CPU reduction (``host_array()``, ``requested``) is computed by the process."""
+        if not self._usable():
+            return
+        host_array = getattr(vector, "host_array", None)
+        if host_array is not None:
+            placed = self._place(host_array())
+            if placed is not None:
+                self._queue(("reduce", names, vector.requested, placed), placed[2])  # type: ignore[union-attr]
+            return
+        values = np.asarray(vector() if callable(vector) else vector, dtype=np.float64).reshape(-1)
+        self._queue(("scalars", names, values.tolist()), 0)
+
+    def end_step(self) -> None:
+        if self._usable():
+            self._batch.append(("end",))
+            self._send_batch()
+
+    def abort_step(self) -> None:
+        """Drop the open step: its event file is deleted, no index is written."""
+        if self._usable():
+            self._batch.append(("abort",))
+            self._send_batch()
+
+    def write_object(self, key: str, data: bytes) -> None:
+        """Write a small object in order with the steps (collections file, end marker)."""
+        if self._usable():
+            self._batch.append(("object", key, bytes(data)))
+            self._send_batch()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything handed over is written. False on timeout."""
+        if self._disabled_by_fork:
+            return True
+        if self._usable():
+            self._send_batch()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0005
+        while int(self._slots[SLOT_FRAMES_DONE]) < self._frames_sent:
+            if self._check_process() is not None:
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        self._check_process()
+        return True
+
+    def close(self, timeout: float = 120.0) -> bool:
+        """Write what is pending and stop the process. Idempotent. False if it timed out."""
+        if self._closed or self._disabled_by_fork:
+            return True
+        done = self.flush(timeout)
+        if self.failure is None:
+            self._batch.append(("stop",))
+            self._send_batch()
+        self._closed = True
+        self._close_pipe()
+        try:
+            self._process.wait(timeout=5.0 if done else 0.1)
+        except subprocess.TimeoutExpired:
+            self._process.kill()  # it made no progress: only pending writes are lost
+            self._process.wait()
+        self._discard_shared_memory()
+        self._release_reserve()
+        return done
+
+    # -- internals ------------------------------------------------------------------------
+    def _usable(self) -> bool:
+        if not self.active:
+            return False
+        if self._slots[SLOT_FAILED]:
+            self._check_process()
+            return False
+        return True
+
+    def _queue(self, item: tuple[Any, ...], nbytes: int) -> None:
+        self._batch.append(item)
+        self._batch_bytes += nbytes
+        if self._batch_bytes >= self.WAKE_BYTES:
+            self._send_batch()
+
+    def _place(self, array: np.ndarray) -> tuple[Any, ...] | None:
+        """Copy ``array`` to shared memory: ("ring", start, nbytes, dtype, shape, release position)
+        or ("file", path, nbytes, dtype, shape) or ("inline", array, nbytes)."""
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        nbytes = array.nbytes
+        if array.dtype.hasobject:
+            return ("inline", array, 0)
+        if nbytes > self._ring_size >> 2:
+            return self._place_in_own_file(array)
+        size = (nbytes + ALIGN - 1) & -ALIGN or ALIGN
+        start = self._head % self._ring_size
+        skip = self._ring_size - start if start + size > self._ring_size else 0
+        # The common case inline (a saved step places a dozen small tensors): is there room?
+        free = self._ring_size - (self._head - int(self._slots[SLOT_TAIL]))
+        if skip + size > free or self._segment_bytes_sent != int(self._slots[SLOT_SEGMENT_BYTES_DONE]):
+            if not self._wait_for_space(skip + size):
+                return None
+        start = (self._head + skip) % self._ring_size
+        self._head += skip + size
+        if nbytes:
+            begin = HEADER_BYTES + start
+            self._map[begin : begin + nbytes] = memoryview(array.reshape(-1).view(np.uint8))  # one memcpy
+        return ("ring", start, nbytes, array.dtype.str, array.shape, self._head)
+
+    def _place_in_own_file(self, array: np.ndarray) -> tuple[Any, ...] | None:
+        nbytes = array.nbytes
+        if not self._wait_for_space(0, extra=nbytes):
+            return None
+        try:
+            path, fd = allocate_shared_file(nbytes, "trainguard-tensor-")
+        except OSError:  # shared memory full: down the pipe instead, slower but nothing lost
+            return ("inline", array, nbytes)
+        try:
+            with mmap.mmap(fd, nbytes) as target:
+                target[:] = array.reshape(-1).view(np.uint8).data
+        finally:
+            os.close(fd)
+        self._segment_bytes_sent += nbytes
+        return ("file", path, nbytes, array.dtype.str, array.shape)
+
+    def _pending(self) -> int:
+        in_ring = self._head - int(self._slots[SLOT_TAIL])
+        in_files = self._segment_bytes_sent - int(self._slots[SLOT_SEGMENT_BYTES_DONE])
+        return in_ring + in_files
+
+    def _wait_for_space(self, ring_bytes: int, *, extra: int = 0) -> bool:
+        """Wait until the ring has ``ring_bytes`` free and all pending data, plus ``extra``,
+        fits the budget; False (capture disabled) if the writer fails or stalls meanwhile."""
+
+        def fits() -> bool:
+            in_ring = self._head - int(self._slots[SLOT_TAIL])
+            if ring_bytes and in_ring + ring_bytes > self._ring_size:
+                return False
+            pending = self._pending()
+            return pending == 0 or pending + ring_bytes + extra <= self.max_pending_bytes
+
+        if fits():
+            return True
+        self._send_batch()  # the process frees only what it has been told about
+        deadline = time.monotonic() + self.max_block_seconds
+        pause = 0.0002
+        while not fits():
+            if not self._usable() or self._check_process() is not None:
+                return False
+            if time.monotonic() >= deadline:
+                self._fail(TimeoutError(f"writer process for {self.store.url} made no progress "
+                                        f"for {self.max_block_seconds:.0f} s"))  # fmt: skip
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+        return True
+
+    def _send_batch(self) -> None:
+        if not self._batch or self.failure is not None:
+            self._batch.clear()
+            return
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        self._frames_sent += 1
+        payload = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        frame = memoryview(FRAME_HEAD.pack(len(payload), self._frames_sent) + payload)
+        deadline = time.monotonic() + self.max_block_seconds
+        while frame:
+            try:
+                written = os.write(self._pipe, frame)
+            except BlockingIOError:
+                # The process is behind by a pipe's worth of messages: wait for it, not forever.
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._check_process() is not None:
+                    if self.failure is None:
+                        self._fail(TimeoutError(f"writer process for {self.store.url} took no message "
+                                                f"for {self.max_block_seconds:.0f} s"))  # fmt: skip
+                    return
+                select.select([], [self._pipe], [], min(remaining, 0.5))
+                continue
+            except OSError as error:  # EPIPE: the process is gone
+                self._check_process()
+                if self.failure is None:
+                    self._fail(RuntimeError(f"the writer process stopped reading: {error}"))
+                return
+            frame = frame[written:]
+
+    def _check_process(self) -> BaseException | None:
+        """The failure, if the writer process failed or exited; capture is disabled then."""
+        if self.failure is not None:
+            return self.failure
+        if self._slots[SLOT_FAILED]:
+            text = bytes(self._map[ERROR_OFFSET : ERROR_OFFSET + ERROR_BYTES]).split(b"\0", 1)[0]
+            step = int(self._slots[SLOT_FAILED_STEP]) - 1
+            message = f"writer process failed: {text.decode(errors='replace')}"
+            self._fail(WriterProcessError(message, step if step >= 0 else None))
+        elif self._process.poll() is not None and not self._closed:
+            self._fail(RuntimeError(f"writer process exited with code {self._process.returncode}"))
+        elif not self._slots[SLOT_READY] and time.monotonic() - self._started > self.START_SECONDS:
+            self._fail(TimeoutError(f"writer process did not start within {self.START_SECONDS:.0f} s"))
+        return self.failure
+
+    def _fail(self, error: BaseException) -> None:
+        super()._fail(error)
+        self._batch.clear()
+
+    def _close_pipe(self) -> None:
+        if self._pipe >= 0:
+            try:
+                os.close(self._pipe)
+            except OSError:
+                pass
+            self._pipe = -1
+
+    def _discard_shared_memory(self) -> None:
+        _unlink(self._shm_path)  # the process unlinks it too; whoever comes first
+        # Unmap the ring (its memory stays allocated while mapped); the counters stay readable.
+        self._slots = self._slots.copy()
+        self._ring = np.empty(0, dtype=np.uint8)
+        try:
+            self._map.close()
+        except BufferError:  # a view of it is still alive somewhere: the GC unmaps it later
+            pass
+
+    def _after_fork_in_child(self) -> None:
+        # A forked DataLoader worker must not keep the pipe open: the writer process would
+        # never see end-of-file when the training process ends.
+        self._close_pipe()
+        super()._after_fork_in_child()
+
+
+def open_step_writer(
+    store: Store,
+    worker: str,
+    *,
+    kind: str = "thread",
+    max_pending_bytes: int = 256 << 20,
+    on_error: Callable[[BaseException], None] | None = None,
+) -> StepWriter | ProcessStepWriter:
+    """The writer ``kind`` names: "process" where it can run (a local store, shared memory, a
+    process started), else the thread writer; "auto" is "process" for local stores."""
+    if kind in ("process", "auto") and isinstance(store, LocalStore):
+        try:
+            return ProcessStepWriter(store, worker, max_pending_bytes=max_pending_bytes, on_error=on_error)
+        except WriterUnavailable as error:
+            logger.info("trainguard: writing from a thread instead of a process: %s", error)
+    return StepWriter(store, worker, max_pending_bytes=max_pending_bytes, on_error=on_error)
