@@ -50,6 +50,10 @@ def train(rank: int, world_size: int, port: int, steps: int) -> None:
         sys.stdout.write(f"rank {rank} train_loss {step} {loss.item().hex()}\n")
         sys.stdout.flush()
     dist.barrier()
+    # Drop DDP's reducer before the process group: if the reducer holds the group's last
+    # reference, tearing it down joins gloo's worker thread while holding the GIL, and a worker
+    # still waiting for the GIL deadlocks the rank (a PyTorch race seen under CPU starvation).
+    del model, optimizer
     dist.destroy_process_group()
 
 

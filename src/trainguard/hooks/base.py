@@ -43,8 +43,10 @@ _NOTHING_DUE: frozenset[str] = frozenset()
 # not among them: in data-parallel training they are all-reduced, so rank 0's copy already holds
 # every rank's non-finite values; weights are the same on every rank.
 OTHER_WORKERS_COLLECTIONS: tuple[str, ...] = ("losses", "scalars", "metrics", "sm_metrics")
-# Which writer a hook uses unless told (Hook(writer=...) or TRAINGUARD_WRITER).
-DEFAULT_WRITER = "thread"
+# Which writer a hook uses unless told (Hook(writer=...) or TRAINGUARD_WRITER): the writer process
+# for CPU training into a local directory (it keeps serialising and writing off the training
+# process's GIL and core; see bench/RESULTS.md), the thread writer elsewhere.
+DEFAULT_WRITER = "auto"
 
 
 @dataclass(frozen=True)
