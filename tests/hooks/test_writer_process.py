@@ -344,3 +344,21 @@ def test_a_hook_with_the_writer_process_saves_what_the_thread_writer_saves(tmp_p
             np.testing.assert_allclose(got[key], value, rtol=2e-6, atol=1e-7, err_msg=str(key))
         else:
             np.testing.assert_array_equal(got[key], value, err_msg=str(key))
+
+
+def test_small_steps_reuse_the_start_of_the_ring(tmp_path):
+    """Once the process has released everything, the next tensor goes to the ring's start: a
+    model with small steps keeps touching the same pages instead of all of the ring."""
+    writer = ProcessStepWriter(open_store(tmp_path / "run"), "worker_0")
+    starts = []
+    for step in range(30):
+        writer.begin_step(step, ModeKeys.TRAIN, step)
+        array = np.full(3000, step, dtype=np.float32)
+        writer.add_tensor("x", array, nbytes=array.nbytes)
+        starts.append(writer._batch[-1][2][1])  # the ring offset the tensor was copied to
+        writer.end_step()
+        assert writer.flush(30)
+    _finish(writer)
+    assert starts[0] == 0 and set(starts[1:]) == {0}, starts
+    values = _values(tmp_path / "run")
+    assert [float(values[("x", step)][0]) for step in range(30)] == list(range(30))

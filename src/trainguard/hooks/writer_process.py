@@ -119,7 +119,9 @@ def _child_environment() -> dict[str, str]:
 class ProcessStepWriter(WriterBase):
     """Writes one worker's steps to a local store from a separate process."""
 
-    RING_BYTES = 32 << 20
+    # Tensors over a quarter of it get their own shared-memory file. The ring is allocated in full
+    # (fallocate: no SIGBUS later), so it is kept small; a step's small tensors reuse its start.
+    RING_BYTES = 8 << 20
     WAKE_BYTES = 256 << 10  # descriptors go out before the step ends once this many bytes wait
     START_SECONDS = 30.0  # a writer process not running by then counts as failed
 
@@ -142,14 +144,13 @@ class ProcessStepWriter(WriterBase):
         except OSError as error:
             raise WriterUnavailable(f"no shared memory for the writer process: {error}") from error
         try:
-            # Mapped with its pages at once: the training thread never takes a fault in it.
-            populate = getattr(mmap, "MAP_POPULATE", 0)
-            self._map = mmap.mmap(fd, HEADER_BYTES + self._ring_size, flags=mmap.MAP_SHARED | populate)
+            self._map = mmap.mmap(fd, HEADER_BYTES + self._ring_size)
         finally:
             os.close(fd)
         self._slots = np.frombuffer(self._map, dtype=np.uint64, count=SLOTS)
         self._ring = np.frombuffer(self._map, dtype=np.uint8, offset=HEADER_BYTES)
         self._head = 0  # ring bytes handed out (a position, only grows)
+        self._free_through = 0  # ring positions below this are free whatever the process says
         self._segment_bytes_sent = 0
         self._batch: list[tuple[Any, ...]] = []
         self._batch_bytes = 0
@@ -306,10 +307,15 @@ class ProcessStepWriter(WriterBase):
         if nbytes > self._ring_size >> 2:
             return self._place_in_own_file(array)
         size = (nbytes + ALIGN - 1) & -ALIGN or ALIGN
+        if self._tail() == self._head and self._head % self._ring_size:
+            # Everything was released: start over at the ring's start, so that a model whose
+            # saved steps are small keeps touching the same few pages (resident memory stays small).
+            self._head += self._ring_size - self._head % self._ring_size
+            self._free_through = self._head
         start = self._head % self._ring_size
         skip = self._ring_size - start if start + size > self._ring_size else 0
         # The common case inline (a saved step places a dozen small tensors): is there room?
-        free = self._ring_size - (self._head - int(self._slots[SLOT_TAIL]))
+        free = self._ring_size - (self._head - self._tail())
         if skip + size > free or self._segment_bytes_sent != int(self._slots[SLOT_SEGMENT_BYTES_DONE]):
             if not self._wait_for_space(skip + size):
                 return None
@@ -336,8 +342,12 @@ class ProcessStepWriter(WriterBase):
         self._segment_bytes_sent += nbytes
         return ("file", path, nbytes, array.dtype.str, array.shape)
 
+    def _tail(self) -> int:
+        """Where the ring's used part begins (the process's releases, or a fresh start)."""
+        return max(int(self._slots[SLOT_TAIL]), self._free_through)
+
     def _pending(self) -> int:
-        in_ring = self._head - int(self._slots[SLOT_TAIL])
+        in_ring = self._head - self._tail()
         in_files = self._segment_bytes_sent - int(self._slots[SLOT_SEGMENT_BYTES_DONE])
         return in_ring + in_files
 
@@ -346,7 +356,7 @@ class ProcessStepWriter(WriterBase):
         fits the budget; False (capture disabled) if the writer fails or stalls meanwhile."""
 
         def fits() -> bool:
-            in_ring = self._head - int(self._slots[SLOT_TAIL])
+            in_ring = self._head - self._tail()
             if ring_bytes and in_ring + ring_bytes > self._ring_size:
                 return False
             pending = self._pending()
