@@ -37,8 +37,8 @@ STACKS: dict[str, tuple[str, list[str], int]] = {
     "mlp": ("bench.stacks.mlp", [], 25000),
     "compiled_mlp": ("bench.stacks.mlp", ["--compile"], 25000),
     "cnn": ("bench.stacks.cnn", [], 1000),
-    "hf_trainer": ("bench.stacks.hf_trainer", [], 800),
-    "lightning": ("bench.stacks.lightning_fit", [], 5000),
+    "hf_trainer": ("bench.stacks.hf_trainer", [], 2400),  # 800 ran 10-13 s loops (2026-11-26)
+    "lightning": ("bench.stacks.lightning_fit", [], 17500),  # 5000 ran 8.6 s
 }
 # steps for about 10 s of loop on one H100 (its kernels are quick: per-step Python dominates)
 CUDA_STEPS = {"mlp": 30000, "compiled_mlp": 30000, "cnn": 10000, "hf_trainer": 800, "lightning": 10000}
