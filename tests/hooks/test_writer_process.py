@@ -362,3 +362,30 @@ def test_small_steps_reuse_the_start_of_the_ring(tmp_path):
     assert starts[0] == 0 and set(starts[1:]) == {0}, starts
     values = _values(tmp_path / "run")
     assert [float(values[("x", step)][0]) for step in range(30)] == list(range(30))
+
+
+def test_tensors_handed_over_from_several_threads_all_arrive(tmp_path, small_ring):
+    """Hooks may fire on several threads (nn.DataParallel's replicas): no placement is lost or
+    overwritten while the ring wraps."""
+    import threading
+
+    writer = ProcessStepWriter(open_store(tmp_path / "run"), "worker_0")
+    writer.begin_step(0, ModeKeys.TRAIN, 0)
+
+    def hand_over(thread: int) -> None:
+        for index in range(40):
+            array = np.full(20_000, thread * 1000 + index, dtype=np.float32)
+            writer.add_tensor(f"t{thread}_{index}", array, nbytes=array.nbytes)
+
+    threads = [threading.Thread(target=hand_over, args=(number,)) for number in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    writer.end_step()
+    _finish(writer)
+    values = _values(tmp_path / "run")
+    assert len(values) == 160
+    for (name, _), value in values.items():
+        thread, index = (int(part) for part in name[1:].split("_"))
+        np.testing.assert_array_equal(value, np.full(20_000, thread * 1000 + index, dtype=np.float32))

@@ -28,8 +28,10 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 import numpy as np
@@ -116,6 +118,18 @@ def _child_environment() -> dict[str, str]:
     return environment
 
 
+def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
+    # Hooks may fire on several threads at once (e.g. nn.DataParallel's replicas); the ring's
+    # position and the open message must change under one lock. Re-entrant: a failure calls the
+    # hook's error handler, which aborts the step through this writer.
+    @wraps(method)
+    def call(self: ProcessStepWriter, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return call
+
+
 class ProcessStepWriter(WriterBase):
     """Writes one worker's steps to a local store from a separate process."""
 
@@ -155,6 +169,7 @@ class ProcessStepWriter(WriterBase):
         self._batch: list[tuple[Any, ...]] = []
         self._batch_bytes = 0
         self._frames_sent = 0
+        self._lock = threading.RLock()
         super().__init__(
             store, worker, max_pending_bytes=max_pending_bytes, max_block_seconds=max_block_seconds, on_error=on_error
         )
@@ -201,10 +216,12 @@ class ProcessStepWriter(WriterBase):
     def pid(self) -> int:
         return self._process.pid
 
+    @_locked
     def begin_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:
         if self._usable():
             self._batch.append(("begin", step, mode, mode_step))
 
+    @_locked
     def add_tensor(self, name: str, value: TensorSource, *, nbytes: int, proto_dtype: int | None = None) -> None:
         if not self._usable():
             return
@@ -213,6 +230,7 @@ class ProcessStepWriter(WriterBase):
         if placed is not None:
             self._queue(("tensor", name, placed, proto_dtype), placed[2])
 
+    @_locked
     def add_reductions(self, names: list[str], vector: TensorSource) -> None:
         """Several scalar tensors at once: ``names[i]`` gets element ``i`` of ``vector``;
         a deferred CPU reduction (``host_array()``, ``requested``) is computed by the process."""
@@ -227,17 +245,20 @@ class ProcessStepWriter(WriterBase):
         values = np.asarray(vector() if callable(vector) else vector, dtype=np.float64).reshape(-1)
         self._queue(("scalars", names, values.tolist()), 0)
 
+    @_locked
     def end_step(self) -> None:
         if self._usable():
             self._batch.append(("end",))
             self._send_batch()
 
+    @_locked
     def abort_step(self) -> None:
         """Drop the open step: its event file is deleted, no index is written."""
         if self._usable():
             self._batch.append(("abort",))
             self._send_batch()
 
+    @_locked
     def write_object(self, key: str, data: bytes) -> None:
         """Write a small object in order with the steps (collections file, end marker)."""
         if self._usable():
@@ -248,8 +269,9 @@ class ProcessStepWriter(WriterBase):
         """Wait until everything handed over is written. False on timeout."""
         if self._disabled_by_fork:
             return True
-        if self._usable():
-            self._send_batch()
+        with self._lock:
+            if self._usable():
+                self._send_batch()
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.0005
         while int(self._slots[SLOT_FRAMES_DONE]) < self._frames_sent:
@@ -267,9 +289,10 @@ class ProcessStepWriter(WriterBase):
         if self._closed or self._disabled_by_fork:
             return True
         done = self.flush(timeout)
-        if self.failure is None:
-            self._batch.append(("stop",))
-            self._send_batch()
+        with self._lock:
+            if self.failure is None:
+                self._batch.append(("stop",))
+                self._send_batch()
         self._closed = True
         self._close_pipe()
         try:
@@ -445,6 +468,7 @@ class ProcessStepWriter(WriterBase):
             pass
 
     def _after_fork_in_child(self) -> None:
+        self._lock = threading.RLock()  # another thread may have held it at fork time
         # A forked DataLoader worker must not keep the pipe open: the writer process would
         # never see end-of-file when the training process ends.
         self._close_pipe()
