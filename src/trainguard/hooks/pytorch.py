@@ -431,14 +431,16 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
             source, nbytes, proto_dtype = self._snapshot_once(tensor)
             self.write_tensor(name, source, nbytes=nbytes, proto_dtype=proto_dtype)
         if plan.reductions:
-            self._write_reductions(name, reduce_on_device(tensor, plan.reductions), plan.reductions)
+            copy = not getattr(self._writer, "copies_at_hand_over", False)
+            self._write_reductions(name, reduce_on_device(tensor, plan.reductions, copy=copy), plan.reductions)
         return True
 
     def _snapshot_once(self, tensor: torch.Tensor) -> HostSnapshot:
         taken = self._step_snapshots.get(id(tensor))
         if taken is not None and taken[0] is tensor and taken[1] == tensor._version:
             return taken[2]
-        copy = snapshot(tensor)
+        # The writer process copies at hand-over, which comes right after: no clone needed then.
+        copy = snapshot(tensor, copy=not getattr(self._writer, "copies_at_hand_over", False))
         self._step_snapshots[id(tensor)] = (tensor, tensor._version, copy)
         return copy
 

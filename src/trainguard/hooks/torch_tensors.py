@@ -37,8 +37,11 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def snapshot(tensor: torch.Tensor) -> HostSnapshot:
-    """A host copy the training loop may keep mutating the original of."""
+def snapshot(tensor: torch.Tensor, *, copy: bool = True) -> HostSnapshot:
+    """A host copy the training loop may keep mutating the original of.
+
+    ``copy=False``, for a writer that copies what it is handed at once (the writer process copies
+    into shared memory): a CPU tensor comes back as a view of its own memory, not cloned twice."""
     tensor = _plain(tensor)
     proto_dtype = None
     if tensor.dtype == torch.bfloat16:
@@ -48,8 +51,8 @@ def snapshot(tensor: torch.Tensor) -> HostSnapshot:
         tensor = tensor.float()
     nbytes = tensor.numel() * tensor.element_size()
     if tensor.device.type == "cpu":
-        copy = tensor.clone(memory_format=torch.contiguous_format)
-        array = copy.numpy()
+        host = tensor.clone(memory_format=torch.contiguous_format) if copy else tensor.contiguous()
+        array = host.numpy()
         return (array.view(np.uint16) if proto_dtype else array), nbytes, proto_dtype
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.device.type == "cuda")
     host.copy_(tensor, non_blocking=True)
@@ -66,7 +69,9 @@ def snapshot(tensor: torch.Tensor) -> HostSnapshot:
     return resolve, nbytes, proto_dtype
 
 
-def reduce_on_device(tensor: torch.Tensor, requested: Sequence[tuple[str, bool]]) -> HostSnapshot | None:
+def reduce_on_device(
+    tensor: torch.Tensor, requested: Sequence[tuple[str, bool]], *, copy: bool = True
+) -> HostSnapshot | None:
     """All requested reductions of ``tensor`` as one float64 vector, computed on its device.
 
     Norms are elementwise (``l2`` = sqrt of the sum of squares of all elements, whatever the
@@ -79,7 +84,8 @@ def reduce_on_device(tensor: torch.Tensor, requested: Sequence[tuple[str, bool]]
     if x.numel() == 0:
         return None
     if x.device.type == "cpu":
-        return DeferredReductions(x.clone(), tuple(requested)), 8 * len(requested), None
+        # copy=False: the writer copies (or reduces) at hand-over, right after (see snapshot)
+        return DeferredReductions(x.clone() if copy else x, tuple(requested)), 8 * len(requested), None
     return snapshot(compute_reductions(x, requested))
 
 

@@ -136,6 +136,9 @@ class ProcessStepWriter(WriterBase):
     # Tensors over a quarter of it get their own shared-memory file. The ring is allocated in full
     # (fallocate: no SIGBUS later), so it is kept small; a step's small tensors reuse its start.
     RING_BYTES = 8 << 20
+    # add_tensor copies a numpy array into shared memory before it returns: a caller may hand
+    # over a view of memory it will change afterwards.
+    copies_at_hand_over = True
     WAKE_BYTES = 256 << 10  # descriptors go out before the step ends once this many bytes wait
     START_SECONDS = 30.0  # a writer process not running by then counts as failed
 
