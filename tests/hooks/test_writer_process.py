@@ -389,3 +389,26 @@ def test_tensors_handed_over_from_several_threads_all_arrive(tmp_path, small_rin
     for (name, _), value in values.items():
         thread, index = (int(part) for part in name[1:].split("_"))
         np.testing.assert_array_equal(value, np.full(20_000, thread * 1000 + index, dtype=np.float32))
+
+
+def _started(writer: ProcessStepWriter) -> bool:
+    deadline = time.monotonic() + 30
+    while not writer._slots[writer_process.SLOT_READY] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(writer._slots[writer_process.SLOT_READY])
+
+
+def test_the_writer_process_runs_niced_as_background_work(tmp_path, monkeypatch):
+    writer = ProcessStepWriter(open_store(tmp_path / "a"), "worker_0")
+    assert _started(writer)
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, writer.pid) == min(19, own + ProcessStepWriter.NICE)
+    writer.close(5)
+    monkeypatch.setenv("TRAINGUARD_WRITER_NICE", "0")
+    writer = ProcessStepWriter(open_store(tmp_path / "b"), "worker_0")
+    assert _started(writer) and os.getpriority(os.PRIO_PROCESS, writer.pid) == own
+    writer.close(5)
+    monkeypatch.setenv("TRAINGUARD_WRITER_NICE", "-5")  # not allowed: the default, with a warning
+    writer = ProcessStepWriter(open_store(tmp_path / "c"), "worker_0")
+    assert writer.nice == ProcessStepWriter.NICE
+    writer.close(5)
