@@ -64,13 +64,12 @@ class WriterProcess:
         self.failed = False
 
     # -- tensors ----------------------------------------------------------------------------
-    def _array(self, placed: tuple[Any, ...]) -> tuple[np.ndarray, Any]:
-        """The array a placement names, and what to do once it is written."""
+    def _array(self, placed: tuple[Any, ...]) -> np.ndarray:
+        """The array a placement names (release it with :meth:`_release` once written)."""
         where = placed[0]
         if where == "ring":
-            _, start, nbytes, dtype, shape, release = placed
-            array = self.ring[start : start + nbytes].view(np.dtype(dtype)).reshape(shape)
-            return array, ("ring", release)
+            _, start, nbytes, dtype, shape, _ = placed
+            return self.ring[start : start + nbytes].view(np.dtype(dtype)).reshape(shape)
         if where == "file":
             _, path, nbytes, dtype, shape = placed
             fd = os.open(path, os.O_RDONLY)
@@ -79,16 +78,15 @@ class WriterProcess:
             finally:
                 os.close(fd)
                 os.unlink(path)
-            return np.frombuffer(segment, dtype=np.dtype(dtype)).reshape(shape), ("file", nbytes)
-        return placed[1], None
+            return np.frombuffer(segment, dtype=np.dtype(dtype)).reshape(shape)
+        return placed[1]
 
-    def _release(self, token: Any) -> None:
-        if token is None:
-            return
-        if token[0] == "ring":
-            self.slots[SLOT_TAIL] = token[1]
-        else:
-            self.slots[SLOT_SEGMENT_BYTES_DONE] += np.uint64(token[1])
+    def _release(self, placed: tuple[Any, ...]) -> None:
+        """Give a placement's shared memory back (in order, for the ring)."""
+        if placed[0] == "ring":
+            self.slots[SLOT_TAIL] = placed[5]
+        elif placed[0] == "file":
+            self.slots[SLOT_SEGMENT_BYTES_DONE] += np.uint64(placed[2])
 
     def _discard(self, item: tuple[Any, ...]) -> None:
         """After a failure: give the item's memory back without writing it."""
@@ -100,8 +98,7 @@ class WriterProcess:
                 os.unlink(placed[1])
             except OSError:
                 pass
-        token = ("ring", placed[5]) if placed[0] == "ring" else ("file", placed[2]) if placed[0] == "file" else None
-        self._release(token)
+        self._release(placed)
 
     # -- messages ---------------------------------------------------------------------------
     def handle(self, item: tuple[Any, ...]) -> None:
@@ -112,22 +109,22 @@ class WriterProcess:
             self.step_file.begin(item[1], item[2], item[3])
         elif kind == "tensor":
             _, name, placed, proto_dtype = item
-            array, token = self._array(placed)
+            array = self._array(placed)
             try:
                 if self.step_file.open:
                     self.step_file.tensor(name, array, proto_dtype)
             finally:
                 del array
-                self._release(token)
+                self._release(placed)
         elif kind == "reduce":
             _, names, requested, placed = item
-            array, token = self._array(placed)
+            array = self._array(placed)
             try:
                 if self.step_file.open:
                     self.reductions.append((names, _reductions(array, requested)))
             finally:
                 del array
-                self._release(token)
+                self._release(placed)
         elif kind == "scalars":
             if self.step_file.open:
                 self.reductions.append((item[1], np.asarray(item[2], dtype=np.float64)))
