@@ -44,11 +44,16 @@ def _tensors(step: int) -> dict[str, np.ndarray]:
     }
 
 
-def _write_steps(writer, steps: int = 4) -> None:
+def _write_steps(writer, steps: int = 4, *, bulk: bool = False) -> None:
     for step in range(steps):
         writer.begin_step(step, ModeKeys.TRAIN, step)
-        for name, array in _tensors(step).items():
-            writer.add_tensor(name, array, nbytes=array.nbytes)
+        if bulk:  # add_tensors: the same tensors in one call, one of them as a callable source
+            items = [(name, array, array.nbytes, None) for name, array in _tensors(step).items()]
+            items[0] = (items[0][0], lambda array=items[0][1]: array, items[0][2], None)
+            writer.add_tensors(items)
+        else:
+            for name, array in _tensors(step).items():
+                writer.add_tensor(name, array, nbytes=array.nbytes)
         bits = torch.randn(10, generator=torch.Generator().manual_seed(step)).bfloat16()
         writer.add_tensor("bf16", bits.view(torch.int16).numpy().view(np.uint16), nbytes=20, proto_dtype=DT_BFLOAT16)
         source = torch.randn(50, 40, generator=torch.Generator().manual_seed(100 + step))
@@ -74,12 +79,13 @@ def small_ring(monkeypatch):
     monkeypatch.setattr(ProcessStepWriter, "RING_BYTES", 1 << 20)
 
 
-def test_the_same_run_as_the_thread_writer(tmp_path, small_ring):
+@pytest.mark.parametrize("bulk", [False, True], ids=["one_by_one", "add_tensors"])
+def test_the_same_run_as_the_thread_writer(tmp_path, small_ring, bulk):
     thread = StepWriter(open_store(tmp_path / "thread"), "worker_0")
     process = ProcessStepWriter(open_store(tmp_path / "process"), "worker_0")
     assert process.ring_size == 1 << 20
     for writer in (thread, process):
-        _write_steps(writer)
+        _write_steps(writer, bulk=bulk)
         _finish(writer)
     expected, got = _values(tmp_path / "thread"), _values(tmp_path / "process")
     assert sorted(got) == sorted(expected) and len(got) == 4 * 18
@@ -120,6 +126,23 @@ def test_the_ring_wraps_and_applies_backpressure(tmp_path, small_ring):
     for step, array in enumerate(arrays):
         np.testing.assert_array_equal(values[("x", step)], array)
         np.testing.assert_array_equal(values[("y", step)], array[:777])
+
+
+def test_one_add_tensors_call_larger_than_the_ring_waits_and_keeps_every_tensor(tmp_path, small_ring):
+    # 30 x 200 kB in one call through a 1 MiB ring: the call must send what it placed so far
+    # (the process frees only what it was told about) and go on in a new message.
+    writer = ProcessStepWriter(open_store(tmp_path / "run"), "worker_0", max_pending_bytes=1 << 20)
+    for step in range(3):
+        arrays = [np.full(50_000, step * 100 + index, dtype=np.float32) for index in range(30)]
+        writer.begin_step(step, ModeKeys.TRAIN, step)
+        writer.add_tensors([(f"t{index}", array, array.nbytes, None) for index, array in enumerate(arrays)])
+        writer.end_step()
+    _finish(writer)
+    assert writer.failure is None
+    values = _values(tmp_path / "run")
+    assert len(values) == 3 * 30
+    for (name, step), value in values.items():
+        np.testing.assert_array_equal(value, np.full(50_000, step * 100 + int(name[1:]), dtype=np.float32))
 
 
 def test_full_shared_memory_sends_large_tensors_down_the_pipe(tmp_path, small_ring, monkeypatch):

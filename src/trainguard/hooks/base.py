@@ -27,7 +27,7 @@ from trainguard.config.save_config import SaveConfig
 from trainguard.errors import ConfigError, StorageError
 from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, END_OF_TRAINING, collections_key, worker_name
 from trainguard.hooks.fail_open import log_disabled
-from trainguard.hooks.writer import StepWriter, TensorSource
+from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource
 from trainguard.hooks.writer_process import WRITER_KINDS, ProcessStepWriter, open_step_writer
 from trainguard.modes import ModeKeys
 from trainguard.storage import LocalStore, Store, open_store
@@ -406,6 +406,11 @@ class BaseHook:
     def write_tensor(self, name: str, value: TensorSource, *, nbytes: int, proto_dtype: int | None = None) -> None:
         if self._writer is not None:
             self._writer.add_tensor(name, value, nbytes=nbytes, proto_dtype=proto_dtype)
+
+    def write_tensors(self, items: list[TensorItem]) -> None:
+        """Hand several tensors of the open step over at once (cheaper than one by one)."""
+        if self._writer is not None and items:
+            self._writer.add_tensors(items)
 
     # -- user API -----------------------------------------------------------------------------
     def add_to_collections(self, name: str, collections: Iterable[str] | str) -> list[str]:

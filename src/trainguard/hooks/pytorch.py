@@ -44,6 +44,7 @@ from trainguard.hooks.torch_compiled import (
 )
 from trainguard.hooks.torch_optimizer import OptimizerSteps
 from trainguard.hooks.torch_tensors import HostSnapshot, reduce_on_device, snapshot
+from trainguard.hooks.writer import TensorItem
 from trainguard.modes import ModeKeys
 
 __all__ = ["TorchHook", "eager", "is_loss_module"]
@@ -325,8 +326,9 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
             module = reference()
             if module is None:
                 continue
-            for parameter_name, parameter in module.named_parameters():
-                self.save_torch_tensor(f"{root_name}_{parameter_name}", parameter)
+            self.save_torch_tensors(
+                (f"{root_name}_{parameter_name}", parameter) for parameter_name, parameter in module.named_parameters()
+            )
 
     def begin_step(self) -> None:
         super().begin_step()
@@ -350,9 +352,8 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
             self._take_gradients()  # a step that ends without optimizer.step() (mode change, close)
         self._grad_parameters.clear()
         held, self._held = self._held, {}
-        for name, (raw, reduced, requested) in held.items():
-            if raw is not None:
-                self.write_tensor(name, raw[0], nbytes=raw[1], proto_dtype=raw[2])
+        self.write_tensors([(name, raw[0], raw[1], raw[2]) for name, (raw, _, _) in held.items() if raw is not None])
+        for name, (_, reduced, requested) in held.items():
             self._write_reductions(name, reduced, requested)
 
     # -- capture ------------------------------------------------------------------------------
@@ -434,6 +435,23 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
             copy = not getattr(self._writer, "copies_at_hand_over", False)
             self._write_reductions(name, reduce_on_device(tensor, plan.reductions, copy=copy), plan.reductions)
         return True
+
+    def save_torch_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """:meth:`save_torch_tensor` for several tensors; their raw values go to the writer in
+        one call (a saved step's parameters: a dozen or more small tensors)."""
+        items: list[TensorItem] = []
+        copy_reductions = not getattr(self._writer, "copies_at_hand_over", False)
+        for name, tensor in named_tensors:
+            plan = self.plan(name)
+            if plan is None:
+                continue
+            if plan.save_raw:
+                source, nbytes, proto_dtype = self._snapshot_once(tensor)
+                items.append((name, source, nbytes, proto_dtype))
+            if plan.reductions:
+                reduced = reduce_on_device(tensor, plan.reductions, copy=copy_reductions)
+                self._write_reductions(name, reduced, plan.reductions)
+        self.write_tensors(items)
 
     def _snapshot_once(self, tensor: torch.Tensor) -> HostSnapshot:
         taken = self._step_snapshots.get(id(tensor))

@@ -26,6 +26,9 @@ __all__ = [
 ]
 
 HostSnapshot = tuple[np.ndarray | Callable[[], np.ndarray], int, int | None]  # source, nbytes, dtype
+# dtypes numpy holds as they are (no bfloat16/float8 bits to re-tag, no quantized values)
+_NUMPY_NATIVE = frozenset((torch.float32, torch.float64, torch.float16, torch.bool))
+_NUMPY_NATIVE |= {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
@@ -42,6 +45,12 @@ def snapshot(tensor: torch.Tensor, *, copy: bool = True) -> HostSnapshot:
 
     ``copy=False``, for a writer that copies what it is handed at once (the writer process copies
     into shared memory): a CPU tensor comes back as a view of its own memory, not cloned twice."""
+    if tensor.is_cpu and tensor.dtype in _NUMPY_NATIVE and tensor.layout is torch.strided:
+        # The usual case (dense CPU tensors of a type numpy has), with no checks beyond these:
+        # a saved step takes a dozen or more snapshots, each on the training thread.
+        host = tensor.detach()
+        host = host.clone(memory_format=torch.contiguous_format) if copy else host.contiguous()
+        return host.numpy(), host.nbytes, None
     tensor = _plain(tensor)
     proto_dtype = None
     if tensor.dtype == torch.bfloat16:

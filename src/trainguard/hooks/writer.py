@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,13 +26,15 @@ from trainguard.hooks.step_file import StepFile
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 
-__all__ = ["StepWriter", "TensorSource", "WriterBase", "resolve_reductions"]
+__all__ = ["StepWriter", "TensorItem", "TensorSource", "WriterBase", "resolve_reductions"]
 
 logger = logging.getLogger("trainguard")
 
 # A tensor handed over is a numpy array, or a callable returning one (e.g. a device-to-host
 # copy still in flight that the writer thread waits for), with an optional DataType override.
 TensorSource = np.ndarray | Callable[[], np.ndarray]
+# What a saved step hands over in bulk: name, value, size in bytes, DataType override or None.
+TensorItem = tuple[str, TensorSource, int, int | None]
 
 
 class WriterBase:
@@ -192,6 +194,11 @@ class StepWriter(WriterBase):
 
     def add_tensor(self, name: str, value: TensorSource, *, nbytes: int, proto_dtype: int | None = None) -> None:
         self._put(("tensor", name, value, proto_dtype, nbytes), nbytes, wake=False)
+
+    def add_tensors(self, items: Sequence[TensorItem]) -> None:
+        """Several tensors of the open step at once: ``(name, value, nbytes, proto_dtype)`` each."""
+        for name, value, nbytes, proto_dtype in items:
+            self._put(("tensor", name, value, proto_dtype, nbytes), nbytes, wake=False)
 
     def add_reductions(self, names: list[str], vector: TensorSource) -> None:
         """Several scalar tensors at once: ``names[i]`` gets element ``i`` of ``vector``."""

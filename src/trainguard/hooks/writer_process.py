@@ -30,14 +30,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import wraps
 from typing import Any
 
 import numpy as np
 
 from trainguard.errors import TrainguardError
-from trainguard.hooks.writer import StepWriter, TensorSource, WriterBase
+from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource, WriterBase
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 from trainguard.storage.local import LocalStore
@@ -252,6 +252,24 @@ class ProcessStepWriter(WriterBase):
             self._queue(("tensor", name, placed, proto_dtype), placed[2])
 
     @_locked
+    def add_tensors(self, items: Sequence[TensorItem]) -> None:
+        """A step's tensors in one call (a saved step's parameters, its gradients): one lock,
+        one check and one look at the process's progress for all of them."""
+        if not self._usable():
+            return
+        place = self._place
+        for name, value, _, proto_dtype in items:
+            array = value() if callable(value) else value
+            placed = place(array if type(array) is np.ndarray else np.asarray(array))
+            if placed is None:
+                return  # the writer failed or stalled: capture is off
+            # (not a local alias of the batch: waiting for space may send it and start a new one)
+            self._batch.append(("tensor", name, placed, proto_dtype))
+            self._batch_bytes += placed[2]
+        if self._batch_bytes >= self.WAKE_BYTES:
+            self._send_batch()
+
+    @_locked
     def add_reductions(self, names: list[str], vector: TensorSource) -> None:
         """Several scalar tensors at once: ``names[i]`` gets element ``i`` of ``vector``;
         a deferred CPU reduction (``host_array()``, ``requested``) is computed by the process."""
@@ -351,15 +369,16 @@ class ProcessStepWriter(WriterBase):
         if nbytes > self._ring_size >> 2:
             return self._place_in_own_file(array)
         size = (nbytes + ALIGN - 1) & -ALIGN or ALIGN
-        if self._tail() == self._head and self._head % self._ring_size:
+        tail = self._tail()  # read once: the process only moves it forward (more room, never less)
+        if tail == self._head and self._head % self._ring_size:
             # Everything was released: start over at the ring's start, so that a model whose
             # saved steps are small keeps touching the same few pages (resident memory stays small).
             self._head += self._ring_size - self._head % self._ring_size
-            self._free_through = self._head
+            self._free_through = tail = self._head
         start = self._head % self._ring_size
         skip = self._ring_size - start if start + size > self._ring_size else 0
         # The common case inline (a saved step places a dozen small tensors): is there room?
-        free = self._ring_size - (self._head - self._tail())
+        free = self._ring_size - (self._head - tail)
         if skip + size > free or self._segment_bytes_sent != int(self._slots[SLOT_SEGMENT_BYTES_DONE]):
             if not self._wait_for_space(skip + size):
                 return None
