@@ -425,33 +425,31 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
 
     def save_torch_tensor(self, name: str, tensor: torch.Tensor) -> bool:
         """Save now, if ``name`` is due at this step; True if it was."""
+        raw: list[TensorItem] = []
+        saved = self._save_due(name, tensor, raw)
+        self.write_tensors(raw)
+        return saved
+
+    def save_torch_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """:meth:`save_torch_tensor` for several tensors; their raw values go to the writer in
+        one call (a saved step's parameters: a dozen or more small tensors)."""
+        raw: list[TensorItem] = []
+        for name, tensor in named_tensors:
+            self._save_due(name, tensor, raw)
+        self.write_tensors(raw)
+
+    def _save_due(self, name: str, tensor: torch.Tensor, raw: list[TensorItem]) -> bool:
+        """Queue ``tensor``'s raw value on ``raw`` and hand its reductions over, if due."""
         plan = self.plan(name)
         if plan is None:
             return False
         if plan.save_raw:
             source, nbytes, proto_dtype = self._snapshot_once(tensor)
-            self.write_tensor(name, source, nbytes=nbytes, proto_dtype=proto_dtype)
+            raw.append((name, source, nbytes, proto_dtype))
         if plan.reductions:
             copy = not getattr(self._writer, "copies_at_hand_over", False)
             self._write_reductions(name, reduce_on_device(tensor, plan.reductions, copy=copy), plan.reductions)
         return True
-
-    def save_torch_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """:meth:`save_torch_tensor` for several tensors; their raw values go to the writer in
-        one call (a saved step's parameters: a dozen or more small tensors)."""
-        items: list[TensorItem] = []
-        copy_reductions = not getattr(self._writer, "copies_at_hand_over", False)
-        for name, tensor in named_tensors:
-            plan = self.plan(name)
-            if plan is None:
-                continue
-            if plan.save_raw:
-                source, nbytes, proto_dtype = self._snapshot_once(tensor)
-                items.append((name, source, nbytes, proto_dtype))
-            if plan.reductions:
-                reduced = reduce_on_device(tensor, plan.reductions, copy=copy_reductions)
-                self._write_reductions(name, reduced, plan.reductions)
-        self.write_tensors(items)
 
     def _snapshot_once(self, tensor: torch.Tensor) -> HostSnapshot:
         taken = self._step_snapshots.get(id(tensor))
