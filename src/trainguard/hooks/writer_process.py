@@ -242,14 +242,8 @@ class ProcessStepWriter(WriterBase):
         if self._usable():
             self._batch.append(("begin", step, mode, mode_step))
 
-    @_locked
     def add_tensor(self, name: str, value: TensorSource, *, nbytes: int, proto_dtype: int | None = None) -> None:
-        if not self._usable():
-            return
-        array = value() if callable(value) else value  # e.g. a device copy: waited for here
-        placed = self._place(np.asarray(array))
-        if placed is not None:
-            self._queue(("tensor", name, placed, proto_dtype), placed[2])
+        self.add_tensors(((name, value, nbytes, proto_dtype),))
 
     @_locked
     def add_tensors(self, items: Sequence[TensorItem]) -> None:
@@ -259,7 +253,7 @@ class ProcessStepWriter(WriterBase):
             return
         place = self._place
         for name, value, _, proto_dtype in items:
-            array = value() if callable(value) else value
+            array = value() if callable(value) else value  # e.g. a device copy: waited for here
             placed = place(array if type(array) is np.ndarray else np.asarray(array))
             if placed is None:
                 return  # the writer failed or stalled: capture is off
