@@ -1,6 +1,6 @@
 """The ``trainguard`` command.
 
-trainguard run [--out DIR] [--config hook.json] [--save-interval N]
+trainguard run [--out DIR] [--config hook.json] [--save-interval N | --overhead-budget F]
                [--rules [A,B:key=v,...]] [--stop-on-issue] [--stop-grace S] [--allow-not-evaluated]
                [--profile] [--profile-interval-ms MS] -- python train.py ...
 trainguard summary RUN [--json]
@@ -63,6 +63,7 @@ def _child_environment(args: argparse.Namespace, out_dir: str) -> dict[str, str]
         environment["TRAINGUARD_CONFIG"] = str(Path(args.config).resolve())
     if args.save_interval is not None:
         environment["TRAINGUARD_SAVE_INTERVAL"] = str(args.save_interval)
+    environment["TRAINGUARD_OVERHEAD_BUDGET"] = str(_overhead_budget(args))
     if args.profile:
         environment["TRAINGUARD_PROFILER"] = "1"
     if args.profile_interval_ms is not None:
@@ -73,6 +74,18 @@ def _child_environment(args: argparse.Namespace, out_dir: str) -> dict[str, str]
         environment["TRAINGUARD_PROFILER"] = "1"
         environment["TRAINGUARD_PROFILER_INTERVAL_MS"] = str(args.profile_interval_ms)
     return environment
+
+
+def _overhead_budget(args: argparse.Namespace) -> float:
+    """The capture's share of training time: given, or the default unless the user fixed the
+    schedule (--save-interval, --config); 0 keeps the schedule as configured."""
+    from trainguard.zero_code import DEFAULT_OVERHEAD_BUDGET
+
+    if args.overhead_budget is not None:
+        if not 0 <= args.overhead_budget < 1:
+            raise ConfigError(f"--overhead-budget {args.overhead_budget} must be a fraction from 0 to below 1")
+        return args.overhead_budget
+    return 0.0 if args.save_interval is not None or args.config else DEFAULT_OVERHEAD_BUDGET
 
 
 def _rule_specs(args: argparse.Namespace) -> list[Any]:
@@ -347,6 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="where to write the run (directory or s3://); default trainguard-runs/<time>")
     run.add_argument("--config", help="hook config: SageMaker DebugHookConfig JSON (debughookconfig.json)")
     run.add_argument("--save-interval", type=int, help="save every N steps (default 10; the config file wins)")
+    run.add_argument(
+        "--overhead-budget",
+        type=float,
+        help="share of training time the capture may take (default 0.02 unless --save-interval or --config "
+        "fixes the schedule): past its first 20 saves, weights, gradients and outputs are saved on fewer "
+        "steps when saving them costs more; losses keep every saved step; 0: the schedule as configured",
+    )
     run.add_argument(
         "--rules", action="append", nargs="?", const="default", metavar="A,B:key=v",
         help="run rules beside training (no value: the default set; 'trainguard rules list' shows all)",

@@ -2,7 +2,7 @@
 
 Configuration comes from the environment that ``trainguard run`` sets (read when arming, never
 at import): ``TRAINGUARD_ZERO_CODE=1``, ``TRAINGUARD_OUT_DIR``, optional ``TRAINGUARD_CONFIG``
-(a DebugHookConfig JSON) and ``TRAINGUARD_SAVE_INTERVAL``.
+(a DebugHookConfig JSON), ``TRAINGUARD_SAVE_INTERVAL`` and ``TRAINGUARD_OVERHEAD_BUDGET``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,13 @@ import sys
 from types import ModuleType
 from typing import Any
 
-__all__ = ["arm_from_environment", "zero_code_hook_kwargs"]
+__all__ = ["DEFAULT_OVERHEAD_BUDGET", "arm_from_environment", "zero_code_hook_kwargs"]
 
 logger = logging.getLogger("trainguard")
+# The capture's default share of training time under ``trainguard run`` (2 %): the budget counts
+# what it can measure (the training thread's extra time on saved steps, the writer's CPU); the
+# rest (the hook's per-step checks, cache effects on later steps) must fit in the 5 % users accept.
+DEFAULT_OVERHEAD_BUDGET = 0.02
 _DEFAULT_COLLECTIONS = ["weights", "biases", "gradients", "losses", "outputs", "scalars", "default"]
 _installed: list[Any] = []
 _profilers: list[Any] = []
@@ -42,6 +46,15 @@ def zero_code_hook_kwargs(environ: dict[str, str] | os._Environ[str]) -> dict[st
         except ValueError:
             raise ConfigError(f"TRAINGUARD_SAVE_INTERVAL={raw!r} is not a positive integer") from None
     kwargs.setdefault("include_collections", list(_DEFAULT_COLLECTIONS))
+    raw = environ.get("TRAINGUARD_OVERHEAD_BUDGET")
+    if raw:
+        try:
+            budget = float(raw)
+        except ValueError:
+            budget = -1.0
+        if not 0 <= budget < 1:
+            raise ConfigError(f"TRAINGUARD_OVERHEAD_BUDGET={raw!r} is not a fraction from 0 to below 1")
+        kwargs["overhead_budget"] = budget or None
     _check_hook_kwargs(kwargs)
     return kwargs
 

@@ -27,6 +27,7 @@ from trainguard.config.save_config import SaveConfig
 from trainguard.errors import ConfigError, StorageError
 from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, END_OF_TRAINING, collections_key, worker_name
 from trainguard.hooks.fail_open import log_disabled
+from trainguard.hooks.overhead_budget import HEAVY, LIGHT, LIGHT_COLLECTIONS, QUIET, OverheadBudget
 from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource
 from trainguard.hooks.writer_process import WRITER_KINDS, ProcessStepWriter, open_step_writer
 from trainguard.modes import ModeKeys
@@ -82,12 +83,17 @@ class BaseHook:
         max_pending_bytes: int = 256 << 20,
         other_workers_collections: Sequence[str] | None = None,
         writer: str | None = None,
+        overhead_budget: float | None = None,
     ) -> None:
         """``other_workers_collections``: with ``include_workers="one"``, the collections every
         rank but 0 still saves (default ``OTHER_WORKERS_COLLECTIONS``: losses and scalars, a few
         numbers per saved step); ``()`` makes the other ranks write nothing at all.
         ``writer``: "thread", "process" (a writer process, for local directories) or "auto"
-        (the process for CPU training into a local directory); default ``TRAINGUARD_WRITER``."""
+        (the process for CPU training into a local directory); default ``TRAINGUARD_WRITER``.
+        ``overhead_budget``: a fraction of training time (0.02 = 2 %); after its first saves the
+        hook saves the heavy collections on fewer of their configured TRAIN steps when saving
+        them costs more (see :mod:`trainguard.hooks.overhead_budget`); None: the schedule as
+        configured."""
         if out_dir is None:
             out_dir = os.environ.get("TRAINGUARD_OUT_DIR")
         if not out_dir:
@@ -102,6 +108,10 @@ class BaseHook:
         if writer not in WRITER_KINDS:
             raise ConfigError(f"writer={writer!r} (or TRAINGUARD_WRITER) is invalid: use {', '.join(WRITER_KINDS)}")
         self.writer_kind = writer
+        try:
+            self._budget = OverheadBudget(float(overhead_budget)) if overhead_budget else None
+        except (TypeError, ValueError):
+            raise ConfigError(f"overhead_budget={overhead_budget!r} must be a fraction between 0 and 1") from None
         self.out_dir = os.fspath(out_dir)
         self.dry_run = dry_run
         self.export_tensorboard = export_tensorboard
@@ -285,8 +295,12 @@ class BaseHook:
             if writer is None:
                 self.saving_this_step = False
                 return
+            if self._budget is not None:
+                self._budget.mark(self.step, LIGHT if self._due <= LIGHT_COLLECTIONS else HEAVY, writer.cpu_seconds)
             writer.begin_step(self.step, self.mode, self.mode_steps[self.mode])
             self._on_step_begin()
+        elif self._budget is not None:
+            self._budget.mark(self.step, QUIET)
 
     def end_step(self) -> None:
         if not self.step_open:
@@ -350,7 +364,13 @@ class BaseHook:
             return _NOTHING_DUE
         if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
             due.difference_update(_TRAINING_ONLY_COLLECTIONS)
-        return frozenset(due)
+        elif self._budget is not None and mode is ModeKeys.TRAIN:
+            kept = self._budget.keep(mode_step)
+            if kept == QUIET:
+                return _NOTHING_DUE
+            if kept == LIGHT:
+                due.intersection_update(LIGHT_COLLECTIONS)
+        return frozenset(due) if due else _NOTHING_DUE
 
     def unsaved_steps_ahead(self, mode: ModeKeys, mode_step: int, limit: int = 256) -> int:
         """How many steps of ``mode`` after ``mode_step`` are certainly saved by no collection

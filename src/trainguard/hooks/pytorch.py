@@ -29,6 +29,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from trainguard.config.reduction_config import reduction_tensor_name
 from trainguard.hooks.base import BaseHook
 from trainguard.hooks.fail_open import fail_open
+from trainguard.hooks.overhead_budget import QUIET
 from trainguard.hooks.torch_activations import (
     _ACTIVATION_KINDS,
     ActivationCapture,
@@ -303,6 +304,9 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
             self._end_pending = False
             self.step += 1
             self.mode_steps[ModeKeys.TRAIN] += 1
+            if not self._quiet_steps and self._budget is not None:
+                # the last unsaved step before a saved one: its span is one step of training
+                self._budget.mark(self.step, QUIET)
             return
         if self._end_pending:
             self.end_step()

@@ -115,6 +115,11 @@ class WriterBase:
     def _after_fork_in_child(self) -> None:
         self._disabled_by_fork = True
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time the writer has used so far (None where it cannot be read): an overhead
+        budget counts it, since on a busy machine it competes with training for a core."""
+        return None
+
     @property
     def active(self) -> bool:
         return self.failure is None and not self._closed and not self._disabled_by_fork
@@ -150,6 +155,15 @@ class StepWriter(WriterBase):
         self.steps_written = 0
         self._thread = threading.Thread(target=self._run, name=f"trainguard-writer-{worker}", daemon=True)
         self._thread.start()
+
+    def cpu_seconds(self) -> float | None:
+        ident = self._thread.ident
+        if ident is None or not hasattr(time, "pthread_getcpuclockid"):
+            return None
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except OSError:  # the thread has ended
+            return None
 
     def _reset_sync_state(self) -> None:
         self._queue: deque[tuple[Any, ...]] = deque()

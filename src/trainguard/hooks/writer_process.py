@@ -63,6 +63,7 @@ ALIGN = 64
 FRAME_HEAD = struct.Struct("<IQ")  # payload length, message number
 
 WRITER_KINDS = ("auto", "thread", "process")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class WriterUnavailable(TrainguardError):
@@ -236,6 +237,16 @@ class ProcessStepWriter(WriterBase):
     @property
     def pid(self) -> int:
         return self._process.pid
+
+    def cpu_seconds(self) -> float | None:
+        # utime and stime of /proc/<pid>/stat (fields 14 and 15, counted after the command name,
+        # which may hold spaces); in clock ticks.
+        try:
+            with open(f"/proc/{self._process.pid}/stat", "rb") as file:
+                fields = file.read().rpartition(b")")[2].split()
+            return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        except (OSError, ValueError, IndexError):
+            return None
 
     @_locked
     def begin_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:

@@ -1,0 +1,194 @@
+"""An overhead budget: save less often when saving costs more than a set share of training time.
+
+A saved step of a small, fast model costs about as much as several training steps (Python calls
+per tensor, the writer's encoding and two files per step), so a fixed interval of 10 steps can
+add 10-50 % to a 1 ms step. With a budget, the hook keeps the configured schedule for its first
+``warmup_saves`` saves (early faults are caught exactly as configured),
+then measures what the capture costs and thins its TRAIN saves until it fits in ``fraction`` of
+the training time: first the heavy collections (weights, gradients, outputs...), down to one
+save every ``max_interval`` steps (SageMaker's default interval); then, if saving only the light
+ones (losses, scalars, metrics: a few numbers per step) still costs too much, those too, down to
+one save every ``max_light_interval`` steps. Both keep a regular subset of their configured steps;
+when the capture gets cheaper (a slower phase of training), the thinning is undone step by step.
+
+How cost is measured, without timing every step: the hook marks the time at the begin of every
+saved step and of the last unsaved step before it (the adapters that skip unsaved steps mark
+that one). A span starting at a saved step, minus that many steps of plain training (the median
+one-step span of unsaved steps), is what the save added to the training thread, cache misses
+included. The writer's CPU time over the same window is added (on a busy machine it competes
+with training for a core).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+
+from trainguard.config.collections import SCALAR_COLLECTIONS
+
+__all__ = ["LIGHT_COLLECTIONS", "OverheadBudget"]
+
+logger = logging.getLogger("trainguard")
+
+# Collections of a few numbers per step: thinned only after the heavy ones.
+LIGHT_COLLECTIONS = SCALAR_COLLECTIONS | {"hyperparameters"}
+DEFAULT_WARMUP_SAVES = 20
+DEFAULT_MAX_INTERVAL = 500
+DEFAULT_MAX_LIGHT_INTERVAL = 100
+DECIDE_EVERY = 16  # saves in one measuring window
+_SAMPLES = 33  # one-step spans the step time is the median of
+
+QUIET, LIGHT, HEAVY = 0, 1, 2
+
+
+class OverheadBudget:
+    """Decides which configured TRAIN saves happen; told by the hook when steps begin."""
+
+    def __init__(
+        self,
+        fraction: float,
+        *,
+        warmup_saves: int = DEFAULT_WARMUP_SAVES,
+        max_interval: int = DEFAULT_MAX_INTERVAL,
+        max_light_interval: int = DEFAULT_MAX_LIGHT_INTERVAL,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not 0.0 < fraction < 1.0:
+            raise ValueError(f"overhead budget {fraction!r} must be a fraction between 0 and 1")
+        self.fraction = fraction
+        self.warmup_saves = warmup_saves
+        self.max_interval = max_interval
+        self.max_light_interval = max_light_interval
+        self._clock = clock
+        self.light_stride = 1  # keep every light_stride-th configured save
+        self.heavy_stride = 1  # ...and the heavy collections at every heavy_stride-th of those
+        self.saves = 0
+        self.last_share: float | None = None  # the capture's share of training time, last measured
+        self._candidates = 0  # configured saves seen since the strides last changed
+        self._decided: tuple[int, int] | None = None  # (mode step, KEEP_*) of the last one asked
+        self._last_candidate: int | None = None
+        self._gaps: deque[int] = deque(maxlen=_SAMPLES)
+        self._last_mark: tuple[float, int, int] | None = None  # (time, step, kind)
+        self._step_seconds: deque[float] = deque(maxlen=_SAMPLES)
+        self._window: _Window | None = None
+
+    @property
+    def thinning(self) -> bool:
+        return self.light_stride > 1 or self.heavy_stride > 1
+
+    # -- which steps -----------------------------------------------------------------------
+    def keep(self, mode_step: int) -> int:
+        """HEAVY: save everything due at this configured TRAIN step; LIGHT: only the light
+        collections; QUIET: nothing. The answer for one step never changes."""
+        if self._decided is not None and self._decided[0] == mode_step:
+            return self._decided[1]
+        if self._last_candidate is not None and mode_step > self._last_candidate:
+            self._gaps.append(mode_step - self._last_candidate)
+        self._last_candidate = mode_step
+        index, self._candidates = self._candidates, self._candidates + 1
+        if index % self.light_stride:
+            kept = QUIET
+        elif (index // self.light_stride) % self.heavy_stride:
+            kept = LIGHT
+        else:
+            kept = HEAVY
+        self._decided = (mode_step, kept)
+        return kept
+
+    # -- what it costs -----------------------------------------------------------------------
+    def mark(self, step: int, kind: int, writer_cpu: Callable[[], float | None] | None = None) -> None:
+        """The training thread is at the begin of global ``step`` (QUIET: it saves nothing,
+        LIGHT: light collections only, HEAVY: heavy ones too). ``writer_cpu`` reads the
+        writer's CPU seconds so far (asked only when a measuring window starts or ends)."""
+        now = self._clock()
+        last, self._last_mark = self._last_mark, (now, step, kind)
+        if kind != QUIET:
+            self.saves += 1
+        if last is not None and step > last[1]:
+            span, steps = now - last[0], step - last[1]
+            if last[2] == QUIET:
+                if steps == 1:
+                    self._step_seconds.append(span)
+            elif self._window is not None:
+                self._window.spans.append((span, steps, last[2]))
+        if kind == QUIET or self.saves <= self.warmup_saves // 2:
+            return  # the first saves pay one-off costs (imports, the writer starting)
+        window = self._window
+        if window is None:
+            if kind == HEAVY:
+                self._window = _Window(now, writer_cpu() if writer_cpu else None)
+            return
+        # A window spans whole periods of the heavy saves (from one to a later one): cut
+        # anywhere else, it would see one costly save more or less than its share.
+        ends = kind == HEAVY or (window.heavy == 0 and window.saves >= self.heavy_stride + DECIDE_EVERY)
+        if ends and window.saves >= DECIDE_EVERY and self.saves >= self.warmup_saves:
+            self._decide(now, writer_cpu() if writer_cpu else None)
+        else:
+            window.saves += 1
+            window.heavy += kind == HEAVY
+
+    def _decide(self, now: float, writer_seconds: float | None) -> None:
+        window = self._window
+        assert window is not None
+        self._window = _Window(now, writer_seconds)
+        if len(self._step_seconds) < 3 or not self._gaps:
+            return
+        step = statistics.median(self._step_seconds)
+        added = max(0.0, sum(span - steps * step for span, steps, _ in window.spans))
+        light_added = max(0.0, sum(span - steps * step for span, steps, kind in window.spans if kind == LIGHT))
+        if writer_seconds is not None and window.writer_seconds is not None:
+            writer = max(0.0, writer_seconds - window.writer_seconds)
+            added += writer
+            # the writer's time by number of steps written: a light step costs it files, not bytes
+            light_added += writer * (window.saves - window.heavy - 1) / window.saves
+        training = now - window.started - added
+        share = added / training if training > 0 else math.inf
+        light_share = light_added / training if training > 0 else math.inf
+        self.last_share = share
+        gap = max(1, int(statistics.median(self._gaps)))
+        light, heavy = self.light_stride, self.heavy_stride
+        if share > self.fraction:
+            factor = min(share / self.fraction, 1e6)
+            most_heavy = max(1, self.max_interval // (gap * light))
+            heavy = min(most_heavy, max(heavy + 1, math.ceil(heavy * factor)))
+            left = self.heavy_stride * factor / heavy  # what the heavy stride could not absorb
+            if heavy == most_heavy and left > 1.05 and light_share > self.fraction / 2:
+                most_light = max(1, self.max_light_interval // gap)
+                light = min(most_light, max(light + 1, math.ceil(light * left)))
+                heavy = max(1, self.max_interval // (gap * light))
+        elif share < self.fraction / 2.5:
+            if light > 1:
+                light = max(1, light // 2)
+                heavy = max(1, self.max_interval // (gap * light))
+            elif heavy > 1:
+                heavy = max(1, heavy // 2)
+        if (light, heavy) == (self.light_stride, self.heavy_stride):
+            return
+        logger.log(
+            logging.INFO if not self.thinning else logging.DEBUG,
+            "trainguard: saving took %.1f%% of training time (budget %.0f%%): now saving losses and scalars "
+            "every %d steps, weights, gradients and outputs every %d; an explicit save interval keeps the schedule",
+            100 * share if math.isfinite(share) else 100.0,
+            100 * self.fraction,
+            light * gap,
+            light * heavy * gap,
+        )
+        self.light_stride, self.heavy_stride = light, heavy
+        self._candidates = 0
+
+
+class _Window:
+    """What one measuring window has seen."""
+
+    __slots__ = ("heavy", "saves", "spans", "started", "writer_seconds")
+
+    def __init__(self, started: float, writer_seconds: float | None) -> None:
+        self.started = started
+        self.writer_seconds = writer_seconds
+        self.saves = 1  # the save that opens it
+        self.heavy = 0
+        self.spans: list[tuple[float, int, int]] = []  # (seconds, steps, kind of its first step)

@@ -1,0 +1,206 @@
+"""The overhead budget: the configured schedule through the warm-up, then fewer saves while saving
+costs more than its share of training time; light collections thinned only after heavy ones;
+every save on the configured grid; nothing thinned without a budget or with an explicit interval."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import trainguard.pytorch as tg
+from trainguard.errors import ConfigError
+from trainguard.hooks.overhead_budget import HEAVY, LIGHT, QUIET, OverheadBudget
+from trainguard.trials import create_trial
+from trainguard.zero_code import zero_code_hook_kwargs
+
+
+class FakeTraining:
+    """Drives a budget as a hook would: ``step_seconds`` of training per step, ``save_seconds``
+    more on each heavy save and ``light_seconds`` on each light one; a save every ``gap`` steps;
+    the writer uses ``writer_seconds`` of CPU per heavy save."""
+
+    def __init__(self, budget_fraction: float, *, step_seconds: float = 1e-3, save_seconds: float = 0.0,
+                 light_seconds: float = 0.0, writer_seconds: float = 0.0, gap: int = 10) -> None:
+        self.now = 0.0
+        self.writer_cpu = 0.0
+        self.budget = OverheadBudget(budget_fraction, clock=lambda: self.now)
+        self.step_seconds, self.save_seconds, self.light_seconds = step_seconds, save_seconds, light_seconds
+        self.writer_seconds, self.gap = writer_seconds, gap
+        self.saved: dict[int, int] = {}  # step -> HEAVY or LIGHT
+
+    def run(self, steps: int, start: int = 0) -> None:
+        for step in range(start, start + steps):
+            kept = self.budget.keep(step) if step % self.gap == 0 else QUIET
+            if kept == QUIET:
+                if (step + 1) % self.gap in (0, 1, 2):  # the marks a hook makes: before, at, after a configured step
+                    self.budget.mark(step, QUIET)
+            else:
+                self.budget.mark(step, kept, lambda: self.writer_cpu)
+                self.saved[step] = kept
+            self.now += self.step_seconds
+            if kept == HEAVY:
+                self.now += self.save_seconds
+                self.writer_cpu += self.writer_seconds
+            elif kept == LIGHT:
+                self.now += self.light_seconds
+
+    def heavy_steps(self, low: int = 0, high: int | None = None) -> list[int]:
+        return [s for s, k in sorted(self.saved.items()) if k == HEAVY and low <= s < (high or 10**12)]
+
+    def saved_steps(self, low: int = 0, high: int | None = None) -> list[int]:
+        return [s for s in sorted(self.saved) if low <= s < (high or 10**12)]
+
+
+def _share(training: FakeTraining, low: int, high: int) -> float:
+    """The capture's cost over steps [low, high) as a share of the training time (the oracle)."""
+    heavy = len(training.heavy_steps(low, high))
+    light = len(training.saved_steps(low, high)) - heavy
+    cost = heavy * (training.save_seconds + training.writer_seconds) + light * training.light_seconds
+    return cost / ((high - low) * training.step_seconds)
+
+
+def test_cheap_saves_keep_the_configured_schedule():
+    training = FakeTraining(0.02, save_seconds=1e-4)  # 1 % of training time at every 10th step
+    training.run(5000)
+    assert training.heavy_steps() == list(range(0, 5000, 10))
+    assert not training.budget.thinning
+
+
+def test_costly_heavy_saves_are_thinned_to_the_budget_after_the_warmup():
+    training = FakeTraining(0.02, save_seconds=2e-3, writer_seconds=2e-3)  # 40 % at every 10th step
+    training.run(20000)
+    heavy = training.heavy_steps()
+    assert heavy[:20] == list(range(0, 200, 10)), "the warm-up keeps the configured schedule"
+    assert all(step % 10 == 0 for step in training.saved_steps())
+    assert training.saved_steps(200) == list(range(200, 20000, 10)), "losses keep every configured step"
+    late = training.heavy_steps(10000)
+    assert 10 < len(late) < 100
+    gaps = {b - a for a, b in zip(late, late[1:])}
+    assert len(gaps) == 1 and gaps.pop() <= 500, "a regular subset, at most 500 steps apart"
+    assert _share(training, 10000, 20000) <= 0.02 * 1.3
+
+
+def test_heavy_saves_never_sparser_than_the_max_interval():
+    training = FakeTraining(0.02, save_seconds=0.2)  # a save costs 200 steps
+    training.run(20000)
+    late = training.heavy_steps(5000)
+    assert late and max(b - a for a, b in zip(late, late[1:])) <= 500
+    assert training.saved_steps(5000) == list(range(5000, 20000, 10))
+
+
+def test_light_saves_are_thinned_only_when_they_alone_are_over_budget():
+    training = FakeTraining(0.02, save_seconds=2e-3, light_seconds=5e-4)  # light alone: 5 %
+    training.run(40000)
+    saved = training.saved_steps(20000)
+    gaps = [b - a for a, b in zip(saved, saved[1:])]
+    assert min(gaps) > 10 and max(gaps) <= 100
+    assert _share(training, 20000, 40000) <= 0.02 * 1.3
+    heavy = training.heavy_steps(20000)
+    assert heavy and max(b - a for a, b in zip(heavy, heavy[1:])) <= 500
+
+
+def test_thinning_is_undone_when_saving_gets_cheap():
+    training = FakeTraining(0.02, save_seconds=4e-3)
+    training.run(10000)
+    assert training.budget.thinning
+    training.save_seconds = 0.0
+    training.run(30000, start=10000)
+    assert not training.budget.thinning
+    assert training.heavy_steps(39000) == list(range(39000, 40000, 10))
+
+
+def test_a_budget_outside_zero_and_one_is_refused():
+    with pytest.raises(ValueError):
+        OverheadBudget(0.0)
+    with pytest.raises(ValueError):
+        OverheadBudget(1.5)
+
+
+def test_the_hook_refuses_a_bad_budget(run_dir):
+    with pytest.raises(ConfigError, match="overhead_budget"):
+        tg.Hook(out_dir=run_dir, overhead_budget="lots")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="overhead_budget"):
+        tg.Hook(out_dir=run_dir, overhead_budget=2.0)
+
+
+def test_zero_code_reads_the_budget_from_the_environment(tmp_path):
+    kwargs = zero_code_hook_kwargs({"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "0.05"})
+    assert kwargs["overhead_budget"] == 0.05
+    kwargs = zero_code_hook_kwargs({"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "0"})
+    assert kwargs["overhead_budget"] is None
+    with pytest.raises(ConfigError, match="TRAINGUARD_OVERHEAD_BUDGET"):
+        zero_code_hook_kwargs({"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "-1"})
+
+
+def _train_mlp(hook: tg.Hook, steps: int) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    criterion = nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(criterion)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    inputs, labels = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = criterion(model(inputs), labels)
+        loss.backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_real_run_is_thinned_on_the_configured_grid_and_reads_back(run_dir, writer):
+    # A budget no capture can meet (0.01 % of a sub-millisecond step): thinning must happen.
+    hook = tg.Hook(out_dir=run_dir, save_config=tg.SaveConfig(save_interval=5), overhead_budget=1e-4,
+                   include_collections=["weights", "gradients", "losses"], writer=writer)
+    _train_mlp(hook, 3000)
+    hook.close()
+    trial = create_trial(run_dir)
+    weights = trial.tensor(trial.tensor_names(collection="weights")[0]).steps()
+    scalars = trial.tensor(trial.tensor_names(collection="losses")[0]).steps()
+    assert weights[:20] == list(range(0, 100, 5)), "the warm-up keeps the configured schedule"
+    assert all(step % 5 == 0 for step in trial.steps())
+    late = [step for step in weights if step >= 1500]
+    assert late and len(late) < 1500 // 5 // 4 and max(b - a for a, b in zip(late, late[1:])) <= 500
+    assert set(weights) <= set(scalars), "heavy saves are a subset of the light ones"
+    late_scalars = [step for step in scalars if step >= 1500]
+    assert max(b - a for a, b in zip(late_scalars, late_scalars[1:])) <= 100
+    gradients = trial.tensor_names(collection="gradients")
+    assert gradients and all(trial.tensor(name).steps() == weights for name in gradients)
+
+
+def test_without_a_budget_every_configured_step_is_saved(run_dir):
+    hook = tg.Hook(out_dir=run_dir, save_config=tg.SaveConfig(save_interval=5),
+                   include_collections=["weights", "losses"])
+    _train_mlp(hook, 600)
+    hook.close()
+    trial = create_trial(run_dir)
+    assert trial.steps() == list(range(0, 600, 5))
+    assert trial.tensor(trial.tensor_names(collection="weights")[0]).steps() == list(range(0, 600, 5))
+
+
+def test_trainguard_run_thins_by_default_and_not_with_an_explicit_interval(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch, torch.nn as nn\n"
+        "torch.manual_seed(0)\n"
+        "model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "x, y = torch.randn(8, 256), torch.randint(0, 10, (8,))\n"
+        "for _ in range(1500):\n"
+        "    optimizer.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); optimizer.step()\n"
+    )
+    counts = {}
+    for name, extra in (("default", ["--overhead-budget", "0.0001"]), ("fixed", ["--save-interval", "10"])):
+        out = tmp_path / name
+        subprocess.run([sys.executable, "-m", "trainguard.cli", "run", "--out", str(out), *extra, "--",
+                        sys.executable, str(script)], check=True, capture_output=True, env={**os.environ})
+        trial = create_trial(str(out))
+        weights = trial.tensor_names(collection="weights")
+        counts[name] = (len(trial.tensor(weights[0]).steps()), len(trial.steps()))
+    assert counts["fixed"] == (150, 150)
+    assert counts["default"][0] < 60 and counts["default"][1] >= 20
