@@ -24,8 +24,16 @@ class FakeTraining:
     more on each heavy save and ``light_seconds`` on each light one; a save every ``gap`` steps;
     the writer uses ``writer_seconds`` of CPU per heavy save."""
 
-    def __init__(self, budget_fraction: float, *, step_seconds: float = 1e-3, save_seconds: float = 0.0,
-                 light_seconds: float = 0.0, writer_seconds: float = 0.0, gap: int = 10) -> None:
+    def __init__(
+        self,
+        budget_fraction: float,
+        *,
+        step_seconds: float = 1e-3,
+        save_seconds: float = 0.0,
+        light_seconds: float = 0.0,
+        writer_seconds: float = 0.0,
+        gap: int = 10,
+    ) -> None:
         self.now = 0.0
         self.writer_cpu = 0.0
         self.budget = OverheadBudget(budget_fraction, clock=lambda: self.now)
@@ -155,8 +163,13 @@ def _train_mlp(hook: tg.Hook, steps: int) -> None:
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_a_real_run_is_thinned_on_the_configured_grid_and_reads_back(run_dir, writer):
     # A budget no capture can meet (0.01 % of a sub-millisecond step): thinning must happen.
-    hook = tg.Hook(out_dir=run_dir, save_config=tg.SaveConfig(save_interval=5), overhead_budget=1e-4,
-                   include_collections=["weights", "gradients", "losses"], writer=writer)
+    hook = tg.Hook(
+        out_dir=run_dir,
+        save_config=tg.SaveConfig(save_interval=5),
+        overhead_budget=1e-4,
+        include_collections=["weights", "gradients", "losses"],
+        writer=writer,
+    )
     _train_mlp(hook, 3000)
     hook.close()
     trial = create_trial(run_dir)
@@ -174,8 +187,9 @@ def test_a_real_run_is_thinned_on_the_configured_grid_and_reads_back(run_dir, wr
 
 
 def test_without_a_budget_every_configured_step_is_saved(run_dir):
-    hook = tg.Hook(out_dir=run_dir, save_config=tg.SaveConfig(save_interval=5),
-                   include_collections=["weights", "losses"])
+    hook = tg.Hook(
+        out_dir=run_dir, save_config=tg.SaveConfig(save_interval=5), include_collections=["weights", "losses"]
+    )
     _train_mlp(hook, 600)
     hook.close()
     trial = create_trial(run_dir)
@@ -197,8 +211,23 @@ def test_trainguard_run_thins_by_default_and_not_with_an_explicit_interval(tmp_p
     counts = {}
     for name, extra in (("default", ["--overhead-budget", "0.0001"]), ("fixed", ["--save-interval", "10"])):
         out = tmp_path / name
-        subprocess.run([sys.executable, "-m", "trainguard.cli", "run", "--out", str(out), *extra, "--",
-                        sys.executable, str(script)], check=True, capture_output=True, env={**os.environ})
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trainguard.cli",
+                "run",
+                "--out",
+                str(out),
+                *extra,
+                "--",
+                sys.executable,
+                str(script),
+            ],
+            check=True,
+            capture_output=True,
+            env={**os.environ},
+        )
         trial = create_trial(str(out))
         weights = trial.tensor_names(collection="weights")
         counts[name] = (len(trial.tensor(weights[0]).steps()), len(trial.steps()))
