@@ -364,8 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--overhead-budget",
         type=float,
         help="share of training time the capture may take (default 0.02 unless --save-interval or --config "
-        "fixes the schedule): past its first 20 saves, weights, gradients and outputs are saved on fewer "
-        "steps when saving them costs more; losses keep every saved step; 0: the schedule as configured",
+        "fixes the schedule): past its first 20 saves, weights, gradients and outputs are saved on fewer steps "
+        "(at least every 500) when saving costs more, then losses and scalars (at least every 100) if they "
+        "alone cost more; 0: the schedule as configured",
     )
     run.add_argument(
         "--rules", action="append", nargs="?", const="default", metavar="A,B:key=v",

@@ -197,7 +197,7 @@ def test_without_a_budget_every_configured_step_is_saved(run_dir):
     assert trial.tensor(trial.tensor_names(collection="weights")[0]).steps() == list(range(0, 600, 5))
 
 
-def test_trainguard_run_thins_by_default_and_not_with_an_explicit_interval(tmp_path):
+def test_trainguard_run_thins_with_a_budget_and_not_with_an_explicit_interval(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
         "import torch, torch.nn as nn\n"
@@ -233,3 +233,28 @@ def test_trainguard_run_thins_by_default_and_not_with_an_explicit_interval(tmp_p
         counts[name] = (len(trial.tensor(weights[0]).steps()), len(trial.steps()))
     assert counts["fixed"] == (150, 150)
     assert counts["default"][0] < 60 and counts["default"][1] >= 20
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], "0.02"),
+        (["--save-interval", "10"], "0.0"),
+        (["--config", "hook.json"], "0.0"),
+        (["--overhead-budget", "0.05"], "0.05"),
+        (["--save-interval", "10", "--overhead-budget", "0.05"], "0.05"),
+    ],
+)
+def test_trainguard_run_budgets_2_percent_unless_the_schedule_is_fixed(flags, expected):
+    from trainguard.cli import _child_environment, build_parser
+
+    args = build_parser().parse_args(["run", *flags, "--", "python", "train.py"])
+    assert _child_environment(args, "/tmp/out")["TRAINGUARD_OVERHEAD_BUDGET"] == expected
+
+
+def test_trainguard_run_refuses_a_budget_of_one_or_more():
+    from trainguard.cli import _child_environment, build_parser
+
+    args = build_parser().parse_args(["run", "--overhead-budget", "1.5", "--", "python", "train.py"])
+    with pytest.raises(ConfigError, match="--overhead-budget"):
+        _child_environment(args, "/tmp/out")
