@@ -91,8 +91,8 @@ class BaseHook:
         ``writer``: "thread", "process" (a writer process, for local directories) or "auto"
         (the process for CPU training into a local directory); default ``TRAINGUARD_WRITER``.
         ``overhead_budget``: a fraction of training time (0.02 = 2 %); after its first saves the
-        hook saves the heavy collections on fewer of their configured TRAIN steps when saving
-        them costs more (see :mod:`trainguard.hooks.overhead_budget`); None: the schedule as
+        hook saves on fewer of the configured TRAIN steps while saving costs more, the heavy
+        collections first (see :mod:`trainguard.hooks.overhead_budget`); None: the schedule as
         configured."""
         if out_dir is None:
             out_dir = os.environ.get("TRAINGUARD_OUT_DIR")
