@@ -241,11 +241,14 @@ def test_trainguard_run_thins_with_a_budget_and_not_with_an_explicit_interval(tm
         ([], "0.02"),
         (["--save-interval", "10"], "0.0"),
         (["--config", "hook.json"], "0.0"),
+        (["--rules"], "0.0"),
+        (["--stop-on-issue"], "0.0"),
+        (["--rules", "--overhead-budget", "0.02"], "0.02"),
         (["--overhead-budget", "0.05"], "0.05"),
         (["--save-interval", "10", "--overhead-budget", "0.05"], "0.05"),
     ],
 )
-def test_trainguard_run_budgets_2_percent_unless_the_schedule_is_fixed(flags, expected):
+def test_trainguard_run_budgets_2_percent_unless_the_schedule_is_fixed_or_rules_run_live(flags, expected):
     from trainguard.cli import _child_environment, build_parser
 
     args = build_parser().parse_args(["run", *flags, "--", "python", "train.py"])
