@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from itertools import pairwise
 
 import pytest
 import torch
@@ -88,7 +89,7 @@ def test_costly_heavy_saves_are_thinned_to_the_budget_after_the_warmup():
     assert training.saved_steps(200) == list(range(200, 20000, 10)), "losses keep every configured step"
     late = training.heavy_steps(10000)
     assert 10 < len(late) < 100
-    gaps = {b - a for a, b in zip(late, late[1:])}
+    gaps = {b - a for a, b in pairwise(late)}
     assert len(gaps) == 1 and gaps.pop() <= 500, "a regular subset, at most 500 steps apart"
     assert _share(training, 10000, 20000) <= 0.02 * 1.3
 
@@ -97,7 +98,7 @@ def test_heavy_saves_never_sparser_than_the_max_interval():
     training = FakeTraining(0.02, save_seconds=0.2)  # a save costs 200 steps
     training.run(20000)
     late = training.heavy_steps(5000)
-    assert late and max(b - a for a, b in zip(late, late[1:])) <= 500
+    assert late and max(b - a for a, b in pairwise(late)) <= 500
     assert training.saved_steps(5000) == list(range(5000, 20000, 10))
 
 
@@ -105,11 +106,11 @@ def test_light_saves_are_thinned_only_when_they_alone_are_over_budget():
     training = FakeTraining(0.02, save_seconds=2e-3, light_seconds=5e-4)  # light alone: 5 %
     training.run(40000)
     saved = training.saved_steps(20000)
-    gaps = [b - a for a, b in zip(saved, saved[1:])]
+    gaps = [b - a for a, b in pairwise(saved)]
     assert min(gaps) > 10 and max(gaps) <= 100
     assert _share(training, 20000, 40000) <= 0.02 * 1.3
     heavy = training.heavy_steps(20000)
-    assert heavy and max(b - a for a, b in zip(heavy, heavy[1:])) <= 500
+    assert heavy and max(b - a for a, b in pairwise(heavy)) <= 500
 
 
 def test_thinning_is_undone_when_saving_gets_cheap():
@@ -178,10 +179,10 @@ def test_a_real_run_is_thinned_on_the_configured_grid_and_reads_back(run_dir, wr
     assert weights[:20] == list(range(0, 100, 5)), "the warm-up keeps the configured schedule"
     assert all(step % 5 == 0 for step in trial.steps())
     late = [step for step in weights if step >= 1500]
-    assert late and len(late) < 1500 // 5 // 4 and max(b - a for a, b in zip(late, late[1:])) <= 500
+    assert late and len(late) < 1500 // 5 // 4 and max(b - a for a, b in pairwise(late)) <= 500
     assert set(weights) <= set(scalars), "heavy saves are a subset of the light ones"
     late_scalars = [step for step in scalars if step >= 1500]
-    assert max(b - a for a, b in zip(late_scalars, late_scalars[1:])) <= 100
+    assert max(b - a for a, b in pairwise(late_scalars)) <= 100
     gradients = trial.tensor_names(collection="gradients")
     assert gradients and all(trial.tensor(name).steps() == weights for name in gradients)
 
