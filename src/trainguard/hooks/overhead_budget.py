@@ -69,7 +69,7 @@ class OverheadBudget:
         self.saves = 0
         self.last_share: float | None = None  # the capture's share of training time, last measured
         self._candidates = 0  # configured saves seen since the strides last changed
-        self._decided: tuple[int, int] | None = None  # (mode step, KEEP_*) of the last one asked
+        self._decided: tuple[int, int] | None = None  # (mode step, QUIET/LIGHT/HEAVY) of the last one asked
         self._last_candidate: int | None = None
         self._gaps: deque[int] = deque(maxlen=_SAMPLES)
         self._last_mark: tuple[float, int, int] | None = None  # (time, step, kind)
