@@ -95,10 +95,10 @@ def _mlp(width: int, depth: int) -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(width, 2))
 
 
-def _trainguard_calls(model: nn.Module, steps: int) -> list[collections.Counter]:
+def _trainguard_calls(model: nn.Module, steps: int, criterion: nn.Module | None = None) -> list[collections.Counter]:
     """The trainguard Python functions called during each training step (a profiler per step)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    criterion = nn.CrossEntropyLoss()
+    criterion = criterion or nn.CrossEntropyLoss()
     per_step = []
     for _ in range(steps):
         calls: collections.Counter = collections.Counter()
@@ -221,3 +221,35 @@ def test_disabled_capture_removes_every_per_step_hook(make_hook, monkeypatch, ze
         # one check each: the root's (or wrapper's) pre-hook, the two global optimizer hooks and,
         # zero-code, the wrapped functional losses and Tensor.backward
         assert not PER_MODULE_CALLBACKS & set(calls) and sum(calls.values()) <= 6, calls
+
+
+@pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
+def test_losses_only_steps_make_no_per_parameter_calls(make_hook, tmp_path, zero_code):
+    """A saved step whose due collections hold no parameter or gradient (losses only: what an
+    overhead budget keeps most often) hooks no gradient and walks no parameter. Steps that
+    save gradients (here every third) still hook every one."""
+    for depth in (1, 6):
+        torch.manual_seed(0)
+        model = _mlp(8, depth)
+        out_dir = tmp_path / f"depth{depth}"
+        hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, out_dir=str(out_dir), save_config=tg.SaveConfig(save_interval=1),
+                         include_collections=["losses", "gradients"])  # fmt: skip
+        hook.get_collection("gradients").save_config = tg.SaveConfig(save_interval=3)
+        criterion = nn.CrossEntropyLoss()
+        if not zero_code:
+            hook.register_module(model)
+            hook.register_loss(criterion)
+        per_step = _trainguard_calls(model, 8, criterion)
+        hook.close()
+        assert hook.enabled
+        for step in (4, 7):  # gradients due at 3 and 6; hooks of step 4 and 7 come after
+            assert per_step[step]["hook"] == 0 and per_step[step]["_save_due"] <= 3, per_step[step]
+        for step in (3, 6):
+            assert per_step[step]["hook"] == 2 * (depth + 1), per_step[step]
+        trial = create_trial(out_dir)
+        assert trial.steps() == list(range(8))
+        loss_name = trial.tensor_names(collection="losses")[0]
+        assert all(np.isfinite(trial.tensor(loss_name).value(step)).all() for step in range(8))
+        gradient_names = trial.tensor_names(collection="gradients")
+        assert len(gradient_names) == 2 * (depth + 1)
+        assert all(trial.tensor(name).steps() == [0, 3, 6] for name in gradient_names)

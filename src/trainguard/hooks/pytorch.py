@@ -324,8 +324,14 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
         self._start_activation_capture(module)
 
     def _on_step_begin(self) -> None:
-        self._attach_step_hooks()
+        weights_due, gradients_due = self._parameter_capture_due()
+        if gradients_due:
+            self._attach_step_hooks()
+        elif self._step_handles:
+            self._detach_step_hooks()
         self._grad_parameters.clear()
+        if not weights_due:
+            return
         for reference, root_name in self._roots:
             module = reference()
             if module is None:
@@ -333,6 +339,28 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
             self.save_torch_tensors(
                 (f"{root_name}_{parameter_name}", parameter) for parameter_name, parameter in module.named_parameters()
             )
+
+    def _parameter_capture_due(self) -> tuple[bool, bool]:
+        """Whether this step saves any parameter, and any gradient.
+
+        A step that saves only losses and scalars (most steps an overhead budget keeps) then
+        skips the walk over every parameter and the gradient hooks, a Python call per parameter
+        in backward. Known per due set and set of roots; kept with the plans, so it is forgotten
+        whenever collections change."""
+        key = ("parameters due", self._due, len(self._roots), len(self._gradient_sources))
+        known = self._plan_cache.get(key)
+        if known is None:
+            weights_due = gradients_due = False
+            for reference, root_name in self._roots:
+                module = reference()
+                if module is None:
+                    continue
+                for parameter_name, _ in module.named_parameters():
+                    name = f"{root_name}_{parameter_name}"
+                    weights_due = weights_due or self.plan(name) is not None
+                    gradients_due = gradients_due or self.plan(f"gradient/{name}") is not None
+            known = self._plan_cache[key] = (weights_due, gradients_due)
+        return known
 
     def begin_step(self) -> None:
         super().begin_step()
