@@ -232,7 +232,8 @@ def test_losses_only_steps_make_no_per_parameter_calls(make_hook, tmp_path, zero
         torch.manual_seed(0)
         model = _mlp(8, depth)
         out_dir = tmp_path / f"depth{depth}"
-        hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, out_dir=str(out_dir), save_config=tg.SaveConfig(save_interval=1),
+        hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, out_dir=str(out_dir),
+                         save_config=tg.SaveConfig(save_interval=1),
                          include_collections=["losses", "gradients"])  # fmt: skip
         hook.get_collection("gradients").save_config = tg.SaveConfig(save_interval=3)
         criterion = nn.CrossEntropyLoss()
