@@ -232,7 +232,8 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
 
     def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         if self.enabled:
-            self._root_step(module)
+            if not self._quiet_step(module):
+                self._root_step(module)
         elif not self._released:
             self._release_hooks()
 
@@ -286,27 +287,42 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
         for handle in handles:
             handle.remove()
 
-    def root_forward(self, module: torch.nn.Module) -> None:
-        if (
+    def _quiet_step(self, module: torch.nn.Module) -> bool:
+        """Count the usual unsaved step and say so; False for every other step.
+
+        The usual unsaved step: an optimizer-driven TRAIN step after one that saved nothing,
+        whose number the schedule was already asked about (begin_step). The root's pre-hook
+        runs this first, before any other call (a few attribute checks, no allocation), and the
+        general path would come to the same state. A model compiled after it ran eagerly is
+        noticed at the next step that takes the general path (within 256 steps).
+        """
+        if not (
             self._quiet_steps
             and self._end_pending
             and not self.saving_this_step
+            and self.enabled
             and self.mode is ModeKeys.TRAIN
             and self._groups is self._quiet_groups
             and self._groups_for == len(self.include_collections)
             and module.training
             and torch.is_grad_enabled()
         ):
-            # The usual unsaved step: an optimizer-driven TRAIN step after one that saved nothing,
-            # whose number the schedule was already asked about (begin_step): count it, and do
-            # nothing else (the general path below would come to the same state).
-            self._quiet_steps -= 1
-            self._end_pending = False
-            self.step += 1
-            self.mode_steps[ModeKeys.TRAIN] += 1
-            if not self._quiet_steps and self._budget is not None:
-                # the last unsaved step before a saved one: its span is one step of training
-                self._budget.mark(self.step, QUIET)
+            return False
+        self._quiet_steps -= 1
+        self._end_pending = False
+        self.step += 1
+        self.mode_steps[ModeKeys.TRAIN] += 1
+        if not self._quiet_steps and self._budget is not None:
+            self._mark_quiet_step()
+        return True
+
+    @fail_open
+    def _mark_quiet_step(self) -> None:
+        # the last unsaved step before a saved one: its span is one step of training
+        self._budget.mark(self.step, QUIET)  # type: ignore[union-attr]
+
+    def root_forward(self, module: torch.nn.Module) -> None:
+        if self._quiet_step(module):
             return
         if self._end_pending:
             self.end_step()

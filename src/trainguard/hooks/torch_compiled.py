@@ -136,7 +136,8 @@ class CompiledWrapperSteps:
 
     def _wrapper_pre_forward(self, wrapper: torch.nn.Module, args: Any) -> None:
         if self.enabled:
-            self._wrapper_step(wrapper)
+            if not self._quiet_step(wrapper._orig_mod):  # type: ignore[attr-defined]
+                self._wrapper_step(wrapper)
         elif not self._released:
             self._release_hooks()
 

@@ -85,11 +85,16 @@ class OptimizerSteps:
                         return True
         return False
 
-    @fail_open
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # The gradients the optimizer applies: after DDP's all-reduce, clipping, AMP unscaling,
-        # all of which rewrite .grad after autograd accumulated it.
-        if self.saving_this_step and self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL):
+        # all of which rewrite .grad after autograd accumulated it. (Called at every optimizer
+        # step: one attribute test before anything that could fail.)
+        if self.saving_this_step:
+            self._take_applied_gradients()
+
+    @fail_open
+    def _take_applied_gradients(self) -> None:
+        if self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL):
             self._take_gradients()
 
     def _take_gradients(self) -> None:
