@@ -45,7 +45,12 @@ CUDA_STEPS = {"mlp": 30000, "compiled_mlp": 30000, "cnn": 10000, "hf_trainer": 8
 VARIANTS = ("plain", "trainguard", "trainguard_rules")
 # more variants, on request (--variants): the default run with one writer or the other
 WRITER_VARIANTS = {"trainguard_thread": "thread", "trainguard_process": "process"}
-ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS)
+# ...and other trainguard run options: nearly every step unsaved; live rules on every 10th step
+OPTION_VARIANTS = {
+    "trainguard_si1000": ["--save-interval", "1000"],
+    "trainguard_rules_dense": ["--rules", "--overhead-budget", "0"],
+}
+ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS)
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 
 
@@ -61,6 +66,8 @@ def command(stack: str, variant: str, scale: float, device: str = "cpu") -> list
         return [*runner, "--", *script]
     if variant in WRITER_VARIANTS:
         return ["env", f"TRAINGUARD_WRITER={WRITER_VARIANTS[variant]}", *runner, "--", *script]
+    if variant in OPTION_VARIANTS:
+        return [*runner, *OPTION_VARIANTS[variant], "--", *script]
     return [*runner, "--rules", "--", *script]
 
 

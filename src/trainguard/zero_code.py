@@ -2,7 +2,8 @@
 
 Configuration comes from the environment that ``trainguard run`` sets (read when arming, never
 at import): ``TRAINGUARD_ZERO_CODE=1``, ``TRAINGUARD_OUT_DIR``, optional ``TRAINGUARD_CONFIG``
-(a DebugHookConfig JSON), ``TRAINGUARD_SAVE_INTERVAL`` and ``TRAINGUARD_OVERHEAD_BUDGET``.
+(a DebugHookConfig JSON), ``TRAINGUARD_SAVE_INTERVAL``, ``TRAINGUARD_OVERHEAD_BUDGET`` and
+``TRAINGUARD_OVERHEAD_MAX_INTERVAL``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def zero_code_hook_kwargs(environ: dict[str, str] | os._Environ[str]) -> dict[st
         if not 0 <= budget < 1:
             raise ConfigError(f"TRAINGUARD_OVERHEAD_BUDGET={raw!r} is not a fraction from 0 to below 1")
         kwargs["overhead_budget"] = budget or None
+    raw = environ.get("TRAINGUARD_OVERHEAD_MAX_INTERVAL")
+    if raw:
+        try:
+            kwargs["overhead_max_interval"] = int(raw)
+        except ValueError:
+            raise ConfigError(f"TRAINGUARD_OVERHEAD_MAX_INTERVAL={raw!r} is not a whole number of steps") from None
     _check_hook_kwargs(kwargs)
     return kwargs
 

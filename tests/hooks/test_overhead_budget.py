@@ -187,6 +187,36 @@ def test_a_real_run_is_thinned_on_the_configured_grid_and_reads_back(run_dir, wr
     assert gradients and all(trial.tensor(name).steps() == weights for name in gradients)
 
 
+def test_a_max_interval_keeps_heavy_saves_closer(run_dir):
+    # What trainguard run --rules asks for: however costly, weights at most 50 steps apart here.
+    hook = tg.Hook(
+        out_dir=run_dir,
+        save_config=tg.SaveConfig(save_interval=5),
+        overhead_budget=1e-4,
+        overhead_max_interval=50,
+        include_collections=["weights", "losses"],
+    )
+    assert hook._budget is not None and hook._budget.max_interval == 50
+    _train_mlp(hook, 2000)
+    hook.close()
+    trial = create_trial(run_dir)
+    weights = trial.tensor(trial.tensor_names(collection="weights")[0]).steps()
+    late = [step for step in weights if step >= 1000]
+    assert len(late) < 1000 // 5 // 2, "still thinned"
+    assert max(b - a for a, b in pairwise(late)) <= 50
+
+
+def test_the_hook_refuses_a_bad_max_interval(run_dir, tmp_path):
+    for bad in (0, -5, 2.5, "100"):
+        with pytest.raises(ConfigError, match="overhead_max_interval"):
+            tg.Hook(out_dir=run_dir, overhead_budget=0.02, overhead_max_interval=bad)  # type: ignore[arg-type]
+    environ = {"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "0.02"}
+    assert zero_code_hook_kwargs({**environ, "TRAINGUARD_OVERHEAD_MAX_INTERVAL": "100"})["overhead_max_interval"] == 100
+    for bad in ("often", "0"):
+        with pytest.raises(ConfigError, match="TRAINGUARD_OVERHEAD_MAX_INTERVAL|overhead_max_interval"):
+            zero_code_hook_kwargs({**environ, "TRAINGUARD_OVERHEAD_MAX_INTERVAL": bad})
+
+
 def test_without_a_budget_every_configured_step_is_saved(run_dir):
     hook = tg.Hook(
         out_dir=run_dir, save_config=tg.SaveConfig(save_interval=5), include_collections=["weights", "losses"]
@@ -242,18 +272,23 @@ def test_trainguard_run_thins_with_a_budget_and_not_with_an_explicit_interval(tm
         ([], "0.02"),
         (["--save-interval", "10"], "0.0"),
         (["--config", "hook.json"], "0.0"),
-        (["--rules"], "0.0"),
-        (["--stop-on-issue"], "0.0"),
-        (["--rules", "--overhead-budget", "0.02"], "0.02"),
+        (["--rules"], "0.02"),
+        (["--stop-on-issue"], "0.02"),
+        (["--rules", "--overhead-budget", "0"], "0.0"),
+        (["--rules", "--save-interval", "10"], "0.0"),
         (["--overhead-budget", "0.05"], "0.05"),
         (["--save-interval", "10", "--overhead-budget", "0.05"], "0.05"),
     ],
 )
-def test_trainguard_run_budgets_2_percent_unless_the_schedule_is_fixed_or_rules_run_live(flags, expected):
-    from trainguard.cli import _child_environment, build_parser
+def test_trainguard_run_budgets_2_percent_unless_the_schedule_is_fixed(flags, expected):
+    from trainguard.cli import LIVE_RULES_MAX_INTERVAL, _child_environment, build_parser
 
     args = build_parser().parse_args(["run", *flags, "--", "python", "train.py"])
-    assert _child_environment(args, "/tmp/out")["TRAINGUARD_OVERHEAD_BUDGET"] == expected
+    environment = _child_environment(args, "/tmp/out")
+    assert environment["TRAINGUARD_OVERHEAD_BUDGET"] == expected
+    # rules judging the run live keep weights and gradients at most 100 steps apart
+    live = "--rules" in flags or "--stop-on-issue" in flags
+    assert environment.get("TRAINGUARD_OVERHEAD_MAX_INTERVAL") == (str(LIVE_RULES_MAX_INTERVAL) if live else None)
 
 
 def test_trainguard_run_refuses_a_budget_of_one_or_more():

@@ -27,7 +27,14 @@ from trainguard.config.save_config import SaveConfig
 from trainguard.errors import ConfigError, StorageError
 from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, END_OF_TRAINING, collections_key, worker_name
 from trainguard.hooks.fail_open import log_disabled
-from trainguard.hooks.overhead_budget import HEAVY, LIGHT, LIGHT_COLLECTIONS, QUIET, OverheadBudget
+from trainguard.hooks.overhead_budget import (
+    DEFAULT_MAX_INTERVAL,
+    HEAVY,
+    LIGHT,
+    LIGHT_COLLECTIONS,
+    QUIET,
+    OverheadBudget,
+)
 from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource
 from trainguard.hooks.writer_process import WRITER_KINDS, ProcessStepWriter, open_step_writer
 from trainguard.modes import ModeKeys
@@ -84,6 +91,7 @@ class BaseHook:
         other_workers_collections: Sequence[str] | None = None,
         writer: str | None = None,
         overhead_budget: float | None = None,
+        overhead_max_interval: int | None = None,
     ) -> None:
         """``other_workers_collections``: with ``include_workers="one"``, the collections every
         rank but 0 still saves (default ``OTHER_WORKERS_COLLECTIONS``: losses and scalars, a few
@@ -93,7 +101,9 @@ class BaseHook:
         ``overhead_budget``: a fraction of training time (0.02 = 2 %); after its first saves the
         hook saves on fewer of the configured TRAIN steps while saving costs more, the heavy
         collections first (see :mod:`trainguard.hooks.overhead_budget`); None: the schedule as
-        configured."""
+        configured. ``overhead_max_interval``: the longest the budget may space the heavy saves,
+        in steps (default 500; ``trainguard run --rules`` uses 100, so live rules see a fault within
+        a few hundred steps)."""
         if out_dir is None:
             out_dir = os.environ.get("TRAINGUARD_OUT_DIR")
         if not out_dir:
@@ -108,8 +118,14 @@ class BaseHook:
         if writer not in WRITER_KINDS:
             raise ConfigError(f"writer={writer!r} (or TRAINGUARD_WRITER) is invalid: use {', '.join(WRITER_KINDS)}")
         self.writer_kind = writer
+        if overhead_max_interval is not None and (type(overhead_max_interval) is not int or overhead_max_interval < 1):
+            raise ConfigError(f"overhead_max_interval={overhead_max_interval!r} must be a whole number of steps >= 1")
         try:
-            self._budget = OverheadBudget(float(overhead_budget)) if overhead_budget else None
+            self._budget = (
+                OverheadBudget(float(overhead_budget), max_interval=overhead_max_interval or DEFAULT_MAX_INTERVAL)
+                if overhead_budget
+                else None
+            )
         except (TypeError, ValueError):
             raise ConfigError(f"overhead_budget={overhead_budget!r} must be a fraction between 0 and 1") from None
         self.out_dir = os.fspath(out_dir)

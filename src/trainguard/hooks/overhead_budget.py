@@ -62,7 +62,7 @@ class OverheadBudget:
         self.fraction = fraction
         self.warmup_saves = warmup_saves
         self.max_interval = max_interval
-        self.max_light_interval = max_light_interval
+        self.max_light_interval = min(max_light_interval, max_interval)  # heavy saves are light ones too
         self._clock = clock
         self.light_stride = 1  # keep every light_stride-th configured save
         self.heavy_stride = 1  # ...and the heavy collections at every heavy_stride-th of those
