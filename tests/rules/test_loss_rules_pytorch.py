@@ -63,10 +63,11 @@ def test_healthy_run_is_silent_and_the_rules_find_the_hooks_tensors(tmp_path):
 
 
 def test_faults_fire_their_rules(tmp_path):
-    # a learning rate far too small: the model stays at its random start
+    # a learning rate far too small: the model stays at its random start. Underfitting says so;
+    # ClassImbalance does not (most classes mispredicted is not a class-specific failure)
     frozen = _train(str(tmp_path / "tiny-lr"), optimizer="sgd", lr=1e-6, epochs=3)
     firings = _first_firings(frozen)
-    assert firings["Underfitting"] is not None and firings["ClassImbalance"] is not None
+    assert firings["Underfitting"] is not None and firings["ClassImbalance"] is None
     assert firings["Overfit"] is None
     imbalanced = _train(str(tmp_path / "imbalanced"), class_weights=[0.92, 0.05, 0.01, 0.01, 0.01], epochs=1)
     results = evaluate_rule(imbalanced, "ClassImbalance")
