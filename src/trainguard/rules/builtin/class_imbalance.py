@@ -27,7 +27,8 @@ failure is what the misprediction check reports: when most classes are mispredic
 has not learned yet (a slow start, a warm-up: measured, an MLP on learnable labels still
 predicting one class of ten at step 170), or cannot learn (random labels, a learning rate far too
 small: a 5-class MLP at its random start got 2 classes 70-97 % wrong and the others 19-68 %),
-which Underfitting and LossNotDecreasing judge; ClassImbalance stays silent then.
+which Underfitting and LossNotDecreasing judge; ClassImbalance stays silent then
+(``class_specific=False``: SageMaker's any-class check).
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ class ClassImbalance(Rule):
                                      "(default: 100; 10 rounds in XGBoost runs)", optional=True,
                                      check=lambda value: None if value >= 0 else "must be >= 0",
                                      documented_default=0)
+    class_specific = Param(bool, True, "report mispredictions only while most classes are learned (at most half "
+                           "over threshold_misprediction, the others right >= 1 - threshold_misprediction)",
+                           documented_default=False)
 
     def validate(self) -> None:
         self._counts: dict[int, int] = {}
@@ -141,7 +145,7 @@ class ClassImbalance(Rule):
                 **details,
             )
         bad = {c: rate for c, rate in rates.items() if rate > self.threshold_misprediction}
-        if bad and not self._others_learned(bad):
+        if bad and self.class_specific and not self._others_learned(bad):
             details["not_learned_yet"] = True  # most classes mispredicted: not this rule's finding
         elif bad:
             worst = max(bad, key=lambda c: bad[c])
