@@ -145,7 +145,7 @@ class ClassImbalance(Rule):
                 **details,
             )
         bad = {c: rate for c, rate in rates.items() if rate > self.threshold_misprediction}
-        if bad and self.class_specific and not self._others_learned(bad):
+        if bad and self.class_specific and not self._others_learned(bad, rates):
             details["not_learned_yet"] = True  # most classes mispredicted: not this rule's finding
         elif bad:
             worst = max(bad, key=lambda c: bad[c])
@@ -160,11 +160,10 @@ class ClassImbalance(Rule):
             )
         return self.no_issue(step, **details)
 
-    def _others_learned(self, bad: dict[int, float]) -> bool:
-        """Whether the mispredicted classes are a class-specific failure: at most half of the
-        judged classes, and the model right on the others at least ``1 - threshold_misprediction``
-        of the time (pooled over their labels in the window)."""
-        judged = self._misprediction_rates()
+    def _others_learned(self, bad: dict[int, float], judged: dict[int, float]) -> bool:
+        """Whether the mispredicted classes ``bad`` are a class-specific failure: at most half of
+        the ``judged`` classes, and the model right on the others at least
+        ``1 - threshold_misprediction`` of the time (pooled over their labels in the window)."""
         if 2 * len(bad) > len(judged):
             return False
         y = np.concatenate([item[0] for item in self._window])
