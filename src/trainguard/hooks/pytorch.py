@@ -26,7 +26,6 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from trainguard.config.reduction_config import reduction_tensor_name
 from trainguard.hooks.base import BaseHook
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.overhead_budget import QUIET
@@ -44,8 +43,8 @@ from trainguard.hooks.torch_compiled import (
     is_compile_wrapper,
 )
 from trainguard.hooks.torch_optimizer import OptimizerSteps
-from trainguard.hooks.torch_tensors import HostSnapshot, reduce_on_device, snapshot
-from trainguard.hooks.writer import TensorItem
+from trainguard.hooks.torch_saving import TorchTensorSaving
+from trainguard.hooks.torch_tensors import HostSnapshot
 from trainguard.modes import ModeKeys
 
 __all__ = ["TorchHook", "eager", "is_loss_module"]
@@ -76,7 +75,7 @@ def _flatten_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, BaseHook):
+class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, TorchTensorSaving, BaseHook):
     """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
 
     framework = "pytorch"
@@ -470,61 +469,6 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Bas
         self._collections_dirty = True
         self._match_cache.pop(tensor_name, None)
         self._plan_cache.clear()
-
-    def save_torch_tensor(self, name: str, tensor: torch.Tensor) -> bool:
-        """Save now, if ``name`` is due at this step; True if it was."""
-        raw: list[TensorItem] = []
-        saved = self._save_due(name, tensor, raw)
-        self.write_tensors(raw)
-        return saved
-
-    def save_torch_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """:meth:`save_torch_tensor` for several tensors; their raw values go to the writer in
-        one call (a saved step's parameters: a dozen or more small tensors)."""
-        raw: list[TensorItem] = []
-        for name, tensor in named_tensors:
-            self._save_due(name, tensor, raw)
-        self.write_tensors(raw)
-
-    def _save_due(self, name: str, tensor: torch.Tensor, raw: list[TensorItem]) -> bool:
-        """Queue ``tensor``'s raw value on ``raw`` and hand its reductions over, if due."""
-        plan = self.plan(name)
-        if plan is None:
-            return False
-        if plan.save_raw:
-            source, nbytes, proto_dtype = self._snapshot_once(tensor)
-            raw.append((name, source, nbytes, proto_dtype))
-        if plan.reductions:
-            copy = not getattr(self._writer, "copies_at_hand_over", False)
-            self._write_reductions(name, reduce_on_device(tensor, plan.reductions, copy=copy), plan.reductions)
-        return True
-
-    def _snapshot_once(self, tensor: torch.Tensor) -> HostSnapshot:
-        taken = self._step_snapshots.get(id(tensor))
-        if taken is not None and taken[0] is tensor and taken[1] == tensor._version:
-            return taken[2]
-        # The writer process copies at hand-over, which comes right after: no clone needed then.
-        copy = snapshot(tensor, copy=not getattr(self._writer, "copies_at_hand_over", False))
-        self._step_snapshots[id(tensor)] = (tensor, tensor._version, copy)
-        return copy
-
-    def hold_torch_tensor(self, name: str, tensor: torch.Tensor) -> None:
-        """Save at the end of the step; a later value of the same name replaces this one."""
-        plan = self.plan(name)
-        if plan is None:
-            return
-        raw = snapshot(tensor) if plan.save_raw else None
-        reduced = reduce_on_device(tensor, plan.reductions) if plan.reductions else None
-        self._held[name] = (raw, reduced, plan.reductions)
-
-    def _write_reductions(self, name: str, reduced: HostSnapshot | None, requested: tuple[tuple[str, bool], ...]) -> None:
-        if reduced is None or self._writer is None:
-            return
-        names = self._reduction_names.get((name, requested))
-        if names is None:
-            names = [reduction_tensor_name(name, reduction, absolute=absolute) for reduction, absolute in requested]
-            self._reduction_names[(name, requested)] = names
-        self._writer.add_reductions(names, reduced[0])
 
     # -- user API -----------------------------------------------------------------------------
     @fail_open
