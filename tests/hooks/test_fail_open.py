@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import trainguard.hooks.pytorch as hooks_pytorch
 import trainguard.hooks.step_file as hooks_step_file
+import trainguard.hooks.torch_saving as hooks_torch_saving
 import trainguard.hooks.writer as hooks_writer
 import trainguard.hooks.writer_process as hooks_writer_process
 import trainguard.pytorch as tg
@@ -123,7 +124,7 @@ def _raise(*args, **kwargs):
 
 INJECTIONS = {
     # training thread, in the forward pre-hook (weights at step begin)
-    "snapshot": lambda mp, hook: mp.setattr(hooks_pytorch, "snapshot", _raise),
+    "snapshot": lambda mp, hook: mp.setattr(hooks_torch_saving, "snapshot", _raise),
     # inside autograd's backward: the post-accumulate-grad hook
     "gradient_hold": lambda mp, hook: mp.setattr(hooks_pytorch.TorchHook, "hold_torch_tensor", _raise),
     # the writer thread: opening the event file
