@@ -147,10 +147,12 @@ def _configure_capture_for_rules(args: argparse.Namespace, specs: list[Any], env
 def _validate(environment: dict[str, str], out_dir: str) -> None:
     """Fail before training on a bad config or an unusable out_dir."""
     from trainguard.format.layout import END_OF_TRAINING
+    from trainguard.hooks.run_end import peer_wait_seconds
     from trainguard.storage import LocalStore, open_store
     from trainguard.zero_code import zero_code_hook_kwargs
 
     zero_code_hook_kwargs(environment)
+    peer_wait_seconds(environment)
     _teardown_warning_seconds(environment)
     store = open_store(out_dir)
     if store.exists(END_OF_TRAINING):

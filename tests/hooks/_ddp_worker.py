@@ -1,7 +1,8 @@
 """One rank of a 2-process gloo job using the explicit hook (started by test_distributed.py).
 
-Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Arguments: out_dir include_workers
-expected_file. Writes, per step, what the model really used (weights at step start, the
+Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; optional TG_TEST_LATE_RANK (that rank
+ends its capture 2 s after the others) and TG_TEST_CLOSE_AT_EXIT=1 (no hook.close(): the hook
+closes at interpreter exit). Arguments: out_dir include_workers expected_file. Writes, per step, what the model really used (weights at step start, the
 gradient the optimizer applied, the loss) to expected_file for the test to compare with.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -55,10 +57,17 @@ def main() -> None:
         loss.backward()
         expected.append({"weight": weights, "grad": model.fc1.weight.grad.detach().clone(), "loss": loss.item()})
         optimizer.step()
-    hook.close()
+    late = os.environ.get("TG_TEST_LATE_RANK") == str(rank)
+    at_exit = os.environ.get("TG_TEST_CLOSE_AT_EXIT") == "1"
+    if not at_exit:
+        if late:
+            time.sleep(2.0)  # its last step is written at its close: after rank 0 closed
+        hook.close()
     torch.save(expected, expected_file)
     dist.barrier()
     dist.destroy_process_group()
+    if at_exit and late:
+        time.sleep(2.0)  # the hook closes at exit, 2 s after rank 0's did
     print(f"rank {rank} done, pid {os.getpid()}", flush=True)
 
 

@@ -9,6 +9,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_job(tmp_path: Path, include_workers: str, world_size: int = 2, others: str | None = None):
+def run_job(tmp_path: Path, include_workers: str, world_size: int = 2, others: str | None = None,
+            extra_env: dict[str, str] | None = None):  # fmt: skip
     """Start ``world_size`` ranks of _ddp_worker.py; return (run dir, per-rank expectations)."""
     out = tmp_path / "run"
     port = free_port()
@@ -40,6 +43,7 @@ def run_job(tmp_path: Path, include_workers: str, world_size: int = 2, others: s
             **os.environ,
             "RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            **(extra_env or {}),
         }  # fmt: skip
         command = [sys.executable, str(WORKER), str(out), include_workers, str(tmp_path / f"expected_{rank}.pt")]
         if others is not None:
@@ -110,6 +114,37 @@ def test_steps_are_complete_only_when_every_worker_wrote(tmp_path):
     trial.refresh(force=True)
     assert trial.steps() == list(range(STEPS))
     assert trial.has_passed_step(STEPS - 1) == StepState.AVAILABLE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("close", ["explicit", "at_exit"])
+def test_the_end_marker_waits_for_a_late_rank(tmp_path, close):
+    """Rank 1 ends its capture 2 s after rank 0: the end marker, which readers and uploaders take
+    for "nothing more comes", must come after rank 1's last step, not at rank 0's close."""
+    out = tmp_path / "run"
+    seen_at_end: list[bool] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            if (out / END_OF_TRAINING).exists():
+                seen_at_end.append((out / index_key(STEPS - 1, "worker_1")).exists())
+                return
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    extra = {"TG_TEST_LATE_RANK": "1", "TG_TEST_CLOSE_AT_EXIT": "1" if close == "at_exit" else "0"}
+    try:
+        run_job(tmp_path, "all", extra_env=extra)
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert seen_at_end == [True], "the end marker came before worker_1's last step"
+    assert sorted(p.name for p in (out / "workers_ended").iterdir()) == ["worker_0.ts", "worker_1.ts"]
+    trial = create_trial(out)
+    assert trial.training_ended and trial.steps() == list(range(STEPS))
+    assert trial.tensor("Net_fc1.weight").workers(STEPS - 1) == ["worker_0", "worker_1"]
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@
     <run>/events/<S12>/<S12>_<worker>.tfevents
     <run>/index/<I9>/<S12>_<worker>.json        I9 = step // 1000
     <run>/training_job_end.ts
+    <run>/workers_ended/<worker>.ts             trainguard only, runs of several workers
     <run>/tensorboard/<MODE>/...
 
 All keys are relative to the run root and use ``/`` on every platform.
@@ -27,12 +28,18 @@ __all__ = [
     "event_key",
     "index_key",
     "parse_index_key",
+    "WORKERS_ENDED_PREFIX",
+    "worker_end_key",
     "worker_name",
 ]
 
 END_OF_TRAINING = "training_job_end.ts"
 # trainguard only (smdebug readers ignore it): why a worker stopped capturing before the end.
 CAPTURE_STOPPED_PREFIX = "capture_stopped/"
+# trainguard only (smdebug readers ignore it): in a run of several workers, each one's "I wrote
+# my last file". Worker 0 writes END_OF_TRAINING once all of them are there, so that the end
+# marker, which readers and uploaders take for "nothing more comes", is true for every worker.
+WORKERS_ENDED_PREFIX = "workers_ended/"
 EVENTS_PREFIX = "events/"
 INDEX_PREFIX = "index/"
 COLLECTIONS_PREFIX = "collections/000000000/"
@@ -43,6 +50,10 @@ _COLLECTIONS_RE = re.compile(r"^collections/000000000/(.*_?collections)\.json$")
 
 def worker_name(rank: int) -> str:
     return f"worker_{rank}"
+
+
+def worker_end_key(worker: str) -> str:
+    return f"{WORKERS_ENDED_PREFIX}{worker}.ts"
 
 
 def event_key(step: int, worker: str) -> str:

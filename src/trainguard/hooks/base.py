@@ -25,7 +25,7 @@ from trainguard.config.collections import SCALAR_COLLECTIONS, Collection, Collec
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig
 from trainguard.errors import ConfigError, StorageError
-from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, END_OF_TRAINING, collections_key, worker_name
+from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, END_OF_TRAINING, collections_key, worker_end_key, worker_name
 from trainguard.hooks.fail_open import log_disabled
 from trainguard.hooks.overhead_budget import (
     DEFAULT_MAX_INTERVAL,
@@ -35,6 +35,7 @@ from trainguard.hooks.overhead_budget import (
     QUIET,
     OverheadBudget,
 )
+from trainguard.hooks.run_end import mark_end_after_peers, peer_wait_seconds, start_end_marker_thread
 from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource
 from trainguard.hooks.writer_process import WRITER_KINDS, ProcessStepWriter, open_step_writer
 from trainguard.modes import ModeKeys
@@ -43,6 +44,7 @@ from trainguard.storage import LocalStore, Store, open_store
 __all__ = ["BaseHook", "SavePlan"]
 
 logger = logging.getLogger("trainguard")
+_exiting = False  # set by the atexit close: training is over
 
 _TRAINING_ONLY_COLLECTIONS = frozenset({"gradients", "optimizer_variables"})
 _NOTHING_DUE: frozenset[str] = frozenset()
@@ -189,6 +191,7 @@ class BaseHook:
         self._worker: str | None = None
         self._num_workers = 1
         self._max_pending_bytes = max_pending_bytes
+        self._peer_wait_s = peer_wait_seconds()
         self._closed = False
         self._atexit_ref = weakref.WeakMethod(self.close)
         atexit.register(_close_at_exit, self._atexit_ref)
@@ -480,12 +483,18 @@ class BaseHook:
                 for key, data in self._final_objects():
                     writer.write_object(key, data)  # in order, after the last step
             done = writer.close()
+            stuck = False
             if writer.failure is not None:  # the writer thread gave up (a full disk...), maybe just now
                 # A store that hung (the writer timed out) would hang these writes too: skip them.
                 stuck = isinstance(writer.failure, TimeoutError)
                 writer.write_after_failure([] if stuck else self._final_objects())
             if not done:
                 logger.warning("trainguard: gave up waiting for pending tensors of %s", self.out_dir)
+            if self._waits_for_peers() and not stuck:
+                if _exiting:
+                    mark_end_after_peers(self.store, self._num_workers, self._peer_wait_s)
+                else:
+                    start_end_marker_thread(self.store, self._num_workers, self._peer_wait_s)
             if self.export_tensorboard and writer.failure is None:
                 self._export_tensorboard()
         except Exception as error:  # noqa: BLE001 - close runs at exit: never raise there
@@ -498,9 +507,16 @@ class BaseHook:
             # so that readers and rules do not take a crippled capture for a full one.
             document = json.dumps(self._stopped_because).encode()
             objects.append((f"{CAPTURE_STOPPED_PREFIX}{self._worker}.json", document))
-        if self._worker == worker_name(0) or (self._num_workers == 1 and not self._light_worker):
+        if self._num_workers > 1 and self._worker is not None:
+            objects.append((worker_end_key(self._worker), b""))  # after this worker's last file
+        if self._num_workers == 1 and (self._worker == worker_name(0) or not self._light_worker):
             objects.append((END_OF_TRAINING, b""))
         return objects
+
+    def _waits_for_peers(self) -> bool:
+        """Worker 0 of a run of several workers writes the end marker after the others ended
+        (see :mod:`trainguard.hooks.run_end`)."""
+        return self._num_workers > 1 and self._worker == worker_name(0)
 
     def _export_tensorboard(self) -> None:
         from trainguard.tensorboard import export_run
@@ -528,6 +544,8 @@ def _flush_profilers() -> None:
 
 
 def _close_at_exit(reference: weakref.WeakMethod) -> None:  # type: ignore[type-arg]
+    global _exiting
+    _exiting = True  # training is over: worker 0 waits for its peers on this thread
     close = reference()
     if close is not None:
         close()
