@@ -16,7 +16,7 @@ import torch.nn as nn
 
 import trainguard.pytorch as tg
 from trainguard.errors import ConfigError
-from trainguard.format.layout import END_OF_TRAINING, index_key, worker_end_key
+from trainguard.format.layout import END_OF_TRAINING, collections_key, index_key, worker_end_key
 from trainguard.hooks.run_end import PEER_WAIT_ENV
 from trainguard.trials import create_trial
 
@@ -104,17 +104,53 @@ def test_one_worker_runs_write_no_worker_markers(tmp_path):
     assert not (out / "workers_ended").exists()
 
 
-def test_include_workers_one_ends_at_worker_0_without_waiting(tmp_path, monkeypatch):
+def test_include_workers_one_waits_for_the_ranks_that_write_their_losses(tmp_path, monkeypatch):
+    """Under "one" the other ranks write their losses (light workers): rank 0 waits for those
+    that wrote anything, and for nobody when none did (a script with a hook on rank 0 only)."""
     monkeypatch.setenv(PEER_WAIT_ENV, "30")
     out = tmp_path / "run"
+    hooks, models, losses = [], [], []
+    for rank in (0, 1):
+        torch.manual_seed(rank)
+        model, loss = nn.Linear(3, 1), nn.MSELoss()
+        hook = RankHook(rank, 2, out_dir=str(out), include_workers="one", save_config=tg.SaveConfig(save_interval=1),
+                        writer="process")  # fmt: skip
+        hook.register_module(model)
+        hook.register_loss(loss)
+        hooks.append(hook), models.append(model), losses.append(loss)
+
+    def train(rank: int, steps: int) -> None:
+        optimizer = torch.optim.SGD(models[rank].parameters(), lr=0.1)
+        for _ in range(steps):
+            optimizer.zero_grad()
+            losses[rank](models[rank](torch.randn(4, 3)), torch.zeros(4, 1)).backward()
+            optimizer.step()
+
+    train(0, 2)
+    train(1, 1)
+    # rank 1 is known to write from its first step on (not once its writer process got to it)
+    assert (out / collections_key("worker_1")).exists()
+    train(1, 1)
+    hooks[0].close()
+    time.sleep(0.5)
+    assert not (out / END_OF_TRAINING).exists(), "worker_1 (losses only) is still training"
+    train(1, 2)
+    hooks[1].close()
+    assert _wait(lambda: (out / END_OF_TRAINING).exists(), 10)
+    assert (out / index_key(3, "worker_1")).exists()
+    trial = create_trial(str(out))
+    loss_name = trial.tensor_names(collection="losses")[0]
+    assert trial.tensor(loss_name).workers(3) == ["worker_1"]
+
+    alone = tmp_path / "alone"
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
-    hook = RankHook(0, 2, out_dir=str(out), include_workers="one", save_config=tg.SaveConfig(save_interval=1))
+    hook = RankHook(0, 2, out_dir=str(alone), include_workers="one", save_config=tg.SaveConfig(save_interval=1))
     hook.register_module(model)
     _train(model, 2)
     began = time.monotonic()
     hook.close()
-    assert (out / END_OF_TRAINING).exists() and time.monotonic() - began < 5
+    assert _wait(lambda: (alone / END_OF_TRAINING).exists(), 5) and time.monotonic() - began < 5
 
 
 @pytest.mark.parametrize("bad", ["-1", "soon", "inf", "nan"])

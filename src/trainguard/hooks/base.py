@@ -189,7 +189,8 @@ class BaseHook:
         self._groups_for = -1  # len(include_collections) the groups were built for
         self._writer: StepWriter | ProcessStepWriter | None = None
         self._worker: str | None = None
-        self._num_workers = 1
+        self._num_workers = 1  # the workers a reader waits for: 1 under include_workers="one"
+        self._world = 1
         self._max_pending_bytes = max_pending_bytes
         self._peer_wait_s = peer_wait_seconds()
         self._closed = False
@@ -269,6 +270,7 @@ class BaseHook:
             logger.info("trainguard: worker %d saves only %s (include_workers='one')", rank,
                         ", ".join(sorted(self.other_workers_collections)))  # fmt: skip
         self._worker = worker_name(rank)
+        self._world = world
         # Under "one", a step is complete when worker 0 wrote it: the other ranks' few scalars
         # come along (DDP keeps ranks in step) but are not waited for, so that a script that
         # creates the hook on rank 0 only is still read live.
@@ -276,6 +278,14 @@ class BaseHook:
         kind = self.writer_kind
         if kind == "auto" and self._tensors_off_cpu():
             kind = "thread"  # device copies are waited for off the training thread there
+        if self._light_worker:
+            # Rank 0 waits at its end for the ranks that write (hooks.run_end), known by their
+            # collections file: written here, before any step, not when a writer process that
+            # may still be starting gets to it.
+            try:
+                self.store.write(collections_key(self._worker), self._rendered_collections())
+            except Exception as error:  # noqa: BLE001 - the writer writes it again; fail open
+                logger.debug("trainguard: could not write the collections file of %s: %s", self._worker, error)
         self._writer = open_step_writer(
             self.store, self._worker, kind=kind, max_pending_bytes=self._max_pending_bytes, on_error=self.disable
         )
@@ -288,10 +298,11 @@ class BaseHook:
 
     def _write_collections(self) -> None:
         if self._writer is not None and self._worker is not None:
-            framework = self.framework if self.framework != "generic" else None
-            self._writer.write_object(
-                collections_key(self._worker), self.collection_manager.render(self._num_workers, framework)
-            )
+            self._writer.write_object(collections_key(self._worker), self._rendered_collections())
+
+    def _rendered_collections(self) -> bytes:
+        framework = self.framework if self.framework != "generic" else None
+        return self.collection_manager.render(self._num_workers, framework)
 
     # -- steps and modes ----------------------------------------------------------------------
     def set_mode(self, mode: ModeKeys) -> None:
@@ -491,10 +502,8 @@ class BaseHook:
             if not done:
                 logger.warning("trainguard: gave up waiting for pending tensors of %s", self.out_dir)
             if self._waits_for_peers() and not stuck:
-                if _exiting:
-                    mark_end_after_peers(self.store, self._num_workers, self._peer_wait_s)
-                else:
-                    start_end_marker_thread(self.store, self._num_workers, self._peer_wait_s)
+                mark = mark_end_after_peers if _exiting else start_end_marker_thread
+                mark(self.store, self._world, self._peer_wait_s, only_writers=self.include_workers == "one")
             if self.export_tensorboard and writer.failure is None:
                 self._export_tensorboard()
         except Exception as error:  # noqa: BLE001 - close runs at exit: never raise there
@@ -507,16 +516,16 @@ class BaseHook:
             # so that readers and rules do not take a crippled capture for a full one.
             document = json.dumps(self._stopped_because).encode()
             objects.append((f"{CAPTURE_STOPPED_PREFIX}{self._worker}.json", document))
-        if self._num_workers > 1 and self._worker is not None:
+        if self._world > 1 and self._worker is not None:
             objects.append((worker_end_key(self._worker), b""))  # after this worker's last file
-        if self._num_workers == 1 and (self._worker == worker_name(0) or not self._light_worker):
+        if self._world == 1 and not self._light_worker:
             objects.append((END_OF_TRAINING, b""))
         return objects
 
     def _waits_for_peers(self) -> bool:
         """Worker 0 of a run of several workers writes the end marker after the others ended
         (see :mod:`trainguard.hooks.run_end`)."""
-        return self._num_workers > 1 and self._worker == worker_name(0)
+        return self._world > 1 and self._worker == worker_name(0)
 
     def _export_tensorboard(self) -> None:
         from trainguard.tensorboard import export_run

@@ -5,7 +5,8 @@ comes". In a run of several workers only worker 0 writes it, and written at work
 it could come before a slower worker's last steps: a live rule then ended without them and an
 uploader that had put the marker never sent them. So every worker of such a run writes its own
 ``workers_ended/<worker>.ts`` after its last file, and worker 0 writes the end marker once all of
-them are there. A worker killed before it could write its own must not keep the run open forever:
+them are there (with ``include_workers="one"``, all of those that write at all: the other ranks'
+losses and scalars). A worker killed before it could write its own must not keep the run open forever:
 after ``wait_seconds`` worker 0 writes the end marker anyway and names the missing workers in the
 log.
 
@@ -23,7 +24,7 @@ import threading
 import time
 
 from trainguard.errors import ConfigError, StorageError
-from trainguard.format.layout import END_OF_TRAINING, worker_end_key, worker_name
+from trainguard.format.layout import COLLECTIONS_PREFIX, END_OF_TRAINING, worker_end_key, worker_name
 from trainguard.storage import Store
 
 __all__ = ["DEFAULT_PEER_WAIT_SECONDS", "mark_end_after_peers", "peer_wait_seconds", "start_end_marker_thread"]
@@ -52,10 +53,15 @@ def peer_wait_seconds(environment: dict[str, str] | os._Environ[str] | None = No
     return seconds
 
 
-def mark_end_after_peers(store: Store, num_workers: int, wait_seconds: float) -> list[str]:
-    """Wait until every worker but 0 wrote its end key (at most ``wait_seconds``), then write the
-    run's end marker. Returns the workers that had not ended (logged)."""
-    waiting = [worker_name(rank) for rank in range(1, num_workers)]
+def mark_end_after_peers(store: Store, world: int, wait_seconds: float, *, only_writers: bool = False) -> list[str]:
+    """Wait until every other worker wrote its end key (at most ``wait_seconds``), then write the
+    run's end marker. ``only_writers`` (``include_workers="one"``, where a rank may write nothing
+    at all): wait only for the workers that wrote their collections file by then. Returns the
+    workers that had not ended (logged)."""
+    waiting = [worker_name(rank) for rank in range(1, world)]
+    if only_writers:
+        wrote = _workers_with_collections(store)
+        waiting = [worker for worker in waiting if worker in wrote]
     deadline = time.monotonic() + wait_seconds
     while True:
         waiting = [worker for worker in waiting if not _exists(store, worker_end_key(worker))]
@@ -73,20 +79,32 @@ def mark_end_after_peers(store: Store, num_workers: int, wait_seconds: float) ->
     return waiting
 
 
-def start_end_marker_thread(store: Store, num_workers: int, wait_seconds: float) -> threading.Thread:
+def start_end_marker_thread(
+    store: Store, world: int, wait_seconds: float, *, only_writers: bool = False
+) -> threading.Thread:
     """:func:`mark_end_after_peers` on a non-daemon thread; failures are logged, never raised."""
     thread = threading.Thread(
-        target=_mark_end_logged, args=(store, num_workers, wait_seconds), name="trainguard-end-marker", daemon=False
-    )
+        target=_mark_end_logged, args=(store, world, wait_seconds, only_writers), name="trainguard-end-marker",
+        daemon=False,
+    )  # fmt: skip
     thread.start()
     return thread
 
 
-def _mark_end_logged(store: Store, num_workers: int, wait_seconds: float) -> None:
+def _mark_end_logged(store: Store, world: int, wait_seconds: float, only_writers: bool) -> None:
     try:
-        mark_end_after_peers(store, num_workers, wait_seconds)
+        mark_end_after_peers(store, world, wait_seconds, only_writers=only_writers)
     except Exception as error:  # noqa: BLE001 - training's process: log, never raise
         logger.warning("trainguard: could not write %s in %s: %s", END_OF_TRAINING, store.url, error)
+
+
+def _workers_with_collections(store: Store) -> set[str]:
+    try:
+        keys = store.list(COLLECTIONS_PREFIX)
+    except StorageError:
+        return set()
+    suffix = "_collections.json"
+    return {key.rsplit("/", 1)[-1].removesuffix(suffix) for key in keys if key.endswith(suffix)}
 
 
 def _exists(store: Store, key: str) -> bool:
