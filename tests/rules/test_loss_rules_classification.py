@@ -31,6 +31,7 @@ def test_class_imbalance_deleted_vector_fires_at_step_3(tmp_path):
 def _imbalance_oracle(batches, threshold_imbalance, threshold_misprediction, samples, start):
     counts: dict[int, int] = {}
     window: list[tuple[np.ndarray, np.ndarray]] = []
+    bad_since: dict[int, int] = {}  # class -> first step of its current mispredicted streak
     for step, (y, predicted) in enumerate(batches):
         for cls in y:
             counts[int(cls)] = counts.get(int(cls), 0) + 1
@@ -42,6 +43,7 @@ def _imbalance_oracle(batches, threshold_imbalance, threshold_misprediction, sam
             continue
         if max(counts.values()) / min(counts.values()) > threshold_imbalance:
             return step
+        bad: list[int] = []
         if sum(len(item[0]) for item in window) >= samples:
             wy = np.concatenate([item[0] for item in window])
             wp = np.concatenate([item[1] for item in window])
@@ -49,10 +51,15 @@ def _imbalance_oracle(batches, threshold_imbalance, threshold_misprediction, sam
             bad = [cls for cls in judged if np.mean(wp[wy == cls] != cls) > threshold_misprediction]
             others = np.isin(wy, [cls for cls in judged if cls not in bad])
             # a class-specific failure: few classes missed, the others mostly right
-            if bad and 2 * len(bad) <= len(judged) and others.any():
-                if np.mean(wp[others] != wy[others]) <= 1 - threshold_misprediction:
-                    return step
-    return None
+            if not (bad and 2 * len(bad) <= len(judged) and others.any()
+                    and np.mean(wp[others] != wy[others]) <= 1 - threshold_misprediction):  # fmt: skip
+                bad = []
+        # ...that lasts: still there at twice the step it was first seen
+        bad_since = {cls: bad_since.get(cls, step) for cls in bad}
+        if any(step >= 2 * since for since in bad_since.values()):
+            return step
+    # or still there when training ended (reported at the last step)
+    return len(batches) - 1 if bad_since and sum(counts.values()) >= samples else None
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -89,14 +96,26 @@ def test_class_imbalance_waits_for_training_before_judging_mispredictions(tmp_pa
         predicted = np.where(y == 3, 0, y) if step < 120 else y.copy()
         steps[step] = {"labels": y, "predictions": predicted}
     run = write_run(tmp_path / "run", steps)
-    # documented behaviour (from step 0): fires as soon as 500 labels were seen
-    assert first_firing(evaluate_rule(run, "ClassImbalance:misprediction_start_step=0")) == 15
-    # calibrated: counted from step 100, the window (500 samples) still sees the early phase
+    # documented behaviour (from step 0, any class): fires as soon as 500 labels were seen
+    documented = "ClassImbalance:misprediction_start_step=0,class_specific=False"
+    assert first_firing(evaluate_rule(run, documented)) == 15
+    # from step 0, class-specific: class 3 missed since step 15 is reported at step 30
+    assert first_firing(evaluate_rule(run, "ClassImbalance:misprediction_start_step=0")) == 30
+    # calibrated: counted from step 100, class 3 is missed from step 115 and learned at step 120,
+    # long before step 230: a class learned later than the others, not a failing class
     results = evaluate_rule(run, "ClassImbalance")
-    fired = next(result for result in results if result.fired)
-    assert fired.step == 115 and "class 3 is mispredicted" in fired.message and "class" in fired.fix_hint
-    # ...and stops firing once the window holds only trained predictions
-    assert not results[-1].fired
+    assert first_firing(results) is None
+    assert any(result.details.get("mispredicted_since") == {3: 115} for result in results)
+    # never learned: reported at step 230, and in a run that ends before then, at its end
+    for step in range(120, 300):
+        y = rng.integers(0, 4, 32)
+        steps[step] = {"labels": y, "predictions": np.where(y == 3, 0, y)}
+    never = evaluate_rule(write_run(tmp_path / "never", steps), "ClassImbalance")
+    fired = next(result for result in never if result.fired)
+    assert fired.step == 230 and "class 3 is mispredicted" in fired.message and "class" in fired.fix_hint
+    short = evaluate_rule(write_run(tmp_path / "short", {s: steps[s] for s in range(200)}), "ClassImbalance")
+    assert [result.step for result in short if result.fired] == [199]
+    assert short[-1].details["at_end_of_training"] is True
 
 
 @pytest.mark.parametrize("model", ["one_class", "random"])
