@@ -25,7 +25,13 @@ from trainguard.config.collections import SCALAR_COLLECTIONS, Collection, Collec
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig
 from trainguard.errors import ConfigError, StorageError
-from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, END_OF_TRAINING, collections_key, worker_end_key, worker_name
+from trainguard.format.layout import (
+    CAPTURE_STOPPED_PREFIX,
+    END_OF_TRAINING,
+    collections_key,
+    worker_end_key,
+    worker_name,
+)
 from trainguard.hooks.fail_open import log_disabled
 from trainguard.hooks.overhead_budget import (
     DEFAULT_MAX_INTERVAL,
@@ -36,6 +42,7 @@ from trainguard.hooks.overhead_budget import (
     OverheadBudget,
 )
 from trainguard.hooks.run_end import mark_end_after_peers, peer_wait_seconds, start_end_marker_thread
+from trainguard.hooks.save_schedule import SaveSchedule
 from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource
 from trainguard.hooks.writer_process import WRITER_KINDS, ProcessStepWriter, open_step_writer
 from trainguard.modes import ModeKeys
@@ -46,8 +53,6 @@ __all__ = ["BaseHook", "SavePlan"]
 logger = logging.getLogger("trainguard")
 _exiting = False  # set by the atexit close: training is over
 
-_TRAINING_ONLY_COLLECTIONS = frozenset({"gradients", "optimizer_variables"})
-_NOTHING_DUE: frozenset[str] = frozenset()
 # What every other rank saves under include_workers="one": the rank-local values the default
 # rules need to check each worker (a loss that goes non-finite on one rank only). Gradients are
 # not among them: in data-parallel training they are all-reduced, so rank 0's copy already holds
@@ -68,7 +73,7 @@ class SavePlan:
     save_shape: bool
 
 
-class BaseHook:
+class BaseHook(SaveSchedule):
     """Configuration, step accounting and writing shared by every framework hook."""
 
     framework = "generic"
@@ -356,63 +361,6 @@ class BaseHook:
 
     def _on_step_end(self) -> None:
         """Adapter: hand over what was held back during the step (gradients, losses)."""
-
-    def _schedule_of(self, collection: Collection) -> SaveConfig:
-        """The collection's schedule with the hook's filling its gaps; merged once, not per step."""
-        if collection.save_config is None:
-            return self.save_config
-        cached = self._schedules.get(collection.name)
-        if cached is None or cached[0] is not collection.save_config:
-            cached = (collection.save_config, collection.save_config.merged_with(self.save_config))
-            self._schedules[collection.name] = cached
-        return cached[1]
-
-    def _schedule_groups(self) -> list[tuple[SaveConfig, tuple[str, ...]]]:
-        """The included collections grouped by schedule: most share the hook's, so deciding a
-        step asks each distinct schedule once. Rebuilt when collections change."""
-        groups = self._groups
-        if groups is not None and self._groups_for == len(self.include_collections):
-            return groups
-        by_schedule: dict[int, tuple[SaveConfig, list[str]]] = {}
-        for name in self.include_collections:
-            schedule = self._schedule_of(self.collection_manager.get(name))
-            by_schedule.setdefault(id(schedule), (schedule, []))[1].append(name)
-        groups = [(schedule, tuple(names)) for schedule, names in by_schedule.values()]
-        self._groups, self._groups_for = groups, len(self.include_collections)
-        return groups
-
-    def _due_collections(self, mode: ModeKeys, mode_step: int) -> frozenset[str]:
-        # Called at every step: on a step that saves nothing, one schedule test per distinct
-        # schedule and no allocation.
-        due: set[str] | None = None
-        for schedule, names in self._schedule_groups():
-            if schedule.should_save_step(mode, mode_step):
-                if due is None:
-                    due = set()
-                due.update(names)
-        if due is None:
-            return _NOTHING_DUE
-        if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
-            due.difference_update(_TRAINING_ONLY_COLLECTIONS)
-        elif self._budget is not None and mode is ModeKeys.TRAIN:
-            kept = self._budget.keep(mode_step)
-            if kept == QUIET:
-                return _NOTHING_DUE
-            if kept == LIGHT:
-                due.intersection_update(LIGHT_COLLECTIONS)
-        return frozenset(due) if due else _NOTHING_DUE
-
-    def unsaved_steps_ahead(self, mode: ModeKeys, mode_step: int, limit: int = 256) -> int:
-        """How many steps of ``mode`` after ``mode_step`` are certainly saved by no collection
-        (at most ``limit``): adapters skip their per-step bookkeeping for those. Valid while
-        ``_groups`` is the same list (it is rebuilt whenever collections or schedules change)."""
-        groups = self._schedule_groups()
-        ahead = 0
-        while ahead < limit and not any(
-            schedule.should_save_step(mode, mode_step + ahead + 1) for schedule, _ in groups
-        ):
-            ahead += 1
-        return ahead
 
     # -- what to save -------------------------------------------------------------------------
     def _matching(self, tensor_name: str) -> tuple[Collection, ...]:

@@ -1,0 +1,91 @@
+"""Which collections a step saves: the included collections' schedules, and the overhead budget.
+
+A mixin of :class:`~trainguard.hooks.base.BaseHook` (kept apart so that the hook's module stays
+about its lifecycle); it reads the hook's ``save_config``, ``include_collections``,
+``collection_manager`` and ``_budget``, and caches in ``_schedules`` and ``_groups``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainguard.config.collections import Collection
+from trainguard.config.save_config import SaveConfig
+from trainguard.hooks.overhead_budget import LIGHT, LIGHT_COLLECTIONS, QUIET
+from trainguard.modes import ModeKeys
+
+if TYPE_CHECKING:
+    from trainguard.config.collections import CollectionManager
+    from trainguard.hooks.overhead_budget import OverheadBudget
+
+__all__ = ["NOTHING_DUE", "SaveSchedule"]
+
+TRAINING_ONLY_COLLECTIONS = frozenset({"gradients", "optimizer_variables"})
+NOTHING_DUE: frozenset[str] = frozenset()
+
+
+class SaveSchedule:
+    save_config: SaveConfig
+    include_collections: list[str]
+    collection_manager: CollectionManager
+    _budget: OverheadBudget | None
+    _schedules: dict[str, tuple[SaveConfig, SaveConfig]]
+    _groups: list[tuple[SaveConfig, tuple[str, ...]]] | None
+    _groups_for: int
+
+    def _schedule_of(self, collection: Collection) -> SaveConfig:
+        """The collection's schedule with the hook's filling its gaps; merged once, not per step."""
+        if collection.save_config is None:
+            return self.save_config
+        cached = self._schedules.get(collection.name)
+        if cached is None or cached[0] is not collection.save_config:
+            cached = (collection.save_config, collection.save_config.merged_with(self.save_config))
+            self._schedules[collection.name] = cached
+        return cached[1]
+
+    def _schedule_groups(self) -> list[tuple[SaveConfig, tuple[str, ...]]]:
+        """The included collections grouped by schedule: most share the hook's, so deciding a
+        step asks each distinct schedule once. Rebuilt when collections change."""
+        groups = self._groups
+        if groups is not None and self._groups_for == len(self.include_collections):
+            return groups
+        by_schedule: dict[int, tuple[SaveConfig, list[str]]] = {}
+        for name in self.include_collections:
+            schedule = self._schedule_of(self.collection_manager.get(name))
+            by_schedule.setdefault(id(schedule), (schedule, []))[1].append(name)
+        groups = [(schedule, tuple(names)) for schedule, names in by_schedule.values()]
+        self._groups, self._groups_for = groups, len(self.include_collections)
+        return groups
+
+    def _due_collections(self, mode: ModeKeys, mode_step: int) -> frozenset[str]:
+        # Called at every step: on a step that saves nothing, one schedule test per distinct
+        # schedule and no allocation.
+        due: set[str] | None = None
+        for schedule, names in self._schedule_groups():
+            if schedule.should_save_step(mode, mode_step):
+                if due is None:
+                    due = set()
+                due.update(names)
+        if due is None:
+            return NOTHING_DUE
+        if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
+            due.difference_update(TRAINING_ONLY_COLLECTIONS)
+        elif self._budget is not None and mode is ModeKeys.TRAIN:
+            kept = self._budget.keep(mode_step)
+            if kept == QUIET:
+                return NOTHING_DUE
+            if kept == LIGHT:
+                due.intersection_update(LIGHT_COLLECTIONS)
+        return frozenset(due) if due else NOTHING_DUE
+
+    def unsaved_steps_ahead(self, mode: ModeKeys, mode_step: int, limit: int = 256) -> int:
+        """How many steps of ``mode`` after ``mode_step`` are certainly saved by no collection
+        (at most ``limit``): adapters skip their per-step bookkeeping for those. Valid while
+        ``_groups`` is the same list (it is rebuilt whenever collections or schedules change)."""
+        groups = self._schedule_groups()
+        ahead = 0
+        while ahead < limit and not any(
+            schedule.should_save_step(mode, mode_step + ahead + 1) for schedule, _ in groups
+        ):
+            ahead += 1
+        return ahead
