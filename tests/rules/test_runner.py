@@ -91,6 +91,21 @@ class WholeRun(Rule):
         return self.issue(-1, f"whole-run finding after {self.idle_calls} idle polls")
 
 
+class Curious(Rule):
+    """Asks the trial many questions per step, as built-in rules do (names, presence, state)."""
+
+    rule_name = "Curious"
+    questions = Param(int, 50)
+
+    def check(self, step: int):
+        trial = self.base_trial
+        for _ in range(self.questions):
+            trial.tensor_names()
+            trial.has_tensor("w")
+            trial.training_ended
+        return self.no_issue(step)
+
+
 def _values(fire_at: set[int], steps: range = range(10)) -> dict[int, dict[str, np.ndarray]]:
     return {s: {"w": np.full(3, 5.0 if s in fire_at else 0.5, dtype=np.float32)} for s in steps}
 
@@ -231,6 +246,36 @@ def test_follows_a_live_run_that_appears_later(tmp_path: Path) -> None:
     assert _lines(log).count("finish") == 1
     assert result["live"].status == RuleStatus.ISSUES_FOUND
     assert [u.result.step for u in updates if u.result is not None and u.result.fired] == [2, 7]
+
+
+def test_a_live_run_is_listed_once_per_poll_not_per_question(tmp_path: Path, monkeypatch) -> None:
+    """Each question a rule asks a live trial used to list the run's index files again (~90 per
+    evaluated step with the default rules, most of a live runner's CPU): once per poll now."""
+    from trainguard.storage.local import LocalStore
+
+    listings = []
+    original = LocalStore.list
+    def counting(self, prefix="", start_after=None):
+        listings.append(prefix)
+        return original(self, prefix, start_after)
+
+    monkeypatch.setattr(LocalStore, "list", counting)
+    path = write_run(tmp_path / "run", _values(set(), range(10)), finished=False)
+    stop = threading.Event()
+    runner = RuleRunner(path, [_spec("Curious", "c", questions=50)], poll_interval=0.2, stop_event=stop)
+    thread = threading.Thread(target=runner.run)
+    began = time.monotonic()
+    thread.start()
+    deadline = time.monotonic() + 20
+    while runner.progress.get("c") is None or runner.progress["c"].last_evaluated_step != 9:
+        assert time.monotonic() < deadline, "the runner did not evaluate the 10 steps"
+        time.sleep(0.02)
+    stop.set()
+    thread.join(timeout=10)
+    polls = (time.monotonic() - began) / 0.2 + 2
+    index_listings = [prefix for prefix in listings if prefix.startswith("index")]
+    # 10 steps x 50 questions x 3 asked; one listing per poll answers them
+    assert len(index_listings) <= 2 * polls + 5, (len(index_listings), polls)
 
 
 def test_stop_event_and_training_done(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ def create_trial(
     collection_wait_timeout: float = 60.0,
     cache: bool | str | os.PathLike[str] = True,
     endpoint_url: str | None = None,
+    refresh_interval: float | None = None,
     **store_options: Any,
 ) -> Trial:
     """Open the run at ``path`` (a directory or ``s3://bucket/prefix``).
@@ -30,6 +31,8 @@ def create_trial(
         cache: for ``s3://`` runs, keep fetched objects on local disk (``True`` uses
             ``$TRAINGUARD_CACHE_DIR`` or ``~/.cache/trainguard``; a path chooses the folder).
         endpoint_url: an S3-compatible endpoint (MinIO, moto, ...).
+        refresh_interval: at most this often (seconds) a question to the trial lists the run for
+            new steps (``refresh(force=True)`` always does); default 0 for a directory, 1 for S3.
 
     Raises:
         MissingCollectionFiles: no collections file appeared within the timeout.
@@ -49,6 +52,6 @@ def create_trial(
         store,
         name=name,
         collection_wait_timeout=collection_wait_timeout,
-        refresh_interval=1.0 if remote else 0.0,
+        refresh_interval=(1.0 if remote else 0.0) if refresh_interval is None else refresh_interval,
         parallel_reads=8 if remote else 1,
     )
