@@ -435,3 +435,38 @@ def test_compiled_model_gets_the_names_and_values_of_the_eager_one(tmp_path):
     assert compiled.steps(TRAIN) == eager.steps(TRAIN) == [0, 1, 2, 3]
     for name in ("Sequential_0.weight", "gradient/Sequential_0.weight", "1_output_0"):
         np.testing.assert_array_equal(compiled.tensor(name).value(3), eager.tensor(name).value(3))
+
+
+AMP_SCRIPT = '''
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+# the scale doubles at every step: the scaled loss rises while the loss falls
+scaler = torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=1)
+x, y = torch.randn(32, 8), torch.randn(32, 1)
+for step in range(10):
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = ((model(x).float() - y) ** 2).mean()  # no loss module, no functional loss
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    print(f"train_loss {step} {loss.item().hex()}")
+print("optimizer_steps 10")
+'''
+
+
+def test_a_loss_scaled_for_mixed_precision_is_captured_unscaled(tmp_path):
+    """scaler.scale(loss).backward(): the tensor given to backward() is the loss times the
+    scaler's scale (here doubled at every step); the loss series must be the loss itself."""
+    script = tmp_path / "amp.py"
+    script.write_text(AMP_SCRIPT)
+    result = trainguard_run(tmp_path / "run", script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trial = create_trial(tmp_path / "run")
+    assert trial.tensor_names(collection="losses") == ["loss_backward_output_0"]
+    captured = trial.tensor("loss_backward_output_0")
+    printed_losses = printed(result.stdout, "train_loss")
+    assert {step: float(captured.value(step, mode=TRAIN)) for step in range(10)} == printed_losses

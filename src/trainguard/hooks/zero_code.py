@@ -47,6 +47,7 @@ class ZeroCodeHook(TorchHook):
         super().__init__(*args, **kwargs)
         self._stack: list[torch.nn.Module] = []
         self._loss_tensor_ids: set[int] = set()
+        self._scaled_losses: dict[int, torch.Tensor] = {}  # id(scaler.scale(loss)) -> loss
         # The global module hooks find roots and losses and capture module I/O. A global hook
         # sends every module call down PyTorch's slow path with two Python calls, so they exist
         # only until a root is found and during saved steps; in between, each root's own
@@ -61,6 +62,12 @@ class ZeroCodeHook(TorchHook):
             if original is not None:
                 self._wrap(F, name, self._functional_loss_wrapper(name, original))
         self._wrap(torch.Tensor, "backward", self._backward_wrapper(torch.Tensor.backward))
+        # Mixed precision: backward() runs on scaler.scale(loss), the loss times a scale that
+        # changes during training (x2 every 2,000 steps without overflow); captured as it is,
+        # that series could rise while the loss falls. The scaled tensor stands for its loss.
+        scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
+        if scaler is not None and hasattr(scaler, "scale"):
+            self._wrap(scaler, "scale", self._scale_wrapper(scaler.scale))
 
     def _wrap(self, owner: Any, name: str, replacement: Any) -> None:
         self._originals.append((owner, name, getattr(owner, name)))
@@ -165,6 +172,7 @@ class ZeroCodeHook(TorchHook):
 
     def _on_step_begin(self) -> None:
         self._loss_tensor_ids.clear()
+        self._scaled_losses.clear()
         super()._on_step_begin()
 
     # -- losses without a module --------------------------------------------------------------
@@ -207,8 +215,23 @@ class ZeroCodeHook(TorchHook):
 
     @fail_open
     def _capture_backward_loss(self, tensor: torch.Tensor) -> None:
+        unscaled = self._scaled_losses.get(id(tensor))
+        if unscaled is not None:
+            tensor = unscaled
         if tensor.numel() == 1 and id(tensor) not in self._loss_tensor_ids:
             self.hold_torch_tensor(BACKWARD_LOSS_NAME, tensor)
+
+    def _scale_wrapper(self, original: Any) -> Any:
+        hook = self
+
+        @functools.wraps(original)
+        def scale(scaler: Any, outputs: Any) -> Any:
+            result = original(scaler, outputs)
+            if hook.saving_this_step and isinstance(outputs, torch.Tensor) and isinstance(result, torch.Tensor):
+                hook._scaled_losses[id(result)] = outputs  # kept alive with it until the step ends
+            return result
+
+        return scale
 
     def close(self) -> None:
         for owner, name, original in reversed(self._originals):
