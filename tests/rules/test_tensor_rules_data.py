@@ -239,6 +239,23 @@ def test_not_normalized_data_is_per_channel_for_images_and_skips_token_ids(tmp_p
     assert first_firing(evaluate_rule(model_run(tmp_path, "tok", tokens), sagemaker("NotNormalizedData"))) is None
 
 
+def test_not_normalized_data_skips_a_model_fed_by_another_models_output(tmp_path):
+    """Chained models (a VAE's heads on the encoder's output, a GAN's discriminator on the
+    generator's samples): the second model's input is activations, not data, and activations
+    of std 0.05 are no normalisation fault. An input of the same std that is data still fires."""
+    rng = np.random.default_rng(0)
+    steps, data_steps = {}, {}
+    for step in range(5):
+        x = rng.normal(size=(64, 6))
+        hidden = rng.normal(size=(64, 4)) * 0.05  # the encoder's output, squashed
+        common = {"Encoder_input_0": x, "Encoder_fc.weight": np.ones((4, 6)), "Head_fc.weight": np.ones((2, 4))}
+        steps[step] = {**common, "Encoder_output_0": hidden, "Head_input_0": hidden.copy()}
+        data_steps[step] = {**common, "Encoder_output_0": hidden, "Head_input_0": rng.normal(size=(64, 4)) * 0.05}
+    assert first_firing(evaluate_rule(write_run(tmp_path / "chained", steps), "NotNormalizedData")) is None
+    fired = next(r for r in evaluate_rule(write_run(tmp_path / "data", data_steps), "NotNormalizedData") if r.fired)
+    assert fired.details["tensor"] == "Head_input_0"
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_check_input_images_matches_oracle(tmp_path, seed):
     rng = np.random.default_rng(seed)

@@ -173,7 +173,9 @@ def model_inputs(trial: Any, step: int) -> list[str]:
     ``<Root>_input_N``; a root is therefore an input prefix that also prefixes a saved weight,
     bias or gradient name. Without saved parameters, roots are told by their name: a class name
     (``Net``, ``Sequential``) starts with a capital letter, child paths (``fc1``, ``0``) do not.
-    Loss-module inputs (predictions/labels) are never model inputs.
+    Loss-module inputs (predictions/labels) are never model inputs, nor is an input equal to
+    another root's output of the same step: a chain of models (a VAE's ``mu(encoder(x))``, a
+    GAN's ``D(G(z).detach())``) feeds one model's activations to the next, not data.
     """
     inputs = [name for name in names_at(trial, step) if re.search(r"_input_\d+$", name)]
     known = trial.collections()
@@ -195,7 +197,32 @@ def model_inputs(trial: Any, step: int) -> list[str]:
                 found.append(name)
         elif root[:1].isupper():
             found.append(name)
-    return sorted(found)
+    return sorted(_without_chained_inputs(trial, step, found))
+
+
+def _without_chained_inputs(trial: Any, step: int, inputs: list[str]) -> list[str]:
+    roots = {re.sub(r"_input_\d+$", "", name) for name in inputs}
+    if len(roots) < 2:
+        return inputs
+    outputs = [name for name in names_at(trial, step)
+               if (match := re.match(r"^(.*)_output_\d+$", name)) and match.group(1) in roots]  # fmt: skip
+    if not outputs:
+        return inputs
+    values = read_values(trial, [*inputs, *outputs], step)
+    kept = []
+    for name in inputs:
+        root = re.sub(r"_input_\d+$", "", name)
+        value = values.get(name)
+        chained = value is not None and any(
+            not output.startswith(root + "_output_")
+            and (other := values.get(output)) is not None
+            and other.shape == value.shape
+            and np.array_equal(other, value)
+            for output in outputs
+        )
+        if not chained:
+            kept.append(name)
+    return kept
 
 
 def fmt(value: float) -> str:
