@@ -84,3 +84,37 @@ def test_zero_code_functional_loss_inputs_are_labels_and_predictions(tmp_path):
     assert trial.tensor_names(collection="relu_output") == ["1_output_0"]
     assert trial.tensor("loss_cross_entropy_input_1").value(2).tolist() == [0, 1, 2, 0, 1, 2]
     assert trial.tensor("loss_cross_entropy_input_0").value(2).shape == (6, 3)
+
+
+def test_losses_without_class_targets_file_no_labels(tmp_path):
+    """Distillation (KL divergence to a teacher's distribution) and regression on integer targets
+    (ratings) are not classification: a teacher's argmax or a rating read as a class made
+    ClassImbalance report "class 0 has 40x as many labels as class 6" on a healthy distillation."""
+    torch.manual_seed(0)
+    student, teacher = nn.Linear(4, 3), nn.Linear(4, 3)
+    kl, mse, focal = nn.KLDivLoss(reduction="batchmean"), nn.MSELoss(), _FocalLoss()
+    hook = tg.Hook(str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=1),
+                   include_collections=["labels", "predictions", "losses"])  # fmt: skip
+    hook.register_module(student)
+    for loss in (kl, mse, focal):
+        hook.register_loss(loss)
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+    for _ in range(2):
+        x = torch.randn(5, 4)
+        optimizer.zero_grad()
+        out = student(x)
+        ratings = torch.randint(1, 6, (5, 3)).float()
+        total = kl(out.log_softmax(1), teacher(x).softmax(1).detach()) + mse(out, ratings)
+        total = total + focal(out, torch.randint(0, 3, (5,)))
+        total.backward()
+        optimizer.step()
+    hook.close()
+    trial = create_trial(str(tmp_path / "run"))
+    # a loss of the user's own (not a known regression/distillation loss) is still classification
+    assert trial.tensor_names(collection="labels") == ["_FocalLoss_input_1"]
+    assert trial.tensor_names(collection="predictions") == ["_FocalLoss_input_0"]
+
+
+class _FocalLoss(nn.Module):
+    def forward(self, logits, target):
+        return nn.functional.cross_entropy(logits, target)

@@ -33,6 +33,7 @@ from trainguard.hooks.torch_activations import (
     _ACTIVATION_KINDS,
     ActivationCapture,
     FunctionalActivations,
+    has_class_targets,
     is_loss_module,
 )
 from trainguard.hooks.torch_compiled import (
@@ -456,7 +457,7 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
         if kind is not None:
             self.add_membership(f"{name}_input_0", f"{kind}_input")
             self.add_membership(f"{name}_output_0", f"{kind}_output")
-        elif is_loss_module(module):
+        elif is_loss_module(module) and has_class_targets(module):
             self.add_membership(f"{name}_input_0", "predictions")
             self.add_membership(f"{name}_input_1", "labels")
 

@@ -26,6 +26,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.pytorch import TorchHook, eager, is_loss_module
+from trainguard.hooks.torch_activations import has_class_targets
 from trainguard.hooks.torch_compiled import is_compile_wrapper
 
 __all__ = ["FUNCTIONAL_LOSSES", "ZeroCodeHook"]
@@ -196,6 +197,8 @@ class ZeroCodeHook(TorchHook):
             self._loss_tensor_ids.add(id(result))
         # (input, target) of F.cross_entropy & co: what ClassImbalance and Confusion read.
         stem = tensor_name[: -len("_output_0")]
+        if not has_class_targets(stem.removeprefix("loss_")):
+            return
         for index, collection in enumerate(("predictions", "labels")):
             if index < len(args) and isinstance(args[index], torch.Tensor):
                 name = f"{stem}_input_{index}"
