@@ -377,3 +377,36 @@ def test_underfitting_flat_loss_fires_after_warmup_learning_loss_does_not(tmp_pa
     learning = write_run(tmp_path / "learn", {s: {"CrossEntropyLoss_output_0": 2.3 * 0.99**s} for s in range(150)})
     assert first_firing(evaluate_rule(learning, "Underfitting")) is None
     assert first_firing(evaluate_rule(learning, "Underfitting:semantics=sagemaker")) is None
+
+
+def _competing(run: str) -> str:
+    """The run as a hook that saw two independent optimizers (a GAN) writes it."""
+    import json
+    from pathlib import Path
+
+    for path in Path(run, "collections").rglob("*_collections.json"):
+        document = json.loads(path.read_text())
+        document["_meta"]["independent_optimizers"] = 2
+        path.write_text(json.dumps(document))
+    return run
+
+
+def test_loss_not_decreasing_leaves_competing_objectives_alone_but_not_nan(tmp_path):
+    """A GAN's discriminator loss rises as its generator learns (measured 0.84 -> 1.37 on a
+    healthy one, which the rule used to stop): with two independent optimizers a rise or a
+    plateau is the game; a NaN loss is still a certain finding."""
+    rng = np.random.default_rng(0)
+    rising = np.concatenate([np.full(16, 0.85), np.linspace(0.9, 1.4, 24)]) * (1 + rng.normal(0, 0.01, 40))
+    losses = {s: {"loss_backward_output_0": float(v)} for s, v in enumerate(rising)}
+    plain = evaluate_rule(write_run(tmp_path / "plain", losses), "LossNotDecreasing")
+    assert first_firing(plain) is not None
+    competing = evaluate_rule(_competing(write_run(tmp_path / "gan", losses)), "LossNotDecreasing")
+    assert first_firing(competing) is None
+    assert any(
+        facts.get("kind") == "competing objectives"
+        for result in competing for facts in result.details.get("losses", {}).values()
+    )  # fmt: skip
+    losses[39] = {"loss_backward_output_0": float("nan")}
+    nan = evaluate_rule(_competing(write_run(tmp_path / "gan-nan", losses)), "LossNotDecreasing")
+    fired = [result for result in nan if result.fired]
+    assert [result.step for result in fired] == [39] and fired[0].certain

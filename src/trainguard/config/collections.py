@@ -148,17 +148,28 @@ class CollectionManager:
     def names(self) -> list[str]:
         return list(self._collections)
 
-    def render(self, num_workers: int, framework: str | None = None) -> bytes:
-        """The collections file; ``framework`` ("pytorch", "keras", "xgboost") goes in ``_meta``
-        (an extra key smdebug ignores) so that rules can give framework-specific fix hints."""
+    def render(self, num_workers: int, framework: str | None = None, extra: dict[str, object] | None = None) -> bytes:
+        """The collections file; ``framework`` ("pytorch", "keras", "xgboost") and ``extra`` facts
+        about the run go in ``_meta`` (an extra key smdebug ignores): rules give framework-specific
+        fix hints and read how the run trains (see :meth:`meta_of`)."""
         meta: dict[str, object] = {"num_workers": num_workers}
         if framework:
             meta["framework"] = framework
+        meta.update(extra or {})
         document = {
             "collections": {name: collection.to_json() for name, collection in self._collections.items()},
             "_meta": meta,
         }
         return json.dumps(document).encode("utf-8")
+
+    @staticmethod
+    def meta_of(data: bytes) -> dict[str, object]:
+        """The ``_meta`` facts of a collections file ({} for smdebug's files)."""
+        try:
+            meta = json.loads(data).get("_meta", {})
+        except (ValueError, AttributeError):
+            return {}
+        return meta if isinstance(meta, dict) else {}
 
     @staticmethod
     def framework_of(data: bytes) -> str | None:

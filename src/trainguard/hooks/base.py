@@ -307,7 +307,11 @@ class BaseHook(SaveSchedule):
 
     def _rendered_collections(self) -> bytes:
         framework = self.framework if self.framework != "generic" else None
-        return self.collection_manager.render(self._num_workers, framework)
+        return self.collection_manager.render(self._num_workers, framework, self._run_facts())
+
+    def _run_facts(self) -> dict[str, object]:
+        """Adapter: facts about how the run trains, for rules (the collections file's _meta)."""
+        return {}
 
     # -- steps and modes ----------------------------------------------------------------------
     def set_mode(self, mode: ModeKeys) -> None:

@@ -103,6 +103,8 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
         self._held: dict[str, tuple[HostSnapshot | None, HostSnapshot | None, tuple[tuple[str, bool], ...]]] = {}
         self._explicit_mode = False
         self._optimizer_driven = False
+        self._optimizer_parameters: dict[int, frozenset[int]] = {}
+        self._independent_optimizers = 1
         # Before any optimizer has stepped: whether one that holds our parameters exists (then
         # the first accumulation window is one step too), and how many forwards that guess has
         # covered without an optimizer.step() (see _presume_optimizer).
@@ -161,6 +163,9 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
             self.saving_this_step = False
             return None
         return super()._ensure_writer()
+
+    def _run_facts(self) -> dict[str, object]:
+        return {"independent_optimizers": self._independent_optimizers} if self._independent_optimizers > 1 else {}
 
     def _tensors_off_cpu(self) -> bool:
         for reference in self._registered_roots:

@@ -36,6 +36,9 @@ class OptimizerSteps:
     _optimizer_probed: bool
     _presumed_forwards: int | None
     _end_pending: bool
+    _optimizer_parameters: dict[int, frozenset[int]]  # id(optimizer) -> ids of its parameters
+    _independent_optimizers: int
+    _collections_dirty: bool
     saving_this_step: bool
     mode: ModeKeys
 
@@ -106,9 +109,25 @@ class OptimizerSteps:
     @fail_open
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._roots:
+            after_another = self._end_pending  # an optimizer stepped since the last forward
             self._optimizer_driven = True
             self._presumed_forwards = None  # not presumed any more: seen
             self._end_pending = True
+            if id(optimizer) not in self._optimizer_parameters:
+                self._note_optimizer(optimizer, after_another)
+
+    def _note_optimizer(self, optimizer: Any, after_another: bool) -> None:
+        """Count the optimizers that step parameters no other one steps, each after a forward of
+        its own (a GAN's generator and discriminator, an actor and a critic): their losses work
+        against each other and need not fall, which LossNotDecreasing reads from the collections
+        file's ``_meta``. Optimizers stepped one after the other on one backward (sparse embedding
+        and dense parameters) share one loss and are not counted."""
+        parameters = frozenset(id(p) for group in optimizer.param_groups for p in group["params"])
+        disjoint = all(parameters.isdisjoint(other) for other in self._optimizer_parameters.values())
+        if disjoint and self._optimizer_parameters and not after_another:
+            self._independent_optimizers += 1
+            self._collections_dirty = True  # rewritten before the next saved step's index
+        self._optimizer_parameters[id(optimizer)] = parameters
 
     def _attach_step_hooks(self) -> None:
         """Hook the gradients for this (saved) step; removed when it ends."""

@@ -68,6 +68,7 @@ class Trial:
         self._missing_event_wait = missing_event_wait
         self._last_refresh = 0.0
         self._framework: str | None = None
+        self._independent_optimizers = 1
         self._collections, num_workers = self._load_collections(collection_wait_timeout)
         self._collections_final = False
         self._state = RunState(store, num_workers, parallel_reads=parallel_reads)
@@ -99,6 +100,9 @@ class Trial:
                         data = self.store.read(key)
                         parsed, workers = CollectionManager.parse(data)
                         self._framework = self._framework or CollectionManager.framework_of(data)
+                        optimizers = CollectionManager.meta_of(data).get("independent_optimizers", 1)
+                        if isinstance(optimizers, int):
+                            self._independent_optimizers = max(self._independent_optimizers, optimizers)
                     except (ValueError, KeyError, TypeError) as error:
                         raise MissingCollectionFiles(f"{self.store.url}/{key} is corrupt: {error}") from None
                     num_workers = max(num_workers, workers)
@@ -194,6 +198,14 @@ class Trial:
     @property
     def num_workers(self) -> int:
         return self._state.num_workers
+
+    @property
+    def independent_optimizers(self) -> int:
+        """How many optimizers stepped disjoint sets of parameters (as far as the hook saw; 1 when
+        the run does not say): 2 or more is a GAN, an actor-critic, models trained against each
+        other, whose losses need not fall."""
+        self.refresh()
+        return self._independent_optimizers
 
     @property
     def last_complete_step(self) -> int | None:

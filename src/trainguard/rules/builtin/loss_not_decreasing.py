@@ -19,6 +19,12 @@ saved losses of each selected loss tensor, evaluated every ``num_steps`` mode st
   for a while and then learned (an XOR net at ln 2 for hundreds of steps) is not flagged, which
   only the end of the run can tell. Reported, never certain.
 
+Competing objectives: in a run whose hook saw two or more optimizers step disjoint sets of
+parameters (a GAN's generator and discriminator, an actor and a critic; the collections file's
+``independent_optimizers``), each loss is minimised against the other model, and a rising or
+flat loss is the game, not a fault (measured: a healthy GAN's discriminator loss rose 40 % towards
+its equilibrium, 0.84 → 1.37, and the rule stopped it). Such runs get the non-finite check only.
+
 Losses judged: the training mini-batch losses (mode TRAIN; GLOBAL when the run has no TRAIN
 steps; ``mode`` picks another). A rising validation loss is Overfit's and Overtraining's
 finding, not this rule's. The rule needs 2 x ``window`` saved losses before it can judge (a
@@ -249,6 +255,8 @@ class LossNotDecreasing(Rule):
                 continue
             series.last_evaluated = mode_step
             evaluated[name] = self._judge_windows(name, series, mode_step)
+            if evaluated[name]["fired"] and self._competing():
+                evaluated[name].update(kind="competing objectives", fired=False, certain=False)
         if not evaluated:
             return None
         self._judged = True
@@ -288,8 +296,13 @@ class LossNotDecreasing(Rule):
                 return facts
         return facts
 
+    def _competing(self) -> bool:
+        return getattr(self.base_trial, "independent_optimizers", 1) > 1
+
     def _plateau(self) -> StepResult | None:
         """The whole-run "not learning" verdict (calibrated), given when training ended."""
+        if self._competing():
+            return None
         width = self.window
         for name, series in sorted(self._series.items()):
             if series.count < 2 * width:
