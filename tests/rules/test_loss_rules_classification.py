@@ -332,3 +332,27 @@ def test_stalled_training_counts_from_rule_start_when_no_step_appears(tmp_path):
     assert rule.check_idle(time.time()) is None
     result = rule.check_idle(time.time() + 6)
     assert result.fired and result.step == -1 and "no step yet" in result.message
+
+
+def test_class_imbalance_does_not_judge_a_vocabulary(tmp_path):
+    """A language model's labels are its next tokens (batch x sequence length of its integer
+    input): their frequencies follow Zipf's law (a healthy tiny transformer LM fired 'class 46
+    has 14x as many labels as class 2' at step 0). Per-sample labels of the same counts fire."""
+    rng = np.random.default_rng(0)
+    vocabulary = 50
+    zipf = 1.0 / np.arange(1, vocabulary + 1)
+    zipf /= zipf.sum()
+    token_steps, sample_steps = {}, {}
+    for step in range(10):
+        tokens = rng.choice(vocabulary, size=(8, 17), p=zipf)
+        labels = tokens[:, 1:].reshape(-1)
+        logits = rng.normal(size=(labels.size, vocabulary)).astype(np.float32)
+        common = {"CrossEntropyLoss_input_0": logits, "CrossEntropyLoss_input_1": labels,
+                  "LM_emb.weight": np.ones((vocabulary, 4), dtype=np.float32)}  # fmt: skip
+        token_steps[step] = {**common, "LM_input_0": tokens[:, :-1]}
+        sample_steps[step] = {**common, "LM_input_0": rng.normal(size=(labels.size, 4)).astype(np.float32)}
+    tokens_run = write_run(tmp_path / "lm", token_steps, collections=LOSS_INPUTS)
+    results = evaluate_rule(tokens_run, "ClassImbalance")
+    assert first_firing(results) is None and results[-1].details["token_level"] is True
+    samples_run = write_run(tmp_path / "samples", sample_steps, collections=LOSS_INPUTS)
+    assert first_firing(evaluate_rule(samples_run, "ClassImbalance")) is not None

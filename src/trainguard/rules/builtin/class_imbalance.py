@@ -22,7 +22,9 @@ whose steps are boosting rounds; unset = this automatic choice), and mispredicti
 over a sliding window instead of since the start. SageMaker counts mispredictions from the
 first step, when an untrained model mispredicts almost every class, so the documented rule
 fires on every healthy run; the imbalance check is unchanged (label counts do not depend on
-training progress). ``threshold_misprediction`` keeps its documented 0.7. And a class-specific
+training progress). ``threshold_misprediction`` keeps its documented 0.7. Labels given per token
+of an integer model input (a language model's next tokens: labels = batch x sequence length of
+the token ids it reads) follow a vocabulary's Zipf law: the imbalance check does not judge them. And a class-specific
 failure is what the misprediction check reports: when most classes are mispredicted, the model
 has not learned yet (a slow start, a warm-up: measured, an MLP on learnable labels still
 predicting one class of ten at step 170), or cannot learn (random labels, a learning rate far too
@@ -50,6 +52,7 @@ from trainguard.rules.builtin._classification import (
     label_prediction_pairs,
     regex_problem,
 )
+from trainguard.rules.builtin._helpers import model_inputs
 from trainguard.rules.builtin._losses import fmt, is_complete, read_values
 from trainguard.rules.params import Param
 
@@ -107,6 +110,7 @@ class ClassImbalance(Rule):
         self._tracked_up_to = -1
         self._at_last_step: tuple[int, dict[int, float], dict[str, Any]] | None = None
         self._not_classes = 0  # label tensors read that hold no class ids (regression targets)
+        self._token_level: bool | None = None  # labels per token of an integer input (see check)
 
     def finish(self) -> StepResult | None:
         if self._at_last_step is not None and self.base_trial.training_ended:
@@ -150,7 +154,9 @@ class ClassImbalance(Rule):
         details["imbalance_ratio"] = ratio
         rates = self._misprediction_rates()
         details["misprediction_rates"] = rates
-        if ratio > self.threshold_imbalance:
+        if self._token_level:
+            details["token_level"] = True  # a vocabulary's frequencies: Zipf's law, not a fault
+        elif ratio > self.threshold_imbalance:
             rare = min(self._counts, key=lambda c: self._counts[c])
             common = max(self._counts, key=lambda c: self._counts[c])
             return self.issue(
@@ -223,6 +229,8 @@ class ClassImbalance(Rule):
                 self._not_classes += 1
                 continue
             y, predicted = ids
+            if self._token_level is None:
+                self._token_level = self._targets_per_token(step, values[label_name])
             for cls, count in zip(*np.unique(y, return_counts=True), strict=False):
                 self._counts[int(cls)] = self._counts.get(int(cls), 0) + int(count)
             if step >= self._misprediction_start() and y.size:
@@ -230,6 +238,19 @@ class ClassImbalance(Rule):
                 self._window_size += y.size
                 while self._window and self._window_size - self._window[0][0].size >= self.samples:
                     self._window_size -= self._window.popleft()[0].size
+
+    def _targets_per_token(self, step: int, labels: np.ndarray) -> bool | None:
+        """Whether the labels are one per token of the model's integer input (a language model's
+        next tokens, a tagger's tags) rather than one per sample; None while no input is seen."""
+        names = model_inputs(self.base_trial, step)
+        if not names:
+            return None
+        for value in read_values(self.base_trial, names, step).values():
+            array = np.asarray(value)
+            if array.dtype.kind in "iu" and array.ndim >= 2 and array.shape[1] > 1:
+                per_sample = int(array.shape[0])
+                return np.asarray(labels).size == per_sample * int(array.shape[1])
+        return False
 
     def _misprediction_start(self) -> int:
         if self.misprediction_start_step is not None:
