@@ -356,3 +356,18 @@ def test_class_imbalance_does_not_judge_a_vocabulary(tmp_path):
     assert first_firing(results) is None and results[-1].details["token_level"] is True
     samples_run = write_run(tmp_path / "samples", sample_steps, collections=LOSS_INPUTS)
     assert first_firing(evaluate_rule(samples_run, "ClassImbalance")) is not None
+
+
+def test_class_imbalance_does_not_judge_pixels(tmp_path):
+    """Segmentation: one label per pixel of a float image; the background outnumbers the object
+    by far in every healthy data set."""
+    rng = np.random.default_rng(1)
+    steps = {}
+    for step in range(6):
+        images = rng.normal(size=(4, 3, 8, 8)).astype(np.float32)
+        masks = (rng.random((4, 8, 8)) < 0.04).astype(np.int64)  # 4 % object pixels
+        steps[step] = {"Seg_input_0": images, "Seg_conv.weight": np.ones((2, 3, 1, 1), dtype=np.float32),
+                       "CrossEntropyLoss_input_0": rng.normal(size=(4, 2, 8, 8)).astype(np.float32),
+                       "CrossEntropyLoss_input_1": masks}  # fmt: skip
+    results = evaluate_rule(write_run(tmp_path / "seg", steps, collections=LOSS_INPUTS), "ClassImbalance:samples=200")
+    assert first_firing(results) is None and results[-1].details["token_level"] is True

@@ -22,9 +22,10 @@ whose steps are boosting rounds; unset = this automatic choice), and mispredicti
 over a sliding window instead of since the start. SageMaker counts mispredictions from the
 first step, when an untrained model mispredicts almost every class, so the documented rule
 fires on every healthy run; the imbalance check is unchanged (label counts do not depend on
-training progress). ``threshold_misprediction`` keeps its documented 0.7. Labels given per token
-of an integer model input (a language model's next tokens: labels = batch x sequence length of
-the token ids it reads) follow a vocabulary's Zipf law: the imbalance check does not judge them. And a class-specific
+training progress). ``threshold_misprediction`` keeps its documented 0.7. Several labels per
+sample of the model's input (a language model's next tokens, batch x sequence length of the token
+ids it reads; a segmentation's pixels; a multi-label's indicators) are frequencies of a vocabulary,
+a background or a sparsity, not a sampling fault: the imbalance check judges one label per sample. And a class-specific
 failure is what the misprediction check reports: when most classes are mispredicted, the model
 has not learned yet (a slow start, a warm-up: measured, an MLP on learnable labels still
 predicting one class of ten at step 170), or cannot learn (random labels, a learning rate far too
@@ -110,7 +111,7 @@ class ClassImbalance(Rule):
         self._tracked_up_to = -1
         self._at_last_step: tuple[int, dict[int, float], dict[str, Any]] | None = None
         self._not_classes = 0  # label tensors read that hold no class ids (regression targets)
-        self._token_level: bool | None = None  # labels per token of an integer input (see check)
+        self._token_level: bool | None = None  # several labels per input sample (_targets_per_token)
 
     def finish(self) -> StepResult | None:
         if self._at_last_step is not None and self.base_trial.training_ended:
@@ -155,7 +156,7 @@ class ClassImbalance(Rule):
         rates = self._misprediction_rates()
         details["misprediction_rates"] = rates
         if self._token_level:
-            details["token_level"] = True  # a vocabulary's frequencies: Zipf's law, not a fault
+            details["token_level"] = True  # several labels per sample: a vocabulary, pixels
         elif ratio > self.threshold_imbalance:
             rare = min(self._counts, key=lambda c: self._counts[c])
             common = max(self._counts, key=lambda c: self._counts[c])
@@ -240,16 +241,17 @@ class ClassImbalance(Rule):
                     self._window_size -= self._window.popleft()[0].size
 
     def _targets_per_token(self, step: int, labels: np.ndarray) -> bool | None:
-        """Whether the labels are one per token of the model's integer input (a language model's
-        next tokens, a tagger's tags) rather than one per sample; None while no input is seen."""
+        """Whether there are several labels per sample of the model's input (a language model's
+        next tokens, a tagger's tags, a segmentation's pixels, a multi-label's indicators) rather
+        than one; None while no model input is seen."""
         names = model_inputs(self.base_trial, step)
         if not names:
             return None
         for value in read_values(self.base_trial, names, step).values():
             array = np.asarray(value)
-            if array.dtype.kind in "iu" and array.ndim >= 2 and array.shape[1] > 1:
-                per_sample = int(array.shape[0])
-                return np.asarray(labels).size == per_sample * int(array.shape[1])
+            if array.ndim >= 2 and array.shape[0] > 0:
+                size = np.asarray(labels).size
+                return size % array.shape[0] == 0 and size // array.shape[0] > 1
         return False
 
     def _misprediction_start(self) -> int:
