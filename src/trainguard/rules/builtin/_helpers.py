@@ -201,11 +201,11 @@ def model_inputs(trial: Any, step: int) -> list[str]:
 
 
 def _without_chained_inputs(trial: Any, step: int, inputs: list[str]) -> list[str]:
-    roots = {re.sub(r"_input_\d+$", "", name) for name in inputs}
-    if len(roots) < 2:
+    if not inputs:
         return inputs
-    outputs = [name for name in names_at(trial, step)
-               if (match := re.match(r"^(.*)_output_\d+$", name)) and match.group(1) in roots]  # fmt: skip
+    # Outputs of model-level modules (class names: capitalised, no child path), whether or not
+    # their parameters are known yet to a live reader.
+    outputs = [name for name in names_at(trial, step) if re.match(r"^[A-Z][^.]*_output_\d+$", name)]
     if not outputs:
         return inputs
     values = read_values(trial, [*inputs, *outputs], step)
