@@ -371,3 +371,15 @@ def test_class_imbalance_does_not_judge_pixels(tmp_path):
                        "CrossEntropyLoss_input_1": masks}  # fmt: skip
     results = evaluate_rule(write_run(tmp_path / "seg", steps, collections=LOSS_INPUTS), "ClassImbalance:samples=200")
     assert first_firing(results) is None and results[-1].details["token_level"] is True
+
+
+def test_class_imbalance_says_a_regression_or_distillation_run_is_not_classification(tmp_path):
+    for loss in ("MSELoss_output_0", "loss_kl_div_output_0"):
+        run = write_run(tmp_path / loss, {s: {loss: 0.5, "fc.weight": np.ones(2)} for s in range(3)})
+        result = evaluate_rule(run, "ClassImbalance")[-1]
+        assert result.not_evaluated and "not class labels" in result.message, result.message
+        assert loss.removeprefix("loss_").removesuffix("_output_0") in result.message
+    # a classification loss without its inputs saved: the capture is what is missing
+    run = write_run(tmp_path / "ce", {s: {"CrossEntropyLoss_output_0": 0.5} for s in range(3)})
+    result = evaluate_rule(run, "ClassImbalance")[-1]
+    assert result.missing and "save the collection 'labels'" in result.message

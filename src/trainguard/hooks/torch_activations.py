@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
+from trainguard.config import loss_kinds
 from trainguard.hooks.fail_open import fail_open
 
 __all__ = [
@@ -128,25 +129,10 @@ def is_loss_module(module: torch.nn.Module) -> bool:
     return type(module).__name__.endswith("Loss")
 
 
-# Losses whose target is not one class label per prediction (by module class and functional
-# name): regression targets, a teacher's distribution (KL-divergence distillation), pair
-# similarities, sequences. Their inputs are not filed as predictions and labels: integer-valued
-# regression targets or a teacher's argmax would otherwise read as classes to ClassImbalance
-# and Confusion. Any other loss, a user's own (FocalLoss) included, is taken as classification.
-_NON_CLASS_TARGET_LOSSES = frozenset({
-    "KLDivLoss", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "PoissonNLLLoss", "GaussianNLLLoss",
-    "CosineEmbeddingLoss", "MarginRankingLoss", "HingeEmbeddingLoss", "TripletMarginLoss",
-    "TripletMarginWithDistanceLoss", "CTCLoss",
-    "kl_div", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "poisson_nll_loss", "gaussian_nll_loss",
-    "cosine_embedding_loss", "margin_ranking_loss", "hinge_embedding_loss", "triplet_margin_loss", "ctc_loss",
-})  # fmt: skip
-
-
 def has_class_targets(loss: torch.nn.Module | str) -> bool:
     """Whether a loss module (or ``torch.nn.functional`` loss, by name) compares predictions with
-    class labels."""
-    name = loss if isinstance(loss, str) else type(loss).__name__
-    return name not in _NON_CLASS_TARGET_LOSSES
+    class labels (see :mod:`trainguard.config.loss_kinds`)."""
+    return loss_kinds.has_class_targets(loss if isinstance(loss, str) else type(loss).__name__)
 
 
 class FunctionalActivations:

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.config.loss_kinds import has_class_targets, loss_kind_of_tensor
 from trainguard.rules.base import MissingTensor, Rule, StepResult
 from trainguard.rules.builtin._classification import (
     class_ids,
@@ -140,6 +141,12 @@ class ClassImbalance(Rule):
         pairs = self._pairs(step)
         if not pairs:
             if trial.training_ended and not self._counts and not self._has_any_labels():
+                other = self._losses_without_class_targets()
+                if other:
+                    return self.not_evaluated(
+                        f"the run's losses ({', '.join(other)}) compare predictions with regression or distribution "
+                        "targets, not class labels; ClassImbalance judges classification runs", step,
+                    )  # fmt: skip
                 return self.missing(step, MissingTensor("labels and predictions (loss inputs)", "labels"),
                                     MissingTensor("predictions", "predictions"))
             return None
@@ -212,6 +219,17 @@ class ClassImbalance(Rule):
         predicted = np.concatenate([item[1] for item in self._window])
         others = np.isin(y, [c for c in judged if c not in bad])
         return bool(others.any()) and float(np.mean(predicted[others] != y[others])) <= 1 - self.threshold_misprediction
+
+    def _losses_without_class_targets(self) -> list[str]:
+        """The run's losses, when every one is known not to take class labels (MSELoss, kl_div...)."""
+        trial = self.base_trial
+        if "losses" not in trial.collections():
+            return []
+        kinds = {loss_kind_of_tensor(name) for name in trial.tensor_names(collection="losses")}
+        kinds.discard("backward")  # the zero-code hook's loss of a backward() without a loss function
+        if not kinds or None in kinds or any(has_class_targets(kind) for kind in kinds if kind):
+            return []
+        return sorted(kind for kind in kinds if kind)
 
     def _has_any_labels(self) -> bool:
         trial = self.base_trial
