@@ -30,6 +30,7 @@ __all__ = [
     "parse_index_key",
     "WORKERS_ENDED_PREFIX",
     "worker_end_key",
+    "worker_of_collections_key",
     "worker_name",
 ]
 
@@ -66,6 +67,12 @@ def index_key(step: int, worker: str) -> str:
 
 def collections_key(worker: str) -> str:
     return f"{COLLECTIONS_PREFIX}{worker}_collections.json"
+
+
+def worker_of_collections_key(key: str) -> str | None:
+    """``worker_1`` for ``collections/000000000/worker_1_collections.json``; None for other keys."""
+    match = _COLLECTIONS_RE.match(key)
+    return match.group(1).removesuffix("_collections") if match else None
 
 
 def is_collections_key(key: str) -> bool:

@@ -24,7 +24,13 @@ import threading
 import time
 
 from trainguard.errors import ConfigError, StorageError
-from trainguard.format.layout import COLLECTIONS_PREFIX, END_OF_TRAINING, worker_end_key, worker_name
+from trainguard.format.layout import (
+    COLLECTIONS_PREFIX,
+    END_OF_TRAINING,
+    worker_end_key,
+    worker_name,
+    worker_of_collections_key,
+)
 from trainguard.storage import Store
 
 __all__ = ["DEFAULT_PEER_WAIT_SECONDS", "mark_end_after_peers", "peer_wait_seconds", "start_end_marker_thread"]
@@ -103,8 +109,7 @@ def _workers_with_collections(store: Store) -> set[str]:
         keys = store.list(COLLECTIONS_PREFIX)
     except StorageError:
         return set()
-    suffix = "_collections.json"
-    return {key.rsplit("/", 1)[-1].removesuffix(suffix) for key in keys if key.endswith(suffix)}
+    return {worker for key in keys if (worker := worker_of_collections_key(key)) is not None}
 
 
 def _exists(store: Store, key: str) -> bool:

@@ -112,7 +112,7 @@ class ClassImbalance(Rule):
         self._tracked_up_to = -1
         self._at_last_step: tuple[int, dict[int, float], dict[str, Any]] | None = None
         self._not_classes = 0  # label tensors read that hold no class ids (regression targets)
-        self._token_level: bool | None = None  # several labels per input sample (_targets_per_token)
+        self._dense_labels: bool | None = None  # several labels per input sample
 
     def finish(self) -> StepResult | None:
         if self._at_last_step is not None and self.base_trial.training_ended:
@@ -162,7 +162,7 @@ class ClassImbalance(Rule):
         details["imbalance_ratio"] = ratio
         rates = self._misprediction_rates()
         details["misprediction_rates"] = rates
-        if self._token_level:
+        if self._dense_labels:
             details["token_level"] = True  # several labels per sample: a vocabulary, pixels
         elif ratio > self.threshold_imbalance:
             rare = min(self._counts, key=lambda c: self._counts[c])
@@ -248,8 +248,8 @@ class ClassImbalance(Rule):
                 self._not_classes += 1
                 continue
             y, predicted = ids
-            if self._token_level is None:
-                self._token_level = self._targets_per_token(step, values[label_name])
+            if self._dense_labels is None:
+                self._dense_labels = self._several_labels_per_sample(step, values[label_name])
             for cls, count in zip(*np.unique(y, return_counts=True), strict=False):
                 self._counts[int(cls)] = self._counts.get(int(cls), 0) + int(count)
             if step >= self._misprediction_start() and y.size:
@@ -258,7 +258,7 @@ class ClassImbalance(Rule):
                 while self._window and self._window_size - self._window[0][0].size >= self.samples:
                     self._window_size -= self._window.popleft()[0].size
 
-    def _targets_per_token(self, step: int, labels: np.ndarray) -> bool | None:
+    def _several_labels_per_sample(self, step: int, labels: np.ndarray) -> bool | None:
         """Whether there are several labels per sample of the model's input (a language model's
         next tokens, a tagger's tags, a segmentation's pixels, a multi-label's indicators) rather
         than one; None while no model input is seen."""
