@@ -3,12 +3,14 @@
 Each stack is a training script in bench/stacks/ (a small ~1 ms-step MLP, the same compiled with
 torch.compile, the reference CNN, a Hugging Face ``Trainer`` on a tiny BERT built from a config,
 PyTorch Lightning ``Trainer.fit``), sized so that its training loop runs about 30 s on a quiet
-2-core machine. The variants of one stack run back to back, their order rotated each repetition,
-so they share the machine's state; ratios are taken within one repetition and their median
-reported. Measured per run: the loop's own wall time (printed by the script, start-up excluded),
-the whole command's wall time (start-up, capture flush and the rule runner's finish included) and
-the peak RSS of the largest process of the run (``wait4``: the training process under
-``trainguard run``).
+2-core machine. By default (``--schedule turns``) the variants of one stack run at the same time,
+taking turns of one second each (bench/time_slices.py: only one variant's process tree runs at a
+time), so that the machine's drift hits all of them alike; ``--schedule sequential`` runs them
+back to back instead, their order rotated each repetition. Ratios are taken within one
+repetition and their median reported. Measured per run: the loop's own time (its span printed by
+the script, start-up excluded; with turns, the variant's own turns within that span), the whole
+command's time (start-up, capture flush and the rule runner's finish included) and the peak RSS
+of the largest process of the run (``wait4``: the training process under ``trainguard run``).
 
 ``--load`` adds a condition with the other core kept busy (one spinning process, as a
 data-loader worker would), measured after the quiet one in the same invocation.
@@ -30,6 +32,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from time_slices import run_in_turns  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STACKS: dict[str, tuple[str, list[str], int]] = {
@@ -71,10 +77,40 @@ def command(stack: str, variant: str, scale: float, device: str = "cpu") -> list
     return [*runner, "--rules", "--", *script]
 
 
-def run_once(argv: list[str]) -> dict[str, float]:
+def _environment(hash_seed: int | None = None) -> dict[str, str]:
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if hash_seed is not None:
+        # Python's string hashing lays out every dict; a random seed per process moved identical
+        # processes +-5-13 % apart here (bench/time_slices.py). One seed for all variants of a
+        # repetition, another for the next: the variants differ by what they run, not by luck.
+        environment["PYTHONHASHSEED"] = str(hash_seed)
+    return environment
+
+
+def run_in_turns_once(
+    argvs: dict[str, list[str]], slice_seconds: float, hash_seed: int | None = None
+) -> dict[str, dict[str, float]]:
+    """Every variant's loop seconds (its own turns within its loop), command seconds (all its
+    turns) and peak RSS, run at the same time taking turns, each in a fresh directory."""
+    with tempfile.TemporaryDirectory(prefix="tg-stacks-") as root:
+        cwd_of = {name: os.path.join(root, name) for name in argvs}
+        for cwd in cwd_of.values():
+            os.mkdir(cwd)
+        runs = run_in_turns(argvs, cwd_of=cwd_of, env=_environment(hash_seed), slice_seconds=slice_seconds)
+        results = {}
+        for name, run in runs.items():
+            span = run.loop_span()
+            if run.returncode != 0 or span is None:
+                raise RuntimeError(f"{' '.join(run.argv)} exited {run.returncode}:\n{run.text()[-3000:]}")
+            results[name] = {"loop_s": run.active_seconds(*span), "command_s": run.active_seconds(),
+                             "peak_rss_mib": run.peak_rss_mib}  # fmt: skip
+        return results
+
+
+def run_once(argv: list[str], hash_seed: int | None = None) -> dict[str, float]:
     """Loop seconds, command seconds and peak RSS (MiB) of one run in a fresh directory."""
     with tempfile.TemporaryDirectory(prefix="tg-stack-") as cwd:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        env = _environment(hash_seed)
         started = time.perf_counter()
         with tempfile.TemporaryFile(mode="w+") as out:
             process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -96,24 +132,29 @@ def measure(
     condition: str,
     device: str = "cpu",
     variants: tuple[str, ...] = VARIANTS,
+    slice_seconds: float | None = 1.0,
 ) -> list[dict]:
+    """Every variant of every stack, ``reps`` times; ``slice_seconds`` None runs the variants
+    back to back instead of at once in turns."""
     rows = []
     for rep in range(reps):
         for stack in stacks:
             order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
-            mine = []
+            try:
+                if slice_seconds is None:
+                    results = {variant: run_once(command(stack, variant, scale, device), rep) for variant in order}
+                else:
+                    argvs = {variant: command(stack, variant, scale, device) for variant in order}
+                    results = run_in_turns_once(argvs, slice_seconds, hash_seed=rep)
+            except RuntimeError as error:  # one broken stack must not cost the others' figures
+                print(f"[{condition} rep {rep}] {stack} FAILED: {error}", file=sys.stderr, flush=True)
+                continue
             for variant in order:
-                try:
-                    result = run_once(command(stack, variant, scale, device))
-                except RuntimeError as error:  # one broken stack must not cost the others' figures
-                    print(f"[{condition} rep {rep}] {stack} {variant} FAILED: {error}", file=sys.stderr, flush=True)
-                    mine = []
-                    break
-                mine.append({"condition": condition, "rep": rep, "stack": stack, "variant": variant, **result})
+                result = results[variant]
+                rows.append({"condition": condition, "rep": rep, "stack": stack, "variant": variant, **result})
                 print(f"[{condition} rep {rep}] {stack:13s} {variant:17s} loop {result['loop_s']:7.2f} s  "
                       f"command {result['command_s']:7.2f} s  peak RSS {result['peak_rss_mib']:6.0f} MiB",
                       file=sys.stderr, flush=True)  # fmt: skip
-            rows += mine
     return rows
 
 
@@ -129,23 +170,27 @@ def summarise(rows: list[dict]) -> list[dict]:
         plain = [by[(rep, "plain")] for rep in reps]
         for variant in dict.fromkeys(r["variant"] for r in mine):
             runs = [by[(rep, variant)] for rep in reps]
+            ratios = [r["loop_s"] / p["loop_s"] for r, p in zip(runs, plain, strict=True)]
+            command_ratios = [r["command_s"] / p["command_s"] for r, p in zip(runs, plain, strict=True)]
             table.append({
                 "condition": condition, "stack": stack, "variant": variant,
                 "loop_s": statistics.median(r["loop_s"] for r in runs),
-                "loop_ratio": statistics.median(r["loop_s"] / p["loop_s"] for r, p in zip(runs, plain, strict=True)),
+                "loop_ratio": statistics.median(ratios),
+                "loop_ratio_min": min(ratios), "loop_ratio_max": max(ratios),
                 "command_s": statistics.median(r["command_s"] for r in runs),
-                "command_ratio": statistics.median(r["command_s"] / p["command_s"] for r, p in zip(runs, plain, strict=True)),
+                "command_ratio": statistics.median(command_ratios),
                 "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
             })  # fmt: skip
     return table
 
 
 def render(table: list[dict], reps: int) -> str:
-    lines = [f"| condition | stack | variant | loop s | loop ratio | command s | command ratio | peak RSS MiB |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| condition | stack | variant | loop s | loop ratio | loop ratio range | command s | command ratio "
+             "| peak RSS MiB |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in table:
         lines.append(f"| {row['condition']} | {row['stack']} | {row['variant']} | {row['loop_s']:.2f} | "
-                     f"{row['loop_ratio']:.3f}x | {row['command_s']:.2f} | {row['command_ratio']:.3f}x | "
+                     f"{row['loop_ratio']:.3f}x | {row['loop_ratio_min']:.3f}-{row['loop_ratio_max']:.3f} | "
+                     f"{row['command_s']:.2f} | {row['command_ratio']:.3f}x | "
                      f"{row['peak_rss_mib']:.0f} |")  # fmt: skip
     lines.append(f"\nmedians over {reps} repetition(s); ratios against plain python within each repetition")
     return "\n".join(lines)
@@ -164,7 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the runs and the table here")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(ALL_VARIANTS),
                         help="plain is always run (ratios are against it)")  # fmt: skip
+    parser.add_argument("--schedule", choices=["turns", "sequential"], default="turns",
+                        help="turns: a stack's variants at once, one running at a time (bench/time_slices.py); "
+                        "sequential: one after the other")  # fmt: skip
+    parser.add_argument("--slice", type=float, default=1.0, help="seconds per turn (--schedule turns)")
     args = parser.parse_args(argv)
+    slice_seconds = args.slice if args.schedule == "turns" else None
     variants = tuple(dict.fromkeys(["plain", *args.variants]))
     scale = 0.01 if args.quick else args.scale
     conditions = {"no": ["quiet"], "yes": ["quiet", "loaded"], "only": ["loaded"]}[args.load]
@@ -175,15 +225,15 @@ def main(argv: list[str] | None = None) -> int:
         if condition == "loaded":
             spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
-            rows += measure(args.stacks, args.reps, scale, condition, args.device, variants)
+            rows += measure(args.stacks, args.reps, scale, condition, args.device, variants, slice_seconds)
         finally:
             if spinner is not None:
                 spinner.kill()
                 spinner.wait()
     table = summarise(rows)
     print(render(table, args.reps))
-    print(f"load average after: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs; "
-          f"trainguard run's default save interval; torch threads 1", file=sys.stderr)  # fmt: skip
+    print(f"load average after: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs; trainguard run's default "
+          f"save interval; torch threads 1; schedule {args.schedule}", file=sys.stderr)  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"runs": rows, "table": table}, indent=1), encoding="utf-8")
     return 0

@@ -25,8 +25,11 @@ class LoopTimer:
 
     def __exit__(self, *exc: object) -> None:
         self._synchronize()
-        # bench/real_stacks.py reads this line from stdout
-        print(f"BENCH_LOOP_SECONDS={time.perf_counter() - self.started:.4f}", flush=True)
+        ended = time.perf_counter()
+        # bench/real_stacks.py reads these lines from stdout; the span's ends are CLOCK_MONOTONIC
+        # (perf_counter on Linux), comparable across processes (bench/time_slices.py)
+        print(f"BENCH_LOOP_SECONDS={ended - self.started:.4f}", flush=True)
+        print(f"BENCH_LOOP_SPAN={self.started:.6f} {ended:.6f}", flush=True)
 
     def _synchronize(self) -> None:
         if self.device == "cuda":
