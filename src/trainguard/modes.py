@@ -13,6 +13,11 @@ class ModeKeys(enum.Enum):
     PREDICT = 3
     GLOBAL = 4
 
+    # Identity hash, in C: Enum's own __hash__ is a Python function, and the step counters are
+    # dicts keyed by mode that every unsaved training step updates (members are singletons, and
+    # equality is identity, so this hash agrees with ==).
+    __hash__ = object.__hash__
+
     @classmethod
     def parse(cls, value: ModeKeys | str | int) -> ModeKeys:
         """Accept a mode, its name (any case) or its number."""

@@ -66,6 +66,23 @@ def eager(function: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compiler.disable(function, recursive=True)
 
 
+def skip_in_dynamo(*functions: Callable[..., Any]) -> bool:
+    """Mark plain functions (not bound methods) so that Dynamo neither compiles their frames nor
+    inlines them (a traced model breaks its graph where it would call one), at no cost per call:
+    :func:`eager` wraps with a function that costs about five Python calls, each one more thing an
+    unsaved step pays. Frames they call are not covered: such functions may call only C
+    functions, each other and :func:`eager` ones. False where this PyTorch has no such marking
+    (``torch._dynamo.decorators.skip``, not public): then use :func:`eager`."""
+    try:
+        from torch._dynamo.decorators import skip
+    except ImportError:
+        return False
+    for function in functions:
+        if not getattr(function, "_torchdynamo_disable", False):
+            skip(function)
+    return True
+
+
 def _flatten_tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -133,6 +150,12 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
         self._loss_modules: list[weakref.ref[torch.nn.Module]] = []
         self._module_hook_handles: list[Any] = []
         self._forward_hook = eager(self._after_forward)
+        # The root's pre-hook: its quiet path (the usual unsaved step) runs no Python of ours but
+        # these two functions, which Dynamo skips; the rest goes through eager() ones.
+        skipped = skip_in_dynamo(TorchHook._root_pre_forward, TorchHook._quiet_step)
+        self._root_pre_hook = self._root_pre_forward if skipped else eager(self._root_pre_forward)
+        self._general_root_pre_forward = eager(self._root_pre_forward_general)
+        self._eager_mark_quiet_step = eager(self._mark_quiet_step)
         # id(root) -> its pre-hook's handle, while the root itself drives its steps (not a wrapper)
         self._root_hooks: dict[int, Any] = {}
         self._wrapped_roots: set[int] = set()
@@ -207,7 +230,7 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
             wrapper, module = module, module._orig_mod
         self._name_tree(module)
         self._registered_roots.append(weakref.ref(module))
-        self._root_hooks[id(module)] = module.register_forward_pre_hook(eager(self._root_pre_forward))
+        self._root_hooks[id(module)] = module.register_forward_pre_hook(self._root_pre_hook)
         if wrapper is not None:
             self._drive_from_wrapper(wrapper)
         elif self._watch_handle is None:
@@ -236,9 +259,15 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
         return ModeKeys.TRAIN if module.training and torch.is_grad_enabled() else ModeKeys.EVAL
 
     def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        # Registered as it is where Dynamo can skip it (skip_in_dynamo), through eager() elsewhere
+        if self._released:
+            return  # capture was disabled and every other hook taken away: one check per step
+        if not self._quiet_step(module):
+            self._general_root_pre_forward(module, args)
+
+    def _root_pre_forward_general(self, module: torch.nn.Module, args: Any) -> None:
         if self.enabled:
-            if not self._quiet_step(module):
-                self._root_step(module)
+            self._root_step(module)
         elif not self._released:
             self._release_hooks()
 
@@ -318,7 +347,7 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
         self.step += 1
         self.mode_steps[ModeKeys.TRAIN] += 1
         if not self._quiet_steps and self._budget is not None:
-            self._mark_quiet_step()
+            self._eager_mark_quiet_step()
         return True
 
     @fail_open

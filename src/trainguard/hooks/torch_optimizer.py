@@ -106,8 +106,25 @@ class OptimizerSteps:
             if parameter.grad is not None:
                 self.hold_torch_tensor(name, parameter.grad)
 
-    @fail_open
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # The usual step: an optimizer seen before, the first to step since the forward, of a
+        # TRAIN step of an optimizer-driven run. The general path would only set this flag; an
+        # unsaved step should cost a few attribute checks.
+        if not self.enabled:
+            return
+        if (
+            not self._end_pending
+            and self.mode is ModeKeys.TRAIN
+            and self._optimizer_driven
+            and self._presumed_forwards is None
+            and id(optimizer) in self._optimizer_parameters
+        ):
+            self._end_pending = True
+            return
+        self._after_optimizer_step_general(optimizer, args, kwargs)
+
+    @fail_open
+    def _after_optimizer_step_general(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._roots:
             after_another = self._end_pending  # an optimizer stepped since the last forward
             self._optimizer_driven = True

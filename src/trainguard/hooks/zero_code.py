@@ -125,7 +125,7 @@ class ZeroCodeHook(TorchHook):
     def _on_root_forward(self, module: torch.nn.Module) -> None:
         if not any(reference() is module for reference, _ in self._roots):
             self._name_tree(module)
-        self._root_hooks[id(module)] = module.register_forward_pre_hook(eager(self._root_pre_forward))
+        self._root_hooks[id(module)] = module.register_forward_pre_hook(self._root_pre_hook)
         self.root_forward(module)
 
     @fail_open
@@ -136,9 +136,9 @@ class ZeroCodeHook(TorchHook):
         self._drive_from_wrapper(wrapper)
         self._wrapper_pre_forward(wrapper, args)
 
-    def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+    def _root_pre_forward_general(self, module: torch.nn.Module, args: Any) -> None:
         active = bool(self._global_handles)
-        super()._root_pre_forward(module, args)
+        super()._root_pre_forward_general(module, args)
         if self._global_handles and not active:
             # A saved step begins: the global hooks came too late for this root's own call.
             self._stack.append(module)
