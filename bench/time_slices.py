@@ -138,7 +138,6 @@ def _take_turn(run: SlicedRun, slice_seconds: float) -> None:
             run.turns.append((began, time.perf_counter()))
             run.returncode = os.waitstatus_to_exitcode(status)
             run.peak_rss_mib = usage.ru_maxrss / 1024
-            _signal_tree(pid, signal.SIGCONT)  # nothing of it may stay stopped (orphans finish)
             return
         now = time.perf_counter()
         if now >= deadline:
