@@ -55,6 +55,9 @@ WRITER_VARIANTS = {"trainguard_thread": "thread", "trainguard_process": "process
 OPTION_VARIANTS = {
     "trainguard_si1000": ["--save-interval", "1000"],
     "trainguard_rules_dense": ["--rules", "--overhead-budget", "0"],
+    # where the overhead budget ends on a fast step (losses every 100 steps, the rest every 500),
+    # fixed from the start: the default run's steady state without its timing-driven decisions
+    "trainguard_budget_caps": ["--config", str(Path(__file__).resolve().parent / "budget_caps.json")],
 }
 ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS)
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
 import time
 
 
@@ -20,12 +22,21 @@ class LoopTimer:
 
     def __enter__(self) -> LoopTimer:
         self._synchronize()
+        # bench/instructions.py: count instructions under callgrind over the loop only (start-up,
+        # imports and warm-up excluded) through a helper library issuing callgrind's requests
+        toggle = os.environ.get("BENCH_CALLGRIND_TOGGLE")
+        self._callgrind = ctypes.CDLL(toggle) if toggle else None
+        if self._callgrind is not None:
+            print(f"BENCH_LOOP_PID={os.getpid()}", flush=True)
+            self._callgrind.bench_collect_on()
         self.started = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._synchronize()
         ended = time.perf_counter()
+        if self._callgrind is not None:
+            self._callgrind.bench_collect_off()
         # bench/real_stacks.py reads these lines from stdout; the span's ends are CLOCK_MONOTONIC
         # (perf_counter on Linux), comparable across processes (bench/time_slices.py)
         print(f"BENCH_LOOP_SECONDS={ended - self.started:.4f}", flush=True)
