@@ -59,7 +59,9 @@ OPTION_VARIANTS = {
     # fixed from the start: the default run's steady state without its timing-driven decisions
     "trainguard_budget_caps": ["--config", str(Path(__file__).resolve().parent / "budget_caps.json")],
 }
-ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS)
+# ...and `--rules` with its rule runner at normal priority, as before it ran as batch work at nice 5
+ENV_VARIANTS = {"trainguard_rules_nice0": ("TRAINGUARD_RULES_NICE=0", ["--rules"])}
+ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS)
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 
 
@@ -77,6 +79,9 @@ def command(stack: str, variant: str, scale: float, device: str = "cpu") -> list
         return ["env", f"TRAINGUARD_WRITER={WRITER_VARIANTS[variant]}", *runner, "--", *script]
     if variant in OPTION_VARIANTS:
         return [*runner, *OPTION_VARIANTS[variant], "--", *script]
+    if variant in ENV_VARIANTS:
+        setting, options = ENV_VARIANTS[variant]
+        return ["env", setting, *runner, *options, "--", *script]
     return [*runner, "--rules", "--", *script]
 
 

@@ -274,3 +274,35 @@ def test_bad_rules_fail_before_training(tmp_path: Path) -> None:
                          sys.executable, "-c", "print('TRAINING RAN')")  # fmt: skip
     assert result.returncode == 2
     assert "unknown rule 'NoSuchRule'" in result.stderr and "TRAINING RAN" not in result.stdout
+
+
+def _runner_priority(watch) -> tuple[int, int]:
+    pid = watch._runner.pid
+    return os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid)
+
+
+def test_the_rule_runner_of_trainguard_run_gives_way_to_training(tmp_path: Path, monkeypatch) -> None:
+    """Batch scheduling at nice 5: behind training, ahead of the writer process (nice 10)."""
+    from trainguard.rules.autostop import RuleWatch
+
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    specs = [RuleSpec.parse("LossNotDecreasing")]
+    for variable, expected in (
+        (None, min(19, own + RuleWatch.NICE)),
+        ("0", own),
+        ("-3", min(19, own + RuleWatch.NICE)),
+    ):
+        if variable is None:
+            monkeypatch.delenv("TRAINGUARD_RULES_NICE", raising=False)
+        else:
+            monkeypatch.setenv("TRAINGUARD_RULES_NICE", variable)  # -3: not allowed, the default
+        watch = RuleWatch(str(tmp_path / f"run-{variable}"), specs)
+        watch.start()
+        try:
+            deadline = time.monotonic() + 60
+            # the runner lowers its own priority as it starts: wait for it (its imports take ~1 s)
+            while _runner_priority(watch) != (os.SCHED_BATCH, expected) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _runner_priority(watch) == (os.SCHED_BATCH, expected), variable
+        finally:
+            watch.training_finished(timeout=30)

@@ -77,6 +77,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="exit 0, not 4, when a rule could not evaluate the run (its data is missing) and none found an issue",
     )  # fmt: skip
     parser.add_argument("--end-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)
+    # trainguard run: evaluate as batch work at this nice value, so that training comes first
+    parser.add_argument("--background-nice", type=int, choices=range(20), help=argparse.SUPPRESS)
 
 
 def _specs_from_args(args: argparse.Namespace) -> list[Any]:
@@ -153,6 +155,10 @@ def format_update(update: Any) -> str:
 def run_rules(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from trainguard.rules.runner import RuleRunner
 
+    if getattr(args, "background_nice", None) is not None:
+        from trainguard.priority import yield_to_training
+
+        yield_to_training(args.background_nice)
     out = out or sys.stdout
     lock = threading.Lock()
 

@@ -35,6 +35,7 @@ from trainguard.hooks.writer_process import (
     SLOT_TAIL,
     SLOTS,
 )
+from trainguard.priority import yield_to_training
 from trainguard.reductions import reduce_array
 from trainguard.storage.local import LocalStore
 
@@ -203,33 +204,18 @@ def _reductions(array: np.ndarray, requested: tuple[tuple[str, bool], ...]) -> n
     return values
 
 
-def _yield_to_training(nice: int) -> None:
-    """Run as batch work: a message from the training thread wakes this process, and a normal
-    process would preempt the sender at once (measured: 0.47 ms per step's message on a busy
-    2-core machine, most of the training thread's cost); a batch process waits its turn."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError):  # not Linux, or not allowed: normal scheduling
-        pass
-    # Background work: on a saturated machine the rule runners, the API and training come first
-    # (measured, embedded SageMaker job at lr 100 with every step saved on 2 cores: with this
-    # process at nice 0 LossNotDecreasing stopped training at step 5,200 and 19,900 of 20,000;
-    # at nice 10, at step 1,100; the thread writer, 600). The ring's backpressure keeps capture at
-    # most a ring behind training.
-    if nice:
-        try:
-            os.nice(nice)
-        except OSError:
-            pass
-
-
 def main(argv: list[str]) -> int:
     # A Ctrl-C or a stop reaches the whole process group; this process ends when the training
     # process closes the pipe (after its own handlers ran), so that nothing handed over is lost.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     root, worker, ring_path, ring_size, fd, nice = argv
-    _yield_to_training(int(nice))
+    # Background work: on a saturated machine training and the rule runners come first
+    # (measured, embedded SageMaker job at lr 100 with every step saved on 2 cores: with this
+    # process at nice 0 LossNotDecreasing stopped training at step 5,200 and 19,900 of 20,000;
+    # at nice 10, at step 1,100; the thread writer, 600). The ring's backpressure keeps capture at
+    # most a ring behind training.
+    yield_to_training(int(nice))
     process = WriterProcess(root, worker, ring_path, int(ring_size))
     process.run(int(fd))
     return 0

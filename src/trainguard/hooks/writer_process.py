@@ -39,6 +39,7 @@ import numpy as np
 from trainguard.errors import TrainguardError
 from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource, WriterBase
 from trainguard.modes import ModeKeys
+from trainguard.priority import nice_from_environment
 from trainguard.storage.base import Store
 from trainguard.storage.local import LocalStore
 
@@ -131,21 +132,6 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _writer_nice() -> int:
-    raw = os.environ.get("TRAINGUARD_WRITER_NICE", "")
-    if not raw:
-        return ProcessStepWriter.NICE
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 19:
-        # read when capture starts, inside training: warn and go on rather than fail the job
-        logger.warning("trainguard: TRAINGUARD_WRITER_NICE=%r is not 0-19; using %d", raw, ProcessStepWriter.NICE)
-        return ProcessStepWriter.NICE
-    return value
-
-
 class ProcessStepWriter(WriterBase):
     """Writes one worker's steps to a local store from a separate process."""
 
@@ -157,7 +143,7 @@ class ProcessStepWriter(WriterBase):
     copies_at_hand_over = True
     WAKE_BYTES = 256 << 10  # descriptors go out before the step ends once this many bytes wait
     START_SECONDS = 30.0  # a writer process not running by then counts as failed
-    NICE = 10  # see writer_child._yield_to_training; TRAINGUARD_WRITER_NICE (0-19) overrides
+    NICE = 10  # see writer_child.main; TRAINGUARD_WRITER_NICE (0-19) overrides
 
     def __init__(
         self,
@@ -169,7 +155,7 @@ class ProcessStepWriter(WriterBase):
         on_error: Callable[[BaseException], None] | None = None,
         ring_bytes: int | None = None,
     ) -> None:
-        self.nice = _writer_nice()
+        self.nice = nice_from_environment("TRAINGUARD_WRITER_NICE", self.NICE)
         if not isinstance(store, LocalStore):
             raise WriterUnavailable(f"the writer process writes to local directories only, not {store.url}")
         ring = min(ring_bytes or self.RING_BYTES, max(max_pending_bytes, 1 << 20))

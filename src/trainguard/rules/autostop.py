@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainguard.priority import nice_from_environment
 from trainguard.rules.actions import spec_actions, stops_training
 from trainguard.rules.runner import StatusUpdate
 from trainguard.rules.spec import RuleSpec
@@ -87,7 +88,11 @@ class RuleWatch:
         poll_interval: the runner's poll interval (small: it bounds detection latency).
         endpoint_url: S3 endpoint when ``out_dir`` is ``s3://``.
         echo: where live findings are printed (None: silent).
+        nice: the runner's nice value; it runs as batch work, behind training and ahead of the
+            writer process (nice 10). Default: ``TRAINGUARD_RULES_NICE`` or 5.
     """
+
+    NICE = 5
 
     def __init__(
         self,
@@ -98,8 +103,10 @@ class RuleWatch:
         poll_interval: float = 0.1,
         endpoint_url: str | None = None,
         echo: Callable[[str], None] | None = None,
+        nice: int | None = None,
     ) -> None:
         self.out_dir = out_dir
+        self.nice = nice if nice is not None else nice_from_environment("TRAINGUARD_RULES_NICE", self.NICE)
         self.specs = list(specs)
         self.grace = grace
         self.poll_interval = poll_interval
@@ -127,6 +134,7 @@ class RuleWatch:
             sys.executable, "-m", "trainguard.rules.runner", self.out_dir,
             "--specs-json", json.dumps(document), "--json", "--end-on-stdin-eof",
             "--poll-interval", str(self.poll_interval), "--wait-timeout", str(7 * 24 * 3600),
+            "--background-nice", str(self.nice),
         ]  # fmt: skip
         if self.endpoint_url:
             command += ["--endpoint-url", self.endpoint_url]
