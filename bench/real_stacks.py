@@ -18,6 +18,7 @@ data-loader worker would), measured after the quiet one in the same invocation.
     python bench/real_stacks.py                                  # quiet and loaded, 1 repetition
     python bench/real_stacks.py --reps 3 --stacks mlp compiled_mlp --scale 0.5
     python bench/real_stacks.py --quick                          # seconds per run: a smoke test
+    python bench/real_stacks.py --stacks cnn --baseline-tree /tmp/base   # this code vs another checkout's
 """
 
 from __future__ import annotations
@@ -65,7 +66,17 @@ ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS)
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 
 
-def command(stack: str, variant: str, scale: float, device: str = "cpu") -> list[str]:
+BASELINE_SUFFIX = "@base"  # a variant run with the trainguard of --baseline-tree
+
+
+def command(stack: str, variant: str, scale: float, device: str = "cpu", baseline: Path | None = None) -> list[str]:
+    if variant.endswith(BASELINE_SUFFIX):
+        # the same variant, with another checkout's trainguard first on the path (the stack
+        # scripts still come from this one): two versions of the code in one interleaved run
+        if baseline is None:
+            raise ValueError(f"variant {variant} needs --baseline-tree")
+        path = os.pathsep.join([str(baseline / "src"), str(REPO)])
+        return ["env", f"PYTHONPATH={path}", *command(stack, variant.removesuffix(BASELINE_SUFFIX), scale, device)]
     module, extra, steps = STACKS[stack]
     if device == "cuda":
         steps, extra = CUDA_STEPS[stack], [*extra, "--device", "cuda"]
@@ -141,6 +152,7 @@ def measure(
     device: str = "cpu",
     variants: tuple[str, ...] = VARIANTS,
     slice_seconds: float | None = 1.0,
+    baseline: Path | None = None,
 ) -> list[dict]:
     """Every variant of every stack, ``reps`` times; ``slice_seconds`` None runs the variants
     back to back instead of at once in turns."""
@@ -150,9 +162,11 @@ def measure(
             order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
             try:
                 if slice_seconds is None:
-                    results = {variant: run_once(command(stack, variant, scale, device), rep) for variant in order}
+                    results = {
+                        variant: run_once(command(stack, variant, scale, device, baseline), rep) for variant in order
+                    }
                 else:
-                    argvs = {variant: command(stack, variant, scale, device) for variant in order}
+                    argvs = {variant: command(stack, variant, scale, device, baseline) for variant in order}
                     results = run_in_turns_once(argvs, slice_seconds, hash_seed=rep)
             except RuntimeError as error:  # one broken stack must not cost the others' figures
                 print(f"[{condition} rep {rep}] {stack} FAILED: {error}", file=sys.stderr, flush=True)
@@ -221,9 +235,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="turns: a stack's variants at once, one running at a time (bench/time_slices.py); "
                         "sequential: one after the other")  # fmt: skip
     parser.add_argument("--slice", type=float, default=1.0, help="seconds per turn (--schedule turns)")
+    parser.add_argument("--baseline-tree", type=Path,
+                        help="another checkout (e.g. git worktree add /tmp/base HEAD~1): every trainguard variant "
+                        "also runs with its code, as <variant>@base, in the same turns")  # fmt: skip
     args = parser.parse_args(argv)
     slice_seconds = args.slice if args.schedule == "turns" else None
     variants = tuple(dict.fromkeys(["plain", *args.variants]))
+    if args.baseline_tree is not None:
+        if not (args.baseline_tree / "src" / "trainguard").is_dir():
+            parser.error(f"--baseline-tree {args.baseline_tree} holds no src/trainguard")
+        variants += tuple(f"{variant}{BASELINE_SUFFIX}" for variant in variants if variant != "plain")
     scale = 0.01 if args.quick else args.scale
     conditions = {"no": ["quiet"], "yes": ["quiet", "loaded"], "only": ["loaded"]}[args.load]
     print(f"load average before: {os.getloadavg()[0]:.2f}", file=sys.stderr)
@@ -233,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         if condition == "loaded":
             spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
-            rows += measure(args.stacks, args.reps, scale, condition, args.device, variants, slice_seconds)
+            baseline = args.baseline_tree.resolve() if args.baseline_tree else None
+            rows += measure(args.stacks, args.reps, scale, condition, args.device, variants, slice_seconds, baseline)
         finally:
             if spinner is not None:
                 spinner.kill()

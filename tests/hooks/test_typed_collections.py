@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -118,3 +119,36 @@ def test_losses_without_class_targets_file_no_labels(tmp_path):
 class _FocalLoss(nn.Module):
     def forward(self, logits, target):
         return nn.functional.cross_entropy(logits, target)
+
+
+def test_model_inputs_hold_what_the_model_is_fed_not_every_layers_input(tmp_path):
+    """The data rules (NotNormalizedData, CheckInputImages, NLPSequenceRatio) ask for
+    ``model_inputs``: a root's inputs and integer inputs anywhere (token ids of an embedding that
+    the root receives as a keyword). ``inputs`` would also save each layer's input, a second copy
+    of the layer before's output: on the reference CNN half of a saved step's bytes."""
+
+    class Tagger(nn.Module):  # token ids reach the embedding; the root is called with a keyword
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(20, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+
+        def forward(self, *, ids):
+            return self.head(self.embed(ids)).mean(1)
+
+    torch.manual_seed(0)
+    image_model, tagger = _model(), Tagger()
+    hook = tg.Hook(
+        str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=1), include_collections=["model_inputs"]
+    )
+    hook.register_module(image_model)
+    hook.register_module(tagger)
+    x, ids = torch.randn(5, 4), torch.randint(0, 20, (5, 7))
+    image_model(x)
+    tagger(ids=ids)
+    hook.close()
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.tensor_names(collection="model_inputs") == ["Sequential_input_0", "embed_input_0"]
+    assert trial.tensor_names() == ["Sequential_input_0", "embed_input_0"]  # no layer's activation
+    image_input, token_ids = trial.tensor("Sequential_input_0"), trial.tensor("embed_input_0")
+    np.testing.assert_array_equal(image_input.value(image_input.steps()[0]), x.numpy())
+    np.testing.assert_array_equal(token_ids.value(token_ids.steps()[0]), ids.numpy())

@@ -145,6 +145,31 @@ def test_one_add_tensors_call_larger_than_the_ring_waits_and_keeps_every_tensor(
         np.testing.assert_array_equal(value, np.full(50_000, step * 100 + int(name[1:]), dtype=np.float32))
 
 
+def test_a_step_larger_than_the_ring_does_not_wait_for_the_writer_process(tmp_path, small_ring):
+    """A full ring spills into tensors' own shared-memory files while the queue budget allows:
+    a saved step of a CNN's activations (several times the ring) used to hold training up until
+    the writer process, behind the rule runner on the other core, had caught up."""
+    errors = _Errors()
+    writer = ProcessStepWriter(open_store(tmp_path / "run"), "worker_0", max_block_seconds=1.0, on_error=errors)
+    assert writer.flush(30)
+    arrays = [np.full(50_000, index, dtype=np.float32) for index in range(20)]  # 20 x 200 kB: 4 x the ring
+    os.kill(writer.pid, signal.SIGSTOP)  # the process takes nothing while the step is handed over
+    try:
+        started = time.monotonic()
+        writer.begin_step(0, ModeKeys.TRAIN, 0)
+        for index, array in enumerate(arrays):
+            writer.add_tensor(f"a{index}", array, nbytes=array.nbytes)
+        writer.end_step()
+        assert time.monotonic() - started < 0.9 and not errors, "waited for ring space"
+    finally:
+        os.kill(writer.pid, signal.SIGCONT)
+    _finish(writer)
+    assert writer.failure is None and not errors
+    values = _values(tmp_path / "run")
+    for index, array in enumerate(arrays):
+        np.testing.assert_array_equal(values[(f"a{index}", 0)], array)
+
+
 def test_full_shared_memory_sends_large_tensors_down_the_pipe(tmp_path, small_ring, monkeypatch):
     allocate = writer_process.allocate_shared_file
 

@@ -37,6 +37,9 @@ DEFAULT_PYTORCH_COLLECTIONS: dict[str, list[str]] = {
     "tanh_output": [r"tanh_output"],
     "sigmoid_input": [r"sigmoid_input"],
     "sigmoid_output": [r"sigmoid_output"],
+    # What the model is fed: a root module's inputs and integer inputs anywhere (token ids), by
+    # membership (the data rules read these; "inputs" is every layer's input, mostly activations).
+    "model_inputs": [],
     "predictions": [],
     "labels": [],
     "all": [],

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -210,6 +211,13 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
             qualified = f"{parent}/{layer.name}" if parent and layer.name in layer_names else layer.name
             name = _unique(qualified, layer_names)
             self._layers.append((name, layer))
+            if layer is model or isinstance(layer, keras.layers.Embedding):
+                # what the model is fed (the model's own inputs; an embedding's token ids): the
+                # data rules' collection, without every layer's input that "inputs" holds
+                self.collection_manager.get("model_inputs").include(rf"^{re.escape(name)}_input_\d+$")
+                self._collections_dirty = True
+                self._match_cache.clear()
+                self._plan_cache.clear()
             activation = getattr(getattr(layer, "activation", None), "__name__", None)
             if activation in _ACTIVATIONS:
                 self.add_membership(f"{name}_output_0", f"{activation}_output")

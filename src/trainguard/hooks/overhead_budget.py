@@ -5,7 +5,8 @@ per tensor, the writer's encoding and two files per step), so a fixed interval o
 add 10-50 % to a 1 ms step. With a budget, the hook keeps the configured schedule for its first
 ``warmup_saves`` saves (early faults are caught exactly as configured),
 then measures what the capture costs and thins its TRAIN saves until it fits in ``fraction`` of
-the training time: first the heavy collections (weights, gradients, outputs...), down to one
+the training time (after as few as ``EARLY_SAVES`` measured saves when saving costs more than
+``EARLY_FACTOR`` times the budget): first the heavy collections (weights, gradients, outputs...), down to one
 save every ``max_interval`` steps (SageMaker's default interval); then, if saving only the light
 ones (losses, scalars, metrics: a few numbers per step) still costs too much, those too, down to
 one save every ``max_light_interval`` steps. Both keep a regular subset of their configured steps;
@@ -40,6 +41,11 @@ DEFAULT_WARMUP_SAVES = 20
 DEFAULT_MAX_INTERVAL = 500
 DEFAULT_MAX_LIGHT_INTERVAL = 100
 DECIDE_EVERY = 16  # saves in one measuring window
+# ...but a window showing saving far over budget decides after this many saves, warm-up or not:
+# at 10 steps apart, a reference-CNN step saving its activations (~0.7 of a step each, 7 % of
+# training) or an MLP step saving anything (30 %) would otherwise keep that share for 270 steps.
+EARLY_SAVES = 4
+EARLY_FACTOR = 2.5
 _SAMPLES = 33  # one-step spans the step time is the median of
 
 QUIET, LIGHT, HEAVY = 0, 1, 2
@@ -75,6 +81,7 @@ class OverheadBudget:
         self._last_mark: tuple[float, int, int] | None = None  # (time, step, kind)
         self._step_seconds: deque[float] = deque(maxlen=_SAMPLES)
         self._window: _Window | None = None
+        self._window_end_writer: float | None = None  # the writer's CPU seconds read by _far_over_budget
 
     @property
     def thinning(self) -> bool:
@@ -127,16 +134,24 @@ class OverheadBudget:
         ends = kind == HEAVY or (window.heavy == 0 and window.saves >= self.heavy_stride + DECIDE_EVERY)
         if ends and window.saves >= DECIDE_EVERY and self.saves >= self.warmup_saves:
             self._decide(now, writer_cpu() if writer_cpu else None)
+        elif ends and window.saves >= EARLY_SAVES and self._far_over_budget(now, writer_cpu):
+            self._decide(now, self._window_end_writer)
         else:
             window.saves += 1
             window.heavy += kind == HEAVY
 
-    def _decide(self, now: float, writer_seconds: float | None) -> None:
+    def _far_over_budget(self, now: float, writer_cpu: Callable[[], float | None] | None) -> bool:
+        self._window_end_writer = writer_cpu() if writer_cpu else None
+        measured = self._measure(now, self._window_end_writer)
+        return measured is not None and measured[0] > EARLY_FACTOR * self.fraction
+
+    def _measure(self, now: float, writer_seconds: float | None) -> tuple[float, float] | None:
+        """The open window's (share, light share) of training time; None before enough unsaved
+        steps were timed to know a step's time."""
         window = self._window
         assert window is not None
-        self._window = _Window(now, writer_seconds)
         if len(self._step_seconds) < 3 or not self._gaps:
-            return
+            return None
         step = statistics.median(self._step_seconds)
         added = max(0.0, sum(span - steps * step for span, steps, _ in window.spans))
         light_added = max(0.0, sum(span - steps * step for span, steps, kind in window.spans if kind == LIGHT))
@@ -148,6 +163,14 @@ class OverheadBudget:
         training = now - window.started - added
         share = added / training if training > 0 else math.inf
         light_share = light_added / training if training > 0 else math.inf
+        return share, light_share
+
+    def _decide(self, now: float, writer_seconds: float | None) -> None:
+        measured = self._measure(now, writer_seconds)
+        self._window = _Window(now, writer_seconds)
+        if measured is None:
+            return
+        share, light_share = measured
         self.last_share = share
         gap = max(1, int(statistics.median(self._gaps)))
         light, heavy = self.light_stride, self.heavy_stride

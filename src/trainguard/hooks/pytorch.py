@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -471,7 +471,7 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
         name = self.module_name(module)
         if module not in self._typed_modules:
             self._typed_modules[module] = None
-            self._add_typed_memberships(module, name)
+            self._add_typed_memberships(module, name, flat_inputs)
         saved = False
         for index, tensor in enumerate(flat_inputs):
             saved = self.save_torch_tensor(f"{name}_input_{index}", tensor) or saved
@@ -481,12 +481,19 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
             self._plan_cache[silent_key] = weakref.ref(module)
         return outputs
 
-    def _add_typed_memberships(self, module: torch.nn.Module, name: str) -> None:
+    def _add_typed_memberships(self, module: torch.nn.Module, name: str, flat_inputs: Sequence[torch.Tensor]) -> None:
         """Put activation and loss I/O into the collections rules look for (relu_output, labels...).
 
         Rules need to know which tensors are ReLU outputs or a loss's labels, and PyTorch's
-        tensor names do not say it (``features.1_output_0``); the module's type does.
+        tensor names do not say it (``features.1_output_0``); the module's type does. The data
+        the model is fed (``model_inputs``: a root module's inputs, and integer inputs anywhere,
+        such as an embedding's token ids) is what the data rules read; ``inputs`` would also
+        save every layer's input, each a copy of the layer before's output.
         """
+        root = any(reference() is module for reference, _ in self._roots)
+        for index, tensor in enumerate(flat_inputs):
+            if root or not (tensor.is_floating_point() or tensor.is_complex()):
+                self.add_membership(f"{name}_input_{index}", "model_inputs")
         kind = next((kind for types, kind in _ACTIVATION_KINDS if isinstance(module, types)), None)
         if kind is not None:
             self.add_membership(f"{name}_input_0", f"{kind}_input")

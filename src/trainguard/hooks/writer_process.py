@@ -370,6 +370,12 @@ class ProcessStepWriter(WriterBase):
         skip = self._ring_size - start if start + size > self._ring_size else 0
         # The common case inline (a saved step places a dozen small tensors): is there room?
         free = self._ring_size - (self._head - tail)
+        if skip + size > free and self._pending() + nbytes <= self.max_pending_bytes:
+            # The ring is full but the queue budget is not: a file of its own instead of waiting
+            # for the writer process. A saved step larger than the ring (a CNN's activations) used
+            # to hold training up until the process caught up, and the process, at nice 10 behind
+            # the rule runner on the other core, could take a whole step's time doing so.
+            return self._place_in_own_file(array)
         if skip + size > free or self._segment_bytes_sent != int(self._slots[SLOT_SEGMENT_BYTES_DONE]):
             if not self._wait_for_space(skip + size):
                 return None

@@ -31,7 +31,7 @@ class CheckInputImages(Rule):
     """Input images whose channels are not centred on zero."""
 
     rule_name = "CheckInputImages"
-    collections = ("inputs",)
+    collections = ("model_inputs",)  # the hook's collection of what the model is fed
     fix_hint = "normalise the images per channel with the dataset's mean and standard deviation"
     fix_hints = {
         "pytorch": (

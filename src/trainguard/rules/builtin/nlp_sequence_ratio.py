@@ -40,7 +40,7 @@ class NLPSequenceRatio(Rule):
     """Input token sequences dominated by one token (padding, unknown)."""
 
     rule_name = "NLPSequenceRatio"
-    collections = ("inputs",)
+    collections = ("model_inputs",)  # the hook's collection of what the model is fed
     fix_hint = (
         "pad to the longest sequence in each batch (or bucket sequences by length) instead of a fixed "
         "length, and check the tokenizer's vocabulary for too many unknown tokens"

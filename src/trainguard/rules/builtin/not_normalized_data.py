@@ -54,7 +54,7 @@ class NotNormalizedData(Rule):
     """Model inputs far from zero mean / unit variance."""
 
     rule_name = "NotNormalizedData"
-    collections = ("inputs",)
+    collections = ("model_inputs",)  # the hook's collection of what the model is fed
     fix_hint = "normalise the inputs to zero mean and unit variance per feature (e.g. sklearn StandardScaler)"
     fix_hints = {
         "pytorch": (
