@@ -126,6 +126,7 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
         # the first accumulation window is one step too), and how many forwards that guess has
         # covered without an optimizer.step() (see _presume_optimizer).
         self._optimizer_probed = False
+        self._created_optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._presumed_forwards: int | None = None
         # optimizer.step() ran: the step ends at the next forward (or mode change, or close), so
         # save_scalar("loss", ...) written after optimizer.step() still lands in this step.

@@ -38,6 +38,7 @@ class OptimizerSteps:
     _end_pending: bool
     _optimizer_parameters: dict[int, frozenset[int]]  # id(optimizer) -> ids of its parameters
     _independent_optimizers: int
+    _created_optimizers: weakref.WeakSet[Any]  # optimizers seen being created, where that is watched
     _collections_dirty: bool
     saving_this_step: bool
     mode: ModeKeys
@@ -77,15 +78,22 @@ class OptimizerSteps:
                 for parameter in root.parameters()}  # fmt: skip
         if not ours:
             return False
-        # Optimizers keep no registry; one scan of the tracked objects, once per hook.
+
+        def holds_ours(optimizer: Any) -> bool:
+            groups = getattr(optimizer, "param_groups", None) or ()
+            return any(id(parameter) in ours for group in groups for parameter in group["params"])
+
+        # The optimizers seen being created (zero-code capture records them): a scan of every
+        # object took 0.12 s of the first training step once torch._dynamo was imported.
+        if any(holds_ours(optimizer) for optimizer in list(self._created_optimizers)):
+            return True
+        # PyTorch keeps no registry of optimizers; one scan of the tracked objects, once per hook.
         optimizer_type = torch.optim.Optimizer
         for candidate in gc.get_objects():
             # type(), not isinstance(): that would read __class__ of every object, and some
             # (deprecated torch aliases) warn when touched
-            if issubclass(type(candidate), optimizer_type):
-                for group in candidate.param_groups:
-                    if any(id(parameter) in ours for parameter in group["params"]):
-                        return True
+            if issubclass(type(candidate), optimizer_type) and holds_ours(candidate):
+                return True
         return False
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -69,6 +69,9 @@ class ZeroCodeHook(TorchHook):
         scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
         if scaler is not None and hasattr(scaler, "scale"):
             self._wrap(scaler, "scale", self._scale_wrapper(scaler.scale))
+        # Optimizers as they are created (every subclass's __init__ calls this one): the first
+        # forward asks whether one holds the model's parameters, without scanning every object.
+        self._wrap(torch.optim.Optimizer, "__init__", self._optimizer_init_wrapper(torch.optim.Optimizer.__init__))
 
     def _wrap(self, owner: Any, name: str, replacement: Any) -> None:
         self._originals.append((owner, name, getattr(owner, name)))
@@ -223,6 +226,19 @@ class ZeroCodeHook(TorchHook):
             tensor = unscaled
         if tensor.numel() == 1 and id(tensor) not in self._loss_tensor_ids:
             self.hold_torch_tensor(BACKWARD_LOSS_NAME, tensor)
+
+    def _optimizer_init_wrapper(self, original: Any) -> Any:
+        created = self._created_optimizers
+
+        @functools.wraps(original)
+        def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            original(optimizer, *args, **kwargs)
+            try:
+                created.add(optimizer)
+            except TypeError:  # an optimizer class with __slots__ and no __weakref__: found by a scan
+                pass
+
+        return __init__
 
     def _scale_wrapper(self, original: Any) -> Any:
         hook = self
