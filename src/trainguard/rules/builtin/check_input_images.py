@@ -81,7 +81,7 @@ class CheckInputImages(Rule):
             self._stats.setdefault(name, ChannelStats()).add(array.astype(np.float64), axis)
         if not self._stats:
             if trial.training_ended and not names:
-                return self.missing(step, MissingTensor("input images (4-D model inputs)", "inputs"))
+                return self.missing(step, MissingTensor("input images (4-D model inputs)", "model_inputs"))
             return None
         judged = {name: stats for name, stats in self._stats.items() if stats.samples >= self.threshold_samples}
         if not judged:

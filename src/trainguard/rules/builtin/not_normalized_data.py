@@ -168,7 +168,7 @@ class NotNormalizedData(Rule):
             return None
         if not self._stats:
             if not names and self.base_trial.training_ended and not self._names_anywhere():
-                return self.missing(step, MissingTensor("model inputs", "inputs"))
+                return self.missing(step, MissingTensor("model inputs", "model_inputs"))
             return None
         constant = self._constant_issue(step)
         if constant is not None:
