@@ -20,12 +20,12 @@ JOB = Path(__file__).with_name("_keras_rules_job.py")
 RULES = ["ExplodingTensor", "VanishingGradient", "LossNotDecreasing", "DeadRelu", "WeightUpdateRatio", "Overfit"]
 
 
-def _run(tmp_path: Path, scenario: str) -> dict:
+def _run(tmp_path: Path, scenario: str, rules: list[str] = RULES) -> dict:
     out = tmp_path / scenario
     environment = {**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, str(JOB), scenario, str(out)], check=True, env=environment, timeout=300)
     final = RuleRunner(
-        str(out), [RuleSpec(name) for name in RULES], output_dir=str(tmp_path / f"{scenario}-rules"), poll_interval=0.05
+        str(out), [RuleSpec(name) for name in rules], output_dir=str(tmp_path / f"{scenario}-rules"), poll_interval=0.05
     ).run()
     return {name: update for name, update in final.items()}
 
@@ -51,3 +51,14 @@ def test_rules_find_the_exploding_keras_run_and_stay_silent_on_the_healthy_one(t
         "RuleEvaluationConditionMet: Evaluation of the rule ExplodingTensor"
         in exploding["ExplodingTensor"].status_details
     )
+
+
+def test_not_normalized_data_reads_the_keras_models_inputs(tmp_path):
+    """The Keras hook files the model's own inputs in model_inputs (what `trainguard run --rules`
+    asks for); the rule finds them although Keras's parameter names do not carry the model's."""
+    unnormalized = _run(tmp_path, "unnormalized", ["NotNormalizedData"])["NotNormalizedData"]
+    assert unnormalized.status.value == "IssuesFound", unnormalized.status_details
+    healthy = _run(tmp_path, "healthy", ["NotNormalizedData"])["NotNormalizedData"]
+    assert healthy.status.value == "NoIssuesFound", healthy.status_details
+    trial = create_trial(str(tmp_path / "healthy"))
+    assert trial.tensor_names(collection="model_inputs") == ["sequential_input_0"]

@@ -167,7 +167,8 @@ def activation_axes(array: np.ndarray) -> np.ndarray:
 
 
 def model_inputs(trial: Any, step: int) -> list[str]:
-    """The model's input tensors saved at ``step``: ``<root module>_input_N`` of registered roots.
+    """The model's input tensors saved at ``step``: ``<root module>_input_N`` of registered roots,
+    and the members of the hook's ``model_inputs`` collection.
 
     The PyTorch hook names a root module's parameters ``<Root>_<param path>`` and its inputs
     ``<Root>_input_N``; a root is therefore an input prefix that also prefixes a saved weight,
@@ -187,12 +188,17 @@ def model_inputs(trial: Any, step: int) -> list[str]:
     for collection in ("labels", "predictions"):
         if collection in known:
             excluded.update(trial.tensor_names(collection=collection))
+    # What the hook itself filed as the model's inputs (collection model_inputs: a PyTorch root's
+    # inputs, a Keras model's, whose parameter names do not start with the model's name)
+    fed = set(trial.tensor_names(collection="model_inputs")) if "model_inputs" in known else set()
     found = []
     for name in inputs:
         root = re.sub(r"_input_\d+$", "", name)
         if name in excluded or root.endswith("Loss") or "." in root:
             continue
-        if parameters:
+        if name in fed:
+            found.append(name)
+        elif parameters:
             if any(parameter.startswith(root + "_") for parameter in parameters):
                 found.append(name)
         elif root[:1].isupper():
