@@ -1,4 +1,5 @@
-"""A Keras run for the rule tests: ``KERAS_BACKEND=torch python _keras_rules_job.py healthy|exploding|unnormalized OUT``.
+"""A Keras run for the rule tests:
+``KERAS_BACKEND=torch python _keras_rules_job.py healthy|exploding|unnormalized OUT``.
 
 A small classifier on separable synthetic data; ``exploding`` trains it with SGD at a learning
 rate of 1e6, so that weights and losses overflow within a few batches, as in the PyTorch fault
