@@ -81,7 +81,6 @@ class OverheadBudget:
         self._last_mark: tuple[float, int, int] | None = None  # (time, step, kind)
         self._step_seconds: deque[float] = deque(maxlen=_SAMPLES)
         self._window: _Window | None = None
-        self._window_end_writer: float | None = None  # the writer's CPU seconds read by _far_over_budget
 
     @property
     def thinning(self) -> bool:
@@ -134,16 +133,15 @@ class OverheadBudget:
         ends = kind == HEAVY or (window.heavy == 0 and window.saves >= self.heavy_stride + DECIDE_EVERY)
         if ends and window.saves >= DECIDE_EVERY and self.saves >= self.warmup_saves:
             self._decide(now, writer_cpu() if writer_cpu else None)
-        elif ends and window.saves >= EARLY_SAVES and self._far_over_budget(now, writer_cpu):
-            self._decide(now, self._window_end_writer)
-        else:
-            window.saves += 1
-            window.heavy += kind == HEAVY
-
-    def _far_over_budget(self, now: float, writer_cpu: Callable[[], float | None] | None) -> bool:
-        self._window_end_writer = writer_cpu() if writer_cpu else None
-        measured = self._measure(now, self._window_end_writer)
-        return measured is not None and measured[0] > EARLY_FACTOR * self.fraction
+            return
+        if ends and window.saves >= EARLY_SAVES:
+            writer_seconds = writer_cpu() if writer_cpu else None
+            measured = self._measure(now, writer_seconds)
+            if measured is not None and measured[0] > EARLY_FACTOR * self.fraction:
+                self._decide(now, writer_seconds)
+                return
+        window.saves += 1
+        window.heavy += kind == HEAVY
 
     def _measure(self, now: float, writer_seconds: float | None) -> tuple[float, float] | None:
         """The open window's (share, light share) of training time; None before enough unsaved
