@@ -269,7 +269,7 @@ def test_sagemaker_two_instance_job_on_ray_rules_read_s3(ray_cluster, api_factor
     log = launcher.logs(name)
     assert description["TrainingJobStatus"] == "Completed", (description, log[-3000:])
     status = description["DebugRuleEvaluationStatuses"][0]
-    assert status["RuleEvaluationStatus"] == "IssuesFound", status
+    assert status["RuleEvaluationStatus"] == "IssuesFound", _what_the_rule_saw(launcher, bucket, name, status)
     native = api.job(name)["rules"][0]  # the SageMaker view's details do not name workers; the native one does
     assert "worker_1" in str(native) and "worker_0" not in str(native), native
     assert set(_rank_nodes(log).values()) == set(ray_cluster.training_nodes), log[-3000:]
@@ -311,3 +311,16 @@ def test_ray_plan_carries_instances_gpus_and_the_s3_rule_input(tmp_path) -> None
     with pytest.raises(ValueError, match="resources.instance_count"):
         plan_job(JobSpec.model_validate({"name": "m", "command": ["true"], "resources": {"instance_count": 2}}),
                  settings, "local", "t")  # fmt: skip
+
+
+def _what_the_rule_saw(launcher: RayLauncher, bucket: Any, name: str, status: Any) -> str:
+    """A failed verdict's evidence: each worker's steps on S3 (with the end marker's time) and the
+    trainguard lines of the training and rule logs."""
+    listing = bucket.list_objects_v2(Bucket="bkt", Prefix=f"{name}/debug-output/")
+    objects = sorted(listing.get("Contents", []), key=lambda o: o["LastModified"])
+    times = [f"{o['LastModified']:%H:%M:%S.%f} {o['Key'].split('/debug-output/')[-1]}" for o in objects]
+    lines = [line for line in launcher.logs(name).splitlines() if "trainguard" in line.lower()]
+    rules = launcher.logs(name, "rule:LossWatch", tail=60)
+    uploader = launcher.logs(name, "uploader", tail=30)
+    return "\n".join([str(status), "S3 objects in upload order:", *times, "training log (trainguard lines):",
+                      *lines[-40:], "rule log:", rules, "uploader log:", uploader])  # fmt: skip

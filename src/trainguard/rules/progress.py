@@ -50,6 +50,10 @@ class RuleProgress:
     # that only ever said "not evaluated" or "missing" ends with Error: RuleNotEvaluated.
     evaluated: bool = False
     not_evaluated: str = ""  # the first reason a result gave for not evaluating
+    # Per-worker rules: worker -> the last step its instance evaluated (a worker whose steps land
+    # after the cursor passed them is evaluated on them later). None: a file from before this
+    # existed, whose workers are taken as evaluated up to last_evaluated_step.
+    worker_steps: dict[str, int] | None = None
     _finding_keys: set[tuple[Any, ...]] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -94,6 +98,7 @@ class RuleProgress:
             "error": self.error,
             "evaluated": self.evaluated,
             "not_evaluated": self.not_evaluated,
+            "worker_steps": self.worker_steps,
         }
 
     @classmethod
@@ -113,7 +118,11 @@ class RuleProgress:
             # files written before "evaluated" existed: a rule that got past a step evaluated
             evaluated=bool(data["evaluated"]) if "evaluated" in data else step is not None,
             not_evaluated=str(data.get("not_evaluated") or ""),
-        )
+            worker_steps=(
+                {str(worker): int(step) for worker, step in data["worker_steps"].items()}
+                if isinstance(data.get("worker_steps"), dict) else None
+            ),
+        )  # fmt: skip
 
 
 def _finding_key(finding: dict[str, Any]) -> tuple[Any, ...]:

@@ -73,6 +73,7 @@ from trainguard.rules.progress import (
 )
 from trainguard.rules.read_cache import StepReadCache
 from trainguard.rules.runner_results import RunnerResults
+from trainguard.rules.runner_workers import RunnerWorkers
 from trainguard.rules.spec import RuleSpec
 from trainguard.rules.status_update import StatusUpdate
 
@@ -112,7 +113,7 @@ def _overrides(rule: Rule, method: str) -> bool:
     return getattr(type(rule), method) is not getattr(Rule, method)
 
 
-class RuleRunner(RunnerResults):
+class RuleRunner(RunnerResults, RunnerWorkers):
     """Evaluates rule configurations on one run as it is written. See the module docstring.
 
     Args:
@@ -169,6 +170,7 @@ class RuleRunner(RunnerResults):
             output_dir = sidecar_root(self.trial_path) if is_remote(self.trial_path) else self.trial_path
         self.output_dir = output_dir
         self._output_store: Any = None
+        self._probe: Any = None  # see _probe_store
         self.start_step = start_step
         self.end_step = end_step
         self.endpoint_url = endpoint_url
@@ -184,6 +186,7 @@ class RuleRunner(RunnerResults):
         # configuration -> worker -> that worker's instance (per-worker rules only)
         self.worker_rules: dict[str, dict[str, Rule]] = {}
         self._per_worker: dict[str, bool] = {}
+        self._worker_floor: dict[str, int] = {}
         self.progress: dict[str, RuleProgress] = {}
         self.latest: dict[str, StatusUpdate] = {}
         self._stop_on_fire = {spec.name: stops_training(spec_actions(spec)) for spec in self.specs}
@@ -236,6 +239,8 @@ class RuleRunner(RunnerResults):
                 state.status, state.status_details, state.error = RuleStatus.IN_PROGRESS.value, "", False
             if not state.finished and state.status == RuleStatus.NO_ISSUES_FOUND.value:
                 state.status = RuleStatus.IN_PROGRESS.value
+            if state.worker_steps is None and state.last_evaluated_step is not None:
+                self._worker_floor[spec.name] = state.last_evaluated_step  # saved before worker_steps
             self.progress[spec.name] = state
             for finding in state.findings:  # a restart resumes the diagnosis too
                 if finding.get("fired"):
@@ -248,6 +253,8 @@ class RuleRunner(RunnerResults):
         last_error: Exception | None = None
         while not self.stop_event.is_set():
             try:
+                if not self._run_appeared():
+                    raise MissingCollectionFiles(f"no collections file at {self.trial_path} yet")
                 # Rules ask the trial many questions per step (tensor_names, has_tensor...); each
                 # would list the run again (measured: ~90 listings per evaluated step, 55 % of a
                 # live runner's CPU). The loop's own questions refresh it once per poll.
@@ -273,15 +280,33 @@ class RuleRunner(RunnerResults):
 
         return max(1.0, self.poll_interval) if is_remote(self.trial_path) else self.poll_interval
 
+    def _probe_store(self) -> Any:
+        """One store to look for the run while it is not there: opening a trial (or an S3 client)
+        on every poll cost a tenth of a second of CPU each, twice a second, on a loaded machine."""
+        if self._probe is None:
+            from trainguard.storage import is_remote, open_store
+
+            remote = is_remote(self.trial_path)
+            self._probe = open_store(
+                self.trial_path, **({"endpoint_url": self.endpoint_url} if self.endpoint_url and remote else {})
+            )
+        return self._probe
+
+    def _run_appeared(self) -> bool:
+        from trainguard.format.layout import COLLECTIONS_PREFIX
+
+        try:
+            return bool(self._probe_store().list(COLLECTIONS_PREFIX))
+        except (StorageError, OSError, ValueError):
+            return True  # let opening the trial say what is wrong
+
     def _ended_without_capture(self) -> bool:
         """The end marker is there but no collections file: a job that captured nothing (its
         uploader writes the marker alone). Waiting longer cannot help."""
         from trainguard.format.layout import END_OF_TRAINING
-        from trainguard.storage import is_remote, open_store
 
-        options = {"endpoint_url": self.endpoint_url} if self.endpoint_url and is_remote(self.trial_path) else {}
         try:
-            return open_store(self.trial_path, **options).exists(END_OF_TRAINING)
+            return self._probe_store().exists(END_OF_TRAINING)
         except (StorageError, OSError, ValueError):
             return False
 
@@ -324,6 +349,8 @@ class RuleRunner(RunnerResults):
                     if self.stop_event.is_set():
                         break
                     self._evaluate_step(step)
+                if not self.stop_event.is_set():
+                    self._catch_up_late_workers()
                 store_failures = 0
             except (StorageError, TrialError, _StoreUnavailable) as error:
                 if isinstance(error, _StoreUnavailable) and error.__cause__ is not None:
@@ -382,25 +409,6 @@ class RuleRunner(RunnerResults):
         ordered = shared(ModeKeys.GLOBAL, True)  # sorted, cached by the trial: no sort per poll
         return ordered[bisect.bisect_right(ordered, low) : bisect.bisect_right(ordered, high)]
 
-    def _instances(self, name: str, step: int | None = None) -> list[tuple[str | None, Rule]]:
-        """(worker, rule instance) pairs to evaluate: one per worker that wrote ``step`` for a
-        per-worker rule (created when the worker first appears), else the one instance. Without
-        a step: every worker instance so far (or the one instance if none was made)."""
-        if not self._per_worker.get(name):
-            return [(None, self.rules[name])]
-        instances = self.worker_rules[name]
-        if step is None:
-            return list(instances.items()) or [(None, self.rules[name])]
-        record = self.trial._state.steps.get(step)
-        workers = sorted(record.workers) if record is not None else []
-        for worker in workers:
-            if worker not in instances:
-                from trainguard.trial.worker_view import WorkerTrial
-
-                spec = next(spec for spec in self.specs if spec.name == name)
-                instances[worker] = make_rule(WorkerTrial(self.trial, worker), spec, self.other_trials)
-        return [(worker, instances[worker]) for worker in workers]
-
     def _evaluate_step(self, step: int) -> None:
         for name in self.active:
             state = self.progress[name]
@@ -415,18 +423,7 @@ class RuleRunner(RunnerResults):
                     self._rule_failed(name, error, f"while creating it for the workers of step {step}")
                     continue
                 for worker, instance in instances:
-                    try:
-                        result = instance.evaluate(step)
-                    except (StepNotYetAvailable, NoMoreData, WaitTimeout):
-                        result = None
-                    except StorageError as error:  # the store, not the rule: the loop retries the step
-                        raise _StoreUnavailable(str(error)) from error
-                    except Exception as error:  # noqa: BLE001 - isolate the rule
-                        where = f"while evaluating step {step}" + (f" of {worker}" if worker else "")
-                        self._rule_failed(name, error, where)
-                        break
-                    self._record(name, _on_worker(result, worker))
-                    if state.finished:  # a stop action, or an error
+                    if not self._evaluate_instance(name, worker, instance, step):
                         break
                 if state.error:
                     continue
@@ -435,6 +432,44 @@ class RuleRunner(RunnerResults):
             self._dirty.add(name)
             self._progress_dirty = True
         self._save()
+
+    def _evaluate_instance(self, name: str, worker: str | None, instance: Rule, step: int) -> bool:
+        """One rule instance on one step, its result recorded; False once the rule is done for
+        good (a stop action, an error)."""
+        try:
+            result = instance.evaluate(step)
+        except (StepNotYetAvailable, NoMoreData, WaitTimeout):
+            result = None
+        except StorageError as error:  # the store, not the rule: the loop retries the step
+            raise _StoreUnavailable(str(error)) from error
+        except Exception as error:  # noqa: BLE001 - isolate the rule
+            where = f"while evaluating step {step}" + (f" of {worker}" if worker else "")
+            self._rule_failed(name, error, where)
+            return False
+        self._worker_evaluated(name, worker, step)
+        self._record(name, _on_worker(result, worker))
+        return not self.progress[name].finished
+
+    def _catch_up_late_workers(self) -> None:
+        """Steps a worker wrote after the cursor had passed them (see
+        :mod:`trainguard.rules.runner_workers`), evaluated by that worker's instance."""
+        evaluated = False
+        for name in self.active:
+            if not _overrides(self.rules[name], "check"):
+                continue
+            for worker, step in self._late_steps(name):
+                try:
+                    instance = self._worker_instance(name, worker)
+                except Exception as error:  # noqa: BLE001 - a rule that cannot be made for a worker
+                    self._rule_failed(name, error, f"while creating it for {worker}")
+                    break
+                evaluated = True
+                self._dirty.add(name)
+                self._progress_dirty = True
+                if not self._evaluate_instance(name, worker, instance, step):
+                    break
+        if evaluated:
+            self._save()
 
     def _idle_checks(self, had_steps: bool) -> None:
         now = time.time()

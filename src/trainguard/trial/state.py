@@ -7,6 +7,7 @@ stores, because on S3 each is its own small object.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 import threading
@@ -60,6 +61,8 @@ class RunState:
         self.tensors: dict[str, dict[int, dict[str, Location]]] = {}  # name -> step -> worker -> loc
         self.shapes: dict[str, dict[int, dict[str, tuple[int, ...]]]] = {}
         self.workers: set[str] = set()
+        # worker -> the steps it wrote, sorted: a late worker's steps are found without a scan
+        self.steps_of_worker: dict[str, list[int]] = {}
         # per mode, the names with a value (raw or reduction; a reduction counts for its base
         # tensor too) at some step of that mode: tensor_names(mode=...) without a scan of steps
         self.names_by_mode: dict[ModeKeys, set[str]] = {mode: set() for mode in ModeKeys}
@@ -76,6 +79,7 @@ class RunState:
         # run has ended: the writer died between the two, or the index was lost
         self.unindexed_event_files: dict[str, tuple[int, str]] = {}
         self._token: str | None = None
+        self._relist = False  # a worker appeared: list from the start again (see _advance_token)
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self._parallel_reads = parallel_reads
@@ -89,6 +93,10 @@ class RunState:
             # then guaranteed to be in this listing, so the run is complete after it.
             ended = self.store.exists(END_OF_TRAINING)
             added = self._read_new_indexes()
+            if ended and self._relist:
+                # A worker first seen in this last listing may have earlier steps behind the
+                # token: after the end marker there is no later refresh to find them.
+                added += self._read_new_indexes()
             if ended:
                 self.training_ended = True
                 self._version += 1
@@ -128,6 +136,7 @@ class RunState:
             )
 
     def _read_new_indexes(self) -> int:
+        self._relist = False
         keys = self.store.list(INDEX_PREFIX, start_after=self._token)
         parsed = [
             key for key in (parse_index_key(key) for key in keys) if key is not None and key.key not in self._seen
@@ -166,8 +175,15 @@ class RunState:
 
         With several workers, a slow worker's index for step 5 may land after a fast worker's
         step 6 was listed; its key sorts earlier, so the listing restarts at the oldest step
-        still missing a worker (keys already read are skipped by ``_seen``).
+        still missing a worker (keys already read are skipped by ``_seen``). Workers a reader
+        does not wait for (the other ranks' losses under ``include_workers="one"``) lag too:
+        the listing also restarts at the last step of the worker furthest behind (each worker
+        writes its steps in order), and from the very start when a worker appears for the first
+        time (its earlier steps sort before what was listed).
         """
+        if self._relist:
+            self._token = None
+            return
         if not keys:
             return
         last_complete = self.last_complete_step()
@@ -176,6 +192,8 @@ class RunState:
             for step, record in self.steps.items()
             if len(record.workers) < self.num_workers and (last_complete is None or step > last_complete)
         ]
+        if len(self.steps_of_worker) > 1:
+            waiting.append(min(steps[-1] for steps in self.steps_of_worker.values()))
         if waiting:
             oldest = min(waiting)
             self._token = f"{INDEX_PREFIX}{oldest // 1000:09d}/{oldest:012d}"
@@ -194,6 +212,15 @@ class RunState:
                 self.by_mode[index.mode][index.mode_step] = index.step
             # GLOBAL is addressed by global step, whatever mode_step a GLOBAL-mode step carries
             self.by_mode[ModeKeys.GLOBAL][index.step] = index.step
+        if index.worker not in record.workers:
+            steps = self.steps_of_worker.get(index.worker)
+            if steps is None:
+                steps = self.steps_of_worker[index.worker] = []
+                self._relist = len(self.steps_of_worker) > 1
+            if not steps or steps[-1] < index.step:
+                steps.append(index.step)
+            else:
+                bisect.insort(steps, index.step)
         record.workers[index.worker] = index
         self.workers.add(index.worker)
         names_of_mode = self.names_by_mode[record.mode]
