@@ -121,3 +121,20 @@ def test_a_restarted_runner_does_not_evaluate_workers_again(tmp_path: Path) -> N
     evaluated.clear()
     Counting(str(run), [spec], progress_file=str(progress)).run()
     assert evaluated == []
+
+
+def test_a_stopped_worker_does_not_make_every_listing_start_at_its_last_step(monkeypatch) -> None:
+    """Past the lag bound the live listing stops waiting for a worker; after the end marker the
+    reader still lists from the start once, so a straggler's late steps are found."""
+    from trainguard.trial import state
+
+    monkeypatch.setattr(state, "_MAX_WORKER_LAG_STEPS", 3)
+    store = MemoryStore()
+    _write_losses(store, "worker_1", {0: 1.0})
+    _write_losses(store, "worker_0", {step: 1.0 for step in STEPS})
+    trial = Trial(store)
+    trial.refresh(force=True)
+    assert trial._state._token is not None and trial._state._token > "index/000000000/000000000005"
+    _write_losses(store, "worker_1", {1: 1.0, 2: 5.0}, end=True)
+    trial.refresh(force=True)
+    assert [step for step in STEPS if "worker_1" in trial.tensor(LOSS).workers(step)] == [0, 1, 2]

@@ -32,6 +32,10 @@ _EVENT_RE = re.compile(r"^events/\d+/(\d+)_(.+)\.tfevents$")
 
 # Forget listed index keys behind the listing token once this many are remembered.
 _SEEN_PRUNE_AT = 4096
+# A worker this many steps behind the newest is taken for stopped (killed, its capture ended):
+# the live listing stops restarting at its last step, which would list every later key again on
+# every refresh; the listing after the end marker still starts from the beginning for it.
+_MAX_WORKER_LAG_STEPS = 1000
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class RunState:
         self.unindexed_event_files: dict[str, tuple[int, str]] = {}
         self._token: str | None = None
         self._relist = False  # a worker appeared: list from the start again (see _advance_token)
+        self._lagging_worker = False  # a worker fell _MAX_WORKER_LAG_STEPS behind
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self._parallel_reads = parallel_reads
@@ -93,9 +98,11 @@ class RunState:
             # then guaranteed to be in this listing, so the run is complete after it.
             ended = self.store.exists(END_OF_TRAINING)
             added = self._read_new_indexes()
-            if ended and self._relist:
-                # A worker first seen in this last listing may have earlier steps behind the
-                # token: after the end marker there is no later refresh to find them.
+            if ended and (self._relist or self._lagging_worker):
+                # A worker first seen in this last listing (or one the listing stopped waiting
+                # for) may have steps behind the token: after the end marker there is no later
+                # refresh to find them.
+                self._token = None
                 added += self._read_new_indexes()
             if ended:
                 self.training_ended = True
@@ -193,7 +200,11 @@ class RunState:
             if len(record.workers) < self.num_workers and (last_complete is None or step > last_complete)
         ]
         if len(self.steps_of_worker) > 1:
-            waiting.append(min(steps[-1] for steps in self.steps_of_worker.values()))
+            behind = min(steps[-1] for steps in self.steps_of_worker.values())
+            if max(self.steps) - behind <= _MAX_WORKER_LAG_STEPS:
+                waiting.append(behind)
+            else:
+                self._lagging_worker = True
         if waiting:
             oldest = min(waiting)
             self._token = f"{INDEX_PREFIX}{oldest // 1000:09d}/{oldest:012d}"
