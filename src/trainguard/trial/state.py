@@ -227,7 +227,8 @@ class RunState:
             steps = self.steps_of_worker.get(index.worker)
             if steps is None:
                 steps = self.steps_of_worker[index.worker] = []
-                self._relist = len(self.steps_of_worker) > 1
+                if len(self.steps_of_worker) > 1:
+                    self._relist = True
             if not steps or steps[-1] < index.step:
                 steps.append(index.step)
             else:
