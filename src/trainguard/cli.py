@@ -67,6 +67,8 @@ def _child_environment(args: argparse.Namespace, out_dir: str) -> dict[str, str]
     if args.config:
         environment["TRAINGUARD_CONFIG"] = str(Path(args.config).resolve())
     if args.save_interval is not None:
+        if args.save_interval < 1:
+            raise ConfigError(f"--save-interval {args.save_interval} must be a positive number of steps")
         environment["TRAINGUARD_SAVE_INTERVAL"] = str(args.save_interval)
     environment["TRAINGUARD_OVERHEAD_BUDGET"] = str(_overhead_budget(args))
     if _judged_live(args):
@@ -177,7 +179,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--stop-grace {args.stop_grace} must be zero or more seconds")
     out_dir = args.out or _default_out_dir()
     environment = _child_environment(args, out_dir)
-    specs = _rule_specs(args)
+    specs = _rule_specs(args) if _judged_live(args) else []
     config_dir = _configure_capture_for_rules(args, specs, environment) if specs else None
     try:
         _validate(environment, out_dir)
@@ -207,6 +209,14 @@ def _supervise(
     child = subprocess.Popen(command, env=environment, process_group=0)
     if watch is not None:
         watch.attach(child)
+    # The summary printed when training ends reads the run with the trial (numpy, the codecs):
+    # loaded now, while the script starts, instead of delaying the command's return by their
+    # import time once training is over.
+    try:
+        import trainguard.summary  # noqa: F401
+        import trainguard.trial  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 - training runs now: the summary reports it at the end
+        pass
 
     def forward(signum: int, frame: object) -> None:
         try:
@@ -367,7 +377,9 @@ def _tensorboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(all_verbs: bool = True) -> argparse.ArgumentParser:
+    """The parser of every verb; ``all_verbs=False`` leaves out the verbs of trainguard.commands
+    and plugins (``trainguard run`` starts training sooner without importing them)."""
     parser = argparse.ArgumentParser(prog="trainguard", description="Capture and check tensors of training jobs.")
     commands = parser.add_subparsers(dest="verb", required=True)
     run = commands.add_parser("run", help="run a training command with zero-code capture")
@@ -402,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     board = commands.add_parser("tensorboard", help="export a run as TensorBoard event files")
     board.add_argument("run")
     board.add_argument("out_dir")
-    _register_command_modules(commands)
+    if all_verbs:
+        _register_command_modules(commands)
     return parser
 
 
@@ -435,7 +448,11 @@ def _register_plugin_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    # Every moment before `trainguard run` starts the command delays training: the other verbs'
+    # modules (the API client, rule commands) and plugin entry points are not loaded for it.
+    run_only = bool(words) and words[0] == "run"
+    args = build_parser(all_verbs=not run_only).parse_args(argv)
     try:
         if args.verb == "run":
             return _run(args)

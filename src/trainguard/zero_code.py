@@ -116,6 +116,8 @@ class _InstallAfterTorchImport(importlib.abc.MetaPathFinder):
 def _start_profiler() -> None:
     """TRAINGUARD_PROFILER=1: system metrics from now on, PyTorch step timings once torch is
     imported; under ``<TRAINGUARD_OUT_DIR>/profiler-output``. Fails open."""
+    if os.environ.get("TRAINGUARD_PROFILER") != "1":
+        return  # not asked for: the profiler's modules (numpy among them) stay unloaded
     try:
         from trainguard.profiler import start_from_environment
 

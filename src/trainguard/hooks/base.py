@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainguard.config.collections import SCALAR_COLLECTIONS, Collection, CollectionManager, compile_regex
 from trainguard.config.reduction_config import ReductionConfig
@@ -43,10 +43,15 @@ from trainguard.hooks.overhead_budget import (
 )
 from trainguard.hooks.run_end import mark_end_after_peers, peer_wait_seconds, start_end_marker_thread
 from trainguard.hooks.save_schedule import SaveSchedule
-from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource
-from trainguard.hooks.writer_process import WRITER_KINDS, ProcessStepWriter, open_step_writer
+from trainguard.hooks.writer_kinds import WRITER_KINDS
 from trainguard.modes import ModeKeys
 from trainguard.storage import LocalStore, Store, open_store
+
+if TYPE_CHECKING:
+    # The writers load numpy and the protobuf codec: imported when a hook first saves, so that
+    # checking a configuration (`trainguard run` validates one before starting training) does not.
+    from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource
+    from trainguard.hooks.writer_process import ProcessStepWriter
 
 __all__ = ["BaseHook", "SavePlan"]
 
@@ -291,6 +296,8 @@ class BaseHook(SaveSchedule):
                 self.store.write(collections_key(self._worker), self._rendered_collections())
             except Exception as error:  # noqa: BLE001 - the writer writes it again; fail open
                 logger.debug("trainguard: could not write the collections file of %s: %s", self._worker, error)
+        from trainguard.hooks.writer_process import open_step_writer
+
         self._writer = open_step_writer(
             self.store, self._worker, kind=kind, max_pending_bytes=self._max_pending_bytes, on_error=self.disable
         )

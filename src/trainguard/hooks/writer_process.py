@@ -63,7 +63,6 @@ HEADER_BYTES = 4096
 ALIGN = 64
 FRAME_HEAD = struct.Struct("<IQ")  # payload length, message number
 
-WRITER_KINDS = ("auto", "thread", "process")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
