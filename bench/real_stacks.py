@@ -66,6 +66,11 @@ ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS)
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 
 
+# Identical processes differ here by up to +-10 % (heap and code layout, which no seed fixes;
+# bench/RESULTS.md), a single plain process per repetition carries all of that into every ratio:
+# --plain-copies runs several, and each repetition's baseline is their mean.
+PLAIN_COPY_PREFIX = "plain_"
+
 BASELINE_SUFFIX = "@base"  # a variant run with the trainguard of --baseline-tree
 
 
@@ -82,7 +87,7 @@ def command(stack: str, variant: str, scale: float, device: str = "cpu", baselin
         steps, extra = CUDA_STEPS[stack], [*extra, "--device", "cuda"]
     script = [sys.executable, "-m", module, "--steps", str(max(1, int(steps * scale))), *extra]
     runner = [sys.executable, "-m", "trainguard.cli", "run"]
-    if variant == "plain":
+    if is_plain(variant):
         return script
     if variant == "trainguard":
         return [*runner, "--", *script]
@@ -94,6 +99,15 @@ def command(stack: str, variant: str, scale: float, device: str = "cpu", baselin
         setting, options = ENV_VARIANTS[variant]
         return ["env", setting, *runner, *options, "--", *script]
     return [*runner, "--rules", "--", *script]
+
+
+def is_plain(variant: str) -> bool:
+    """``plain`` and its copies (``plain_2``...): the script without trainguard."""
+    return variant == "plain" or variant.startswith(PLAIN_COPY_PREFIX)
+
+
+def plain_copies(count: int) -> tuple[str, ...]:
+    return ("plain", *(f"{PLAIN_COPY_PREFIX}{number}" for number in range(2, count + 1)))
 
 
 def _environment(hash_seed: int | None = None) -> dict[str, str]:
@@ -189,11 +203,15 @@ def summarise(rows: list[dict]) -> list[dict]:
         reps = sorted({r["rep"] for r in mine})
         if not reps:
             continue
-        plain = [by[(rep, "plain")] for rep in reps]
+        copies = [variant for variant in dict.fromkeys(r["variant"] for r in mine) if is_plain(variant)]
+        baseline = {
+            rep: {key: statistics.fmean(by[(rep, copy)][key] for copy in copies) for key in ("loop_s", "command_s")}
+            for rep in reps
+        }
         for variant in dict.fromkeys(r["variant"] for r in mine):
             runs = [by[(rep, variant)] for rep in reps]
-            ratios = [r["loop_s"] / p["loop_s"] for r, p in zip(runs, plain, strict=True)]
-            command_ratios = [r["command_s"] / p["command_s"] for r, p in zip(runs, plain, strict=True)]
+            ratios = [r["loop_s"] / baseline[rep]["loop_s"] for r, rep in zip(runs, reps, strict=True)]
+            command_ratios = [r["command_s"] / baseline[rep]["command_s"] for r, rep in zip(runs, reps, strict=True)]
             table.append({
                 "condition": condition, "stack": stack, "variant": variant,
                 "loop_s": statistics.median(r["loop_s"] for r in runs),
@@ -214,7 +232,9 @@ def render(table: list[dict], reps: int) -> str:
                      f"{row['loop_ratio']:.3f}x | {row['loop_ratio_min']:.3f}-{row['loop_ratio_max']:.3f} | "
                      f"{row['command_s']:.2f} | {row['command_ratio']:.3f}x | "
                      f"{row['peak_rss_mib']:.0f} |")  # fmt: skip
-    lines.append(f"\nmedians over {reps} repetition(s); ratios against plain python within each repetition")
+    lines.append(f"\nmedians over {reps} repetition(s); ratios against plain python within each repetition (the "
+                 "mean of its plain copies where there are several; a copy's own ratio shows the spread of "
+                 "identical processes)")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -231,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the runs and the table here")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(ALL_VARIANTS),
                         help="plain is always run (ratios are against it)")  # fmt: skip
+    parser.add_argument(
+        "--plain-copies",
+        type=int,
+        default=1,
+        help="plain processes per repetition, their mean the baseline (plain_2... in the table)",
+    )
     parser.add_argument("--schedule", choices=["turns", "sequential"], default="turns",
                         help="turns: a stack's variants at once, one running at a time (bench/time_slices.py); "
                         "sequential: one after the other")  # fmt: skip
@@ -240,11 +266,13 @@ def main(argv: list[str] | None = None) -> int:
                         "also runs with its code, as <variant>@base, in the same turns")  # fmt: skip
     args = parser.parse_args(argv)
     slice_seconds = args.slice if args.schedule == "turns" else None
-    variants = tuple(dict.fromkeys(["plain", *args.variants]))
+    if args.plain_copies < 1:
+        parser.error("--plain-copies must be 1 or more")
+    variants = tuple(dict.fromkeys([*plain_copies(args.plain_copies), *args.variants]))
     if args.baseline_tree is not None:
         if not (args.baseline_tree / "src" / "trainguard").is_dir():
             parser.error(f"--baseline-tree {args.baseline_tree} holds no src/trainguard")
-        variants += tuple(f"{variant}{BASELINE_SUFFIX}" for variant in variants if variant != "plain")
+        variants += tuple(f"{variant}{BASELINE_SUFFIX}" for variant in variants if not is_plain(variant))
     scale = 0.01 if args.quick else args.scale
     conditions = {"no": ["quiet"], "yes": ["quiet", "loaded"], "only": ["loaded"]}[args.load]
     print(f"load average before: {os.getloadavg()[0]:.2f}", file=sys.stderr)
