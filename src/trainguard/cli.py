@@ -389,7 +389,7 @@ def build_parser(all_verbs: bool = True) -> argparse.ArgumentParser:
     run.add_argument(
         "--overhead-budget",
         type=float,
-        help="share of training time the capture may take (default 0.02 unless --save-interval or --config "
+        help="share of training time the capture may take (default 0.01 unless --save-interval or --config "
         "fixes the schedule): past its first 20 saves (16 when far over budget), weights, gradients and "
         "outputs are saved on fewer steps (at least every 500; every 100 under --rules/--stop-on-issue) when "
         "saving costs more, then losses and scalars (at least every 100) if they alone cost more; 0: the "

@@ -15,6 +15,7 @@ import torch.nn as nn
 
 import trainguard.pytorch as tg
 from trainguard.errors import ConfigError
+from trainguard.zero_code import DEFAULT_OVERHEAD_BUDGET
 from trainguard.hooks.overhead_budget import HEAVY, LIGHT, QUIET, OverheadBudget
 from trainguard.trials import create_trial
 from trainguard.zero_code import zero_code_hook_kwargs
@@ -283,18 +284,18 @@ def test_trainguard_run_thins_with_a_budget_and_not_with_an_explicit_interval(tm
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        ([], "0.02"),
+        ([], str(DEFAULT_OVERHEAD_BUDGET)),
         (["--save-interval", "10"], "0.0"),
         (["--config", "hook.json"], "0.0"),
-        (["--rules"], "0.02"),
-        (["--stop-on-issue"], "0.02"),
+        (["--rules"], str(DEFAULT_OVERHEAD_BUDGET)),
+        (["--stop-on-issue"], str(DEFAULT_OVERHEAD_BUDGET)),
         (["--rules", "--overhead-budget", "0"], "0.0"),
         (["--rules", "--save-interval", "10"], "0.0"),
         (["--overhead-budget", "0.05"], "0.05"),
         (["--save-interval", "10", "--overhead-budget", "0.05"], "0.05"),
     ],
 )
-def test_trainguard_run_budgets_2_percent_unless_the_schedule_is_fixed(flags, expected):
+def test_trainguard_run_budgets_1_percent_unless_the_schedule_is_fixed(flags, expected):
     from trainguard.cli import LIVE_RULES_MAX_INTERVAL, _child_environment, build_parser
 
     args = build_parser().parse_args(["run", *flags, "--", "python", "train.py"])
