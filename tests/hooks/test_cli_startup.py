@@ -88,3 +88,14 @@ def test_the_profiler_is_loaded_in_training_only_when_asked_for(tmp_path: Path, 
     done = _trainguard(tmp_path, "run", "--out", str(tmp_path / "r"), *options, "--", sys.executable, "-c", script)
     assert done.returncode == 0, done.stderr
     assert f"PROFILER {profile}" in done.stdout
+
+
+def test_the_format_package_still_offers_every_name_it_loads_on_use() -> None:
+    import trainguard.format as package
+
+    assert sorted(package.__all__) == sorted(package._HOME)
+    for name in package.__all__:
+        value = getattr(package, name)
+        assert value.__module__.startswith("trainguard.format."), name
+    with pytest.raises(AttributeError):
+        package.not_a_name  # noqa: B018 - the attribute access is the test

@@ -8,7 +8,12 @@ would load numpy and protobuf into a process that starts before training and nev
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # type checkers and editors see the names; the interpreter loads them on use
+    from trainguard.format.index import IndexEntry, StepIndex, parse_index, render_index
+    from trainguard.format.record import frame, iter_records, parse_record
+    from trainguard.format.tensor_codec import DecodedTensor, EncodedTensor, decode_event, encode_tensor_event
 
 _HOME = {
     "IndexEntry": "index",
@@ -24,7 +29,19 @@ _HOME = {
     "encode_tensor_event": "tensor_codec",
 }
 
-__all__ = sorted(_HOME)
+__all__ = [
+    "DecodedTensor",
+    "EncodedTensor",
+    "IndexEntry",
+    "StepIndex",
+    "decode_event",
+    "encode_tensor_event",
+    "frame",
+    "iter_records",
+    "parse_index",
+    "parse_record",
+    "render_index",
+]
 
 
 def __getattr__(name: str) -> Any:
