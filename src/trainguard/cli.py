@@ -105,6 +105,9 @@ def _judged_live(args: argparse.Namespace) -> bool:
 def _rule_specs(args: argparse.Namespace) -> list[Any]:
     """The rules of ``--rules`` (``default`` = the default set); with ``--stop-on-issue`` each
     gets the stoptraining action. Later configurations of the same name replace earlier ones."""
+    args.named_rules = set()
+    if not _judged_live(args):
+        return []  # before the imports: rule machinery is not loaded for a run without rules
     from trainguard.commands.rules import parse_rule_list
     from trainguard.rules.defaults import default_rule_specs
 
@@ -179,7 +182,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--stop-grace {args.stop_grace} must be zero or more seconds")
     out_dir = args.out or _default_out_dir()
     environment = _child_environment(args, out_dir)
-    specs = _rule_specs(args) if _judged_live(args) else []
+    specs = _rule_specs(args)
     config_dir = _configure_capture_for_rules(args, specs, environment) if specs else None
     try:
         _validate(environment, out_dir)
