@@ -342,7 +342,7 @@ class BaseHook(SaveSchedule):
                 self.saving_this_step = False
                 return
             if self._budget is not None:
-                self._budget.mark(self.step, LIGHT if self._due <= LIGHT_COLLECTIONS else HEAVY, writer.cpu_seconds)
+                self._budget.mark(self.step, LIGHT if self._due <= LIGHT_COLLECTIONS else HEAVY, writer.cost_seconds)
             writer.begin_step(self.step, self.mode, self.mode_steps[self.mode])
             self._on_step_begin()
         elif self._budget is not None:

@@ -57,6 +57,9 @@ class WriterBase:
         self._on_error = on_error
         self._closed = False
         self._disabled_by_fork = False
+        # Wall seconds the training thread waited for this writer (its queue full): a cost of
+        # saving that the training thread's CPU time, the overhead budget's clock, cannot see.
+        self.blocked_seconds = 0.0
         self._reserve = self._reserve_space()
         reference = weakref.ref(self)
 
@@ -119,6 +122,12 @@ class WriterBase:
         """CPU time the writer has used so far (None where it cannot be read): an overhead
         budget counts it, since on a busy machine it competes with training for a core."""
         return None
+
+    def cost_seconds(self) -> float | None:
+        """What the writer has cost training so far, for an overhead budget: its CPU time plus
+        the seconds training waited for it; None where its CPU time cannot be read."""
+        cpu = self.cpu_seconds()
+        return None if cpu is None else cpu + self.blocked_seconds
 
     @property
     def active(self) -> bool:
@@ -189,19 +198,31 @@ class StepWriter(WriterBase):
     def _put(self, item: tuple[Any, ...], nbytes: int = 0, *, wake: bool = True) -> None:
         if not self.active:
             return
-        deadline = time.monotonic() + self.max_block_seconds
         with self._condition:
-            while self._pending_bytes and self._pending_bytes + nbytes > self.max_pending_bytes:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.failure is not None:
-                    self._fail(TimeoutError(f"writer for {self.store.url} made no progress for {self.max_block_seconds:.0f} s"))
+            if self._pending_bytes and self._pending_bytes + nbytes > self.max_pending_bytes:
+                if not self._wait_for_room(nbytes):
                     return
-                self._condition.notify_all()  # pieces queued without a wake-up must drain
-                self._condition.wait(min(remaining, 0.5))
             self._queue.append(item)
             self._pending_bytes += nbytes
             if wake or self._pending_bytes >= self._wake_bytes:
                 self._condition.notify_all()
+
+    def _wait_for_room(self, nbytes: int) -> bool:
+        """Under the condition's lock: wait until ``nbytes`` more fit the queue budget; False
+        (capture disabled) when the writer makes no progress for max_block_seconds."""
+        started = time.monotonic()
+        deadline = started + self.max_block_seconds
+        try:
+            while self._pending_bytes and self._pending_bytes + nbytes > self.max_pending_bytes:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.failure is not None:
+                    self._fail(TimeoutError(f"writer for {self.store.url} made no progress for {self.max_block_seconds:.0f} s"))
+                    return False
+                self._condition.notify_all()  # pieces queued without a wake-up must drain
+                self._condition.wait(min(remaining, 0.5))
+            return True
+        finally:
+            self.blocked_seconds += time.monotonic() - started
 
     def begin_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:
         self._put(("begin", step, mode, mode_step), wake=False)

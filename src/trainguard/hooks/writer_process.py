@@ -224,8 +224,12 @@ class ProcessStepWriter(WriterBase):
         return self._process.pid
 
     def cpu_seconds(self) -> float | None:
-        # utime and stime of /proc/<pid>/stat (fields 14 and 15, counted after the command name,
-        # which may hold spaces); in clock ticks.
+        # None until the process is ready: its start-up (interpreter, imports: ~0.4 s of CPU)
+        # is paid once, and an overhead budget window holding it would read it as the cost of
+        # its few saves. utime and stime of /proc/<pid>/stat (fields 14 and 15, counted after
+        # the command name, which may hold spaces); in clock ticks.
+        if not self._slots[SLOT_READY]:
+            return None
         try:
             with open(f"/proc/{self._process.pid}/stat", "rb") as file:
                 fields = file.read().rpartition(b")")[2].split()
@@ -424,18 +428,22 @@ class ProcessStepWriter(WriterBase):
         if fits():
             return True
         self._send_batch()  # the process frees only what it has been told about
-        deadline = time.monotonic() + self.max_block_seconds
+        started = time.monotonic()
+        deadline = started + self.max_block_seconds
         pause = 0.0002
-        while not fits():
-            if not self._usable() or self._check_process() is not None:
-                return False
-            if time.monotonic() >= deadline:
-                self._fail(TimeoutError(f"writer process for {self.store.url} made no progress "
-                                        f"for {self.max_block_seconds:.0f} s"))  # fmt: skip
-                return False
-            time.sleep(pause)
-            pause = min(pause * 2, 0.02)
-        return True
+        try:
+            while not fits():
+                if not self._usable() or self._check_process() is not None:
+                    return False
+                if time.monotonic() >= deadline:
+                    self._fail(TimeoutError(f"writer process for {self.store.url} made no progress "
+                                            f"for {self.max_block_seconds:.0f} s"))  # fmt: skip
+                    return False
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
+            return True
+        finally:
+            self.blocked_seconds += time.monotonic() - started
 
     def _send_batch(self) -> None:
         if not self._batch or self.failure is not None:
@@ -451,13 +459,15 @@ class ProcessStepWriter(WriterBase):
                 written = os.write(self._pipe, frame)
             except BlockingIOError:
                 # The process is behind by a pipe's worth of messages: wait for it, not forever.
-                remaining = deadline - time.monotonic()
+                waited = time.monotonic()
+                remaining = deadline - waited
                 if remaining <= 0 or self._check_process() is not None:
                     if self.failure is None:
                         self._fail(TimeoutError(f"writer process for {self.store.url} took no message "
                                                 f"for {self.max_block_seconds:.0f} s"))  # fmt: skip
                     return
                 select.select([], [self._pipe], [], min(remaining, 0.5))
+                self.blocked_seconds += time.monotonic() - waited
                 continue
             except OSError as error:  # EPIPE: the process is gone
                 self._check_process()
