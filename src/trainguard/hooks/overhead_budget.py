@@ -143,9 +143,9 @@ class OverheadBudget:
         return kept
 
     # -- what it costs -----------------------------------------------------------------------
-    def mark(self, step: int, kind: int, writer_cpu: Callable[[], float | None] | None = None) -> None:
+    def mark(self, step: int, kind: int, writer_cost: Callable[[], float | None] | None = None) -> None:
         """The training thread is at the begin of global ``step`` (QUIET: it saves nothing,
-        LIGHT: light collections only, HEAVY: heavy ones too). ``writer_cpu`` reads the
+        LIGHT: light collections only, HEAVY: heavy ones too). ``writer_cost`` reads the
         writer's cost so far, in seconds: its CPU time and the time training waited for it
         (asked only when a measuring window starts or ends)."""
         now = self._clock()
@@ -164,16 +164,16 @@ class OverheadBudget:
         window = self._window
         if window is None:
             if kind == HEAVY:
-                self._window = _Window(now, writer_cpu() if writer_cpu else None)
+                self._window = _Window(now, writer_cost() if writer_cost else None)
             return
         # A window spans whole periods of the heavy saves (from one to a later one): cut
         # anywhere else, it would see one costly save more or less than its share.
         ends = kind == HEAVY or (window.heavy == 0 and window.saves >= self.heavy_stride + DECIDE_EVERY)
         if ends and window.saves >= DECIDE_EVERY and self.saves >= self.warmup_saves:
-            self._decide(now, writer_cpu() if writer_cpu else None)
+            self._decide(now, writer_cost() if writer_cost else None)
             return
         if ends and window.saves >= EARLY_SAVES:
-            writer_seconds = writer_cpu() if writer_cpu else None
+            writer_seconds = writer_cost() if writer_cost else None
             measured = self._measure(now, writer_seconds)
             if measured is not None and measured[0] > EARLY_FACTOR * self.fraction:
                 self._decide(now, writer_seconds)
