@@ -159,12 +159,13 @@ def test_zero_code_reads_the_budget_from_the_environment(tmp_path):
         zero_code_hook_kwargs({"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "-1"})
 
 
-def _train_mlp(hook: tg.Hook, steps: int) -> None:
+def _train_mlp(hook: tg.Hook, steps: int, *, register: bool = True) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
     criterion = nn.CrossEntropyLoss()
-    hook.register_module(model)
-    hook.register_loss(criterion)
+    if register:
+        hook.register_module(model)
+        hook.register_loss(criterion)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     inputs, labels = torch.randn(16, 32), torch.randint(0, 4, (16,))
     for _ in range(steps):
@@ -312,3 +313,42 @@ def test_trainguard_run_refuses_a_budget_of_one_or_more():
     args = build_parser().parse_args(["run", "--overhead-budget", "1.5", "--", "python", "train.py"])
     with pytest.raises(ConfigError, match="--overhead-budget"):
         _child_environment(args, "/tmp/out")
+
+
+@pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
+def test_configured_steps_the_budget_thins_take_the_quiet_path(run_dir, monkeypatch, zero_code):
+    """Once the budget thins, a configured step it keeps nothing of costs what any unsaved step
+    costs: the budget is asked ahead, and the hook's general path runs only around kept saves."""
+    from trainguard.hooks.zero_code import ZeroCodeHook
+
+    hook_class = ZeroCodeHook if zero_code else tg.Hook
+    hook = hook_class(out_dir=str(run_dir), save_config=tg.SaveConfig(save_interval=2),
+                      overhead_budget=0.5, include_collections=["weights", "losses"])  # fmt: skip
+    budget = hook._budget
+    assert budget is not None
+    budget.warmup_saves = 10**6  # no decision: the strides below stay
+    budget.light_stride, budget.heavy_stride = 5, 2
+    general: list[int] = []
+    general_path = hook._general_root_pre_forward
+    monkeypatch.setattr(hook, "_general_root_pre_forward", lambda *a: (general.append(hook.step + 1), general_path(*a)))
+    _train_mlp(hook, 400, register=not zero_code)
+    hook.close()
+    trial = create_trial(run_dir)
+    # candidates every 2 steps; every 5th kept (light), every 2nd of those heavy
+    assert trial.steps() == list(range(0, 400, 10))
+    weights = trial.tensor(trial.tensor_names(collection="weights")[0]).steps()
+    assert weights == list(range(0, 400, 20))
+    later = [step for step in general if step >= 20]
+    # the kept save, the step after it (which ends it) and nothing between
+    assert set(later) <= {step for kept in range(20, 400, 10) for step in (kept, kept + 1)}, later
+    assert len(later) <= 2 * len(range(20, 400, 10))
+
+
+def test_a_configured_step_asked_ahead_gets_the_same_answer_again():
+    """Steps asked ahead and thinned, asked again after a run of quiet steps was cut short (a
+    mode change), stay thinned and do not shift which later steps are kept."""
+    budget = OverheadBudget(0.5)
+    budget.light_stride = 3
+    assert [budget.keep(step) for step in (0, 2, 4, 6)] == [HEAVY, QUIET, QUIET, HEAVY]
+    assert budget.keep(2) == QUIET and budget.keep(4) == QUIET and budget.keep(6) == HEAVY
+    assert [budget.keep(step) for step in (8, 10, 12)] == [QUIET, QUIET, HEAVY]

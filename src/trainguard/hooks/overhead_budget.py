@@ -129,6 +129,10 @@ class OverheadBudget:
         collections; QUIET: nothing. The answer for one step never changes."""
         if self._decided is not None and self._decided[0] == mode_step:
             return self._decided[1]
+        if self._last_candidate is not None and mode_step < self._last_candidate:
+            # Asked ahead (SaveSchedule.unsaved_steps_ahead) and thinned then; asked again only
+            # where a run of quiet steps was cut short (a mode change): the same answer.
+            return QUIET
         if self._last_candidate is not None and mode_step > self._last_candidate:
             self._gaps.append(mode_step - self._last_candidate)
         self._last_candidate = mode_step

@@ -43,6 +43,7 @@ from trainguard.hooks.torch_compiled import (
     in_compile_wrapper,
     is_compile_wrapper,
 )
+from trainguard.hooks.torch_io_sources import ModuleIOSources
 from trainguard.hooks.torch_optimizer import OptimizerSteps
 from trainguard.hooks.torch_saving import TorchTensorSaving
 from trainguard.hooks.torch_tensors import HostSnapshot
@@ -93,7 +94,9 @@ def _flatten_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, TorchTensorSaving, BaseHook):
+class TorchHook(
+    CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, ModuleIOSources, TorchTensorSaving, BaseHook
+):
     """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
 
     framework = "pytorch"
@@ -142,14 +145,12 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
         self._activation_calls: dict[tuple[str, str], int] = {}
         self._module_stack: list[torch.nn.Module] = []
         self._module_stack_handles: list[Any] = []
-        # Forward hooks of the registered modules (and of registered losses) exist only during
-        # saved steps, as the gradient hooks do: an unsaved step costs the root's pre-hook, no
-        # call per module. Under torch.compile the root's pre-hook sits on the OptimizedModule
-        # wrapper instead, and a saved step runs the model eagerly (torch_compiled.py): Dynamo
-        # never traces a hook of ours.
+        # Forward hooks exist only during saved steps (torch_io_sources.py). Under torch.compile
+        # the root's pre-hook sits on the OptimizedModule wrapper instead, and a saved step runs
+        # the model eagerly (torch_compiled.py): Dynamo never traces a hook of ours.
         self._registered_roots: list[weakref.ref[torch.nn.Module]] = []
         self._loss_modules: list[weakref.ref[torch.nn.Module]] = []
-        self._module_hook_handles: list[Any] = []
+        self._init_io_sources()
         self._forward_hook = eager(self._after_forward)
         # The root's pre-hook: its quiet path (the usual unsaved step) runs no Python of ours but
         # these two functions, which Dynamo skips; the rest goes through eager() ones.
@@ -300,28 +301,6 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
                 self._drive_from_wrapper(wrapper)
         self.root_forward(module)
 
-    # -- module hooks on saved steps ----------------------------------------------------------
-    def _hook_tree(self, root: torch.nn.Module, handles: list[Any]) -> None:
-        for child in root.modules():
-            handles.append(child.register_forward_hook(self._forward_hook))
-
-    def _attach_module_hooks(self) -> None:
-        if self._module_hook_handles:
-            return
-        for reference in self._registered_roots:
-            root = reference()
-            if root is not None:
-                self._hook_tree(root, self._module_hook_handles)
-        for reference in self._loss_modules:
-            loss = reference()
-            if loss is not None:
-                self._module_hook_handles.append(loss.register_forward_hook(self._forward_hook))
-
-    def _detach_module_hooks(self) -> None:
-        handles, self._module_hook_handles = self._module_hook_handles, []
-        for handle in handles:
-            handle.remove()
-
     def _quiet_step(self, module: torch.nn.Module) -> bool:
         """Count the usual unsaved step and say so; False for every other step.
 
@@ -375,6 +354,7 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
         self._start_activation_capture(module)
 
     def _on_step_begin(self) -> None:
+        self._io_plan = self._narrow_modules()
         weights_due, gradients_due = self._parameter_capture_due()
         if gradients_due:
             self._attach_step_hooks()
@@ -434,6 +414,8 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
         if self._optimizer_driven:
             self._take_gradients()  # a step that ends without optimizer.step() (mode change, close)
         self._grad_parameters.clear()
+        self._settle_io_sources()
+        self._io_plan = None
         held, self._held = self._held, {}
         self.write_tensors([(name, raw[0], raw[1], raw[2]) for name, (raw, _, _) in held.items() if raw is not None])
         for name, (_, reduced, requested) in held.items():
@@ -478,7 +460,9 @@ class TorchHook(CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, Tor
             saved = self.save_torch_tensor(f"{name}_input_{index}", tensor) or saved
         for index, tensor in enumerate(outputs):
             saved = self.save_torch_tensor(f"{name}_output_{index}", tensor) or saved
-        if not saved and self.saving_this_step:
+        if saved:
+            self._note_io_source(module)
+        elif self.saving_this_step:
             self._plan_cache[silent_key] = weakref.ref(module)
         return outputs
 

@@ -81,11 +81,19 @@ class SaveSchedule:
     def unsaved_steps_ahead(self, mode: ModeKeys, mode_step: int, limit: int = 256) -> int:
         """How many steps of ``mode`` after ``mode_step`` are certainly saved by no collection
         (at most ``limit``): adapters skip their per-step bookkeeping for those. Valid while
-        ``_groups`` is the same list (it is rebuilt whenever collections or schedules change)."""
+        ``_groups`` is the same list (it is rebuilt whenever collections or schedules change).
+
+        Under an overhead budget, configured TRAIN steps it thins to nothing count as unsaved
+        too (most of them, once it thins): the budget is asked about them now, in order, up to
+        the first one it keeps. Its answers cannot change before then: it only changes its mind
+        when a saved step begins."""
         groups = self._schedule_groups()
+        budget = self._budget if mode is ModeKeys.TRAIN else None
         ahead = 0
-        while ahead < limit and not any(
-            schedule.should_save_step(mode, mode_step + ahead + 1) for schedule, _ in groups
-        ):
+        while ahead < limit:
+            step = mode_step + ahead + 1
+            if any(schedule.should_save_step(mode, step) for schedule, _ in groups):
+                if budget is None or self._due_collections(mode, step):
+                    break
             ahead += 1
         return ahead

@@ -56,6 +56,7 @@ class ZeroCodeHook(TorchHook):
         self._global_pre_hook = eager(self._global_pre_forward)
         self._global_post_hook = eager(self._global_forward)
         self._global_handles: list[Any] = []
+        self._source_pre_hook = eager(self._push_source)
         self._attach_globals()
         self._originals: list[tuple[Any, str, Any]] = []
         for name in FUNCTIONAL_LOSSES:
@@ -93,7 +94,17 @@ class ZeroCodeHook(TorchHook):
 
     def _attach_module_hooks(self) -> None:
         super()._attach_module_hooks()
-        self._attach_globals()
+        if self._io_narrow is None:
+            self._attach_globals()
+
+    def _hook_io_source(self, module: torch.nn.Module, handles: list[Any]) -> None:
+        # What the global hooks would do for this module alone: keep it on the stack (a
+        # functional loss inside a loss module is that module's) and capture its I/O.
+        handles.append(module.register_forward_pre_hook(self._source_pre_hook))
+        handles.append(module.register_forward_hook(self._global_post_hook, always_call=True))
+
+    def _push_source(self, module: torch.nn.Module, args: Any) -> None:
+        self._stack.append(module)
 
     def _detach_module_hooks(self) -> None:
         super()._detach_module_hooks()
