@@ -61,8 +61,14 @@ OPTION_VARIANTS = {
     "trainguard_budget_caps": ["--config", str(Path(__file__).resolve().parent / "budget_caps.json")],
 }
 # ...and `--rules` with its rule runner at normal priority, as before it ran as batch work at nice 5
-ENV_VARIANTS = {"trainguard_rules_nice0": ("TRAINGUARD_RULES_NICE=0", ["--rules"])}
-ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS)
+ENV_VARIANTS = {
+    "trainguard_rules_nice0": ("TRAINGUARD_RULES_NICE=0", ["--rules"]),
+    "trainguard_si1000_thread": ("TRAINGUARD_WRITER=thread", ["--save-interval", "1000"]),
+}
+# ...and, to tell what a hook costs from what its process carries: the script without any hook
+# but with trainguard's hook modules imported first (memory and code layout, no capture)
+IMPORT_ONLY = "no_hook_trainguard_imported"
+ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS, IMPORT_ONLY)
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 
 
@@ -89,6 +95,10 @@ def command(stack: str, variant: str, scale: float, device: str = "cpu", baselin
     runner = [sys.executable, "-m", "trainguard.cli", "run"]
     if is_plain(variant):
         return script
+    if variant == IMPORT_ONLY:
+        run = (f"import runpy, sys, trainguard.hooks.zero_code; sys.argv[0] = {module!r}; "
+               f"runpy.run_module({module!r}, run_name='__main__')")  # fmt: skip
+        return [sys.executable, "-c", run, *script[3:]]
     if variant == "trainguard":
         return [*runner, "--", *script]
     if variant in WRITER_VARIANTS:

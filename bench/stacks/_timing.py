@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import resource
 import time
 
 
@@ -29,6 +30,7 @@ class LoopTimer:
         if self._callgrind is not None:
             print(f"BENCH_LOOP_PID={os.getpid()}", flush=True)
             self._callgrind.bench_collect_on()
+        self._usage = resource.getrusage(resource.RUSAGE_SELF)
         self.started = time.perf_counter()
         return self
 
@@ -41,6 +43,15 @@ class LoopTimer:
         # (perf_counter on Linux), comparable across processes (bench/time_slices.py)
         print(f"BENCH_LOOP_SECONDS={ended - self.started:.4f}", flush=True)
         print(f"BENCH_LOOP_SPAN={self.started:.6f} {ended:.6f}", flush=True)
+        # where the loop's time went in this process: user and kernel CPU seconds, page faults
+        # and context switches (a cost the instruction count of bench/instructions.py cannot see)
+        usage, before = resource.getrusage(resource.RUSAGE_SELF), self._usage
+        print(
+            f"BENCH_LOOP_USAGE=user {usage.ru_utime - before.ru_utime:.4f} sys {usage.ru_stime - before.ru_stime:.4f} "
+            f"minflt {usage.ru_minflt - before.ru_minflt} majflt {usage.ru_majflt - before.ru_majflt} "
+            f"nvcsw {usage.ru_nvcsw - before.ru_nvcsw} nivcsw {usage.ru_nivcsw - before.ru_nivcsw}",
+            flush=True,
+        )
 
     def _synchronize(self) -> None:
         if self.device == "cuda":

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from trainguard.hooks.base import BaseHook
 from trainguard.hooks.fail_open import fail_open
@@ -136,7 +136,8 @@ class TorchHook(
         self._end_pending = False
         # gradient name -> its parameter, whose .grad is read when final: at optimizer.step()
         self._grad_parameters: dict[str, torch.Tensor] = {}
-        self._handles.append(register_optimizer_step_pre_hook(self._before_optimizer_step))
+        # The pre-hook takes the gradients an optimizer applies: it exists only while a step that
+        # saves gradients runs (with their hooks, _attach_step_hooks), not a call on every step.
         self._handles.append(register_optimizer_step_post_hook(self._after_optimizer_step))
         # Functional activations (torch_activations.py): a torch-function mode that exists only
         # during the root forward of a step saving an activation collection.

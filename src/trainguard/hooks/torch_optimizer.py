@@ -16,6 +16,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from trainguard.hooks.fail_open import fail_open
 from trainguard.modes import ModeKeys
@@ -155,9 +156,11 @@ class OptimizerSteps:
         self._optimizer_parameters[id(optimizer)] = parameters
 
     def _attach_step_hooks(self) -> None:
-        """Hook the gradients for this (saved) step; removed when it ends."""
+        """Hook the gradients for this (saved) step, and every optimizer step's start (the
+        gradients it applies); removed when a step saving no gradient begins."""
         if self._step_handles:
             return
+        self._step_handles.append(register_optimizer_step_pre_hook(self._before_optimizer_step))
         for reference, hook in self._gradient_sources:
             parameter = reference()
             if parameter is not None:
