@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -55,6 +56,9 @@ WRITER_VARIANTS = {"trainguard_thread": "thread", "trainguard_process": "process
 # ...and other trainguard run options: nearly every step unsaved; live rules on every 10th step
 OPTION_VARIANTS = {
     "trainguard_si1000": ["--save-interval", "1000"],
+    # step 0 saved, then nothing: the process carries the hook and the writer, and pays only
+    # the unsaved-step path (what si1000's few heavy saves add is the difference to it)
+    "trainguard_save_once": ["--save-interval", str(10**9)],
     "trainguard_rules_dense": ["--rules", "--overhead-budget", "0"],
     # where the overhead budget ends on a fast step (losses every 100 steps, the rest every 500),
     # fixed from the start: the default run's steady state without its timing-driven decisions
@@ -68,6 +72,12 @@ ENV_VARIANTS = {
 # ...and, to tell what a hook costs from what its process carries: the script without any hook
 # but with trainguard's hook modules imported first (memory and code layout, no capture)
 IMPORT_ONLY = "no_hook_trainguard_imported"
+# Plain processes whose allocation history is moved (--layout-controls): identical processes agree
+# here within ~2 %, but one that merely allocates a little more before its model (as a hooked one
+# does) lands its tensors elsewhere and runs up to +-5-10 % apart (bench/RESULTS.md). These are
+# plain python, not in the baseline; they show how far a different layout alone moves the ratio.
+LAYOUT_CONTROL_PREFIX = "layout_control_"
+LAYOUT_SHIFT_MAX = 200_000  # bytes allocated first, at most
 ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS, IMPORT_ONLY)
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 
@@ -80,7 +90,9 @@ PLAIN_COPY_PREFIX = "plain_"
 BASELINE_SUFFIX = "@base"  # a variant run with the trainguard of --baseline-tree
 
 
-def command(stack: str, variant: str, scale: float, device: str = "cpu", baseline: Path | None = None) -> list[str]:
+def command(
+    stack: str, variant: str, scale: float, device: str = "cpu", baseline: Path | None = None, rep: int = 0
+) -> list[str]:
     if variant.endswith(BASELINE_SUFFIX):
         # the same variant, with another checkout's trainguard first on the path (the stack
         # scripts still come from this one): two versions of the code in one interleaved run
@@ -95,6 +107,13 @@ def command(stack: str, variant: str, scale: float, device: str = "cpu", baselin
     runner = [sys.executable, "-m", "trainguard.cli", "run"]
     if is_plain(variant):
         return script
+    if variant.startswith(LAYOUT_CONTROL_PREFIX):
+        # a size of its own per control and repetition, the same on every run of the benchmark
+        shift = random.Random(f"{variant}/{rep}").randrange(1, LAYOUT_SHIFT_MAX)
+        run = (f"import runpy, sys; _moved = bytearray({shift}); import torch; "
+               f"_tensors = [torch.empty({shift // 4 + 1}) for _ in range(3)]; sys.argv[0] = {module!r}; "
+               f"runpy.run_module({module!r}, run_name='__main__')")  # fmt: skip
+        return [sys.executable, "-c", run, *script[3:]]
     if variant == IMPORT_ONLY:
         run = (f"import runpy, sys, trainguard.hooks.zero_code; sys.argv[0] = {module!r}; "
                f"runpy.run_module({module!r}, run_name='__main__')")  # fmt: skip
@@ -114,6 +133,14 @@ def command(stack: str, variant: str, scale: float, device: str = "cpu", baselin
 def is_plain(variant: str) -> bool:
     """``plain`` and its copies (``plain_2``...): the script without trainguard."""
     return variant == "plain" or variant.startswith(PLAIN_COPY_PREFIX)
+
+
+def is_layout_control(variant: str) -> bool:
+    return variant.startswith(LAYOUT_CONTROL_PREFIX)
+
+
+def layout_controls(count: int) -> tuple[str, ...]:
+    return tuple(f"{LAYOUT_CONTROL_PREFIX}{number}" for number in range(1, count + 1))
 
 
 def plain_copies(count: int) -> tuple[str, ...]:
@@ -187,10 +214,11 @@ def measure(
             try:
                 if slice_seconds is None:
                     results = {
-                        variant: run_once(command(stack, variant, scale, device, baseline), rep) for variant in order
+                        variant: run_once(command(stack, variant, scale, device, baseline, rep), rep)
+                        for variant in order
                     }
                 else:
-                    argvs = {variant: command(stack, variant, scale, device, baseline) for variant in order}
+                    argvs = {variant: command(stack, variant, scale, device, baseline, rep) for variant in order}
                     results = run_in_turns_once(argvs, slice_seconds, hash_seed=rep)
             except RuntimeError as error:  # one broken stack must not cost the others' figures
                 print(f"[{condition} rep {rep}] {stack} FAILED: {error}", file=sys.stderr, flush=True)
@@ -218,15 +246,24 @@ def summarise(rows: list[dict]) -> list[dict]:
             rep: {key: statistics.fmean(by[(rep, copy)][key] for copy in copies) for key in ("loop_s", "command_s")}
             for rep in reps
         }
+        # every plain process of a repetition, its copies and its moved layouts: the middle one
+        plains = [
+            variant
+            for variant in dict.fromkeys(r["variant"] for r in mine)
+            if is_plain(variant) or is_layout_control(variant)
+        ]
+        any_layout = {rep: statistics.median(by[(rep, plain)]["loop_s"] for plain in plains) for rep in reps}
         for variant in dict.fromkeys(r["variant"] for r in mine):
             runs = [by[(rep, variant)] for rep in reps]
             ratios = [r["loop_s"] / baseline[rep]["loop_s"] for r, rep in zip(runs, reps, strict=True)]
             command_ratios = [r["command_s"] / baseline[rep]["command_s"] for r, rep in zip(runs, reps, strict=True)]
+            layout_ratios = [r["loop_s"] / any_layout[rep] for r, rep in zip(runs, reps, strict=True)]
             table.append({
                 "condition": condition, "stack": stack, "variant": variant,
                 "loop_s": statistics.median(r["loop_s"] for r in runs),
                 "loop_ratio": statistics.median(ratios),
                 "loop_ratio_min": min(ratios), "loop_ratio_max": max(ratios),
+                "layout_ratio": statistics.median(layout_ratios) if len(plains) > len(copies) else None,
                 "command_s": statistics.median(r["command_s"] for r in runs),
                 "command_ratio": statistics.median(command_ratios),
                 "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
@@ -235,16 +272,22 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 
 def render(table: list[dict], reps: int) -> str:
-    lines = ["| condition | stack | variant | loop s | loop ratio | loop ratio range | command s | command ratio "
-             "| peak RSS MiB |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    layouts = any(row.get("layout_ratio") is not None for row in table)
+    lines = ["| condition | stack | variant | loop s | loop ratio | loop ratio range | "
+             + ("vs every plain layout | " if layouts else "") + "command s | command ratio | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if layouts else "")]  # fmt: skip
     for row in table:
+        layout = f"{row['layout_ratio']:.3f}x | " if row.get("layout_ratio") is not None else "- | " if layouts else ""
         lines.append(f"| {row['condition']} | {row['stack']} | {row['variant']} | {row['loop_s']:.2f} | "
-                     f"{row['loop_ratio']:.3f}x | {row['loop_ratio_min']:.3f}-{row['loop_ratio_max']:.3f} | "
+                     f"{row['loop_ratio']:.3f}x | {row['loop_ratio_min']:.3f}-{row['loop_ratio_max']:.3f} | {layout}"
                      f"{row['command_s']:.2f} | {row['command_ratio']:.3f}x | "
                      f"{row['peak_rss_mib']:.0f} |")  # fmt: skip
     lines.append(f"\nmedians over {reps} repetition(s); ratios against plain python within each repetition (the "
                  "mean of its plain copies where there are several; a copy's own ratio shows the spread of "
-                 "identical processes)")  # fmt: skip
+                 "identical processes)"
+                 + ("; vs every plain layout: against the median of all plain processes of the repetition, its "
+                    "copies and its layout controls (plain python that allocates some bytes before its model)"
+                    if layouts else ""))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -267,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="plain processes per repetition, their mean the baseline (plain_2... in the table)",
     )
+    parser.add_argument("--layout-controls", type=int, default=0,
+                        help="plain processes per repetition that allocate 1-200,000 bytes before their model "
+                        "(layout_control_1...): how far a different memory layout alone moves a ratio")  # fmt: skip
     parser.add_argument("--schedule", choices=["turns", "sequential"], default="turns",
                         help="turns: a stack's variants at once, one running at a time (bench/time_slices.py); "
                         "sequential: one after the other")  # fmt: skip
@@ -278,7 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     slice_seconds = args.slice if args.schedule == "turns" else None
     if args.plain_copies < 1:
         parser.error("--plain-copies must be 1 or more")
-    variants = tuple(dict.fromkeys([*plain_copies(args.plain_copies), *args.variants]))
+    if args.layout_controls < 0:
+        parser.error("--layout-controls must be 0 or more")
+    variants = tuple(
+        dict.fromkeys([*plain_copies(args.plain_copies), *layout_controls(args.layout_controls), *args.variants])
+    )
     if args.baseline_tree is not None:
         if not (args.baseline_tree / "src" / "trainguard").is_dir():
             parser.error(f"--baseline-tree {args.baseline_tree} holds no src/trainguard")

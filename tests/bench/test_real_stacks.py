@@ -39,3 +39,25 @@ def test_several_plain_copies_make_the_baseline_their_mean() -> None:
     assert abs(table["trainguard"]["loop_ratio_max"] - 1.1) < 1e-9
     assert abs(table["plain_2"]["loop_ratio_max"] - 12.0 / 11.0) < 1e-9  # the spread of identical processes
     assert abs(table["trainguard"]["command_ratio"] - (17.1 / 16.0 + 14.9 / 14.0) / 2) < 1e-9
+
+
+def test_layout_controls_are_plain_scripts_moved_in_memory_and_stay_out_of_the_baseline() -> None:
+    sys.path.insert(0, str(REPO))
+    from bench.real_stacks import command, layout_controls, summarise
+
+    assert layout_controls(2) == ("layout_control_1", "layout_control_2")
+    moved = command("mlp", "layout_control_1", 1.0, rep=0)
+    assert moved == command("mlp", "layout_control_1", 1.0, rep=0)  # reproducible from run to run
+    assert moved != command("mlp", "layout_control_1", 1.0, rep=1)  # another size each repetition
+    assert moved != command("mlp", "layout_control_2", 1.0, rep=0)
+    assert "trainguard" not in " ".join(moved) and moved[-2:] == command("mlp", "plain", 1.0)[-2:]
+    rows = []
+    for variant, seconds in (("plain", 9.6), ("plain_2", 10.0), ("layout_control_1", 11.0),
+                             ("layout_control_2", 10.6), ("layout_control_3", 9.0), ("trainguard", 10.5)):  # fmt: skip
+        rows.append({"condition": "quiet", "rep": 0, "stack": "mlp", "variant": variant, "loop_s": seconds,
+                     "command_s": seconds + 5, "peak_rss_mib": 300.0})  # fmt: skip
+    table = {row["variant"]: row for row in summarise(rows)}
+    assert abs(table["trainguard"]["loop_ratio"] - 10.5 / 9.8) < 1e-9  # the baseline: the identical copies' mean
+    # against the median of all five plain processes (9.0, 9.6, 10.0, 10.6, 11.0 -> 10.0)
+    assert abs(table["trainguard"]["layout_ratio"] - 1.05) < 1e-9
+    assert abs(table["layout_control_1"]["layout_ratio"] - 1.1) < 1e-9
