@@ -680,6 +680,30 @@ def test_saved_gradient_is_the_clipped_one_the_optimizer_used(make_hook, run_dir
         np.testing.assert_array_equal(trial.tensor("gradient/Net_fc1.weight").value(step), as_numpy(grad))
 
 
+def test_closure_steps_save_the_clipped_gradient_of_every_saved_step(make_hook, run_dir):
+    """Lightning's order: optimizer.step(closure) runs the optimizer's pre-hooks before the closure
+    does forward, backward and clipping. The pre-hook that takes the applied gradients exists only
+    while a step saving gradients is open; steps between saved ones have none."""
+    model, criterion, optimizer, hook = _setup(make_hook, save_config=tg.SaveConfig(save_interval=2))
+    used = []
+    for x, y in batches(5):
+
+        def closure(x=x, y=y):  # type: ignore[no-untyped-def]
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.01)
+            used.append(model.fc1.weight.grad.detach().clone())
+            return loss
+
+        optimizer.step(closure)
+    hook.close()
+    trial = create_trial(run_dir)
+    assert trial.tensor("gradient/Net_fc1.weight").steps() == [0, 2, 4]
+    for step in (0, 2, 4):
+        np.testing.assert_array_equal(trial.tensor("gradient/Net_fc1.weight").value(step), as_numpy(used[step]))
+
+
 def test_save_scalar_after_optimizer_step_belongs_to_that_step(make_hook, run_dir):
     model, criterion, optimizer, hook = _setup(make_hook)
     expected = []
