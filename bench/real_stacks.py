@@ -110,14 +110,12 @@ def command(
     if variant.startswith(LAYOUT_CONTROL_PREFIX):
         # a size of its own per control and repetition, the same on every run of the benchmark
         shift = random.Random(f"{variant}/{rep}").randrange(1, LAYOUT_SHIFT_MAX)
-        run = (f"import runpy, sys; _moved = bytearray({shift}); import torch; "
-               f"_tensors = [torch.empty({shift // 4 + 1}) for _ in range(3)]; sys.argv[0] = {module!r}; "
-               f"runpy.run_module({module!r}, run_name='__main__')")  # fmt: skip
-        return [sys.executable, "-c", run, *script[3:]]
+        first = (
+            f"_moved = bytearray({shift}); import torch; _tensors = [torch.empty({shift // 4 + 1}) for _ in range(3)]"
+        )
+        return _script_after(first, module, script)
     if variant == IMPORT_ONLY:
-        run = (f"import runpy, sys, trainguard.hooks.zero_code; sys.argv[0] = {module!r}; "
-               f"runpy.run_module({module!r}, run_name='__main__')")  # fmt: skip
-        return [sys.executable, "-c", run, *script[3:]]
+        return _script_after("import trainguard.hooks.zero_code", module, script)
     if variant == "trainguard":
         return [*runner, "--", *script]
     if variant in WRITER_VARIANTS:
@@ -133,6 +131,12 @@ def command(
 def is_plain(variant: str) -> bool:
     """``plain`` and its copies (``plain_2``...): the script without trainguard."""
     return variant == "plain" or variant.startswith(PLAIN_COPY_PREFIX)
+
+
+def _script_after(first: str, module: str, script: list[str]) -> list[str]:
+    """The stack script ``python -m module ...`` run in a process that executes ``first`` before it."""
+    run = f"import runpy, sys; {first}; sys.argv[0] = {module!r}; runpy.run_module({module!r}, run_name='__main__')"
+    return [sys.executable, "-c", run, *script[3:]]
 
 
 def is_layout_control(variant: str) -> bool:
