@@ -32,3 +32,13 @@ def make_hook(run_dir: Path):
     yield make
     for hook in created:
         hook.close()
+
+
+@pytest.fixture(autouse=True)
+def root_call_shims(monkeypatch):
+    """Roots driven by call shims (torch_root_call.py) in every hook test, as in a process that
+    compiled nothing before its hook existed: in this test process an earlier test's compile has
+    imported Dynamo, which alone would give every later hook pre-hooks."""
+    from trainguard.hooks import torch_root_call
+
+    monkeypatch.setattr(torch_root_call, "shims_safe", lambda: True)

@@ -45,6 +45,7 @@ from trainguard.hooks.torch_compiled import (
 )
 from trainguard.hooks.torch_io_sources import ModuleIOSources
 from trainguard.hooks.torch_optimizer import OptimizerSteps
+from trainguard.hooks.torch_root_call import RootDriving
 from trainguard.hooks.torch_saving import TorchTensorSaving
 from trainguard.hooks.torch_tensors import HostSnapshot
 from trainguard.modes import ModeKeys
@@ -95,7 +96,13 @@ def _flatten_tensors(value: Any) -> list[torch.Tensor]:
 
 
 class TorchHook(
-    CompiledWrapperSteps, OptimizerSteps, FunctionalActivations, ModuleIOSources, TorchTensorSaving, BaseHook
+    RootDriving,
+    CompiledWrapperSteps,
+    OptimizerSteps,
+    FunctionalActivations,
+    ModuleIOSources,
+    TorchTensorSaving,
+    BaseHook,
 ):
     """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
 
@@ -103,6 +110,7 @@ class TorchHook(
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._init_root_driving()  # first: what follows imports Dynamo (torch_root_call.shims_safe)
         self._handles: list[Any] = []
         self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
         self._typed_modules: weakref.WeakKeyDictionary[torch.nn.Module, None] = weakref.WeakKeyDictionary()
@@ -159,7 +167,8 @@ class TorchHook(
         self._root_pre_hook = self._root_pre_forward if skipped else eager(self._root_pre_forward)
         self._general_root_pre_forward = eager(self._root_pre_forward_general)
         self._eager_mark_quiet_step = eager(self._mark_quiet_step)
-        # id(root) -> its pre-hook's handle, while the root itself drives its steps (not a wrapper)
+        # id(root) -> its call shim's or pre-hook's handle, while the root itself drives its
+        # steps (not a wrapper): torch_root_call.py
         self._root_hooks: dict[int, Any] = {}
         self._wrapped_roots: set[int] = set()
         self._forced_eager = ForcedEager()
@@ -233,7 +242,7 @@ class TorchHook(
             wrapper, module = module, module._orig_mod
         self._name_tree(module)
         self._registered_roots.append(weakref.ref(module))
-        self._root_hooks[id(module)] = module.register_forward_pre_hook(self._root_pre_hook)
+        self._root_hooks[id(module)] = self._drive_root(module)
         if wrapper is not None:
             self._drive_from_wrapper(wrapper)
         elif self._watch_handle is None:

@@ -44,6 +44,10 @@ class OptimizerSteps:
     saving_this_step: bool
     mode: ModeKeys
 
+    def _redrive_displaced_roots(self) -> None: ...  # TorchHook's
+
+    def _roots_unseen(self) -> None: ...  # TorchHook's
+
     # Forwards one presumed optimizer step may span before the guess is given up: far more
     # micro-batches than any accumulation window uses, few enough to keep a step small.
     MAX_PRESUMED_FORWARDS = 64
@@ -136,6 +140,11 @@ class OptimizerSteps:
     def _after_optimizer_step_general(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._roots:
             after_another = self._end_pending  # an optimizer stepped since the last forward
+            # ...or the root's forward was not seen: its call shim replaced (model.compile())
+            # or bypassed (compiled code that torch.compile's watch did not see being made)
+            self._redrive_displaced_roots()
+            if after_another and id(optimizer) in self._optimizer_parameters:
+                self._roots_unseen()
             self._optimizer_driven = True
             self._presumed_forwards = None  # not presumed any more: seen
             self._end_pending = True

@@ -28,6 +28,7 @@ from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.pytorch import TorchHook, eager, is_loss_module
 from trainguard.hooks.torch_activations import has_class_targets
 from trainguard.hooks.torch_compiled import is_compile_wrapper
+from trainguard.hooks.torch_root_call import RootCall
 
 __all__ = ["FUNCTIONAL_LOSSES", "ZeroCodeHook"]
 
@@ -139,7 +140,7 @@ class ZeroCodeHook(TorchHook):
     def _on_root_forward(self, module: torch.nn.Module) -> None:
         if not any(reference() is module for reference, _ in self._roots):
             self._name_tree(module)
-        self._root_hooks[id(module)] = module.register_forward_pre_hook(self._root_pre_hook)
+        self._root_hooks[id(module)] = self._drive_root(module)
         self.root_forward(module)
 
     @fail_open
@@ -153,8 +154,9 @@ class ZeroCodeHook(TorchHook):
     def _root_pre_forward_general(self, module: torch.nn.Module, args: Any) -> None:
         active = bool(self._global_handles)
         super()._root_pre_forward_general(module, args)
-        if self._global_handles and not active:
-            # A saved step begins: the global hooks came too late for this root's own call.
+        if self._global_handles and not active and not isinstance(self._root_hooks.get(id(module)), RootCall):
+            # A saved step begins in the root's pre-hook: the global hooks came too late for this
+            # root's own call. (Called from its shim instead, the call is yet to start: they see it.)
             self._stack.append(module)
 
     def _global_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:

@@ -1,0 +1,199 @@
+"""How a registered root module's calls reach the hook: a call shim instead of a forward pre-hook.
+
+Any forward hook on a module sends each of its calls down ``Module._call_impl``'s slow path (a
+closure, a set and tuples of hooks built per call): on a small model that was half of what an
+unsaved step cost over plain PyTorch (bench/RESULTS.md). ``nn.Module`` has one slot of its own
+for "call this instead of ``_call_impl``": ``_compiled_call_impl``, which ``Module.compile()``
+fills and ``Module.__getstate__`` leaves out, so a pickled or deep-copied model (``torch.save
+(model)``, an EMA copy) carries none of it. The shim put there runs the hook's step logic, then
+the module's own ``_call_impl``, which, with no hook left on the module, takes its fast path.
+
+Dynamo does not call the shim everywhere: tracing a ``torch.nn`` container wrapped by
+``torch.compile`` or a compiled function that calls the model, it runs ``_call_impl`` itself, and
+it never calls a hook added after it traced. So the shim exists only until something is
+compiled: :func:`before_compile` tells the hook when ``torch.compile`` is called (before anything
+is traced), and the hook gives its roots forward pre-hooks, as it did before shims. Where the
+slot is taken (``model.compile()`` before registration) or the class routes calls its own way,
+the root gets a pre-hook from the start; a shim displaced later is noticed (:func:`displaced`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["RootCall", "RootDriving", "before_compile", "displaced", "install_root_call", "shims_safe"]
+
+logger = logging.getLogger("trainguard")
+
+_SLOT = "_compiled_call_impl"
+_MARK = "_trainguard_root_call"  # on the shim: the handle that installed it
+
+
+class RootCall:
+    """The handle of an installed shim: ``remove()`` gives the module back its usual calls.
+
+    It holds the module weakly, as PyTorch's hook handles do: a model the script drops is
+    not kept alive by the hook."""
+
+    __slots__ = ("_module", "__weakref__")
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self._module = weakref.ref(module)
+
+    def module(self) -> torch.nn.Module | None:
+        return self._module()
+
+    def installed(self) -> bool:
+        module = self._module()
+        return module is not None and getattr(module.__dict__.get(_SLOT), _MARK, None) is self
+
+    def remove(self) -> None:
+        if self.installed():
+            del self._module().__dict__[_SLOT]  # type: ignore[union-attr]  # the class's None: _call_impl as usual
+
+
+def install_root_call(
+    module: torch.nn.Module,
+    before: Callable[[torch.nn.Module, Any], None],
+    quiet: Callable[[torch.nn.Module], bool] | None = None,
+) -> RootCall | None:
+    """Make every call of ``module`` run ``before(module, args)`` first, unless ``quiet(module)``
+    says the step needs nothing more (one Python call less on the usual unsaved step); None where
+    the slot is not free for it (then hook the module the usual way)."""
+    if module.__dict__.get(_SLOT) is not None or type(module).__call__ is not torch.nn.Module.__call__:
+        return None
+    call_impl = module._call_impl  # this module's own, hook-free, fast path
+
+    if quiet is None:
+
+        def root_call(*args: Any, **kwargs: Any) -> Any:
+            before(module, args)
+            return call_impl(*args, **kwargs)
+
+    else:
+
+        def root_call(*args: Any, **kwargs: Any) -> Any:
+            if not quiet(module):
+                before(module, args)
+            return call_impl(*args, **kwargs)
+
+    handle = RootCall(module)
+    setattr(root_call, _MARK, handle)
+    # written to the instance's __dict__ directly, as remove() deletes it: no Module subclass's
+    # __setattr__ sees it (Module.__setattr__ would store a plain attribute there too)
+    module.__dict__[_SLOT] = root_call
+    return handle
+
+
+def displaced(handle: Any) -> bool:
+    """Whether ``handle`` is a shim something else (``model.compile()``) has since replaced."""
+    return isinstance(handle, RootCall) and not handle.installed()
+
+
+def shims_safe() -> bool:
+    """Whether every compile so far was seen: torch.compile has been watched since before Dynamo
+    was first imported, or Dynamo was never imported. (Dynamo does not say whether anything was
+    compiled, and Lightning and Transformers import it: an API hook created after their import
+    in a process no hook watched before drives its roots with pre-hooks. The zero-code hook is
+    created as soon as torch is imported, before them.)"""
+    return _watched_before_dynamo or "torch._dynamo" not in sys.modules
+
+
+class RootDriving:
+    """TorchHook's part that chooses how each root's calls reach it (whose __init__ sets these)."""
+
+    _root_hooks: dict[int, Any]
+    _root_shims: bool
+    _root_pre_hook: Callable[[torch.nn.Module, Any], None]
+    _quiet_step: Callable[[torch.nn.Module], bool]
+
+    def _init_root_driving(self) -> None:
+        # Shims until something is compiled; none in a process that may have compiled before this
+        # hook watched torch.compile (shims_safe)
+        self._root_shims = shims_safe()
+        if self._root_shims:
+            before_compile(self._roots_before_compile)
+
+    def _drive_root(self, module: torch.nn.Module) -> Any:
+        """Begin ``module``'s steps at each of its calls: through a call shim (no hook on the
+        module, so its calls keep PyTorch's fast path; torch_root_call.py) until something is
+        compiled, else a forward pre-hook."""
+        shim = install_root_call(module, self._root_pre_hook, self._quiet_step) if self._root_shims else None
+        return shim if shim is not None else module.register_forward_pre_hook(self._root_pre_hook)
+
+    def _roots_before_compile(self) -> None:
+        """torch.compile was called: Dynamo may trace a root without calling its shim, and calls no
+        hook added after it traced. Every root gets its pre-hook now, before anything is traced."""
+        self._root_shims = False
+        for key, handle in list(self._root_hooks.items()):
+            if isinstance(handle, RootCall):
+                module = handle.module()
+                handle.remove()
+                if module is None:
+                    del self._root_hooks[key]
+                else:
+                    self._root_hooks[key] = module.register_forward_pre_hook(self._root_pre_hook)
+
+    def _roots_unseen(self) -> None:
+        """The same optimizer stepped twice with no root forward seen between: where roots have
+        shims, compiled code may be calling them past the shim (compiled before this hook was
+        watching). Pre-hooks from now on; code already traced calls none until it retraces."""
+        if any(isinstance(handle, RootCall) for handle in self._root_hooks.values()):
+            logger.warning(
+                "trainguard: the model ran without its forward being seen (compiled code made before "
+                "trainguard watched torch.compile?); steps are counted from its next traced forward"
+            )
+            self._roots_before_compile()
+
+    def _redrive_displaced_roots(self) -> None:
+        """A root whose shim was replaced (``model.compile()`` after registration) gets a pre-hook."""
+        for key, handle in list(self._root_hooks.items()):
+            if displaced(handle):
+                module = handle.module()
+                if module is None:
+                    del self._root_hooks[key]
+                else:
+                    self._root_hooks[key] = module.register_forward_pre_hook(self._root_pre_hook)
+
+
+# Callbacks (weakly held bound methods) to run before torch.compile does anything
+_watched_before_dynamo = False  # torch.compile watched since before anything could be compiled
+_compile_listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
+
+
+def before_compile(callback: Callable[[], None]) -> None:
+    """Have ``callback`` (a bound method, held weakly) called whenever ``torch.compile`` is, before
+    it returns: compiling is lazy, so nothing has been traced by then."""
+    _watch_compile()
+    _compile_listeners.append(weakref.WeakMethod(callback))  # type: ignore[arg-type]
+
+
+def _watch_compile() -> None:
+    global _watched_before_dynamo
+    if getattr(torch.compile, _MARK, False):
+        return  # watched already (once per process; the wrapper stays, it only calls listeners)
+    _watched_before_dynamo = "torch._dynamo" not in sys.modules
+    original = torch.compile
+
+    @functools.wraps(original)
+    def compile(*args: Any, **kwargs: Any) -> Any:  # noqa: A001 - it stands in for torch.compile
+        for reference in list(_compile_listeners):
+            callback = reference()
+            if callback is None:
+                _compile_listeners.remove(reference)
+                continue
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - the user's compile goes on whatever our part does
+                logger.debug("trainguard: preparing for torch.compile failed", exc_info=True)
+        return original(*args, **kwargs)
+
+    setattr(compile, _MARK, True)
+    torch.compile = compile
