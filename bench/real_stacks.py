@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -91,7 +92,13 @@ BASELINE_SUFFIX = "@base"  # a variant run with the trainguard of --baseline-tre
 
 
 def command(
-    stack: str, variant: str, scale: float, device: str = "cpu", baseline: Path | None = None, rep: int = 0
+    stack: str,
+    variant: str,
+    scale: float,
+    device: str = "cpu",
+    baseline: Path | None = None,
+    rep: int = 0,
+    shift_layouts: bool = False,
 ) -> list[str]:
     if variant.endswith(BASELINE_SUFFIX):
         # the same variant, with another checkout's trainguard first on the path (the stack
@@ -99,23 +106,23 @@ def command(
         if baseline is None:
             raise ValueError(f"variant {variant} needs --baseline-tree")
         path = os.pathsep.join([str(baseline / "src"), str(REPO)])
-        return ["env", f"PYTHONPATH={path}", *command(stack, variant.removesuffix(BASELINE_SUFFIX), scale, device)]
+        unversioned = variant.removesuffix(BASELINE_SUFFIX)
+        inner = command(stack, unversioned, scale, device, rep=rep, shift_layouts=shift_layouts)
+        return ["env", f"PYTHONPATH={path}", *inner]
     module, extra, steps = STACKS[stack]
     if device == "cuda":
         steps, extra = CUDA_STEPS[stack], [*extra, "--device", "cuda"]
     script = [sys.executable, "-m", module, "--steps", str(max(1, int(steps * scale))), *extra]
     runner = [sys.executable, "-m", "trainguard.cli", "run"]
-    if is_plain(variant):
+    if variant.startswith(LAYOUT_CONTROL_PREFIX) or (shift_layouts and variant != IMPORT_ONLY):
+        # --shift-layouts: every process of the run, plain or hooked, draws a layout of its own,
+        # so that the baseline is not one fixed draw of the lottery the hooked processes play
+        script = _script_after(_layout_shift(variant, rep), module, script)
+    if is_plain(variant) or variant.startswith(LAYOUT_CONTROL_PREFIX):
         return script
-    if variant.startswith(LAYOUT_CONTROL_PREFIX):
-        # a size of its own per control and repetition, the same on every run of the benchmark
-        shift = random.Random(f"{variant}/{rep}").randrange(1, LAYOUT_SHIFT_MAX)
-        first = (
-            f"_moved = bytearray({shift}); import torch; _tensors = [torch.empty({shift // 4 + 1}) for _ in range(3)]"
-        )
-        return _script_after(first, module, script)
     if variant == IMPORT_ONLY:
-        return _script_after("import trainguard.hooks.zero_code", module, script)
+        first = (_layout_shift(variant, rep) + "; " if shift_layouts else "") + "import trainguard.hooks.zero_code"
+        return _script_after(first, module, script)
     if variant == "trainguard":
         return [*runner, "--", *script]
     if variant in WRITER_VARIANTS:
@@ -126,6 +133,13 @@ def command(
         setting, options = ENV_VARIANTS[variant]
         return ["env", setting, *runner, *options, "--", *script]
     return [*runner, "--rules", "--", *script]
+
+
+def _layout_shift(variant: str, rep: int) -> str:
+    """Python that moves the process's allocation history before its model by a size of its own per
+    variant and repetition (the same on every run of the benchmark)."""
+    shift = random.Random(f"{variant}/{rep}").randrange(1, LAYOUT_SHIFT_MAX)
+    return f"_moved = bytearray({shift}); import torch; _tensors = [torch.empty({shift // 4 + 1}) for _ in range(3)]"
 
 
 def is_plain(variant: str) -> bool:
@@ -208,6 +222,7 @@ def measure(
     variants: tuple[str, ...] = VARIANTS,
     slice_seconds: float | None = 1.0,
     baseline: Path | None = None,
+    shift_layouts: bool = False,
 ) -> list[dict]:
     """Every variant of every stack, ``reps`` times; ``slice_seconds`` None runs the variants
     back to back instead of at once in turns."""
@@ -218,11 +233,14 @@ def measure(
             try:
                 if slice_seconds is None:
                     results = {
-                        variant: run_once(command(stack, variant, scale, device, baseline, rep), rep)
+                        variant: run_once(command(stack, variant, scale, device, baseline, rep, shift_layouts), rep)
                         for variant in order
                     }
                 else:
-                    argvs = {variant: command(stack, variant, scale, device, baseline, rep) for variant in order}
+                    argvs = {
+                        variant: command(stack, variant, scale, device, baseline, rep, shift_layouts)
+                        for variant in order
+                    }
                     results = run_in_turns_once(argvs, slice_seconds, hash_seed=rep)
             except RuntimeError as error:  # one broken stack must not cost the others' figures
                 print(f"[{condition} rep {rep}] {stack} FAILED: {error}", file=sys.stderr, flush=True)
@@ -267,6 +285,7 @@ def summarise(rows: list[dict]) -> list[dict]:
                 "loop_s": statistics.median(r["loop_s"] for r in runs),
                 "loop_ratio": statistics.median(ratios),
                 "loop_ratio_min": min(ratios), "loop_ratio_max": max(ratios),
+                "loop_ratio_mean": statistics.fmean(ratios), "loop_ratio_ci95": _half_width_95(ratios),
                 "layout_ratio": statistics.median(layout_ratios) if len(plains) > len(copies) else None,
                 "command_s": statistics.median(r["command_s"] for r in runs),
                 "command_ratio": statistics.median(command_ratios),
@@ -275,15 +294,34 @@ def summarise(rows: list[dict]) -> list[dict]:
     return table
 
 
+def _half_width_95(values: list[float]) -> float | None:
+    """Half the width of the mean's 95 % confidence interval (Student's t), None below 3 values.
+
+    With --shift-layouts every process is its own layout draw, and the repetitions' ratios are
+    independent samples of the hooked/plain ratio: their mean and this interval say how well
+    many repetitions pinned it down, which a median and a range do not."""
+    if len(values) < 3:
+        return None
+    # two-sided 97.5 % quantiles of Student's t for 2..30 degrees of freedom; 1.96 beyond
+    quantiles = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+                 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
+    freedom = len(values) - 1
+    quantile = next((quantiles[d] for d in sorted(quantiles) if d >= freedom), 1.96)
+    return quantile * statistics.stdev(values) / math.sqrt(len(values))
+
+
 def render(table: list[dict], reps: int) -> str:
     layouts = any(row.get("layout_ratio") is not None for row in table)
-    lines = ["| condition | stack | variant | loop s | loop ratio | loop ratio range | "
+    lines = ["| condition | stack | variant | loop s | loop ratio | loop ratio range | mean ratio (95 % CI) | "
              + ("vs every plain layout | " if layouts else "") + "command s | command ratio | peak RSS MiB |",
-             "|---|---|---|---|---|---|---|---|---|" + ("---|" if layouts else "")]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if layouts else "")]  # fmt: skip
     for row in table:
         layout = f"{row['layout_ratio']:.3f}x | " if row.get("layout_ratio") is not None else "- | " if layouts else ""
+        half = row.get("loop_ratio_ci95")
+        mean = f"{row['loop_ratio_mean']:.3f}x" + (f" +- {half:.3f}" if half is not None else "")
         lines.append(f"| {row['condition']} | {row['stack']} | {row['variant']} | {row['loop_s']:.2f} | "
-                     f"{row['loop_ratio']:.3f}x | {row['loop_ratio_min']:.3f}-{row['loop_ratio_max']:.3f} | {layout}"
+                     f"{row['loop_ratio']:.3f}x | {row['loop_ratio_min']:.3f}-{row['loop_ratio_max']:.3f} | {mean} | "
+                     f"{layout}"
                      f"{row['command_s']:.2f} | {row['command_ratio']:.3f}x | "
                      f"{row['peak_rss_mib']:.0f} |")  # fmt: skip
     lines.append(f"\nmedians over {reps} repetition(s); ratios against plain python within each repetition (the "
@@ -317,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout-controls", type=int, default=0,
                         help="plain processes per repetition that allocate 1-200,000 bytes before their model "
                         "(layout_control_1...): how far a different memory layout alone moves a ratio")  # fmt: skip
+    parser.add_argument("--shift-layouts", action="store_true",
+                        help="every process, plain copies and trainguard variants alike, allocates 1-200,000 bytes "
+                        "(its own size per variant and repetition) before its model: ratios over many repetitions "
+                        "then average over layouts instead of comparing with one fixed plain layout")  # fmt: skip
     parser.add_argument("--schedule", choices=["turns", "sequential"], default="turns",
                         help="turns: a stack's variants at once, one running at a time (bench/time_slices.py); "
                         "sequential: one after the other")  # fmt: skip
@@ -347,7 +389,10 @@ def main(argv: list[str] | None = None) -> int:
             spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
             baseline = args.baseline_tree.resolve() if args.baseline_tree else None
-            rows += measure(args.stacks, args.reps, scale, condition, args.device, variants, slice_seconds, baseline)
+            rows += measure(
+                args.stacks, args.reps, scale, condition, args.device, variants, slice_seconds, baseline,
+                args.shift_layouts,
+            )  # fmt: skip
         finally:
             if spinner is not None:
                 spinner.kill()
