@@ -323,3 +323,71 @@ def test_a_model_compiled_after_its_eager_steps_keeps_training_and_capture(make_
     assert trial.steps() == [0, 4, 8, 12]
     losses = trial.tensor_names(collection="losses")
     assert losses and all(trial.tensor(name).steps() == [0, 4, 8, 12] for name in losses)
+
+
+class Branchy(nn.Module):
+    """A head used only on even steps: its parameters get no gradient on odd ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.aux = nn.Linear(4, 4)
+        self.use_aux = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.body(x)
+        return self.aux(x) if self.use_aux else x
+
+
+@pytest.mark.parametrize("order", ["zero_first", "zero_after_forward", "zero_in_place"])
+@pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
+def test_an_optimizer_driven_run_hooks_no_parameter_and_saves_each_steps_gradients(
+    make_hook, tmp_path, zero_code, order
+):
+    """Gradients saved every step, read as the optimizer steps, of exactly the parameters the
+    step gave one, whatever the order of zero_grad and forward and whether gradients are set to
+    None; and no parameter ever carries a post-accumulate-grad hook, which, once added, leaves a
+    call into Python per parameter on every later backward (AccumulationHook hooks the node)."""
+
+    def run(hooked: bool) -> dict[tuple[str, int], np.ndarray]:
+        torch.manual_seed(0)
+        model = Branchy()
+        hook = None
+        if hooked:
+            hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, out_dir=str(tmp_path / "run"),
+                             save_config=tg.SaveConfig(save_interval=1), include_collections=["gradients"])  # fmt: skip
+            if not zero_code:
+                hook.register_module(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        to_none = order != "zero_in_place"
+        gradients = {}
+        for step in range(6):
+            model.use_aux = step % 2 == 0
+            if order != "zero_after_forward":
+                optimizer.zero_grad(set_to_none=to_none)
+            output = model(torch.randn(3, 4)).square().mean()
+            if order == "zero_after_forward":  # Lightning's closure: training_step, zero_grad, backward
+                optimizer.zero_grad(set_to_none=True)
+            output.backward()
+            for name, parameter in model.named_parameters():
+                if parameter.grad is not None and (model.use_aux or not name.startswith("aux")):
+                    gradients[(name, step)] = parameter.grad.detach().clone().numpy()
+            optimizer.step()
+            if hooked:
+                assert all(parameter._post_accumulate_grad_hooks is None for parameter in model.parameters())
+        if hook is not None:
+            hook.close()
+            assert hook.enabled
+        return gradients
+
+    expected = run(False)
+    assert run(True).keys() == expected.keys()  # the same training, hooked
+    trial = create_trial(str(tmp_path / "run"))
+    found = {}
+    for tensor_name in trial.tensor_names(collection="gradients"):
+        parameter_name = tensor_name.removeprefix("gradient/").split("_", 1)[1]
+        for step in trial.tensor(tensor_name).steps():
+            found[(parameter_name, step)] = trial.tensor(tensor_name).value(step)
+    assert found.keys() == expected.keys()
+    for key, value in expected.items():
+        np.testing.assert_array_equal(found[key], value, err_msg=str(key))
