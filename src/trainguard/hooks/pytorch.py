@@ -43,7 +43,7 @@ from trainguard.hooks.torch_compiled import (
     in_compile_wrapper,
     is_compile_wrapper,
 )
-from trainguard.hooks.torch_io_sources import ModuleIOSources
+from trainguard.hooks.torch_io_sources import LeftOutOfCopies, ModuleIOSources
 from trainguard.hooks.torch_optimizer import OptimizerSteps
 from trainguard.hooks.torch_root_call import RootDriving
 from trainguard.hooks.torch_saving import TorchTensorSaving
@@ -160,7 +160,7 @@ class TorchHook(
         self._registered_roots: list[weakref.ref[torch.nn.Module]] = []
         self._loss_modules: list[weakref.ref[torch.nn.Module]] = []
         self._init_io_sources()
-        self._forward_hook = eager(self._after_forward)
+        self._forward_hook = LeftOutOfCopies(eager(self._after_forward))
         # The root's pre-hook: its quiet path (the usual unsaved step) runs no Python of ours but
         # these two functions, which Dynamo skips; the rest goes through eager() ones.
         skipped = skip_in_dynamo(TorchHook._root_pre_forward, TorchHook._quiet_step)

@@ -1,7 +1,9 @@
 """Which modules a saved step hooks: every one, or for a light save those that give it something.
 
 Forward hooks of the registered modules (and of registered losses) exist only during saved steps,
-as the gradient hooks do: an unsaved step costs the root's pre-hook, no call per module.
+as the gradient hooks do: an unsaved step costs the root's call shim, no call per module. The
+hooks put on modules are :class:`LeftOutOfCopies`: a model pickled or deep-copied during a saved
+step (``torch.save(model)``, an EMA copy) carries a no-op in their place, not the hook.
 
 A step that saves only the light collections (losses, scalars: what an overhead budget keeps most
 often) needs the I/O of one or two modules, usually the loss module. Hooking every module for it
@@ -21,6 +23,8 @@ forgets it.
 
 from __future__ import annotations
 
+import functools
+import sys
 import weakref
 from typing import Any
 
@@ -28,9 +32,20 @@ import torch
 
 from trainguard.hooks.overhead_budget import LIGHT_COLLECTIONS
 
-__all__ = ["RECHECK_EVERY", "ModuleIOSources", "same_modules"]
+__all__ = ["RECHECK_EVERY", "LeftOutOfCopies", "ModuleIOSources", "same_modules"]
 
 RECHECK_EVERY = 8  # narrow light steps between two fully hooked ones
+
+
+class LeftOutOfCopies(functools.partial):  # type: ignore[type-arg]
+    """A module hook that copies of the module do not carry: called, it is its function (a
+    partial runs in C: no Python frame more); pickled or deep-copied with the module, it becomes
+    ``sys.audit`` with an event no one listens to, a no-op that needs nothing of trainguard to
+    load. Otherwise ``torch.save(model)`` during a saved step fails on the hook's state (an
+    open writer, locks) and crashes training, and a ``copy.deepcopy(model)`` takes the hook along."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return functools.partial, (sys.audit, "trainguard.hook_left_out")
 
 
 def same_modules(first: list[torch.nn.Module] | None, second: list[torch.nn.Module] | None) -> bool:

@@ -28,6 +28,7 @@ from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.pytorch import TorchHook, eager, is_loss_module
 from trainguard.hooks.torch_activations import has_class_targets
 from trainguard.hooks.torch_compiled import is_compile_wrapper
+from trainguard.hooks.torch_io_sources import LeftOutOfCopies
 from trainguard.hooks.torch_root_call import RootCall
 
 __all__ = ["FUNCTIONAL_LOSSES", "ZeroCodeHook"]
@@ -55,9 +56,9 @@ class ZeroCodeHook(TorchHook):
         # only until a root is found and during saved steps; in between, each root's own
         # pre-hook (or its torch.compile wrapper's) drives the steps.
         self._global_pre_hook = eager(self._global_pre_forward)
-        self._global_post_hook = eager(self._global_forward)
+        self._global_post_hook = LeftOutOfCopies(eager(self._global_forward))  # global, or a module's
         self._global_handles: list[Any] = []
-        self._source_pre_hook = eager(self._push_source)
+        self._source_pre_hook = LeftOutOfCopies(eager(self._push_source))
         self._attach_globals()
         self._originals: list[tuple[Any, str, Any]] = []
         for name in FUNCTIONAL_LOSSES:
