@@ -166,7 +166,10 @@ def plain_copies(count: int) -> tuple[str, ...]:
 
 
 def _environment(hash_seed: int | None = None) -> dict[str, str]:
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    # This checkout's own src first: with trainguard installed editable from another checkout
+    # (the usual set-up), a benchmark run from a git worktree would otherwise time that one's code
+    path = [str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH")]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
     if hash_seed is not None:
         # Python's string hashing lays out every dict; a random seed per process moved identical
         # processes +-5-13 % apart here (bench/time_slices.py). One seed for all variants of a

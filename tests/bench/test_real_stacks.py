@@ -61,3 +61,23 @@ def test_layout_controls_are_plain_scripts_moved_in_memory_and_stay_out_of_the_b
     # against the median of all five plain processes (9.0, 9.6, 10.0, 10.6, 11.0 -> 10.0)
     assert abs(table["trainguard"]["layout_ratio"] - 1.05) < 1e-9
     assert abs(table["layout_control_1"]["layout_ratio"] - 1.1) < 1e-9
+
+
+def test_shifted_layouts_move_every_process_and_the_stack_imports_this_checkouts_trainguard() -> None:
+    sys.path.insert(0, str(REPO))
+    from bench.real_stacks import _environment, _half_width_95, command
+
+    for variant in ("plain", "plain_2", "trainguard_si1000"):
+        shifted = command("mlp", variant, 1.0, rep=3, shift_layouts=True)
+        assert "bytearray(" in " ".join(shifted) and shifted != command("mlp", variant, 1.0, rep=3)
+        assert shifted == command("mlp", variant, 1.0, rep=3, shift_layouts=True)  # same each run
+    # X and X@base of one repetition share their shift: paired, they differ only in the code
+    base = command("mlp", "trainguard@base", 1.0, baseline=Path("/base"), rep=3, shift_layouts=True)
+    assert base[2:] == command("mlp", "trainguard", 1.0, rep=3, shift_layouts=True)
+    assert _half_width_95([1.0, 1.0]) is None
+    assert abs(_half_width_95([1.0, 2.0, 3.0]) - 4.303 / 3**0.5) < 1e-9  # t(2) * stdev 1 / sqrt(3)
+    # the stack processes import trainguard from this checkout (a worktree times its own code)
+    environment = _environment(0)
+    found = subprocess.run([sys.executable, "-c", "import trainguard; print(trainguard.__file__)"],
+                           env=environment, capture_output=True, text=True, check=True)  # fmt: skip
+    assert Path(found.stdout.strip()).resolve().is_relative_to((REPO / "src").resolve())
