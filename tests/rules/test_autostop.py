@@ -56,9 +56,11 @@ def test_faulty_script_is_detected_and_stopped(tmp_path: Path) -> None:
     assert record["configuration_name"] in DEFAULT_RULES
     assert record["stopped_at"] - record["finding_reported_at"] < 5, "stopped at once, not after the 10 s grace"
     trial = create_trial(str(out), collection_wait_timeout=0)
-    # 30 epochs of 64 steps = 1920 steps; it was stopped within the first few saved steps
+    # 30 epochs of 64 steps = 1920 steps: found within the first few saved steps, and stopped long
+    # before the end. (How many steps run between the finding and the stop is the step rate times
+    # the stop latency, bounded above in seconds: on a quiet machine, 200-460 of these ~1 ms steps.)
     assert not trial.training_ended
-    assert max(trial.steps()) < 200 and record["step"] <= 20, (record, max(trial.steps()))
+    assert max(trial.steps()) < 960 and record["step"] <= 20, (record, max(trial.steps()))
     assert time.time() - started < 120
     # the summary names the finding, its step and the fix
     assert f"training was stopped by {record['configuration_name']} at step {record['step']}" in result.stdout
