@@ -73,13 +73,16 @@ ENV_VARIANTS = {
 # ...and, to tell what a hook costs from what its process carries: the script without any hook
 # but with trainguard's hook modules imported first (memory and code layout, no capture)
 IMPORT_ONLY = "no_hook_trainguard_imported"
+# ...and the script as a child of a waiting parent, nothing of trainguard: what timing a process
+# tree (trainguard run -> training) in turns against a single process adds by itself
+TREE_ONLY = "parent_and_plain_child"
 # Plain processes whose allocation history is moved (--layout-controls): identical processes agree
 # here within ~2 %, but one that merely allocates a little more before its model (as a hooked one
 # does) lands its tensors elsewhere and runs up to +-5-10 % apart (bench/RESULTS.md). These are
 # plain python, not in the baseline; they show how far a different layout alone moves the ratio.
 LAYOUT_CONTROL_PREFIX = "layout_control_"
 LAYOUT_SHIFT_MAX = 200_000  # bytes allocated first, at most
-ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS, IMPORT_ONLY)
+ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS, IMPORT_ONLY, TREE_ONLY)
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 
 
@@ -123,6 +126,8 @@ def command(
     if variant == IMPORT_ONLY:
         first = (_layout_shift(variant, rep) + "; " if shift_layouts else "") + "import trainguard.hooks.zero_code"
         return _script_after(first, module, script)
+    if variant == TREE_ONLY:
+        return [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))", *script]
     if variant == "trainguard":
         return [*runner, "--", *script]
     if variant in WRITER_VARIANTS:

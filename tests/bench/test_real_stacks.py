@@ -74,6 +74,10 @@ def test_shifted_layouts_move_every_process_and_the_stack_imports_this_checkouts
     # X and X@base of one repetition share their shift: paired, they differ only in the code
     base = command("mlp", "trainguard@base", 1.0, baseline=Path("/base"), rep=3, shift_layouts=True)
     assert base[2:] == command("mlp", "trainguard", 1.0, rep=3, shift_layouts=True)
+    # the script under a waiting parent: the same script, shifted as trainguard's would be
+    tree = command("mlp", "parent_and_plain_child", 1.0, rep=3, shift_layouts=True)
+    assert tree[1] == "-c" and "subprocess.call" in tree[2] and "trainguard" not in " ".join(tree)
+    assert tree[3:] == command("mlp", "parent_and_plain_child", 1.0, rep=3, shift_layouts=True)[3:]
     assert _half_width_95([1.0, 1.0]) is None
     assert abs(_half_width_95([1.0, 2.0, 3.0]) - 4.303 / 3**0.5) < 1e-9  # t(2) * stdev 1 / sqrt(3)
     # the stack processes import trainguard from this checkout (a worktree times its own code)
