@@ -243,3 +243,26 @@ def test_shims_only_where_every_compile_was_watched(tmp_path):
     assert all(output.returncode == 0 for output in outputs), [output.stderr[-2000:] for output in outputs]
     assert "watched True True" in outputs[0].stdout
     assert "late False" in outputs[1].stdout
+
+
+def test_two_optimizers_on_one_backward_keep_the_shim_and_warn_nothing(make_hook, run_dir, caplog):
+    """Sparse and dense parameters stepped by two optimizers after one backward: the second steps
+    with no forward since the first, which is not a forward the shim missed."""
+    torch.manual_seed(0)
+    model = Net()
+    hook = make_hook(save_config=tg.SaveConfig(save_interval=4), include_collections=["weights"])
+    hook.register_module(model)
+    first = torch.optim.SGD(model.body.parameters(), lr=0.05)
+    second = torch.optim.SGD(model.head.parameters(), lr=0.05)
+    with caplog.at_level(logging.WARNING, logger="trainguard"):
+        for _ in range(6):
+            first.zero_grad()
+            second.zero_grad()
+            model(torch.randn(5, 4)).square().mean().backward()
+            first.step()
+            second.step()
+    assert isinstance(hook._root_hooks[id(model)], RootCall)
+    hook.close()
+    assert hook.enabled
+    assert not [record for record in caplog.records if "forward being seen" in record.getMessage()]
+    assert create_trial(str(run_dir)).steps() == [0, 4]

@@ -166,8 +166,8 @@ class OptimizerSteps:
             # ...or the root's forward was not seen: its call shim replaced (model.compile())
             # or bypassed (compiled code that torch.compile's watch did not see being made)
             self._redrive_displaced_roots()
-            if after_another and id(optimizer) in self._optimizer_parameters:
-                self._roots_unseen()
+            if after_another and list(self._optimizer_parameters) == [id(optimizer)]:
+                self._roots_unseen()  # the run's only optimizer, twice: not a second optimizer
             self._optimizer_driven = True
             self._presumed_forwards = None  # not presumed any more: seen
             self._end_pending = True
