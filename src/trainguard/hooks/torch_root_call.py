@@ -62,7 +62,7 @@ class RootCall:
 def install_root_call(
     module: torch.nn.Module,
     before: Callable[[torch.nn.Module, Any], None],
-    quiet: Callable[[torch.nn.Module], bool] | None = None,
+    quiet: Callable[[torch.nn.Module], bool],
 ) -> RootCall | None:
     """Make every call of ``module`` run ``before(module, args)`` first, unless ``quiet(module)``
     says the step needs nothing more (one Python call less on the usual unsaved step); None where
@@ -71,18 +71,10 @@ def install_root_call(
         return None
     call_impl = module._call_impl  # this module's own, hook-free, fast path
 
-    if quiet is None:
-
-        def root_call(*args: Any, **kwargs: Any) -> Any:
+    def root_call(*args: Any, **kwargs: Any) -> Any:
+        if not quiet(module):
             before(module, args)
-            return call_impl(*args, **kwargs)
-
-    else:
-
-        def root_call(*args: Any, **kwargs: Any) -> Any:
-            if not quiet(module):
-                before(module, args)
-            return call_impl(*args, **kwargs)
+        return call_impl(*args, **kwargs)
 
     handle = RootCall(module)
     setattr(root_call, _MARK, handle)
