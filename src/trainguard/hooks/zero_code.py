@@ -10,7 +10,9 @@ Nothing in the user's script or in PyTorch is edited. Installed once per process
 * every optimizer step (``register_optimizer_step_post_hook``): the end of a TRAIN step.
 * functional losses (``torch.nn.functional.cross_entropy`` & co) and ``Tensor.backward``: the
   tensor a backward starts from is the step's loss even when no loss module exists. These two
-  are wrapped, not edited, and restored by :meth:`close`.
+  are wrapped, not edited, and only while a step saves something (until a root is found, and
+  then during saved steps): on the usual unsaved step they are PyTorch's own functions, two
+  Python calls less (bench/RESULTS.md). :meth:`close` restores them.
 
 TRAIN and EVAL are told apart by ``module.training`` and ``torch.is_grad_enabled()``.
 """
@@ -31,7 +33,7 @@ from trainguard.hooks.torch_compiled import is_compile_wrapper
 from trainguard.hooks.torch_io_sources import LeftOutOfCopies
 from trainguard.hooks.torch_root_call import RootCall
 
-__all__ = ["FUNCTIONAL_LOSSES", "ZeroCodeHook"]
+__all__ = ["FUNCTIONAL_LOSSES", "SwappedAttributes", "ZeroCodeHook"]
 
 FUNCTIONAL_LOSSES = (
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
@@ -41,6 +43,36 @@ FUNCTIONAL_LOSSES = (
     "triplet_margin_loss", "ctc_loss",
 )  # fmt: skip
 BACKWARD_LOSS_NAME = "loss_backward_output_0"
+
+
+class SwappedAttributes:
+    """Replacements of attributes (a module's function, a class's method) that are put on their
+    owners only while wanted. Put on only where the owner still holds the original, taken off
+    only where it still holds the replacement: a library that patched the same attribute in
+    between keeps its patch (and a replacement it wrapped keeps working: it checks the step)."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, replacement)
+        self.on = False
+
+    def add(self, owner: Any, name: str, replacement: Any) -> None:
+        self._entries.append((owner, name, getattr(owner, name), replacement))
+
+    def put_on(self) -> None:
+        if self.on:
+            return
+        self.on = True
+        for owner, name, original, replacement in self._entries:
+            if getattr(owner, name, None) is original:
+                setattr(owner, name, replacement)
+
+    def take_off(self) -> None:
+        if not self.on:
+            return
+        self.on = False
+        for owner, name, original, replacement in self._entries:
+            if getattr(owner, name, None) is replacement:
+                setattr(owner, name, original)
 
 
 class ZeroCodeHook(TorchHook):
@@ -61,11 +93,13 @@ class ZeroCodeHook(TorchHook):
         self._source_pre_hook = LeftOutOfCopies(eager(self._push_source))
         self._attach_globals()
         self._originals: list[tuple[Any, str, Any]] = []
+        self._loss_wrappers = SwappedAttributes()
         for name in FUNCTIONAL_LOSSES:
             original = getattr(F, name, None)
             if original is not None:
-                self._wrap(F, name, self._functional_loss_wrapper(name, original))
-        self._wrap(torch.Tensor, "backward", self._backward_wrapper(torch.Tensor.backward))
+                self._loss_wrappers.add(F, name, self._functional_loss_wrapper(name, original))
+        self._loss_wrappers.add(torch.Tensor, "backward", self._backward_wrapper(torch.Tensor.backward))
+        self._loss_wrappers.put_on()
         # Mixed precision: backward() runs on scaler.scale(loss), the loss times a scale that
         # changes during training (x2 every 2,000 steps without overflow); captured as it is,
         # that series could rise while the loss falls. The scaled tensor stands for its loss.
@@ -96,6 +130,7 @@ class ZeroCodeHook(TorchHook):
 
     def _attach_module_hooks(self) -> None:
         super()._attach_module_hooks()
+        self._loss_wrappers.put_on()
         if self._io_narrow is None:
             self._attach_globals()
 
@@ -112,6 +147,7 @@ class ZeroCodeHook(TorchHook):
         super()._detach_module_hooks()
         if self._roots:  # until a root is found, the global hooks are how one is found
             self._detach_globals()
+            self._loss_wrappers.take_off()
 
     def _is_root(self, module: torch.nn.Module) -> bool:
         return id(module) in self._root_hooks or id(module) in self._wrapped_roots
@@ -119,6 +155,7 @@ class ZeroCodeHook(TorchHook):
     def _release_hooks(self) -> None:
         super()._release_hooks()
         self._detach_globals()
+        self._loss_wrappers.take_off()
 
     def _global_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         if not self.enabled:
@@ -267,6 +304,7 @@ class ZeroCodeHook(TorchHook):
         return scale
 
     def close(self) -> None:
+        self._loss_wrappers.take_off()
         for owner, name, original in reversed(self._originals):
             setattr(owner, name, original)
         self._originals.clear()
