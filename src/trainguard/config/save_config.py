@@ -10,6 +10,7 @@ Two deliberate differences from smdebug 1.0.34 (its bug list, items 9):
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,19 @@ class SaveConfigMode:
             return False
         return (mode_step - self.start_step) % interval == 0
 
+    def next_save(self, mode_step: int) -> int | None:
+        """The first step after ``mode_step`` that :meth:`should_save` says yes to; None if none."""
+        after = mode_step + 1
+        listed = bisect.bisect_left(self.save_steps, after)
+        found = self.save_steps[listed] if listed < len(self.save_steps) else None
+        interval = self.effective_interval
+        if interval is not None:
+            first = max(after, self.start_step)
+            candidate = first + (-(first - self.start_step)) % interval  # the next multiple from start_step
+            if (self.end_step is None or candidate < self.end_step) and (found is None or candidate < found):
+                found = candidate
+        return found
+
     def to_json(self) -> dict[str, Any]:
         return {
             "save_interval": self.effective_interval or 0,
@@ -119,6 +133,10 @@ class SaveConfig:
 
     def should_save_step(self, mode: ModeKeys, mode_step: int) -> bool:
         return self._modes[mode].should_save(mode_step)
+
+    def next_save_step(self, mode: ModeKeys, mode_step: int) -> int | None:
+        """The first step of ``mode`` after ``mode_step`` this schedule saves; None if none."""
+        return self._modes[mode].next_save(mode_step)
 
     def merged_with(self, fallback: SaveConfig) -> SaveConfig:
         """This config for modes it sets explicitly, ``fallback``'s otherwise."""

@@ -89,11 +89,13 @@ class SaveSchedule:
         when a saved step begins."""
         groups = self._schedule_groups()
         budget = self._budget if mode is ModeKeys.TRAIN else None
-        ahead = 0
-        while ahead < limit:
-            step = mode_step + ahead + 1
-            if any(schedule.should_save_step(mode, step) for schedule, _ in groups):
-                if budget is None or self._due_collections(mode, step):
-                    break
-            ahead += 1
-        return ahead
+        step = mode_step
+        # From one configured step to the next (not step by step: at an interval of 1,000 that
+        # was 256 schedule tests each time a run of unsaved steps was counted)
+        while True:
+            nexts = [schedule.next_save_step(mode, step) for schedule, _ in groups]
+            step = min((found for found in nexts if found is not None), default=None)  # type: ignore[assignment]
+            if step is None or step - mode_step - 1 >= limit:
+                return limit
+            if budget is None or self._due_collections(mode, step):
+                return step - mode_step - 1
