@@ -84,6 +84,8 @@ LAYOUT_CONTROL_PREFIX = "layout_control_"
 LAYOUT_SHIFT_MAX = 200_000  # bytes allocated first, at most
 ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS, IMPORT_ONLY, TREE_ONLY)
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
+# the training process's own CPU seconds over its loop (user + kernel; bench/stacks/_timing.py)
+_LOOP_CPU = re.compile(r"BENCH_LOOP_USAGE=user ([0-9.]+) sys ([0-9.]+)")
 
 
 # Identical processes differ here by up to +-10 % (heap and code layout, which no seed fixes;
@@ -199,8 +201,15 @@ def run_in_turns_once(
             if run.returncode != 0 or span is None:
                 raise RuntimeError(f"{' '.join(run.argv)} exited {run.returncode}:\n{run.text()[-3000:]}")
             results[name] = {"loop_s": run.active_seconds(*span), "command_s": run.active_seconds(),
-                             "peak_rss_mib": run.peak_rss_mib}  # fmt: skip
+                             "loop_cpu_s": _loop_cpu_seconds(run.text()), "peak_rss_mib": run.peak_rss_mib}  # fmt: skip
         return results
+
+
+def _loop_cpu_seconds(text: str) -> float | None:
+    """The training process's CPU seconds in its loop: unlike its turns' wall time, blind to
+    whatever keeps it off the CPU while its turn runs (other processes of its tree, the harness)."""
+    match = _LOOP_CPU.search(text)
+    return float(match.group(1)) + float(match.group(2)) if match else None
 
 
 def run_once(argv: list[str], hash_seed: int | None = None) -> dict[str, float]:
@@ -218,7 +227,8 @@ def run_once(argv: list[str], hash_seed: int | None = None) -> dict[str, float]:
     match = _LOOP.search(text)
     if process.returncode != 0 or match is None:
         raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}:\n{text[-3000:]}")
-    return {"loop_s": float(match.group(1)), "command_s": elapsed, "peak_rss_mib": usage.ru_maxrss / 1024}
+    return {"loop_s": float(match.group(1)), "command_s": elapsed, "loop_cpu_s": _loop_cpu_seconds(text),
+            "peak_rss_mib": usage.ru_maxrss / 1024}  # fmt: skip
 
 
 def measure(
@@ -288,6 +298,7 @@ def summarise(rows: list[dict]) -> list[dict]:
             ratios = [r["loop_s"] / baseline[rep]["loop_s"] for r, rep in zip(runs, reps, strict=True)]
             command_ratios = [r["command_s"] / baseline[rep]["command_s"] for r, rep in zip(runs, reps, strict=True)]
             layout_ratios = [r["loop_s"] / any_layout[rep] for r, rep in zip(runs, reps, strict=True)]
+            cpu_ratios = _cpu_ratios(by, runs, reps, copies)
             table.append({
                 "condition": condition, "stack": stack, "variant": variant,
                 "loop_s": statistics.median(r["loop_s"] for r in runs),
@@ -295,11 +306,25 @@ def summarise(rows: list[dict]) -> list[dict]:
                 "loop_ratio_min": min(ratios), "loop_ratio_max": max(ratios),
                 "loop_ratio_mean": statistics.fmean(ratios), "loop_ratio_ci95": _half_width_95(ratios),
                 "layout_ratio": statistics.median(layout_ratios) if len(plains) > len(copies) else None,
+                "cpu_ratio_mean": statistics.fmean(cpu_ratios) if cpu_ratios else None,
+                "cpu_ratio_ci95": _half_width_95(cpu_ratios) if cpu_ratios else None,
                 "command_s": statistics.median(r["command_s"] for r in runs),
                 "command_ratio": statistics.median(command_ratios),
                 "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
             })  # fmt: skip
     return table
+
+
+def _cpu_ratios(by: dict, runs: list[dict], reps: list[int], copies: list[str]) -> list[float]:
+    """Per repetition, the training process's loop CPU seconds over the plain copies' mean; empty
+    where a run printed none (an older stack script)."""
+    ratios = []
+    for run, rep in zip(runs, reps, strict=True):
+        plain = [by[(rep, copy)].get("loop_cpu_s") for copy in copies]
+        if run.get("loop_cpu_s") is None or None in plain:
+            return []
+        ratios.append(run["loop_cpu_s"] / statistics.fmean(plain))
+    return ratios
 
 
 def _half_width_95(values: list[float]) -> float | None:
@@ -321,15 +346,19 @@ def _half_width_95(values: list[float]) -> float | None:
 def render(table: list[dict], reps: int) -> str:
     layouts = any(row.get("layout_ratio") is not None for row in table)
     lines = ["| condition | stack | variant | loop s | loop ratio | loop ratio range | mean ratio (95 % CI) | "
-             + ("vs every plain layout | " if layouts else "") + "command s | command ratio | peak RSS MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if layouts else "")]  # fmt: skip
+             + ("vs every plain layout | " if layouts else "") + "training CPU, mean ratio (95 % CI) | command s | "
+             "command ratio | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if layouts else "")]  # fmt: skip
     for row in table:
         layout = f"{row['layout_ratio']:.3f}x | " if row.get("layout_ratio") is not None else "- | " if layouts else ""
         half = row.get("loop_ratio_ci95")
         mean = f"{row['loop_ratio_mean']:.3f}x" + (f" +- {half:.3f}" if half is not None else "")
+        cpu_half = row.get("cpu_ratio_ci95")
+        cpu = "-" if row.get("cpu_ratio_mean") is None else (
+            f"{row['cpu_ratio_mean']:.3f}x" + (f" +- {cpu_half:.3f}" if cpu_half is not None else ""))  # fmt: skip
         lines.append(f"| {row['condition']} | {row['stack']} | {row['variant']} | {row['loop_s']:.2f} | "
                      f"{row['loop_ratio']:.3f}x | {row['loop_ratio_min']:.3f}-{row['loop_ratio_max']:.3f} | {mean} | "
-                     f"{layout}"
+                     f"{layout}{cpu} | "
                      f"{row['command_s']:.2f} | {row['command_ratio']:.3f}x | "
                      f"{row['peak_rss_mib']:.0f} |")  # fmt: skip
     lines.append(f"\nmedians over {reps} repetition(s); ratios against plain python within each repetition (the "

@@ -20,6 +20,8 @@ def test_real_stacks_quick_mode_measures_every_variant(tmp_path: Path) -> None:
     assert variants["plain"]["loop_ratio"] == 1.0
     for row in variants.values():
         assert row["loop_s"] > 0 and row["command_s"] > row["loop_s"] and row["peak_rss_mib"] > 50
+        assert row["cpu_ratio_mean"] > 0  # the training process's own CPU time was read
+    assert all(run["loop_cpu_s"] > 0 for run in document["runs"])
 
 
 def test_several_plain_copies_make_the_baseline_their_mean() -> None:
@@ -39,6 +41,23 @@ def test_several_plain_copies_make_the_baseline_their_mean() -> None:
     assert abs(table["trainguard"]["loop_ratio_max"] - 1.1) < 1e-9
     assert abs(table["plain_2"]["loop_ratio_max"] - 12.0 / 11.0) < 1e-9  # the spread of identical processes
     assert abs(table["trainguard"]["command_ratio"] - (17.1 / 16.0 + 14.9 / 14.0) / 2) < 1e-9
+    assert table["trainguard"]["cpu_ratio_mean"] is None  # no CPU seconds in these rows
+
+
+def test_the_training_processs_cpu_time_is_read_and_compared_with_the_plain_copies() -> None:
+    sys.path.insert(0, str(REPO))
+    from bench.real_stacks import _loop_cpu_seconds, summarise
+
+    text = "BENCH_LOOP_SECONDS=2.0\nBENCH_LOOP_USAGE=user 1.5000 sys 0.2500 minflt 3 majflt 0 nvcsw 1 nivcsw 2\n"
+    assert _loop_cpu_seconds(text) == 1.75
+    assert _loop_cpu_seconds("BENCH_LOOP_SECONDS=2.0\n") is None
+    rows = []
+    for rep, cpu in enumerate([(1.0, 1.2, 1.21), (2.0, 2.0, 2.1)]):
+        for variant, seconds in zip(("plain", "plain_2", "trainguard"), cpu, strict=True):
+            rows.append({"condition": "quiet", "rep": rep, "stack": "mlp", "variant": variant, "loop_s": 3.0,
+                         "command_s": 4.0, "loop_cpu_s": seconds, "peak_rss_mib": 300.0})  # fmt: skip
+    table = {row["variant"]: row for row in summarise(rows)}
+    assert abs(table["trainguard"]["cpu_ratio_mean"] - (1.21 / 1.1 + 2.1 / 2.0) / 2) < 1e-9
 
 
 def test_layout_controls_are_plain_scripts_moved_in_memory_and_stay_out_of_the_baseline() -> None:
