@@ -82,6 +82,7 @@ TREE_ONLY = "parent_and_plain_child"
 # plain python, not in the baseline; they show how far a different layout alone moves the ratio.
 LAYOUT_CONTROL_PREFIX = "layout_control_"
 LAYOUT_SHIFT_MAX = 200_000  # bytes allocated first, at most
+ENVIRONMENT_PAD_MAX = 4096  # bytes of environment added, at most (the stack's alignment, page offset)
 ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS, IMPORT_ONLY, TREE_ONLY)
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 # the training process's own CPU seconds over its loop (user + kernel; bench/stacks/_timing.py)
@@ -104,6 +105,26 @@ def command(
     baseline: Path | None = None,
     rep: int = 0,
     shift_layouts: bool = False,
+) -> list[str]:
+    argv = _command(stack, variant, scale, device, baseline, rep, shift_layouts)
+    if not shift_layouts or variant.endswith(BASELINE_SUFFIX):
+        return argv  # (X@base runs X's command, padded as X's is)
+    # The stack too: the environment's size moves where the initial stack (and every C frame
+    # on it) lies, which moves run times by percents as heap layouts do (Mytkowicz et al., ASPLOS
+    # 2009), and trainguard run's child always has a few variables more than a plain process.
+    # A pad of its own per process, inherited by trainguard run's training process.
+    pad = random.Random(f"{variant}/{rep}/environment").randrange(0, ENVIRONMENT_PAD_MAX)
+    return ["env", f"BENCH_ENVIRONMENT_PAD={'x' * pad}", *argv]
+
+
+def _command(
+    stack: str,
+    variant: str,
+    scale: float,
+    device: str,
+    baseline: Path | None,
+    rep: int,
+    shift_layouts: bool,
 ) -> list[str]:
     if variant.endswith(BASELINE_SUFFIX):
         # the same variant, with another checkout's trainguard first on the path (the stack
@@ -394,8 +415,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(layout_control_1...): how far a different memory layout alone moves a ratio")  # fmt: skip
     parser.add_argument("--shift-layouts", action="store_true",
                         help="every process, plain copies and trainguard variants alike, allocates 1-200,000 bytes "
-                        "(its own size per variant and repetition) before its model: ratios over many repetitions "
-                        "then average over layouts instead of comparing with one fixed plain layout")  # fmt: skip
+                        "before its model and runs with 0-4,095 bytes more environment (its own sizes per variant "
+                        "and repetition): ratios over many repetitions then average over heap and stack layouts "
+                        "instead of comparing with one fixed plain layout")  # fmt: skip
     parser.add_argument("--schedule", choices=["turns", "sequential"], default="turns",
                         help="turns: a stack's variants at once, one running at a time (bench/time_slices.py); "
                         "sequential: one after the other")  # fmt: skip

@@ -93,10 +93,14 @@ def test_shifted_layouts_move_every_process_and_the_stack_imports_this_checkouts
     # X and X@base of one repetition share their shift: paired, they differ only in the code
     base = command("mlp", "trainguard@base", 1.0, baseline=Path("/base"), rep=3, shift_layouts=True)
     assert base[2:] == command("mlp", "trainguard", 1.0, rep=3, shift_layouts=True)
+    # ...and the stack: an environment pad of each process's own, trainguard's inherited by its child
+    pads = {variant: command("mlp", variant, 1.0, rep=3, shift_layouts=True)[:2] for variant in ("plain", "plain_2")}
+    assert all(argv[0] == "env" and argv[1].startswith("BENCH_ENVIRONMENT_PAD=") for argv in pads.values())
+    assert pads["plain"] != pads["plain_2"] and command("mlp", "plain", 1.0, rep=3)[0] != "env"
     # the script under a waiting parent: the same script, shifted as trainguard's would be
     tree = command("mlp", "parent_and_plain_child", 1.0, rep=3, shift_layouts=True)
-    assert tree[1] == "-c" and "subprocess.call" in tree[2] and "trainguard" not in " ".join(tree)
-    assert tree[3:] == command("mlp", "parent_and_plain_child", 1.0, rep=3, shift_layouts=True)[3:]
+    assert tree[3] == "-c" and "subprocess.call" in tree[4] and "trainguard" not in " ".join(tree)
+    assert tree[5:] == command("mlp", "parent_and_plain_child", 1.0, rep=3, shift_layouts=True)[5:]
     assert _half_width_95([1.0, 1.0]) is None
     assert abs(_half_width_95([1.0, 2.0, 3.0]) - 4.303 / 3**0.5) < 1e-9  # t(2) * stdev 1 / sqrt(3)
     # the stack processes import trainguard from this checkout (a worktree times its own code)
