@@ -92,8 +92,8 @@ class ZeroCodeHook(TorchHook):
         self._global_handles: list[Any] = []
         self._source_pre_hook = LeftOutOfCopies(eager(self._push_source))
         self._attach_globals()
-        self._originals: list[tuple[Any, str, Any]] = []
-        self._loss_wrappers = SwappedAttributes()
+        self._loss_wrappers = SwappedAttributes()  # on during saved steps
+        self._wrappers = SwappedAttributes()  # on from here to close()
         for name in FUNCTIONAL_LOSSES:
             original = getattr(F, name, None)
             if original is not None:
@@ -105,14 +105,12 @@ class ZeroCodeHook(TorchHook):
         # that series could rise while the loss falls. The scaled tensor stands for its loss.
         scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
         if scaler is not None and hasattr(scaler, "scale"):
-            self._wrap(scaler, "scale", self._scale_wrapper(scaler.scale))
+            self._wrappers.add(scaler, "scale", self._scale_wrapper(scaler.scale))
         # Optimizers as they are created (every subclass's __init__ calls this one): the first
         # forward asks whether one holds the model's parameters, without scanning every object.
-        self._wrap(torch.optim.Optimizer, "__init__", self._optimizer_init_wrapper(torch.optim.Optimizer.__init__))
-
-    def _wrap(self, owner: Any, name: str, replacement: Any) -> None:
-        self._originals.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, replacement)
+        init = torch.optim.Optimizer.__init__
+        self._wrappers.add(torch.optim.Optimizer, "__init__", self._optimizer_init_wrapper(init))
+        self._wrappers.put_on()
 
     # -- modules ------------------------------------------------------------------------------
     def _attach_globals(self) -> None:
@@ -305,8 +303,6 @@ class ZeroCodeHook(TorchHook):
 
     def close(self) -> None:
         self._loss_wrappers.take_off()
-        for owner, name, original in reversed(self._originals):
-            setattr(owner, name, original)
-        self._originals.clear()
+        self._wrappers.take_off()
         super().close()
         self._detach_globals()
