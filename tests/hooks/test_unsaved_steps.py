@@ -395,12 +395,14 @@ def test_an_optimizer_driven_run_hooks_no_parameter_and_saves_each_steps_gradien
 
 
 def test_zero_code_loss_wrappers_exist_on_saved_steps_only_and_capture_every_saved_loss(make_hook, tmp_path):
-    """F.cross_entropy and Tensor.backward are PyTorch's own on unsaved steps (two Python calls
-    less) and trainguard's during saved ones: every saved step has both losses, the one
-    backward started from equal to the loss the script computed."""
+    """F.cross_entropy and torch.autograd.backward are PyTorch's own on unsaved steps (two Python
+    calls less) and trainguard's during saved ones, and torch.Tensor is never edited (a class
+    attribute set would invalidate Python's caches for every tensor): every saved step has both
+    losses, the one backward started from equal to the loss the script computed."""
     torch.manual_seed(0)
     model = _mlp(8, 2)
-    original_loss, original_backward = F.cross_entropy, torch.Tensor.backward
+    original_loss, original_backward = F.cross_entropy, torch.autograd.backward
+    tensor_backward = torch.Tensor.__dict__["backward"]
     hook = make_hook(ZeroCodeHook, out_dir=str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=3),
                      include_collections=["losses"])  # fmt: skip
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -408,7 +410,8 @@ def test_zero_code_loss_wrappers_exist_on_saved_steps_only_and_capture_every_sav
     for _ in range(10):
         optimizer.zero_grad()
         output = model(torch.randn(3, 4))  # the step begins here: its wrappers are (not) there now
-        ours.append((F.cross_entropy is not original_loss, torch.Tensor.backward is not original_backward))
+        ours.append((F.cross_entropy is not original_loss, torch.autograd.backward is not original_backward))
+        assert torch.Tensor.__dict__["backward"] is tensor_backward
         cross_entropy = F.cross_entropy(output, torch.randint(0, 2, (3,)))
         loss = cross_entropy + 0.1 * output.square().mean()  # backward starts from another tensor
         loss.backward()
@@ -417,7 +420,7 @@ def test_zero_code_loss_wrappers_exist_on_saved_steps_only_and_capture_every_sav
         functional.append(cross_entropy.item())
     hook.close()
     assert ours == [(step % 3 == 0, step % 3 == 0) for step in range(10)], ours
-    assert (F.cross_entropy, torch.Tensor.backward) == (original_loss, original_backward)
+    assert (F.cross_entropy, torch.autograd.backward) == (original_loss, original_backward)
     trial = create_trial(tmp_path / "run")
     saved = [0, 3, 6, 9]
     for name, expected in (("loss_cross_entropy_output_0", functional), ("loss_backward_output_0", losses)):
@@ -456,3 +459,32 @@ def test_a_patch_another_library_makes_between_saved_steps_is_kept(make_hook, tm
         assert F.mse_loss is patched and len(calls) == 8
     finally:
         F.mse_loss = original
+
+
+@pytest.mark.parametrize("call", ["method", "function", "keyword", "list"])
+def test_zero_code_backward_loss_found_however_backward_is_called(make_hook, tmp_path, call):
+    """The loss a backward starts from is captured through torch.autograd.backward, which
+    ``loss.backward()`` calls and scripts may call directly (a tensor, ``tensors=``, a list)."""
+    torch.manual_seed(0)
+    model = _mlp(8, 2)
+    hook = make_hook(ZeroCodeHook, out_dir=str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=2),
+                     include_collections=["losses"])  # fmt: skip
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(4):
+        optimizer.zero_grad()
+        loss = model(torch.randn(3, 4)).square().mean()
+        if call == "method":
+            loss.backward()
+        elif call == "function":
+            torch.autograd.backward(loss)
+        elif call == "keyword":
+            torch.autograd.backward(tensors=loss)
+        else:
+            torch.autograd.backward([loss])
+        optimizer.step()
+        losses.append(loss.item())
+    hook.close()
+    tensor = create_trial(tmp_path / "run").tensor("loss_backward_output_0")
+    assert tensor.steps() == [0, 2]
+    np.testing.assert_allclose([tensor.value(step) for step in (0, 2)], [losses[0], losses[2]], rtol=1e-6)

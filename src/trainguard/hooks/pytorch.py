@@ -54,6 +54,12 @@ __all__ = ["TorchHook", "eager", "is_loss_module"]
 
 logger = logging.getLogger("trainguard")
 
+# The unsaved step's checks read these as globals: ``ModeKeys.TRAIN`` is an attribute of a class,
+# which Python 3.11 looks up through two type caches at every execution (it specialises attribute
+# reads on instances and modules, not on classes), and ``torch.is_grad_enabled`` one more.
+_TRAIN = ModeKeys.TRAIN
+_is_grad_enabled = torch.is_grad_enabled
+
 
 def eager(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function`` run as plain Python even inside a ``torch.compile``d model.
@@ -325,17 +331,17 @@ class TorchHook(
             and self._end_pending
             and not self.saving_this_step
             and self.enabled
-            and self.mode is ModeKeys.TRAIN
+            and self.mode is _TRAIN
             and self._groups is self._quiet_groups
             and self._groups_for == len(self.include_collections)
             and module.training
-            and torch.is_grad_enabled()
+            and _is_grad_enabled()
         ):
             return False
         self._quiet_steps -= 1
         self._end_pending = False
         self.step += 1
-        self.mode_steps[ModeKeys.TRAIN] += 1
+        self.mode_steps[_TRAIN] += 1
         if not self._quiet_steps and self._budget is not None:
             self._eager_mark_quiet_step()
         return True

@@ -30,6 +30,8 @@ __all__ = ["OptimizerSteps"]
 
 logger = logging.getLogger("trainguard")
 
+_TRAIN = ModeKeys.TRAIN  # a global: the usual step's check reads it (pytorch.py says why)
+
 
 class AccumulationHook:
     """Calls ``hook(parameter)`` each time autograd has accumulated ``parameter``'s gradient,
@@ -150,7 +152,7 @@ class OptimizerSteps:
             return
         if (
             not self._end_pending
-            and self.mode is ModeKeys.TRAIN
+            and self.mode is _TRAIN
             and self._optimizer_driven
             and self._presumed_forwards is None
             and id(optimizer) in self._optimizer_parameters

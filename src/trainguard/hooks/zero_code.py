@@ -8,11 +8,12 @@ Nothing in the user's script or in PyTorch is edited. Installed once per process
   named as smdebug names it and its parameters get gradient hooks. Loss modules (class name
   ending in ``Loss``) are losses, never roots.
 * every optimizer step (``register_optimizer_step_post_hook``): the end of a TRAIN step.
-* functional losses (``torch.nn.functional.cross_entropy`` & co) and ``Tensor.backward``: the
-  tensor a backward starts from is the step's loss even when no loss module exists. These two
-  are wrapped, not edited, and only while a step saves something (until a root is found, and
-  then during saved steps): on the usual unsaved step they are PyTorch's own functions, two
-  Python calls less (bench/RESULTS.md). :meth:`close` restores them.
+* functional losses (``torch.nn.functional.cross_entropy`` & co) and ``torch.autograd.backward``
+  (which ``Tensor.backward`` calls): the tensor a backward starts from is the step's loss even
+  when no loss module exists. These module functions are wrapped, not edited, and only while a
+  step saves something (until a root is found, and then during saved steps): on the usual
+  unsaved step they are PyTorch's own functions, two Python calls less (bench/RESULTS.md).
+  ``torch.Tensor`` itself is never changed. :meth:`close` restores them.
 
 TRAIN and EVAL are told apart by ``module.training`` and ``torch.is_grad_enabled()``.
 """
@@ -98,7 +99,13 @@ class ZeroCodeHook(TorchHook):
             original = getattr(F, name, None)
             if original is not None:
                 self._loss_wrappers.add(F, name, self._functional_loss_wrapper(name, original))
-        self._loss_wrappers.add(torch.Tensor, "backward", self._backward_wrapper(torch.Tensor.backward))
+        # The tensor backward() starts from: Tensor.backward calls torch.autograd.backward, a
+        # module's function. Wrapping that, not the method, keeps torch.Tensor itself unchanged:
+        # setting a class attribute invalidates Python's type caches and the specialised code of
+        # every attribute read on a tensor (about 70 us spread over the next steps, each time a
+        # saved step puts the wrappers on or takes them off). It also sees
+        # torch.autograd.backward(loss) called directly.
+        self._loss_wrappers.add(torch.autograd, "backward", self._backward_wrapper(torch.autograd.backward))
         self._loss_wrappers.put_on()
         # Mixed precision: backward() runs on scaler.scale(loss), the loss times a scale that
         # changes during training (x2 every 2,000 steps without overflow); captured as it is,
@@ -261,15 +268,21 @@ class ZeroCodeHook(TorchHook):
         hook = self
 
         @functools.wraps(original)
-        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        def backward(*args: Any, **kwargs: Any) -> Any:
             if hook.saving_this_step:
-                hook._capture_backward_loss(tensor)
-            return original(tensor, *args, **kwargs)
+                hook._capture_backward_loss(args[0] if args else kwargs.get("tensors"))
+            return original(*args, **kwargs)
 
         return backward
 
     @fail_open
-    def _capture_backward_loss(self, tensor: torch.Tensor) -> None:
+    def _capture_backward_loss(self, tensors: Any) -> None:
+        # torch.autograd.backward takes a tensor or a sequence of them; a loss is one scalar
+        if isinstance(tensors, (list, tuple)) and len(tensors) == 1:
+            tensors = tensors[0]
+        if not isinstance(tensors, torch.Tensor):
+            return
+        tensor = tensors
         unscaled = self._scaled_losses.get(id(tensor))
         if unscaled is not None:
             tensor = unscaled
