@@ -61,21 +61,15 @@ class RootCall:
 
 def install_root_call(
     module: torch.nn.Module,
-    before: Callable[[torch.nn.Module, Any], None],
-    quiet: Callable[[torch.nn.Module], bool],
+    make_call: Callable[[torch.nn.Module, Callable[..., Any]], Callable[..., Any]],
 ) -> RootCall | None:
-    """Make every call of ``module`` run ``before(module, args)`` first, unless ``quiet(module)``
-    says the step needs nothing more (one Python call less on the usual unsaved step); None where
-    the slot is not free for it (then hook the module the usual way)."""
+    """Make every call of ``module`` go through ``make_call(module, call_impl)``, a function that
+    does what the step needs and then returns ``call_impl(*args, **kwargs)`` (the module's own,
+    hook-free, call); None where the slot is not free for it (then hook the module the usual
+    way)."""
     if module.__dict__.get(_SLOT) is not None or type(module).__call__ is not torch.nn.Module.__call__:
         return None
-    call_impl = module._call_impl  # this module's own, hook-free, fast path
-
-    def root_call(*args: Any, **kwargs: Any) -> Any:
-        if not quiet(module):
-            before(module, args)
-        return call_impl(*args, **kwargs)
-
+    root_call = make_call(module, module._call_impl)
     handle = RootCall(module)
     setattr(root_call, _MARK, handle)
     # written to the instance's __dict__ directly, as remove() deletes it: no Module subclass's
@@ -104,7 +98,7 @@ class RootDriving:
     _root_hooks: dict[int, Any]
     _root_shims: bool
     _root_pre_hook: Callable[[torch.nn.Module, Any], None]
-    _quiet_step: Callable[[torch.nn.Module], bool]
+    _root_call: Callable[[torch.nn.Module, Callable[..., Any]], Callable[..., Any]]
 
     def _init_root_driving(self) -> None:
         # Shims until something is compiled; none in a process that may have compiled before this
@@ -117,7 +111,7 @@ class RootDriving:
         """Begin ``module``'s steps at each of its calls: through a call shim (no hook on the
         module, so its calls keep PyTorch's fast path; torch_root_call.py) until something is
         compiled, else a forward pre-hook."""
-        shim = install_root_call(module, self._root_pre_hook, self._quiet_step) if self._root_shims else None
+        shim = install_root_call(module, self._root_call) if self._root_shims else None
         return shim if shim is not None else module.register_forward_pre_hook(self._root_pre_hook)
 
     def _roots_before_compile(self) -> None:
