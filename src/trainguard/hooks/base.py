@@ -81,6 +81,24 @@ class SavePlan:
 class BaseHook(SaveSchedule):
     """Configuration, step accounting and writing shared by every framework hook."""
 
+    # The state a training step reads first lives in slots, inside the hook object itself (two
+    # cache lines) rather than in its ~90-entry __dict__: the PyTorch hook's unsaved step
+    # (TorchHook._root_call, the optimizer's post-hook) reads a dozen of these after forward,
+    # backward and the optimizer have pushed the hook out of the CPU's caches. Measured on the
+    # bench MLP (bench/unsaved_hook_ab.py, two runs each): 1.0098x/1.0099x -> 1.0087x/1.0088x.
+    # Every other attribute stays in __dict__ (the bases give one).
+    __slots__ = (
+        "enabled",
+        "step",
+        "mode",
+        "mode_steps",
+        "saving_this_step",
+        "include_collections",
+        "_groups",
+        "_groups_for",
+        "_budget",
+    )
+
     framework = "generic"
     default_collections: tuple[str, ...] = ("weights", "biases", "gradients", "losses", "default", "scalars")
     always_included: tuple[str, ...] = ("losses", "scalars")

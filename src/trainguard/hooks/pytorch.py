@@ -112,6 +112,16 @@ class TorchHook(
 ):
     """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
 
+    # what the unsaved step and the optimizer's post-hook read, beside BaseHook's (see there)
+    __slots__ = (
+        "_quiet_steps",
+        "_end_pending",
+        "_quiet_groups",
+        "_optimizer_driven",
+        "_presumed_forwards",
+        "_optimizer_parameters",
+    )
+
     framework = "pytorch"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
