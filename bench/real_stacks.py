@@ -84,8 +84,11 @@ LAYOUT_CONTROL_PREFIX = "layout_control_"
 LAYOUT_SHIFT_MAX = 200_000  # bytes allocated first, at most
 ENVIRONMENT_PAD_MAX = 4096  # bytes of environment added, at most (the stack's alignment, page offset)
 ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS, IMPORT_ONLY, TREE_ONLY)
+# glibc (mallopt(3)): never give freed heap back to the kernel, serve up to 32 MiB from the heap
+FIXED_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(2**32), "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 # the training process's own CPU seconds over its loop (user + kernel; bench/stacks/_timing.py)
+_LOOP_FAULTS = re.compile(r"BENCH_LOOP_USAGE=user [0-9.]+ sys ([0-9.]+) minflt ([0-9]+)")
 _LOOP_CPU = re.compile(r"BENCH_LOOP_USAGE=user ([0-9.]+) sys ([0-9.]+)")
 
 
@@ -222,8 +225,17 @@ def run_in_turns_once(
             if run.returncode != 0 or span is None:
                 raise RuntimeError(f"{' '.join(run.argv)} exited {run.returncode}:\n{run.text()[-3000:]}")
             results[name] = {"loop_s": run.active_seconds(*span), "command_s": run.active_seconds(),
-                             "loop_cpu_s": _loop_cpu_seconds(run.text()), "peak_rss_mib": run.peak_rss_mib}  # fmt: skip
+                             "loop_cpu_s": _loop_cpu_seconds(run.text()), "peak_rss_mib": run.peak_rss_mib,
+                             **_loop_faults(run.text())}  # fmt: skip
         return results
+
+
+def _loop_faults(text: str) -> dict[str, float]:
+    """The loop's kernel seconds and minor page faults in the training process: glibc returns
+    freed heap to the kernel and faults it back in, which on the CNN cost a plain process up to
+    1.8 M faults and 2.7 s of kernel time in a 1,000-step loop (bench/RESULTS.md)."""
+    match = _LOOP_FAULTS.search(text)
+    return {"loop_sys_s": float(match.group(1)), "loop_minflt": int(match.group(2))} if match else {}
 
 
 def _loop_cpu_seconds(text: str) -> float | None:
@@ -249,7 +261,7 @@ def run_once(argv: list[str], hash_seed: int | None = None) -> dict[str, float]:
     if process.returncode != 0 or match is None:
         raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}:\n{text[-3000:]}")
     return {"loop_s": float(match.group(1)), "command_s": elapsed, "loop_cpu_s": _loop_cpu_seconds(text),
-            "peak_rss_mib": usage.ru_maxrss / 1024}  # fmt: skip
+            "peak_rss_mib": usage.ru_maxrss / 1024, **_loop_faults(text)}  # fmt: skip
 
 
 def measure(
@@ -288,8 +300,9 @@ def measure(
                 result = results[variant]
                 rows.append({"condition": condition, "rep": rep, "stack": stack, "variant": variant, **result})
                 print(f"[{condition} rep {rep}] {stack:13s} {variant:17s} loop {result['loop_s']:7.2f} s  "
-                      f"command {result['command_s']:7.2f} s  peak RSS {result['peak_rss_mib']:6.0f} MiB",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                      f"command {result['command_s']:7.2f} s  peak RSS {result['peak_rss_mib']:6.0f} MiB  "
+                      f"loop kernel {result.get('loop_sys_s', float('nan')):5.2f} s  "
+                      f"page faults {result.get('loop_minflt', -1)}", file=sys.stderr, flush=True)  # fmt: skip
     return rows
 
 
@@ -401,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1%% of the steps: checks the harness, not speed")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: every stack on the GPU, CUDA_STEPS steps (use with --load no)")  # fmt: skip
+    parser.add_argument("--fixed-malloc", action="store_true",
+                        help="every process with glibc's heap trimming off and its mmap threshold fixed: the "
+                        "hook's own cost without the allocator's luck (plain CNN processes otherwise fault their "
+                        "freed activations back in, up to 1.8 M page faults a 1,000-step loop, and a hooked "
+                        "process, whose allocations keep the heap from shrinking, runs 0.82x of them)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the runs and the table here")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(ALL_VARIANTS),
                         help="plain is always run (ratios are against it)")  # fmt: skip
@@ -426,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="another checkout (e.g. git worktree add /tmp/base HEAD~1): every trainguard variant "
                         "also runs with its code, as <variant>@base, in the same turns")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.fixed_malloc:
+        # inherited by every process of every variant (trainguard run passes its environment on)
+        os.environ.update(FIXED_MALLOC)
     slice_seconds = args.slice if args.schedule == "turns" else None
     if args.plain_copies < 1:
         parser.error("--plain-copies must be 1 or more")

@@ -22,6 +22,8 @@ def test_real_stacks_quick_mode_measures_every_variant(tmp_path: Path) -> None:
         assert row["loop_s"] > 0 and row["command_s"] > row["loop_s"] and row["peak_rss_mib"] > 50
         assert row["cpu_ratio_mean"] > 0  # the training process's own CPU time was read
     assert all(run["loop_cpu_s"] > 0 for run in document["runs"])
+    # kernel time and page faults of the loop, where the allocator's luck shows
+    assert all(run["loop_sys_s"] >= 0 and run["loop_minflt"] >= 0 for run in document["runs"])
 
 
 def test_several_plain_copies_make_the_baseline_their_mean() -> None:
@@ -108,3 +110,15 @@ def test_shifted_layouts_move_every_process_and_the_stack_imports_this_checkouts
     found = subprocess.run([sys.executable, "-c", "import trainguard; print(trainguard.__file__)"],
                            env=environment, capture_output=True, text=True, check=True)  # fmt: skip
     assert Path(found.stdout.strip()).resolve().is_relative_to((REPO / "src").resolve())
+
+
+def test_loop_faults_are_read_from_the_usage_line_and_fixed_malloc_reaches_glibc() -> None:
+    sys.path.insert(0, str(REPO))
+    from bench.real_stacks import FIXED_MALLOC, _loop_faults
+
+    line = "BENCH_LOOP_USAGE=user 9.3000 sys 2.6500 minflt 1773634 majflt 0 nvcsw 37 nivcsw 26"
+    assert _loop_faults(f"noise\n{line}\n") == {"loop_sys_s": 2.65, "loop_minflt": 1773634}
+    assert _loop_faults("no usage line") == {}
+    # glibc reads exactly these names (mallopt(3)): a typo would silently leave the heap trimming
+    assert set(FIXED_MALLOC) == {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"}
+    assert all(value.isdigit() for value in FIXED_MALLOC.values())
