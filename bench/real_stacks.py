@@ -88,8 +88,8 @@ ALL_VARIANTS = (*VARIANTS, *WRITER_VARIANTS, *OPTION_VARIANTS, *ENV_VARIANTS, IM
 FIXED_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(2**32), "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
 _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 # the training process's own CPU seconds over its loop (user + kernel; bench/stacks/_timing.py)
-_LOOP_FAULTS = re.compile(r"BENCH_LOOP_USAGE=user [0-9.]+ sys ([0-9.]+) minflt ([0-9]+)")
-_LOOP_CPU = re.compile(r"BENCH_LOOP_USAGE=user ([0-9.]+) sys ([0-9.]+)")
+# (and its kernel seconds and minor page faults, where the allocator's luck shows)
+_LOOP_USAGE = re.compile(r"BENCH_LOOP_USAGE=user ([0-9.]+) sys ([0-9.]+) minflt ([0-9]+)")
 
 
 # Identical processes differ here by up to +-10 % (heap and code layout, which no seed fixes;
@@ -224,9 +224,10 @@ def run_in_turns_once(
             span = run.loop_span()
             if run.returncode != 0 or span is None:
                 raise RuntimeError(f"{' '.join(run.argv)} exited {run.returncode}:\n{run.text()[-3000:]}")
+            text = run.text()
             results[name] = {"loop_s": run.active_seconds(*span), "command_s": run.active_seconds(),
-                             "loop_cpu_s": _loop_cpu_seconds(run.text()), "peak_rss_mib": run.peak_rss_mib,
-                             **_loop_faults(run.text())}  # fmt: skip
+                             "loop_cpu_s": _loop_cpu_seconds(text), "peak_rss_mib": run.peak_rss_mib,
+                             **_loop_faults(text)}  # fmt: skip
         return results
 
 
@@ -234,14 +235,14 @@ def _loop_faults(text: str) -> dict[str, float]:
     """The loop's kernel seconds and minor page faults in the training process: glibc returns
     freed heap to the kernel and faults it back in, which on the CNN cost a plain process up to
     1.8 M faults and 2.7 s of kernel time in a 1,000-step loop (bench/RESULTS.md)."""
-    match = _LOOP_FAULTS.search(text)
-    return {"loop_sys_s": float(match.group(1)), "loop_minflt": int(match.group(2))} if match else {}
+    match = _LOOP_USAGE.search(text)
+    return {"loop_sys_s": float(match.group(2)), "loop_minflt": int(match.group(3))} if match else {}
 
 
 def _loop_cpu_seconds(text: str) -> float | None:
     """The training process's CPU seconds in its loop: unlike its turns' wall time, blind to
     whatever keeps it off the CPU while its turn runs (other processes of its tree, the harness)."""
-    match = _LOOP_CPU.search(text)
+    match = _LOOP_USAGE.search(text)
     return float(match.group(1)) + float(match.group(2)) if match else None
 
 
