@@ -289,6 +289,77 @@ def test_an_unsaved_step_runs_a_few_python_calls_more_than_without_trainguard(ma
 
 
 @pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
+def test_an_unsaved_compiled_step_runs_the_shim_and_the_post_hook_only(make_hook, tmp_path, zero_code):
+    """A torch.compile'd model's steps begin at its OptimizedModule wrapper, whose call shim
+    (torch_root_call.py) sits where Module.__call__ looks first: an unsaved step runs two Python
+    calls more than the same compiled model without trainguard (the shim, the optimizer
+    post-hook), and the wrapper carries no forward hook (a pre-hook there cost 3: the slow path
+    of Module.__call__, the pre-hook and its check)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _mlp(8, 2)
+    compiled = torch.compile(model, backend="eager")
+    plain = [sum(calls.values()) for calls in _trainguard_calls(compiled, 6, only_ours=False)]
+    hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, out_dir=str(tmp_path / "run"),
+                     save_config=tg.SaveConfig(save_interval=4), include_collections=["losses"])  # fmt: skip
+    criterion = nn.CrossEntropyLoss()
+    if not zero_code:
+        hook.register_module(compiled)
+        hook.register_loss(criterion)
+    hooked = [sum(calls.values()) for calls in _trainguard_calls(compiled, 8, criterion, only_ours=False)]
+    shims = list(hook._wrapper_shims)
+    hook.close()
+    assert hook.enabled
+    assert len(shims) == 1 and shims[0].module() is compiled
+    assert not compiled._forward_pre_hooks and not model._forward_pre_hooks
+    assert "_compiled_call_impl" not in compiled.__dict__  # close() took the shim away
+    assert len(set(plain[2:])) == 1, plain
+    for step in (2, 3, 6, 7):  # unsaved, after an unsaved one
+        assert hooked[step] - plain[-1] == 2, (step, hooked, plain)
+    assert create_trial(str(tmp_path / "run")).steps() == [0, 4]
+
+
+def test_a_wrapper_shim_that_is_never_called_gives_way_to_a_pre_hook(make_hook, tmp_path, caplog):
+    """Should a torch version's OptimizedModule.__call__ not reach the shim's slot, the model's
+    forwards go unseen: the run's only optimizer then steps twice without one, and the wrapper
+    gets a forward pre-hook instead (with a warning): later steps are counted and saved."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _mlp(8, 2)
+    compiled = torch.compile(model, backend="eager")
+    hook = make_hook(tg.Hook, out_dir=str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=2),
+                     include_collections=["losses"])  # fmt: skip
+    hook.register_module(compiled)
+    hook.register_loss(criterion := nn.CrossEntropyLoss())
+    del compiled.__dict__["_compiled_call_impl"]  # the shim bypassed, as such a __call__ would
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with caplog.at_level("WARNING", logger="trainguard"):
+        for _ in range(6):
+            optimizer.zero_grad()
+            criterion(compiled(torch.randn(3, 4)), torch.randint(0, 2, (3,))).backward()
+            optimizer.step()
+    hook.close()
+    assert hook.enabled
+    assert "without its forward being seen" in caplog.text
+    assert not hook._wrapper_shims
+    steps = create_trial(str(tmp_path / "run")).steps()
+    assert steps and len(steps) >= 2 and all(step % 2 == 0 for step in steps), steps
+
+
+def test_no_shim_where_torch_has_no_slot_for_it(monkeypatch):
+    """torch < 2.2's Module.__call__ has no ``_compiled_call_impl`` to consult: a shim written
+    there would never run, so none is installed (the root then gets a pre-hook)."""
+    from trainguard.hooks.torch_root_call import install_root_call
+
+    def make_call(module, call_impl):
+        return lambda *args, **kwargs: call_impl(*args, **kwargs)
+
+    assert install_root_call(_mlp(4, 1), make_call) is not None
+    monkeypatch.setattr(torch.nn.Module, "_compiled_call_impl", "not a slot", raising=True)
+    assert install_root_call(_mlp(4, 1), make_call) is None
+
+
+@pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
 def test_a_model_compiled_after_its_eager_steps_keeps_training_and_capture(make_hook, tmp_path, zero_code):
     """The root's pre-hook carries no Dynamo wrapper (skip_in_dynamo): when the model is compiled
     after it ran eagerly, Dynamo meets the hook inside the traced forward and must break the graph

@@ -45,7 +45,7 @@ from trainguard.hooks.torch_compiled import (
 )
 from trainguard.hooks.torch_io_sources import LeftOutOfCopies, ModuleIOSources
 from trainguard.hooks.torch_optimizer import OptimizerSteps
-from trainguard.hooks.torch_root_call import RootDriving
+from trainguard.hooks.torch_root_call import RootCall, RootDriving
 from trainguard.hooks.torch_saving import TorchTensorSaving
 from trainguard.hooks.torch_tensors import HostSnapshot
 from trainguard.modes import ModeKeys
@@ -187,6 +187,7 @@ class TorchHook(
         # steps (not a wrapper): torch_root_call.py
         self._root_hooks: dict[int, Any] = {}
         self._wrapped_roots: set[int] = set()
+        self._wrapper_shims: list[RootCall] = []  # torch.compile wrappers' call shims
         self._forced_eager = ForcedEager()
         self._wrapper_post_handle: Any = None
         # Until a registered root first runs: a global pre-hook that spots torch.compile's
@@ -333,8 +334,8 @@ class TorchHook(
         The usual unsaved step: an optimizer-driven TRAIN step after one that saved nothing,
         whose number the schedule was already asked about (begin_step). The root's pre-hook
         runs this first, before any other call (a few attribute checks, no allocation), and the
-        general path would come to the same state. The root's call shim has this written out
-        (:meth:`_root_call`): change both. A model compiled after it ran eagerly is
+        general path would come to the same state. The call shims have this written out
+        (:meth:`_call_shim`): change both. A model compiled after it ran eagerly is
         noticed at the next step that takes the general path (within 256 steps).
         """
         if not (
@@ -358,10 +359,21 @@ class TorchHook(
         return True
 
     def _root_call(self, module: torch.nn.Module, call_impl: Callable[..., Any]) -> Callable[..., Any]:
-        """The body of ``module``'s call shim (torch_root_call.py): :meth:`_quiet_step` written out
-        in it, so that the usual unsaved step runs one Python frame of ours fewer (in a training
-        loop a call of ours costs about 1 us, ten times what it costs alone: bench/RESULTS.md),
-        and :meth:`_root_pre_forward` on every other step. The two must agree (tested)."""
+        """The body of a root's call shim (torch_root_call.py): its steps begin at its own call."""
+        return self._call_shim(module, module, call_impl, self._root_pre_hook)
+
+    def _call_shim(
+        self,
+        root: torch.nn.Module,
+        called: torch.nn.Module,
+        call_impl: Callable[..., Any],
+        general: Callable[[torch.nn.Module, Any], None],
+    ) -> Callable[..., Any]:
+        """A call shim for ``called`` (the root itself, or the ``OptimizedModule`` wrapping it,
+        torch_compiled.py) that drives ``root``'s steps: :meth:`_quiet_step` written out in it, so
+        that the usual unsaved step runs one Python frame of ours fewer (in a training loop a call
+        of ours costs about 1 us, ten times what it costs alone: bench/RESULTS.md), and
+        ``general(called, args)`` on every other step. The two must agree (tested)."""
         hook = self
 
         def root_call(*args: Any, **kwargs: Any) -> Any:
@@ -373,7 +385,7 @@ class TorchHook(
                 and hook.mode is _TRAIN
                 and hook._groups is hook._quiet_groups
                 and hook._groups_for == len(hook.include_collections)
-                and module.training
+                and root.training
                 and _is_grad_enabled()
             ):
                 hook._quiet_steps -= 1
@@ -383,7 +395,7 @@ class TorchHook(
                 if not hook._quiet_steps and hook._budget is not None:
                     hook._eager_mark_quiet_step()
             else:
-                hook._root_pre_hook(module, args)
+                general(called, args)
             return call_impl(*args, **kwargs)
 
         return root_call
@@ -594,10 +606,11 @@ class TorchHook(
         self._stop_activation_capture()
         self._leave_eager()
         self._unwatch()
-        for handle in [*self._handles, *self._root_hooks.values()]:
+        for handle in [*self._handles, *self._root_hooks.values(), *self._wrapper_shims]:
             handle.remove()
         self._handles.clear()
         self._root_hooks.clear()
+        self._wrapper_shims.clear()
         super().close()
         self._detach_step_hooks()
         self._detach_module_hooks()

@@ -9,8 +9,9 @@ every later step, and one traced *without* them never calls hooks added later.
 So the hook never lets Dynamo see a hook of ours:
 
 * the step is driven from the ``OptimizedModule`` wrapper that ``torch.compile(model)``
-  returns: its own hooks run in Python *before* Dynamo starts on the wrapped model, so a pre-hook
-  there costs one Python call and no graph break;
+  returns, whose own call runs in Python *before* Dynamo starts on the wrapped model: a call
+  shim there (torch_root_call.py; a pre-hook where its slot is taken) costs one Python call and
+  no graph break, and keeps the wrapper's call on ``Module.__call__``'s fast path;
 * on a step that saves nothing, the wrapped model carries no hook of ours: Dynamo traces (and
   later runs) the clean graph;
 * on a saved step the wrapper's pre-hook sets ``torch.compiler.set_stance("force_eager")`` for
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from trainguard.hooks.fail_open import fail_open
+from trainguard.hooks.torch_root_call import RootCall, install_root_call
 
 __all__ = ["CompiledWrapperSteps", "ForcedEager", "find_compile_wrapper", "in_compile_wrapper", "is_compile_wrapper"]
 
@@ -109,6 +111,8 @@ class CompiledWrapperSteps:
     saving_this_step: bool
     enabled: bool
     _released: bool
+    _call_shim: Any  # TorchHook._call_shim
+    _wrapper_shims: list[RootCall]
 
     def _watch_for_wrapper(self, module: torch.nn.Module, args: Any) -> None:
         # A global pre-hook, but only until a registered root first runs: it costs nothing later.
@@ -132,7 +136,28 @@ class CompiledWrapperSteps:
         handle = self._root_hooks.pop(id(root), None)
         if handle is not None:
             handle.remove()  # Dynamo would trace it (a graph break) for torch.nn containers
-        self._handles.append(wrapper.register_forward_pre_hook(self._wrapper_pre_forward))
+        # The wrapper's own call is plain Python (OptimizedModule.__call__ sets a flag and calls
+        # Module.__call__, which takes the shim's slot: read in torch 2.13; a version whose call
+        # bypassed it is caught by _roots_unseen): Dynamo never traces it, so its shim, unlike a
+        # root's, stays when something is compiled later. Pickling or copying the wrapper
+        # rebuilds it from its model (OptimizedModule.__reduce__): no copy carries the shim.
+        shim = install_root_call(wrapper, self._wrapper_call, own_call_reaches_slot=True)
+        if shim is None:
+            self._handles.append(wrapper.register_forward_pre_hook(self._wrapper_pre_forward))
+        else:
+            self._wrapper_shims.append(shim)
+
+    def _wrappers_unseen(self) -> None:
+        """The wrappers' shims were not called (_roots_unseen): pre-hooks on them instead."""
+        shims, self._wrapper_shims = self._wrapper_shims, []
+        for shim in shims:
+            wrapper = shim.module()
+            shim.remove()
+            if wrapper is not None:
+                self._handles.append(wrapper.register_forward_pre_hook(self._wrapper_pre_forward))
+
+    def _wrapper_call(self, wrapper: torch.nn.Module, call_impl: Any) -> Any:
+        return self._call_shim(wrapper._orig_mod, wrapper, call_impl, self._wrapper_pre_forward)
 
     def _wrapper_pre_forward(self, wrapper: torch.nn.Module, args: Any) -> None:
         if self.enabled:

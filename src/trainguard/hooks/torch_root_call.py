@@ -62,12 +62,17 @@ class RootCall:
 def install_root_call(
     module: torch.nn.Module,
     make_call: Callable[[torch.nn.Module, Callable[..., Any]], Callable[..., Any]],
+    own_call_reaches_slot: bool = False,
 ) -> RootCall | None:
     """Make every call of ``module`` go through ``make_call(module, call_impl)``, a function that
     does what the step needs and then returns ``call_impl(*args, **kwargs)`` (the module's own,
     hook-free, call); None where the slot is not free for it (then hook the module the usual
-    way)."""
-    if module.__dict__.get(_SLOT) is not None or type(module).__call__ is not torch.nn.Module.__call__:
+    way). ``own_call_reaches_slot``: the class has a ``__call__`` of its own that is known to end
+    in ``Module.__call__`` (torch.compile's wrapper), which a class's own ``__call__`` otherwise
+    need not."""
+    if getattr(torch.nn.Module, _SLOT, False) is not None or module.__dict__.get(_SLOT) is not None:
+        return None  # torch < 2.2 has no slot (Module.__call__ would never call it), or it is taken
+    if type(module).__call__ is not torch.nn.Module.__call__ and not own_call_reaches_slot:
         return None
     root_call = make_call(module, module._call_impl)
     handle = RootCall(module)
@@ -99,6 +104,8 @@ class RootDriving:
     _root_shims: bool
     _root_pre_hook: Callable[[torch.nn.Module, Any], None]
     _root_call: Callable[[torch.nn.Module, Callable[..., Any]], Callable[..., Any]]
+    _wrapper_shims: list[RootCall]  # torch.compile wrappers' shims (torch_compiled.py)
+    _wrappers_unseen: Callable[[], None]
 
     def _init_root_driving(self) -> None:
         # Shims until something is compiled; none in a process that may have compiled before this
@@ -130,13 +137,16 @@ class RootDriving:
     def _roots_unseen(self) -> None:
         """The same optimizer stepped twice with no root forward seen between: where roots have
         shims, compiled code may be calling them past the shim (compiled before this hook was
-        watching). Pre-hooks from now on; code already traced calls none until it retraces."""
-        if any(isinstance(handle, RootCall) for handle in self._root_hooks.values()):
+        watching), or a torch.compile wrapper's own ``__call__`` does not reach its shim (a torch
+        version not checked). Pre-hooks from now on; code already traced calls none until it
+        retraces."""
+        if any(isinstance(handle, RootCall) for handle in self._root_hooks.values()) or self._wrapper_shims:
             logger.warning(
                 "trainguard: the model ran without its forward being seen (compiled code made before "
                 "trainguard watched torch.compile?); steps are counted from its next traced forward"
             )
             self._roots_before_compile()
+            self._wrappers_unseen()
 
     def _redrive_displaced_roots(self) -> None:
         """A root whose shim was replaced (``model.compile()`` after registration) gets a pre-hook."""
