@@ -57,6 +57,8 @@ WRITER_VARIANTS = {"trainguard_thread": "thread", "trainguard_process": "process
 # ...and other trainguard run options: nearly every step unsaved; live rules on every 10th step
 OPTION_VARIANTS = {
     "trainguard_si1000": ["--save-interval", "1000"],
+    # four times si1000's saves: whether what si1000 adds over save_once grows with the saves
+    "trainguard_si250": ["--save-interval", "250"],
     # step 0 saved, then nothing: the process carries the hook and the writer, and pays only
     # the unsaved-step path (what si1000's few heavy saves add is the difference to it)
     "trainguard_save_once": ["--save-interval", str(10**9)],
