@@ -49,3 +49,64 @@ def test_compiled_model_is_captured_and_training_is_unchanged(make_hook, run_dir
         relu_out = trial.tensor("1_output_0").value(0)
         assert relu_out.shape == (4, 16) and (relu_out >= 0).all()
         np.testing.assert_array_equal(trial.tensor("2_input_0").value(0), relu_out)
+
+
+@pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
+def test_compiled_model_under_the_hook_gets_no_global_hook_warning(make_hook, run_dir, zero_code):
+    """torch warns when a compiled model runs while any global module hook exists; ours expect the
+    wrapper's extra call, so a run under trainguard (with the hook's global hooks before its root
+    is found and, zero-code, on saved steps) shows no such warning. The control: a global hook of
+    the script's own, without trainguard, does get it from this torch."""
+    import warnings
+
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    from trainguard.hooks.zero_code import ZeroCodeHook
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        handle = register_module_forward_pre_hook(lambda module, args: None)
+        try:
+            torch.compile(nn.Linear(8, 1), backend="eager")(torch.randn(4, 8))
+        finally:
+            handle.remove()
+    if not any("global hooks" in str(warning.message) for warning in caught):
+        pytest.skip("this torch does not warn about global hooks under torch.compile")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, save_config=tg.SaveConfig(save_interval=2),
+                         save_all=True)  # fmt: skip
+        model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 1))
+        if not zero_code:
+            hook.register_module(model)
+        _train(model, 5, compile_it=True)
+        hook.close()
+    assert hook.enabled
+    assert not [str(warning.message) for warning in caught if "global hooks" in str(warning.message)]
+    assert create_trial(run_dir).steps() == [0, 2, 4]
+
+
+def test_the_warning_filter_goes_ahead_of_error_filters_and_is_added_once():
+    """Under ``-W error`` (simplefilter("error")) the torch warning would raise in the training loop:
+    the hook's filter goes ahead of it. It is added only where it is not already first: each change
+    of the filter list makes Python forget which warnings it showed once."""
+    import warnings
+
+    from trainguard.hooks.torch_global_hooks import register_global_forward_pre_hook
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        handles = [register_global_forward_pre_hook(lambda module, args: None)]
+        filters = len(warnings.filters)
+        handles.append(register_global_forward_pre_hook(lambda module, args: None))
+        assert len(warnings.filters) == filters  # already ahead: the list is left alone
+        try:
+            output = torch.compile(nn.Linear(8, 1), backend="eager")(torch.randn(4, 8))
+        finally:
+            for handle in handles:
+                handle.remove()
+        assert output.shape == (4, 1)
+        with pytest.raises(UserWarning):
+            warnings.warn("any other warning still raises", UserWarning, stacklevel=1)

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from trainguard.hooks.base import BaseHook
@@ -43,6 +42,7 @@ from trainguard.hooks.torch_compiled import (
     in_compile_wrapper,
     is_compile_wrapper,
 )
+from trainguard.hooks.torch_global_hooks import register_global_forward_pre_hook
 from trainguard.hooks.torch_io_sources import LeftOutOfCopies, ModuleIOSources
 from trainguard.hooks.torch_optimizer import OptimizerSteps
 from trainguard.hooks.torch_root_call import RootCall, RootDriving
@@ -263,7 +263,7 @@ class TorchHook(
         if wrapper is not None:
             self._drive_from_wrapper(wrapper)
         elif self._watch_handle is None:
-            self._watch_handle = register_module_forward_pre_hook(self._watch_for_wrapper)
+            self._watch_handle = register_global_forward_pre_hook(self._watch_for_wrapper)
         if self._module_hook_handles:  # registered during a saved step: capture it now too
             self._hook_tree(module, self._module_hook_handles)
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 
 from trainguard.config import loss_kinds
 from trainguard.hooks.fail_open import fail_open
+from trainguard.hooks.torch_global_hooks import register_global_forward_hook, register_global_forward_pre_hook
 
 __all__ = [
     "ACTIVATION_COLLECTIONS",
@@ -175,8 +175,8 @@ class FunctionalActivations:
 
     def _track_module_stack(self) -> None:
         """Know the running module while activations are watched (global hooks, removed after)."""
-        self._module_stack_handles.append(register_module_forward_pre_hook(self._push_module))
-        self._module_stack_handles.append(register_module_forward_hook(self._pop_module, always_call=True))
+        self._module_stack_handles.append(register_global_forward_pre_hook(self._push_module))
+        self._module_stack_handles.append(register_global_forward_hook(self._pop_module, always_call=True))
 
     def _push_module(self, module: torch.nn.Module, args: Any) -> None:
         self._module_stack.append(module)

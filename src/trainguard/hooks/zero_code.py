@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.pytorch import TorchHook, eager, is_loss_module
 from trainguard.hooks.torch_activations import has_class_targets
 from trainguard.hooks.torch_compiled import is_compile_wrapper
+from trainguard.hooks.torch_global_hooks import register_global_forward_hook, register_global_forward_pre_hook
 from trainguard.hooks.torch_io_sources import LeftOutOfCopies
 from trainguard.hooks.torch_root_call import RootCall
 
@@ -123,8 +123,8 @@ class ZeroCodeHook(TorchHook):
     def _attach_globals(self) -> None:
         if not self._global_handles:
             self._global_handles = [
-                register_module_forward_pre_hook(self._global_pre_hook),
-                register_module_forward_hook(self._global_post_hook, always_call=True),
+                register_global_forward_pre_hook(self._global_pre_hook),
+                register_global_forward_hook(self._global_post_hook, always_call=True),
             ]
 
     def _detach_globals(self) -> None:

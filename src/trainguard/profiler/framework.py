@@ -28,11 +28,11 @@ import time
 from typing import Any
 
 import torch
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from trainguard.hooks.fail_open import fail_open, log_disabled
 from trainguard.hooks.pytorch import is_loss_module
+from trainguard.hooks.torch_global_hooks import register_global_forward_hook, register_global_forward_pre_hook
 from trainguard.profiler.timeline import TimelineWriter
 
 __all__ = ["TorchStepProfiler"]
@@ -119,8 +119,8 @@ class TorchStepProfiler:
 
     # -- installing -------------------------------------------------------------------------
     def install(self) -> TorchStepProfiler:
-        self._handles.append(register_module_forward_pre_hook(self._pre_forward))
-        self._handles.append(register_module_forward_hook(self._post_forward, always_call=True))
+        self._handles.append(register_global_forward_pre_hook(self._pre_forward))
+        self._handles.append(register_global_forward_hook(self._post_forward, always_call=True))
         self._handles.append(register_optimizer_step_pre_hook(self._pre_optimizer))
         self._handles.append(register_optimizer_step_post_hook(self._post_optimizer))
         self._wrap(torch.Tensor, "backward", self._backward_wrapper(torch.Tensor.backward))
