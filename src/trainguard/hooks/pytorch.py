@@ -182,7 +182,7 @@ class TorchHook(
         skipped = skip_in_dynamo(TorchHook._root_pre_forward, TorchHook._quiet_step)
         self._root_pre_hook = self._root_pre_forward if skipped else eager(self._root_pre_forward)
         self._general_root_pre_forward = eager(self._root_pre_forward_general)
-        self._eager_mark_quiet_step = eager(self._mark_quiet_step)
+        self._eager_end_quiet_window = eager(self._end_quiet_window)
         # id(root) -> its call shim's or pre-hook's handle, while the root itself drives its
         # steps (not a wrapper): torch_root_call.py
         self._root_hooks: dict[int, Any] = {}
@@ -354,8 +354,8 @@ class TorchHook(
         self._end_pending = False
         self.step += 1
         self.mode_steps[_TRAIN] += 1
-        if not self._quiet_steps and self._budget is not None:
-            self._eager_mark_quiet_step()
+        if not self._quiet_steps and (self._budget is not None or self._ends_quiet_windows):
+            self._eager_end_quiet_window()
         return True
 
     def _root_call(self, module: torch.nn.Module, call_impl: Callable[..., Any]) -> Callable[..., Any]:
@@ -392,8 +392,8 @@ class TorchHook(
                 hook._end_pending = False
                 hook.step += 1
                 hook.mode_steps[_TRAIN] += 1
-                if not hook._quiet_steps and hook._budget is not None:
-                    hook._eager_mark_quiet_step()
+                if not hook._quiet_steps and (hook._budget is not None or hook._ends_quiet_windows):
+                    hook._eager_end_quiet_window()
             else:
                 general(called, args)
             return call_impl(*args, **kwargs)
@@ -401,9 +401,18 @@ class TorchHook(
         return root_call
 
     @fail_open
-    def _mark_quiet_step(self) -> None:
-        # the last unsaved step before a saved one: its span is one step of training
-        self._budget.mark(self.step, QUIET)  # type: ignore[union-attr]
+    def _end_quiet_window(self) -> None:
+        """The last step of a run of unsaved ones has begun: the next may be saved."""
+        if self._budget is not None:
+            self._budget.mark(self.step, QUIET)  # its span is one step of training
+        self._before_possibly_saved_step()
+
+    # Whether _before_possibly_saved_step does anything (else the window's end is only the
+    # budget's business, and costs no call without one)
+    _ends_quiet_windows = False
+
+    def _before_possibly_saved_step(self) -> None:
+        """Called at the last step of a run of certainly unsaved steps (ZeroCodeHook's)."""
 
     def root_forward(self, module: torch.nn.Module) -> None:
         if self._quiet_step(module):

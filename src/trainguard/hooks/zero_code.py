@@ -152,7 +152,32 @@ class ZeroCodeHook(TorchHook):
         super()._detach_module_hooks()
         if self._roots:  # until a root is found, the global hooks are how one is found
             self._detach_globals()
-            self._loss_wrappers.take_off()
+            if self._quiet_steps:
+                # Off while steps are certainly unsaved; back on at the last of them: in
+                # ``F.cross_entropy(model(x), y)`` the function is looked up before the forward
+                # that begins a saved step runs (_before_possibly_saved_step).
+                self._loss_wrappers.take_off()
+
+    _ends_quiet_windows = True
+
+    def _before_possibly_saved_step(self) -> None:
+        self._loss_wrappers.put_on()
+
+    def _note_optimizer(self, optimizer: Any, after_another: bool) -> None:
+        super()._note_optimizer(optimizer, after_another)
+        if self._roots and not self._global_handles and not self._steps_a_root(optimizer):
+            # A new optimizer over parameters of no model seen so far: a model trained after the
+            # first (a second stage, a fine-tuning head built later). Its forward is found by the
+            # global hooks, which exist until the next step that saves nothing begins.
+            self._attach_globals()
+
+    def _steps_a_root(self, optimizer: Any) -> bool:
+        stepped = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
+        return any(
+            not stepped.isdisjoint(id(parameter) for parameter in root.parameters())
+            for reference, _ in self._roots
+            if (root := reference()) is not None
+        )
 
     def _is_root(self, module: torch.nn.Module) -> bool:
         return id(module) in self._root_hooks or id(module) in self._wrapped_roots

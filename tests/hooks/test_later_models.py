@@ -1,0 +1,59 @@
+"""Zero code change: a model trained after the first one (a second stage, a head fine-tuned on
+its own) is found by its new optimizer and captured like the first, its steps counted on."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+import trainguard.pytorch as tg
+from trainguard.hooks.zero_code import ZeroCodeHook
+from trainguard.trials import create_trial
+
+STAGE_STEPS = 60
+
+
+def _two_stages(hook_out: str | None) -> tuple[list[float], int | None]:
+    """Train model A, then a new model B with its own optimizer; the losses, and the hook's step."""
+    torch.manual_seed(0)
+    hook = None
+    if hook_out is not None:
+        hook = ZeroCodeHook(out_dir=hook_out, include_collections=["losses", "weights"],
+                            save_config=tg.SaveConfig(save_interval=20))  # fmt: skip
+    losses = []
+    for width in (8, 16):
+        model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(STAGE_STEPS):
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(torch.randn(3, 4)), torch.randint(0, 2, (3,)))
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    if hook is None:
+        return losses, None
+    hook.close()
+    assert hook.enabled
+    return losses, hook.step
+
+
+def test_a_model_trained_after_the_first_is_captured(tmp_path):
+    plain, _ = _two_stages(None)
+    losses, last_step = _two_stages(str(tmp_path / "run"))
+    assert losses == plain  # training unchanged
+    # B's first forward comes before its optimizer first steps: that one step is not seen
+    assert last_step == 2 * STAGE_STEPS - 2
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.steps() == [0, 20, 40, 60, 80, 100]
+    second = [name for name in trial.tensor_names(collection="weights") if name.startswith("Sequential_1_")]
+    assert sorted(second) == ["Sequential_1_0.weight", "Sequential_1_2.weight"]
+    for name in second:
+        assert trial.tensor(name).steps() == [60, 80, 100]
+    assert trial.tensor("Sequential_1_0.weight").value(60).shape == (16, 4)
+    assert trial.tensor("Sequential_1_2.weight").value(60).shape == (2, 16)
+    assert trial.tensor_names(collection="losses") == ["loss_cross_entropy_output_0"]
+    loss_name = "loss_cross_entropy_output_0"
+    assert trial.tensor(loss_name).steps() == trial.steps()
+    assert all(np.isfinite(trial.tensor(loss_name).value(step)).all() for step in trial.steps())
+    assert trial.independent_optimizers == 1  # one stage after the other: not competing
