@@ -16,7 +16,7 @@ of the largest process of the run (``wait4``: the training process under ``train
 data-loader worker would), measured after the quiet one in the same invocation.
 
     python bench/real_stacks.py                                  # quiet and loaded, 1 repetition
-    python bench/real_stacks.py --reps 3 --stacks mlp compiled_mlp --scale 0.5
+    python bench/real_stacks.py --reps 3 --stacks mlp compiled_mlp --scale 0.3     # ~10 s loops
     python bench/real_stacks.py --quick                          # seconds per run: a smoke test
     python bench/real_stacks.py --stacks cnn --baseline-tree /tmp/base   # this code vs another checkout's
 """
@@ -42,12 +42,13 @@ from time_slices import run_in_turns  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STACKS: dict[str, tuple[str, list[str], int]] = {
-    # name: (module, extra arguments, steps for ~30 s on a quiet machine)
-    "mlp": ("bench.stacks.mlp", [], 25000),
-    "compiled_mlp": ("bench.stacks.mlp", ["--compile"], 25000),
-    "cnn": ("bench.stacks.cnn", [], 1000),
-    "hf_trainer": ("bench.stacks.hf_trainer", [], 2400),  # 800 ran 10-13 s loops (2026-11-26)
-    "lightning": ("bench.stacks.lightning_fit", [], 17500),  # 5000 ran 8.6 s
+    # name: (module, extra arguments, steps for a >= 30 s loop on a quiet machine: the plain loops
+    # ran 32.8 s, 35.8 s, 34.3 s, 31.6 s and 41.8 s with these on 2026-11-29)
+    "mlp": ("bench.stacks.mlp", [], 87500),
+    "compiled_mlp": ("bench.stacks.mlp", ["--compile"], 75000),
+    "cnn": ("bench.stacks.cnn", [], 2800),
+    "hf_trainer": ("bench.stacks.hf_trainer", [], 3360),
+    "lightning": ("bench.stacks.lightning_fit", [], 61250),
 }
 # steps for about 10 s of loop on one H100 (its kernels are quick: per-step Python dominates)
 CUDA_STEPS = {"mlp": 30000, "compiled_mlp": 30000, "cnn": 10000, "hf_trainer": 800, "lightning": 10000}
