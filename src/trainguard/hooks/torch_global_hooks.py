@@ -22,9 +22,9 @@ from torch.nn.modules import module as torch_module
 
 __all__ = ["register_global_forward_hook", "register_global_forward_pre_hook"]
 
-_MESSAGE = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
-_PATTERN = re.compile(_MESSAGE, re.IGNORECASE)  # how warnings.filterwarnings stores it
 _TEXT = "Using `torch.compile(module)` when there are global hooks on modules"
+_MESSAGE = re.escape(_TEXT)
+_PATTERN = re.compile(_MESSAGE, re.IGNORECASE)  # how warnings.filterwarnings stores it
 
 
 def _filter_compile_warning() -> None:
