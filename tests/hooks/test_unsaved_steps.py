@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import trainguard.pytorch as tg
+from trainguard.hooks import torch_optimizer
 from trainguard.hooks.torch_root_call import RootCall
 from trainguard.hooks.zero_code import ZeroCodeHook
 from trainguard.trials import create_trial
@@ -230,8 +231,9 @@ def test_disabled_capture_removes_every_per_step_hook(make_hook, monkeypatch, ze
 @pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
 def test_losses_only_steps_make_no_per_parameter_calls(make_hook, tmp_path, zero_code):
     """A saved step whose due collections hold no parameter or gradient (losses only: what an
-    overhead budget keeps most often) hooks no gradient and walks no parameter. Steps that
-    save gradients (here every third) still hook every one."""
+    overhead budget keeps most often) walks no parameter. Steps that save gradients (here every
+    third) save every one, and no step calls Python per parameter in the backward: an optimizer
+    steps, so gradients are read as it does (torch_optimizer.py)."""
     for depth in (1, 6):
         torch.manual_seed(0)
         model = _mlp(8, depth)
@@ -247,10 +249,12 @@ def test_losses_only_steps_make_no_per_parameter_calls(make_hook, tmp_path, zero
         per_step = _trainguard_calls(model, 8, criterion)
         hook.close()
         assert hook.enabled
-        for step in (4, 7):  # gradients due at 3 and 6; hooks of step 4 and 7 come after
-            assert per_step[step]["hook"] == 0 and per_step[step]["_save_due"] <= 3, per_step[step]
+        for step in (4, 7):  # gradients due at 3 and 6
+            assert per_step[step]["_save_due"] <= 3, per_step[step]
+        for step in range(8):
+            assert per_step[step]["hook"] == 0, per_step[step]
         for step in (3, 6):
-            assert per_step[step]["hook"] == 2 * (depth + 1), per_step[step]
+            assert per_step[step]["_take_applied_gradients"] == 1, per_step[step]
         trial = create_trial(out_dir)
         assert trial.steps() == list(range(8))
         loss_name = trial.tensor_names(collection="losses")[0]
@@ -258,6 +262,47 @@ def test_losses_only_steps_make_no_per_parameter_calls(make_hook, tmp_path, zero
         gradient_names = trial.tensor_names(collection="gradients")
         assert len(gradient_names) == 2 * (depth + 1)
         assert all(trial.tensor(name).steps() == [0, 3, 6] for name in gradient_names)
+
+
+@pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
+def test_a_run_without_an_optimizer_hooks_each_gradient_node_to_copy_it_before_it_is_zeroed(
+    make_hook, tmp_path, monkeypatch, zero_code
+):
+    """With no optimizer to step, a step ends at the next forward, after the loop has applied and
+    zeroed its gradients by hand: those are copied as autograd accumulates them, through a hook
+    on each parameter's gradient node (the one kind of run that gets them)."""
+    real = torch_optimizer.AccumulationHook
+    created = []
+
+    def counting(*args):
+        created.append(args[0])
+        return real(*args)
+
+    monkeypatch.setattr(torch_optimizer, "AccumulationHook", counting)
+    torch.manual_seed(0)
+    model = _mlp(8, 1)
+    hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, out_dir=str(tmp_path / "run"),
+                     save_config=tg.SaveConfig(save_interval=1), include_collections=["gradients"])  # fmt: skip
+    if not zero_code:
+        hook.register_module(model)
+    expected = []
+    for _ in range(4):
+        loss = nn.functional.cross_entropy(model(torch.randn(3, 4)), torch.randint(0, 2, (3,)))
+        loss.backward()
+        expected.append({name: p.grad.detach().clone().numpy() for name, p in model.named_parameters()})
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter -= 0.1 * parameter.grad
+                parameter.grad = None
+    hook.close()
+    assert {id(parameter) for parameter in created} == {id(parameter) for parameter in model.parameters()}
+    trial = create_trial(tmp_path / "run")
+    names = trial.tensor_names(collection="gradients")
+    assert len(names) == len(list(model.parameters()))
+    for name in names:
+        parameter_name = name.removeprefix("gradient/").split("_", 1)[1]
+        for step, gradients in enumerate(expected):
+            np.testing.assert_array_equal(trial.tensor(name).value(step), gradients[parameter_name])
 
 
 # Once per run of unsaved steps, at its last step (the next may be saved), the zero-code hook puts
@@ -430,12 +475,16 @@ class Branchy(nn.Module):
 @pytest.mark.parametrize("order", ["zero_first", "zero_after_forward", "zero_in_place"])
 @pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
 def test_an_optimizer_driven_run_hooks_no_parameter_and_saves_each_steps_gradients(
-    make_hook, tmp_path, zero_code, order
+    make_hook, tmp_path, monkeypatch, zero_code, order
 ):
     """Gradients saved every step, read as the optimizer steps, of exactly the parameters the
     step gave one, whatever the order of zero_grad and forward and whether gradients are set to
-    None; and no parameter ever carries a post-accumulate-grad hook, which, once added, leaves a
-    call into Python per parameter on every later backward (AccumulationHook hooks the node)."""
+    None; and no parameter or its gradient node ever carries a hook: a post-accumulate-grad hook
+    once added, or a hook on the AccumulateGrad node even after it was removed (that node lives on
+    while the last step's graph does), leaves a call into Python per parameter on every later
+    backward."""
+    created = []
+    monkeypatch.setattr(torch_optimizer, "AccumulationHook", lambda *args: created.append(args))
 
     def run(hooked: bool) -> dict[tuple[str, int], np.ndarray]:
         torch.manual_seed(0)
@@ -470,6 +519,7 @@ def test_an_optimizer_driven_run_hooks_no_parameter_and_saves_each_steps_gradien
 
     expected = run(False)
     assert run(True).keys() == expected.keys()  # the same training, hooked
+    assert created == []
     trial = create_trial(str(tmp_path / "run"))
     found = {}
     for tensor_name in trial.tensor_names(collection="gradients"):

@@ -132,11 +132,13 @@ class TorchHook(
         self._typed_modules: weakref.WeakKeyDictionary[torch.nn.Module, None] = weakref.WeakKeyDictionary()
         self._roots: list[tuple[weakref.ref[torch.nn.Module], str]] = []
         self._hooked_parameters: set[int] = set()
-        # Gradient hooks exist only while steps are saved: on the other steps autograd calls no
-        # Python per parameter (a few µs each). They stay from one saved step to the next and
-        # go when a step that saves nothing begins. Module forward hooks likewise (below).
-        self._gradient_sources: list[tuple[weakref.ref[torch.Tensor], Any]] = []
+        # Gradients are read as the optimizer steps, of the parameters whose .grad changed since
+        # the saved step began (torch_optimizer.py); a run without an optimizer hooks them, only
+        # while steps are saved. (parameter, "gradient/<name>", its hook for such runs)
+        self._gradient_sources: list[tuple[weakref.ref[torch.Tensor], str, Any]] = []
         self._step_handles: list[Any] = []
+        self._node_hooked = False
+        self._grad_baseline: Any = None  # the gradients as a saved step began (torch_optimizer.py)
         # Host copies taken this step, by tensor: in a Sequential, a module's output is the next
         # one's input, and both names are saved; one copy serves both (same object, unchanged
         # version), which halves the copying of activations.
@@ -247,7 +249,10 @@ class TorchHook(
             if parameter.requires_grad and id(parameter) not in self._hooked_parameters:
                 self._hooked_parameters.add(id(parameter))
                 full_name = f"{root_name}_{parameter_name}"
-                self._gradient_sources.append((weakref.ref(parameter), self._gradient_hook(full_name)))
+                gradient_name = f"gradient/{full_name}"
+                self._gradient_sources.append(
+                    (weakref.ref(parameter), gradient_name, self._gradient_hook(gradient_name))
+                )
         return root_name
 
     def register_module(self, module: torch.nn.Module) -> None:
@@ -437,7 +442,7 @@ class TorchHook(
         weights_due, gradients_due = self._parameter_capture_due()
         if gradients_due:
             self._attach_step_hooks()
-        elif self._step_handles:
+        else:
             self._detach_step_hooks()
         self._grad_parameters.clear()
         if not weights_due:

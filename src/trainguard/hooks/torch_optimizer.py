@@ -3,14 +3,16 @@
 A step ends with ``optimizer.step()`` (global optimizer hooks) once one has stepped, or is
 presumed to when an optimizer holding the model's parameters exists by the first forward.
 Gradients are read from ``.grad`` as the optimizer steps (the gradient it applies, after DDP's
-all-reduce, clipping or AMP unscaling) for the parameters whose gradient autograd accumulated
-this step: a post-hook on each parameter's AccumulateGrad node tells it. Those hooks exist only
-during saved steps, so autograd calls no Python on the others, and they are hooks on the node,
-held by the hook while they exist, not the tensor's post-accumulate-grad hooks: one of those,
-once added, leaves PyTorch calling into Python for its parameter at every later backward even
-after it was removed (10,700 instructions a step on the bench MLP's 6 parameters), while a node
-nobody holds any more is freed and the next forward makes a clean one. They run in the autograd
-engine, outside any compiled graph: a ``torch.compile``d model needs nothing more.
+all-reduce, clipping or AMP unscaling) for the parameters whose gradient changed this step: each
+``.grad`` is noted (object and version) when a saved step begins and compared then, so autograd
+calls no Python of ours at all. A hook on each parameter's AccumulateGrad node would tell the
+same, but it outlives its removal: the node is shared by every later step as long as the last
+step's graph is alive when the next forward runs (``loss = ...`` kept across iterations, the
+usual loop), and a node that once had a Python hook keeps calling into Python (taking the GIL,
+wrapping the gradient) at every backward after the hook was removed: 0.8-1 % of the bench MLP's
+step, for ever after the first saved step. Runs with no optimizer to step (a hand-written
+update) still need those hooks, to copy each gradient before the loop zeroes it: only they get
+them. Both work outside any compiled graph: a ``torch.compile``d model needs nothing more.
 """
 
 from __future__ import annotations
@@ -55,9 +57,12 @@ class OptimizerSteps:
     """Mixed into TorchHook (whose __init__ sets the attributes below)."""
 
     _roots: list[tuple[weakref.ref[torch.nn.Module], str]]
-    _gradient_sources: list[tuple[weakref.ref[torch.Tensor], Any]]
+    _gradient_sources: list[tuple[weakref.ref[torch.Tensor], str, Any]]  # (parameter, name, its hook)
     _step_handles: list[Any]
+    _node_hooked: bool  # _step_handles hold AccumulationHooks (a run without an optimizer)
     _grad_parameters: dict[str, torch.Tensor]
+    # (name, parameter, its .grad when the saved step began or None, that .grad's version)
+    _grad_baseline: list[tuple[str, torch.Tensor, weakref.ref[torch.Tensor] | None, int]] | None
     _optimizer_driven: bool
     _optimizer_probed: bool
     _presumed_forwards: int | None
@@ -139,6 +144,7 @@ class OptimizerSteps:
             self._take_gradients()
 
     def _take_gradients(self) -> None:
+        self._gradients_since_baseline()
         parameters, self._grad_parameters = self._grad_parameters, {}
         for name, parameter in parameters.items():
             if parameter.grad is not None:
@@ -190,23 +196,57 @@ class OptimizerSteps:
         self._optimizer_parameters[id(optimizer)] = parameters
 
     def _attach_step_hooks(self) -> None:
-        """Hook the gradients for this (saved) step, and every optimizer step's start (the
-        gradients it applies); removed when a step saving no gradient begins."""
-        if self._step_handles:
-            return
-        self._step_handles.append(register_optimizer_step_pre_hook(self._before_optimizer_step))
-        for reference, hook in self._gradient_sources:
+        """Hook every optimizer step's start (the gradients it applies) for this saved step, and
+        note each gradient as it is now; in a run without an optimizer, hook each parameter's
+        gradient instead (_gradient_hook). Removed when a step saving no gradient begins."""
+        node_hooked = not self._optimizer_driven
+        if self._step_handles and self._node_hooked != node_hooked:
+            self._detach_step_hooks()  # an optimizer has stepped since: its hook replaces theirs
+        if not self._step_handles:
+            self._node_hooked = node_hooked
+            self._step_handles.append(register_optimizer_step_pre_hook(self._before_optimizer_step))
+            if node_hooked:
+                for reference, _, hook in self._gradient_sources:
+                    parameter = reference()
+                    if parameter is not None and parameter.requires_grad:
+                        self._step_handles.append(AccumulationHook(parameter, hook))
+        self._grad_baseline = None if node_hooked else self._gradients_now()
+
+    def _gradients_now(self) -> list[tuple[str, torch.Tensor, weakref.ref[torch.Tensor] | None, int]]:
+        now = []
+        for reference, name, _ in self._gradient_sources:
             parameter = reference()
-            if parameter is not None and parameter.requires_grad:
-                self._step_handles.append(AccumulationHook(parameter, hook))
+            if parameter is None or not parameter.requires_grad or self.plan(name) is None:
+                continue
+            grad = parameter.grad
+            if grad is None:
+                now.append((name, parameter, None, 0))
+            else:
+                now.append((name, parameter, weakref.ref(grad), grad._version))
+        return now
+
+    def _gradients_since_baseline(self) -> None:
+        """Add the parameters whose ``.grad`` changed since the saved step began to those read
+        (once a step: an optimizer stepped after another on the same backward reads nothing
+        more). Autograd accumulating into ``.grad`` bumps its version, setting it (a first
+        gradient after ``zero_grad()``, ``create_graph``) makes a new tensor. A gradient zeroed
+        in place between the forward and backward of a step that then gives it none (Lightning
+        zeroes there, but to None) would count as changed: its zeros are saved."""
+        baseline, self._grad_baseline = self._grad_baseline, None
+        for name, parameter, grad_reference, version in baseline or ():
+            grad = parameter.grad
+            if grad is None:
+                continue
+            if grad_reference is None or grad_reference() is not grad or grad._version != version:
+                self._grad_parameters[name] = parameter
 
     def _detach_step_hooks(self) -> None:
         handles, self._step_handles = self._step_handles, []
+        self._grad_baseline = None
         for handle in handles:
             handle.remove()
 
-    def _gradient_hook(self, parameter_name: str):  # type: ignore[no-untyped-def]
-        name = f"gradient/{parameter_name}"
+    def _gradient_hook(self, name: str):  # type: ignore[no-untyped-def]
 
         @fail_open
         def hook(self: Any, parameter: torch.Tensor) -> None:
