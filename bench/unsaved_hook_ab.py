@@ -4,10 +4,12 @@ Whole-process A/B runs resolve about half a percent here, and only with many rep
 (bench/real_stacks.py). Here one process trains the bench MLP (bench/stacks/mlp.py's model, batch
 64, Adam, one torch thread) under one ZeroCodeHook created before the model, as ``trainguard run``
 creates it, whose schedule saves step 0 and nothing after. Blocks of steps alternate between the
-hook's per-step path in place (the model's call shim and the global optimizer post-hook: all an
-unsaved step runs of trainguard) and taken out (the hook then sees nothing; it resumes counting
-when they are back). Drift hits both alike; low quantiles of the per-block step times are what a
-step costs when the core is the run's own.
+hook's per-step path in place (the model's call shim and, in a run of unsaved steps, the C
+callable the optimizer's ``_optimizer_step_code`` is set to, or the global optimizer post-hook at
+the step that begins such a run: all an unsaved step runs of trainguard) and taken out, each
+block leaving them as it found them (the hook then sees nothing; it resumes counting when they
+are back). Drift hits both alike; low quantiles of the per-block step times are what a step costs
+when the core is the run's own.
 
 An earlier version created a fresh hook for each block: that timed the transient after a hook is
 created (class attributes it sets, ``Optimizer.__init__``'s wrapper, make Python re-specialise the
@@ -57,18 +59,22 @@ def main(argv: list[str] | None = None) -> int:
 
     for _ in range(300):  # step 0 saved, the rest through the usual unsaved path; code specialised
         step()
-    shim = model.__dict__.get(_SLOT)
-    post_hooks = dict(optimizer_module._global_optimizer_post_hooks)
-    if shim is None or len(post_hooks) != 1:
-        raise SystemExit("the hook does not drive the model through its call shim and one post-hook")
+    post_hooks = optimizer_module._global_optimizer_post_hooks
+    if model.__dict__.get(_SLOT) is None or len(post_hooks) + ("_optimizer_step_code" in vars(optimizer)) != 1:
+        raise SystemExit("the hook does not drive the model through its call shim and one step-end signal")
+    taken: list[tuple[object, object, dict[int, object]]] = []
 
     def attach(present: bool) -> None:
-        if present:
+        if present and taken:
+            shim, step_code, hooks = taken.pop()
             model.__dict__[_SLOT] = shim
-            optimizer_module._global_optimizer_post_hooks.update(post_hooks)
-        else:
-            model.__dict__.pop(_SLOT, None)
-            optimizer_module._global_optimizer_post_hooks.clear()
+            if step_code is not None:
+                optimizer.__dict__["_optimizer_step_code"] = step_code
+            post_hooks.update(hooks)
+        elif not present:
+            taken.append((model.__dict__.pop(_SLOT), optimizer.__dict__.pop("_optimizer_step_code", None),
+                          dict(post_hooks)))  # fmt: skip
+            post_hooks.clear()
 
     counted = hook.step
     microseconds: dict[str, list[float]] = {"plain": [], "hook": []}

@@ -4,6 +4,7 @@ its own) is found by its new optimizer and captured like the first, its steps co
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -14,23 +15,27 @@ from trainguard.trials import create_trial
 STAGE_STEPS = 60
 
 
-def _two_stages(hook_out: str | None) -> tuple[list[float], int | None]:
-    """Train model A, then a new model B with its own optimizer; the losses, and the hook's step."""
+def _two_stages(hook_out: str | None, up_front: bool = False) -> tuple[list[float], int | None]:
+    """Train model A, then a new model B with its own optimizer; the losses, and the hook's step.
+    ``up_front``: both models and optimizers made before A trains (B's optimizer then exists
+    through A's unsaved steps, when an only optimizer ends steps without the post-hook)."""
     torch.manual_seed(0)
     hook = None
     if hook_out is not None:
         hook = ZeroCodeHook(out_dir=hook_out, include_collections=["losses", "weights"],
                             save_config=tg.SaveConfig(save_interval=20))  # fmt: skip
     losses = []
+    stages = []
     for width in (8, 16):
+        if not up_front and stages:
+            stages.clear()  # A's model and optimizer go before B's are made
         model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(STAGE_STEPS):
-            optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(torch.randn(3, 4)), torch.randint(0, 2, (3,)))
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
+        stages.append((model, torch.optim.SGD(model.parameters(), lr=0.1)))
+        if up_front:
+            continue
+        losses += _train(*stages[-1])
+    for model, optimizer in stages if up_front else ():
+        losses += _train(model, optimizer)
     if hook is None:
         return losses, None
     hook.close()
@@ -38,9 +43,21 @@ def _two_stages(hook_out: str | None) -> tuple[list[float], int | None]:
     return losses, hook.step
 
 
-def test_a_model_trained_after_the_first_is_captured(tmp_path):
-    plain, _ = _two_stages(None)
-    losses, last_step = _two_stages(str(tmp_path / "run"))
+def _train(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[float]:
+    losses = []
+    for _ in range(STAGE_STEPS):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(torch.randn(3, 4)), torch.randint(0, 2, (3,)))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("up_front", [False, True], ids=["made_in_turn", "made_up_front"])
+def test_a_model_trained_after_the_first_is_captured(tmp_path, up_front):
+    plain, _ = _two_stages(None, up_front)
+    losses, last_step = _two_stages(str(tmp_path / "run"), up_front)
     assert losses == plain  # training unchanged
     # B's first forward comes before its optimizer first steps: that one step is not seen
     assert last_step == 2 * STAGE_STEPS - 2

@@ -5,6 +5,7 @@ traced without any hook of ours: no graph break, same names and values as eager.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.optim import optimizer as torch_optim_module
 
 import trainguard.pytorch as tg
 from trainguard.hooks import torch_optimizer
@@ -264,6 +266,59 @@ def test_losses_only_steps_make_no_per_parameter_calls(make_hook, tmp_path, zero
         assert all(trial.tensor(name).steps() == [0, 3, 6] for name in gradient_names)
 
 
+def _ends_through_optimizer(hook: tg.Hook, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer``'s own _optimizer_step_code ends the hook's steps (and not the
+    global optimizer post-hook, which is then away)."""
+    ours = hook._post_hook in torch_optim_module._global_optimizer_post_hooks.values()
+    assert ours != ("_optimizer_step_code" in vars(optimizer))  # the one or the other
+    return not ours
+
+
+def test_an_only_optimizer_ends_unsaved_steps_and_is_left_as_it_was(make_hook, tmp_path):
+    """During a run of unsaved steps the run's only optimizer tells of each step's end (a C
+    callable as its _optimizer_step_code); a validation forward and close() bring the global
+    post-hook back, no run of unsaved steps that begins under PyTorch's profiler (which watches
+    that method) uses it, and the optimizer is left as it was made."""
+    torch.manual_seed(0)
+    model = _mlp(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    hook = make_hook(tg.Hook, out_dir=str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=10),
+                     include_collections=["losses"])  # fmt: skip
+    hook.register_module(model)
+    hook.register_loss(criterion := nn.CrossEntropyLoss())
+    through_optimizer = []
+    with contextlib.ExitStack() as profiling:
+        for step in range(30):
+            if step == 19:
+                profiling.enter_context(torch.profiler.profile())
+            optimizer.zero_grad()
+            criterion(model(torch.randn(3, 4)), torch.randint(0, 2, (3,))).backward()
+            optimizer.step()
+            through_optimizer.append(_ends_through_optimizer(hook, optimizer))
+            if step == 24:
+                profiling.close()
+            if step == 4:  # validation in the middle of a run of unsaved steps
+                model.eval()
+                with torch.no_grad():
+                    model(torch.randn(3, 4))
+                assert not _ends_through_optimizer(hook, optimizer)
+                model.train()
+    hook.close()
+    assert hook.enabled
+    assert "_optimizer_step_code" not in vars(optimizer)
+    assert hook._post_hook not in torch_optim_module._global_optimizer_post_hooks.values()
+    # unsaved steps end through the optimizer, saved ones (begun in the general path, as is the
+    # first after the validation forward, which begins a new run) do not; from step 21 on,
+    # a run begun under the profiler, none
+    assert through_optimizer[:10] == [False] + [True] * 9
+    assert through_optimizer[10:21] == [False] + [True] * 9 + [False]
+    assert through_optimizer[21:] == [False] * 9
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.steps(mode=tg.ModeKeys.TRAIN) == [0, 10, 20]
+    assert hook.mode_steps[tg.ModeKeys.TRAIN] == 29  # the last of 30 (signal or not: checked)
+    assert hook.mode_steps[tg.ModeKeys.EVAL] == 0  # the validation forward
+
+
 @pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
 def test_a_run_without_an_optimizer_hooks_each_gradient_node_to_copy_it_before_it_is_zeroed(
     make_hook, tmp_path, monkeypatch, zero_code
@@ -318,38 +373,49 @@ def test_an_unsaved_step_runs_a_few_python_calls_more_than_without_trainguard(ma
     interpreter's share of the step rose 8 % -> 3.6 % of the step under the hook, 28 calls more).
     Counted whole, PyTorch's and the standard library's included: the root's call shim, its
     check written out in it (torch_root_call.py: the root carries no forward hook, so
-    Module.__call__ keeps its fast path), and the optimizer post-hook; no Dynamo wrapper around
-    any of them. (The check as a call of its own cost 1 more until 2026-11-28; where torch.compile
-    may have run unwatched, the root's pre-hook instead: 3 more, the slow path of
+    Module.__call__ keeps its fast path); no Dynamo wrapper around it. The step's end is told by
+    the optimizer's ``_optimizer_step_code``, set to a C callable (torch_optimizer.py): the
+    Python method PyTorch calls there otherwise is one call fewer, so the step runs as many
+    Python calls as without trainguard. (The global optimizer post-hook, one more, ran on these
+    steps until 2026-11-29; the check as a call of its own cost 1 more until 2026-11-28; where
+    torch.compile may have run unwatched, the root's pre-hook instead: 3 more, the slow path of
     Module.__call__ and the check; a Dynamo wrapper 5 more; the
     optimizer pre-hook, one more, exists only on steps saving gradients since 2026-11-28, and
     the zero-code wrappers of Tensor.backward and the functional losses, two more, only on
     saved steps since 2026-11-28.)"""
     torch.manual_seed(0)
     model = _mlp(8, 2)
-    plain = [sum(calls.values()) for calls in _trainguard_calls(model, 6, only_ours=False)]
+    plain_calls = _trainguard_calls(model, 6, only_ours=False)
+    plain = [sum(calls.values()) for calls in plain_calls]
     hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, out_dir=str(tmp_path / "run"),
                      save_config=tg.SaveConfig(save_interval=4), include_collections=["losses"])  # fmt: skip
     if not zero_code:
         hook.register_module(model)
-    hooked = [sum(calls.values()) for calls in _trainguard_calls(model, 8, only_ours=False)]
+    hooked_calls = _trainguard_calls(model, 8, only_ours=False)
+    hooked = [sum(calls.values()) for calls in hooked_calls]
     shimmed = isinstance(hook._root_hooks.get(id(model)), RootCall)
     hook.close()
     assert len(set(plain[2:])) == 1, plain  # the same calls every step once warm
+    assert plain_calls[-1]["_optimizer_step_code"] == 1
+    for step in (1, 2, 3, 5, 6, 7):  # from the unsaved step that begins a run of them
+        assert not {"_after_optimizer_step", "_optimizer_step_code"} & set(hooked_calls[step]), hooked_calls[step]
     for step in (2, 6):  # unsaved, after an unsaved one (1 and 5 end the saved 0 and 4)
-        assert hooked[step] - plain[-1] <= (2 if shimmed else 5), (step, hooked, plain, shimmed)
+        assert hooked[step] - plain[-1] <= (0 if shimmed else 3), (step, hooked, plain, shimmed)
     for step in (3, 7):  # the last before a saved one: zero-code puts its loss wrappers back on
         more = WINDOW_END_CALLS if zero_code else 0
-        assert hooked[step] - plain[-1] <= (2 if shimmed else 5) + more, (step, hooked, plain, shimmed)
+        assert hooked[step] - plain[-1] <= (0 if shimmed else 3) + more, (step, hooked, plain, shimmed)
+    for step in (0, 4):  # saved: the post-hook is back (the general path began them)
+        assert hooked_calls[step]["_after_optimizer_step"] == 1, (step, hooked_calls[step])
 
 
 @pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
-def test_an_unsaved_compiled_step_runs_the_shim_and_the_post_hook_only(make_hook, tmp_path, zero_code):
+def test_an_unsaved_compiled_step_runs_the_shim_only(make_hook, tmp_path, zero_code):
     """A torch.compile'd model's steps begin at its OptimizedModule wrapper, whose call shim
-    (torch_root_call.py) sits where Module.__call__ looks first: an unsaved step runs two Python
-    calls more than the same compiled model without trainguard (the shim, the optimizer
-    post-hook), and the wrapper carries no forward hook (a pre-hook there cost 3: the slow path
-    of Module.__call__, the pre-hook and its check)."""
+    (torch_root_call.py) sits where Module.__call__ looks first: an unsaved step runs the shim
+    and, in place of PyTorch's own ``Optimizer._optimizer_step_code`` method, a C callable (the
+    test above): as many Python calls as the same compiled model without trainguard (two more
+    until 2026-11-29: the shim and the optimizer post-hook), and the wrapper carries no forward
+    hook (a pre-hook there cost 3: the slow path of Module.__call__, the pre-hook and its check)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = _mlp(8, 2)
@@ -361,7 +427,8 @@ def test_an_unsaved_compiled_step_runs_the_shim_and_the_post_hook_only(make_hook
     if not zero_code:
         hook.register_module(compiled)
         hook.register_loss(criterion)
-    hooked = [sum(calls.values()) for calls in _trainguard_calls(compiled, 8, criterion, only_ours=False)]
+    hooked_calls = _trainguard_calls(compiled, 8, criterion, only_ours=False)
+    hooked = [sum(calls.values()) for calls in hooked_calls]
     shims = list(hook._wrapper_shims)
     hook.close()
     assert hook.enabled
@@ -370,9 +437,10 @@ def test_an_unsaved_compiled_step_runs_the_shim_and_the_post_hook_only(make_hook
     assert "_compiled_call_impl" not in compiled.__dict__  # close() took the shim away
     assert len(set(plain[2:])) == 1, plain
     for step in (2, 6):  # unsaved, after an unsaved one
-        assert hooked[step] - plain[-1] == 2, (step, hooked, plain)
+        assert hooked[step] == plain[-1], (step, hooked, plain)
+        assert hooked_calls[step]["root_call"] == 1 and not hooked_calls[step]["_optimizer_step_code"]
     for step in (3, 7):  # the last before a saved one (see the test above)
-        assert 2 <= hooked[step] - plain[-1] <= 2 + (WINDOW_END_CALLS if zero_code else 0), (step, hooked, plain)
+        assert 0 <= hooked[step] - plain[-1] <= (WINDOW_END_CALLS if zero_code else 0), (step, hooked, plain)
     assert create_trial(str(tmp_path / "run")).steps() == [0, 4]
 
 

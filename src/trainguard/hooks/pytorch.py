@@ -164,7 +164,10 @@ class TorchHook(
         self._grad_parameters: dict[str, torch.Tensor] = {}
         # The pre-hook takes the gradients an optimizer applies: it exists only while a step that
         # saves gradients runs (with their hooks, _attach_step_hooks), not a call on every step.
-        self._handles.append(register_optimizer_step_post_hook(self._after_optimizer_step))
+        self._post_hook = self._after_optimizer_step  # one bound method: put back as it was
+        self._post_handle = register_optimizer_step_post_hook(self._post_hook)
+        self._handles.append(self._post_handle)
+        self._init_end_signal()
         # Functional activations (torch_activations.py): a torch-function mode that exists only
         # during the root forward of a step saving an activation collection.
         self._activation_mode: ActivationCapture | None = None
@@ -283,6 +286,7 @@ class TorchHook(
 
     # -- step boundaries ----------------------------------------------------------------------
     def set_mode(self, mode: ModeKeys) -> None:
+        self._stop_signalling()
         self._explicit_mode = True
         self._quiet_steps = 0
         super().set_mode(mode)
@@ -312,6 +316,7 @@ class TorchHook(
         PyTorch is reading."""
         self._released = True
         try:
+            self._stop_signalling()
             self._stop_activation_capture()
             self._leave_eager()
             self._unwatch()
@@ -422,6 +427,8 @@ class TorchHook(
     def root_forward(self, module: torch.nn.Module) -> None:
         if self._quiet_step(module):
             return
+        if self._signalling is not None:
+            self._stop_signalling()
         if self._end_pending:
             self.end_step()
         mode = self._mode_of(module)
@@ -485,6 +492,8 @@ class TorchHook(
                 if self.mode is ModeKeys.TRAIN and self.enabled:
                     self._quiet_steps = self.unsaved_steps_ahead(ModeKeys.TRAIN, self.mode_steps[ModeKeys.TRAIN])
                     self._quiet_groups = self._groups
+                    if self._quiet_steps:
+                        self._signal_ends_through_optimizer()
             if self._step_handles:
                 self._detach_step_hooks()
             self._detach_module_hooks()
@@ -617,6 +626,7 @@ class TorchHook(
         self.write_tensor(name, array, nbytes=array.nbytes)
 
     def close(self) -> None:
+        self._stop_signalling()
         self._stop_activation_capture()
         self._leave_eager()
         self._unwatch()

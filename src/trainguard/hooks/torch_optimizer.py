@@ -17,9 +17,12 @@ them. Both work outside any compiled graph: a ``torch.compile``d model needs not
 
 from __future__ import annotations
 
+import functools
 import gc
+import itertools
 import logging
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,6 +36,13 @@ __all__ = ["OptimizerSteps"]
 logger = logging.getLogger("trainguard")
 
 _TRAIN = ModeKeys.TRAIN  # a global: the usual step's check reads it (pytorch.py says why)
+# What Optimizer.step calls after each step (see _signal_ends_through_optimizer), where it exists
+_TORCH_STEP_CODE = getattr(torch.optim.Optimizer, "_optimizer_step_code", None)
+
+
+def _profiler_enabled() -> bool:
+    enabled = getattr(torch._C._autograd, "_profiler_enabled", None)
+    return True if enabled is None else bool(enabled())  # unknown: as if it were
 
 
 class AccumulationHook:
@@ -70,6 +80,12 @@ class OptimizerSteps:
     _optimizer_parameters: dict[int, frozenset[int]]  # id(optimizer) -> ids of its parameters
     _independent_optimizers: int
     _created_optimizers: weakref.WeakSet[Any]  # optimizers seen being created, where that is watched
+    _stepping_optimizers: dict[int, weakref.ref[Any]]  # id(optimizer) -> the optimizer, of those noted
+    _post_hook: Any  # the global optimizer post-hook (the bound _after_optimizer_step)
+    _post_handle: Any  # ...and its handle
+    _signalling: weakref.ref[Any] | None  # the optimizer whose _optimizer_step_code ends steps now
+    _end_signal: Any
+    _released: bool
     _collections_dirty: bool
     saving_this_step: bool
     mode: ModeKeys
@@ -182,6 +198,77 @@ class OptimizerSteps:
             if id(optimizer) not in self._optimizer_parameters:
                 self._note_optimizer(optimizer, after_another)
 
+    # -- unsaved steps ended without a Python call ----------------------------------------------
+    def _init_end_signal(self) -> None:
+        self._stepping_optimizers = {}
+        self._signalling = None
+        self._end_signal = None  # the callable the optimizer carries while it signals
+
+    def _signal_ends_through_optimizer(self) -> None:
+        """A run of unsaved steps begins (begin_step). The global post-hook is one Python call a
+        step (0.5 % of the bench MLP's step in one process); with one optimizer stepping the
+        run, its own ``_optimizer_step_code`` (which ``Optimizer.step`` calls after every step,
+        for PyTorch's profiler) ends the step instead, set to a C callable, and the post-hook
+        is taken away. Everything that could need it back comes through the general path first
+        (root_forward, set_mode, torch.compile, close, a new optimizer under zero-code), which
+        puts it back (:meth:`_stop_signalling`). Not while PyTorch's profiler runs (it watches
+        that method), nor where another optimizer exists that could begin stepping unseen."""
+        if self._signalling is not None or len(self._optimizer_parameters) != 1:
+            return
+        if len(self._created_optimizers) > 1 or _profiler_enabled():
+            return
+        reference = self._stepping_optimizers.get(next(iter(self._optimizer_parameters)))
+        optimizer = reference() if reference is not None else None
+        hooks = self._post_handle.hooks_dict_ref()
+        if optimizer is None or hooks is None or "_optimizer_step_code" in vars(optimizer):
+            return
+        if getattr(type(optimizer), "_optimizer_step_code", None) is not _TORCH_STEP_CODE:
+            return  # a class of its own there (or a PyTorch without it): its code must run
+        if hooks.get(self._post_handle.id) is not self._post_hook:
+            return
+        # C callables throughout, no Python frame: each call sets _end_pending, as the post-hook
+        # would, for the optimizer steps the run can have (its first step's and one per unsaved
+        # step; the next step takes the general path, which stops this). One call more means a
+        # forward went unseen (compiled code calling the model past its call shim): then the
+        # post-hook comes back and is told of that step, and sees what it would have seen.
+        ends = map(functools.partial(setattr, self, "_end_pending"), itertools.repeat(True, self._quiet_steps + 1))
+        self._end_signal = functools.partial(next, itertools.chain(ends, self._signals_overrun()))
+        optimizer._optimizer_step_code = self._end_signal
+        del hooks[self._post_handle.id]
+        self._signalling = reference
+
+    def _signals_overrun(self) -> Iterator[None]:
+        """More optimizer steps than the run of unsaved steps has: end signalling, and hand this
+        step to the post-hook (the optimizer calls this from its step: it must never raise)."""
+        while True:
+            try:
+                reference = self._signalling
+                optimizer = reference() if reference is not None else None
+                self._stop_signalling()
+                if optimizer is not None and self.enabled:
+                    self._post_hook(optimizer, (), {})
+            except Exception:  # noqa: BLE001 - fail open: inside the user's optimizer.step()
+                logger.debug("trainguard: could not hand an optimizer step back to the post-hook", exc_info=True)
+            yield
+
+    def _stop_signalling(self) -> None:
+        """Put the global post-hook back and the optimizer's own ``_optimizer_step_code``. Runs
+        whether or not capture is enabled (a disabled hook takes its hooks away through it), in
+        places that must not raise into training (an optimizer's creation): it never raises."""
+        reference, self._signalling = self._signalling, None
+        if reference is None:
+            return
+        try:
+            optimizer = reference()
+            signal, self._end_signal = self._end_signal, None
+            if optimizer is not None and vars(optimizer).get("_optimizer_step_code") is signal:
+                del optimizer._optimizer_step_code
+            hooks = self._post_handle.hooks_dict_ref()
+            if hooks is not None and not self._released:
+                hooks[self._post_handle.id] = self._post_hook
+        except Exception:  # noqa: BLE001 - fail open: at worst steps are counted less exactly
+            logger.debug("trainguard: could not put the optimizer post-hook back", exc_info=True)
+
     def _note_optimizer(self, optimizer: Any, after_another: bool) -> None:
         """Count the optimizers that step parameters no other one steps, each after a forward of
         its own (a GAN's generator and discriminator, an actor and a critic): their losses work
@@ -194,6 +281,10 @@ class OptimizerSteps:
             self._independent_optimizers += 1
             self._collections_dirty = True  # rewritten before the next saved step's index
         self._optimizer_parameters[id(optimizer)] = parameters
+        try:
+            self._stepping_optimizers[id(optimizer)] = weakref.ref(optimizer)
+        except TypeError:  # a class with __slots__ and no __weakref__: its steps keep the post-hook
+            pass
 
     def _attach_step_hooks(self) -> None:
         """Hook every optimizer step's start (the gradients it applies) for this saved step, and

@@ -106,6 +106,7 @@ class RootDriving:
     _root_call: Callable[[torch.nn.Module, Callable[..., Any]], Callable[..., Any]]
     _wrapper_shims: list[RootCall]  # torch.compile wrappers' shims (torch_compiled.py)
     _wrappers_unseen: Callable[[], None]
+    _stop_signalling: Callable[[], None]  # torch_optimizer.py
 
     def _init_root_driving(self) -> None:
         # Shims until something is compiled; none in a process that may have compiled before this
@@ -124,6 +125,7 @@ class RootDriving:
     def _roots_before_compile(self) -> None:
         """torch.compile was called: Dynamo may trace a root without calling its shim, and calls no
         hook added after it traced. Every root gets its pre-hook now, before anything is traced."""
+        self._stop_signalling()  # (steps end through the post-hook again: it sees a displaced root)
         self._root_shims = False
         for key, handle in list(self._root_hooks.items()):
             if isinstance(handle, RootCall):

@@ -5,9 +5,12 @@ Nothing in the user's script or in PyTorch is edited. Installed once per process
 
 * every module forward (``register_module_forward_pre_hook``/``register_module_forward_hook``):
   a forward that starts with no other module running is a *root* forward; its module tree is
-  named as smdebug names it and its parameters get gradient hooks. Loss modules (class name
-  ending in ``Loss``) are losses, never roots.
-* every optimizer step (``register_optimizer_step_post_hook``): the end of a TRAIN step.
+  named as smdebug names it and its parameters' gradients are read as the optimizer steps.
+  Loss modules (class name ending in ``Loss``) are losses, never roots.
+* every optimizer step (``register_optimizer_step_post_hook``): the end of a TRAIN step. During
+  a run of unsaved steps with one optimizer, that optimizer's own ``_optimizer_step_code`` (set
+  on the instance, and taken off again) tells it instead, without a Python call
+  (torch_optimizer.py).
 * functional losses (``torch.nn.functional.cross_entropy`` & co) and ``torch.autograd.backward``
   (which ``Tensor.backward`` calls): the tensor a backward starts from is the step's loss even
   when no loss module exists. These module functions are wrapped, not edited, and only while a
@@ -315,6 +318,7 @@ class ZeroCodeHook(TorchHook):
             self.hold_torch_tensor(BACKWARD_LOSS_NAME, tensor)
 
     def _optimizer_init_wrapper(self, original: Any) -> Any:
+        hook = self
         created = self._created_optimizers
 
         @functools.wraps(original)
@@ -324,6 +328,8 @@ class ZeroCodeHook(TorchHook):
                 created.add(optimizer)
             except TypeError:  # an optimizer class with __slots__ and no __weakref__: found by a scan
                 pass
+            if hook._signalling is not None:
+                hook._stop_signalling()  # its steps must reach the post-hook: it may train a new model
 
         return __init__
 
