@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             if step_code is not None:
                 optimizer.__dict__["_optimizer_step_code"] = step_code
             post_hooks.update(hooks)
-        elif not present:
+        elif not present and not taken:
             taken.append((model.__dict__.pop(_SLOT), optimizer.__dict__.pop("_optimizer_step_code", None),
                           dict(post_hooks)))  # fmt: skip
             post_hooks.clear()
