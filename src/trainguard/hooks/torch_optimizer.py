@@ -206,13 +206,14 @@ class OptimizerSteps:
 
     def _signal_ends_through_optimizer(self) -> None:
         """A run of unsaved steps begins (begin_step). The global post-hook is one Python call a
-        step (0.5 % of the bench MLP's step in one process); with one optimizer stepping the
-        run, its own ``_optimizer_step_code`` (which ``Optimizer.step`` calls after every step,
-        for PyTorch's profiler) ends the step instead, set to a C callable, and the post-hook
-        is taken away. Everything that could need it back comes through the general path first
-        (root_forward, set_mode, torch.compile, close, a new optimizer under zero-code), which
-        puts it back (:meth:`_stop_signalling`). Not while PyTorch's profiler runs (it watches
-        that method), nor where another optimizer exists that could begin stepping unseen."""
+        step (0.2-0.3 % of the bench MLP's 0.36 ms step in one process: bench/unsaved_hook_ab.py,
+        bench/RESULTS.md); with one optimizer stepping the run, its own ``_optimizer_step_code``
+        (which ``Optimizer.step`` calls after every step, for PyTorch's profiler) ends the step
+        instead, set to C callables, and the post-hook is taken away. Everything that could need
+        it back comes through the general path first (root_forward, set_mode, torch.compile,
+        close, a new optimizer under zero-code), which puts it back (:meth:`_stop_signalling`).
+        Not while PyTorch's profiler runs (it watches that method), nor where another optimizer
+        exists that could begin stepping unseen."""
         if self._signalling is not None or len(self._optimizer_parameters) != 1:
             return
         if len(self._created_optimizers) > 1 or _profiler_enabled():
