@@ -163,7 +163,8 @@ class TorchHook(
         # gradient name -> its parameter, whose .grad is read when final: at optimizer.step()
         self._grad_parameters: dict[str, torch.Tensor] = {}
         # The pre-hook takes the gradients an optimizer applies: it exists only while a step that
-        # saves gradients runs (with their hooks, _attach_step_hooks), not a call on every step.
+        # saves gradients runs (_attach_step_hooks), not a call on every step. The post-hook ends
+        # steps (during a run of unsaved steps, the only optimizer does: torch_optimizer.py).
         self._post_hook = self._after_optimizer_step  # one bound method: put back as it was
         self._post_handle = register_optimizer_step_post_hook(self._post_hook)
         self._handles.append(self._post_handle)
