@@ -526,6 +526,50 @@ def test_a_model_compiled_after_its_eager_steps_keeps_training_and_capture(make_
     assert losses and all(trial.tensor(name).steps() == [0, 4, 8, 12] for name in losses)
 
 
+@pytest.mark.parametrize("zero_code", [True, False], ids=["zero_code", "api"])
+def test_compiling_a_model_ends_its_run_of_unsaved_steps(make_hook, tmp_path, zero_code):
+    """A run of unsaved steps spans up to 1,024 steps, during which the root's pre-hook (it
+    replaces the shim when torch.compile is called) breaks a compiled model's graph: compiling
+    cuts the run short, and the hook drives the model from its compiled wrapper two steps on.
+    The loss series is that of the run without trainguard; steps go on being counted."""
+
+    def run(hooked: bool) -> tuple[list[float], list[bool]]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = _mlp(8, 2)
+        criterion = nn.CrossEntropyLoss()
+        hook = None
+        if hooked:
+            hook_class = ZeroCodeHook if zero_code else tg.Hook
+            hook = make_hook(hook_class, out_dir=str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=10**6),
+                             include_collections=["losses"])  # fmt: skip
+            if not zero_code:
+                hook.register_module(model)
+                hook.register_loss(criterion)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        losses, from_wrapper = [], []
+        eager_model = model
+        for step in range(12):
+            if step == 6:
+                assert hook is None or hook._quiet.left > 100  # in a long run of unsaved steps
+                model = torch.compile(model, backend="eager")
+            x, y = torch.randn(5, 4), torch.randint(0, 2, (5,))
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            from_wrapper.append(hook is not None and id(eager_model) in hook._wrapped_roots)
+        if hook is not None:
+            assert hook.step == 11 and hook.enabled
+            hook.close()
+        return losses, from_wrapper
+
+    hooked_losses, from_wrapper = run(True)
+    assert hooked_losses == run(False)[0]
+    assert from_wrapper == [False] * 7 + [True] * 5  # the second step after compiling
+
+
 class Branchy(nn.Module):
     """A head used only on even steps: its parameters get no gradient on odd ones."""
 
@@ -741,22 +785,16 @@ def test_the_call_shim_decides_every_step_as_quiet_step_does(make_hook):
     hook._root_pre_hook = lambda module, args: calls.append("general")
     hook._eager_end_quiet_window = lambda: calls.append("mark")
     root_call = hook._root_call(model, lambda *args, **kwargs: calls.append("call_impl"))
-    groups, other_groups = [("a",)], [("b",)]
-    names = ("_quiet_steps", "_end_pending", "saving_this_step", "enabled", "mode", "_groups", "_quiet_groups",
-             "_groups_for", "_budget", "step")  # fmt: skip
-    combinations = itertools.product(
-        (0, 1, 3), (False, True), (False, True), (False, True), (ModeKeys.TRAIN, ModeKeys.EVAL),
-        (other_groups, groups), (0, 1), (False, True), (False, True), (None, object()),
-    )  # fmt: skip
+    quiet_run = hook._quiet
+    combinations = itertools.product((0, 1, 3), (False, True), (0, 1), (False, True), (False, True), (None, object()))
     quiet_taken = 0
-    for quiet_steps, pending, saving, enabled, mode, quiet_groups, extra, training, grad, budget in combinations:
-        state = {"_quiet_steps": quiet_steps, "_end_pending": pending, "saving_this_step": saving, "enabled": enabled,
-                 "mode": mode, "_groups": groups, "_quiet_groups": quiet_groups,
-                 "_groups_for": len(hook.include_collections) + extra, "_budget": budget, "step": 7}  # fmt: skip
+    for left, pending, added, training, grad, budget in combinations:
         outcomes = []
         for through_shim in (True, False):
-            for name, value in state.items():
-                setattr(hook, name, value)
+            quiet_run.begin(left, hook.include_collections)
+            quiet_run.pending = pending
+            quiet_run.count -= added  # a collection appended to the list since the run was counted
+            hook._budget, hook.step = budget, 7
             hook.mode_steps[ModeKeys.TRAIN] = 5
             model.train(training)
             calls.clear()
@@ -767,9 +805,65 @@ def test_the_call_shim_decides_every_step_as_quiet_step_does(make_hook):
                     assert calls[-1] == "call_impl"
                 else:
                     quiet = hook._quiet_step(model)
-            outcomes.append((quiet, [getattr(hook, name) for name in names], hook.mode_steps[ModeKeys.TRAIN],
+            outcomes.append((quiet, quiet_run.left, quiet_run.pending, hook.step, hook.mode_steps[ModeKeys.TRAIN],
                              calls.count("mark")))  # fmt: skip
-        assert outcomes[0] == outcomes[1], state
+        assert outcomes[0] == outcomes[1], (left, pending, added, training, grad, budget)
         quiet_taken += outcomes[0][0]
-    assert quiet_taken == 2 * 2  # quiet_steps 1 or 3, budget or none: every other check must pass
-    hook._groups = None
+    assert quiet_taken == 2 * 2  # left 1 or 3, budget or none: every other check must pass
+    hook._budget = None
+
+
+def _into_a_run_of_unsaved_steps(hook: tg.Hook, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+    assert hook._quiet.left > 100
+
+
+@pytest.mark.parametrize("change", ["disable", "set_mode", "get_collection", "add_collection", "save_scalar",
+                                    "append_collection", "torch.compile"])  # fmt: skip
+def test_a_change_to_what_a_run_of_unsaved_steps_was_counted_under_ends_it(make_hook, tmp_path, change):
+    """The unsaved step's check reads only the run's own small object (quiet_run.py): whatever
+    else the run was counted under ends it where it changes, and the next step takes the general
+    path (after torch.compile, the one after: that step is still counted as unsaved)."""
+    from trainguard.config.collections import Collection
+    from trainguard.modes import ModeKeys
+
+    torch.manual_seed(0)
+    model = _mlp(4, 1)
+    hook = make_hook(tg.Hook, out_dir=str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=10**6),
+                     include_collections=["losses"])  # fmt: skip
+    hook.register_module(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    _into_a_run_of_unsaved_steps(hook, model, optimizer)
+    if change == "disable":
+        hook.disable("a test")
+    elif change == "set_mode":
+        hook.set_mode(ModeKeys.TRAIN)
+    elif change == "get_collection":
+        hook.get_collection("losses")
+    elif change == "add_collection":
+        hook.add_collection(Collection("extra"))
+    elif change == "save_scalar":
+        hook.save_scalar("lr", 0.01)
+    elif change == "append_collection":
+        hook.include_collections.append("weights")
+    else:
+        torch.compile(model, backend="eager")
+    if change != "append_collection":  # (a list mutated in place is noticed at the next step)
+        assert hook._quiet.left == (1 if change == "torch.compile" else 0)
+    general = []
+    original = hook._root_step
+    hook._root_step = lambda module: (general.append(hook.step), original(module))
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+    if change == "disable":
+        assert not hook.enabled and hook._released  # the general path took the hooks away
+    elif change == "set_mode":
+        assert general == [2, 3]  # a mode set by the script: no runs of unsaved steps from then on
+    else:
+        assert general == ([3] if change == "torch.compile" else [2])
+    hook.close()

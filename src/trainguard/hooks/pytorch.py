@@ -28,6 +28,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from trainguard.hooks.base import BaseHook
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.overhead_budget import QUIET
+from trainguard.hooks.quiet_run import EndsQuietRuns, QuietRun
 from trainguard.hooks.torch_activations import (
     _ACTIVATION_KINDS,
     ActivationCapture,
@@ -108,15 +109,14 @@ class TorchHook(
     FunctionalActivations,
     ModuleIOSources,
     TorchTensorSaving,
+    EndsQuietRuns,
     BaseHook,
 ):
     """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
 
     # what the unsaved step and the optimizer's post-hook read, beside BaseHook's (see there)
     __slots__ = (
-        "_quiet_steps",
-        "_end_pending",
-        "_quiet_groups",
+        "_quiet",
         "_optimizer_driven",
         "_presumed_forwards",
         "_optimizer_parameters",
@@ -125,6 +125,12 @@ class TorchHook(
     framework = "pytorch"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The current run of TRAIN steps the schedule saves nothing in (the unsaved step's fast
+        # path), and whether an optimizer stepped since the last forward: optimizer.step() ran,
+        # so the step ends at the next forward (or mode change, or close), and
+        # save_scalar("loss", ...) written after optimizer.step() still lands in this step. One
+        # object for the hook's life: call shims hold it (quiet_run.py).
+        self._quiet = QuietRun()
         super().__init__(*args, **kwargs)
         self._init_root_driving()  # first: what follows imports Dynamo (torch_root_call.shims_safe)
         self._handles: list[Any] = []
@@ -157,9 +163,6 @@ class TorchHook(
         self._optimizer_probed = False
         self._created_optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._presumed_forwards: int | None = None
-        # optimizer.step() ran: the step ends at the next forward (or mode change, or close), so
-        # save_scalar("loss", ...) written after optimizer.step() still lands in this step.
-        self._end_pending = False
         # gradient name -> its parameter, whose .grad is read when final: at optimizer.step()
         self._grad_parameters: dict[str, torch.Tensor] = {}
         # The pre-hook takes the gradients an optimizer applies: it exists only while a step that
@@ -200,10 +203,6 @@ class TorchHook(
         # wrapper around it (then removed, so it costs nothing per step).
         self._watch_handle: Any = None
         self._released = False  # per-step hooks removed after capture was disabled
-        # TRAIN steps ahead that the schedule saves nothing in (root_forward's fast path), and
-        # the schedule groups that was computed with
-        self._quiet_steps = 0
-        self._quiet_groups: Any = None
 
     # -- distributed --------------------------------------------------------------------------
     def _rank_and_world(self) -> tuple[int, int]:
@@ -219,6 +218,7 @@ class TorchHook(
             # and overwrite the training process's files as the same worker.
             self.enabled = False
             self.saving_this_step = False
+            self._quiet.end()
             return None
         return super()._ensure_writer()
 
@@ -289,7 +289,7 @@ class TorchHook(
     def set_mode(self, mode: ModeKeys) -> None:
         self._stop_signalling()
         self._explicit_mode = True
-        self._quiet_steps = 0
+        self._quiet.end()
         super().set_mode(mode)
 
     def _mode_of(self, module: torch.nn.Module) -> ModeKeys:
@@ -343,29 +343,29 @@ class TorchHook(
         """Count the usual unsaved step and say so; False for every other step.
 
         The usual unsaved step: an optimizer-driven TRAIN step after one that saved nothing,
-        whose number the schedule was already asked about (begin_step). The root's pre-hook
-        runs this first, before any other call (a few attribute checks, no allocation), and the
-        general path would come to the same state. The call shims have this written out
-        (:meth:`_call_shim`): change both. A model compiled after it ran eagerly is
-        noticed at the next step that takes the general path (within 256 steps).
+        whose number the schedule was already asked about (begin_step), with the model in
+        training mode and gradients on. The root's pre-hook runs this first, before any other
+        call (a few attribute checks, no allocation), and the general path would come to the
+        same state. What else the run was counted under (mode, capture enabled, collections,
+        no unscheduled save) ends the run where it changes (quiet_run.py). The call shims have
+        this written out (:meth:`_call_shim`): change both. A model compiled after it ran
+        eagerly is noticed at the next step that takes the general path (torch.compile ends the
+        run of unsaved steps: the second step after it).
         """
+        quiet = self._quiet
         if not (
-            self._quiet_steps
-            and self._end_pending
-            and not self.saving_this_step
-            and self.enabled
-            and self.mode is _TRAIN
-            and self._groups is self._quiet_groups
-            and self._groups_for == len(self.include_collections)
+            quiet.left
+            and quiet.pending
+            and len(quiet.collections) == quiet.count
             and module.training
             and _is_grad_enabled()
         ):
             return False
-        self._quiet_steps -= 1
-        self._end_pending = False
+        quiet.left -= 1
+        quiet.pending = False
         self.step += 1
         self.mode_steps[_TRAIN] += 1
-        if not self._quiet_steps and (self._budget is not None or self._ends_quiet_windows):
+        if not quiet.left and (self._budget is not None or self._ends_quiet_windows):
             self._eager_end_quiet_window()
         return True
 
@@ -386,24 +386,21 @@ class TorchHook(
         of ours costs about 1 us, ten times what it costs alone: bench/RESULTS.md), and
         ``general(called, args)`` on every other step. The two must agree (tested)."""
         hook = self
+        quiet = self._quiet  # read through the closure: the hook object's slots stay untouched
 
         def root_call(*args: Any, **kwargs: Any) -> Any:
             if (
-                hook._quiet_steps
-                and hook._end_pending
-                and not hook.saving_this_step
-                and hook.enabled
-                and hook.mode is _TRAIN
-                and hook._groups is hook._quiet_groups
-                and hook._groups_for == len(hook.include_collections)
+                quiet.left
+                and quiet.pending
+                and len(quiet.collections) == quiet.count
                 and root.training
                 and _is_grad_enabled()
             ):
-                hook._quiet_steps -= 1
-                hook._end_pending = False
+                quiet.left -= 1
+                quiet.pending = False
                 hook.step += 1
                 hook.mode_steps[_TRAIN] += 1
-                if not hook._quiet_steps and (hook._budget is not None or hook._ends_quiet_windows):
+                if not quiet.left and (hook._budget is not None or hook._ends_quiet_windows):
                     hook._eager_end_quiet_window()
             else:
                 general(called, args)
@@ -430,7 +427,7 @@ class TorchHook(
             return
         if self._signalling is not None:
             self._stop_signalling()
-        if self._end_pending:
+        if self._quiet.pending:
             self.end_step()
         mode = self._mode_of(module)
         if mode != self.mode:
@@ -487,20 +484,20 @@ class TorchHook(
 
     def begin_step(self) -> None:
         super().begin_step()
-        self._quiet_steps = 0
+        self._quiet.end()
         if not self.saving_this_step:
             if self._optimizer_driven and self._presumed_forwards is None and not self._explicit_mode:
                 if self.mode is ModeKeys.TRAIN and self.enabled:
-                    self._quiet_steps = self.unsaved_steps_ahead(ModeKeys.TRAIN, self.mode_steps[ModeKeys.TRAIN])
-                    self._quiet_groups = self._groups
-                    if self._quiet_steps:
+                    steps = self.unsaved_steps_ahead(ModeKeys.TRAIN, self.mode_steps[ModeKeys.TRAIN])
+                    self._quiet.begin(steps, self.include_collections)
+                    if steps:
                         self._signal_ends_through_optimizer()
             if self._step_handles:
                 self._detach_step_hooks()
             self._detach_module_hooks()
 
     def end_step(self) -> None:
-        self._end_pending = False
+        self._quiet.pending = False
         super().end_step()
         self._step_snapshots.clear()
 
@@ -622,6 +619,7 @@ class TorchHook(
             if writer is None:
                 return
             self.saving_this_step = True
+            self._quiet.end()  # this step ends on the general path, which writes it
             self._due = frozenset()
             writer.begin_step(self.step, self.mode, self.mode_steps[self.mode])
         self.write_tensor(name, array, nbytes=array.nbytes)

@@ -29,6 +29,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from trainguard.hooks.fail_open import fail_open
+from trainguard.hooks.quiet_run import QuietRun
 from trainguard.modes import ModeKeys
 
 __all__ = ["OptimizerSteps"]
@@ -76,7 +77,7 @@ class OptimizerSteps:
     _optimizer_driven: bool
     _optimizer_probed: bool
     _presumed_forwards: int | None
-    _end_pending: bool
+    _quiet: QuietRun  # the run of unsaved steps and the step-end signal (quiet_run.py)
     _optimizer_parameters: dict[int, frozenset[int]]  # id(optimizer) -> ids of its parameters
     _independent_optimizers: int
     _created_optimizers: weakref.WeakSet[Any]  # optimizers seen being created, where that is watched
@@ -173,20 +174,20 @@ class OptimizerSteps:
         if not self.enabled:
             return
         if (
-            not self._end_pending
+            not self._quiet.pending
             and self.mode is _TRAIN
             and self._optimizer_driven
             and self._presumed_forwards is None
             and id(optimizer) in self._optimizer_parameters
         ):
-            self._end_pending = True
+            self._quiet.pending = True
             return
         self._after_optimizer_step_general(optimizer, args, kwargs)
 
     @fail_open
     def _after_optimizer_step_general(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._roots:
-            after_another = self._end_pending  # an optimizer stepped since the last forward
+            after_another = self._quiet.pending  # an optimizer stepped since the last forward
             # ...or the root's forward was not seen: its call shim replaced (model.compile())
             # or bypassed (compiled code that torch.compile's watch did not see being made)
             self._redrive_displaced_roots()
@@ -194,7 +195,7 @@ class OptimizerSteps:
                 self._roots_unseen()  # the run's only optimizer, twice: not a second optimizer
             self._optimizer_driven = True
             self._presumed_forwards = None  # not presumed any more: seen
-            self._end_pending = True
+            self._quiet.pending = True
             if id(optimizer) not in self._optimizer_parameters:
                 self._note_optimizer(optimizer, after_another)
 
@@ -227,12 +228,13 @@ class OptimizerSteps:
             return  # a class of its own there (or a PyTorch without it): its code must run
         if hooks.get(self._post_handle.id) is not self._post_hook:
             return
-        # C callables throughout, no Python frame: each call sets _end_pending, as the post-hook
+        # C callables throughout, no Python frame: each call sets _quiet.pending, as the post-hook
         # would, for the optimizer steps the run can have (its first step's and one per unsaved
         # step; the next step takes the general path, which stops this). One call more means a
         # forward went unseen (compiled code calling the model past its call shim): then the
         # post-hook comes back and is told of that step, and sees what it would have seen.
-        ends = map(functools.partial(setattr, self, "_end_pending"), itertools.repeat(True, self._quiet_steps + 1))
+        quiet = self._quiet
+        ends = map(functools.partial(setattr, quiet, "pending"), itertools.repeat(True, quiet.left + 1))
         self._end_signal = functools.partial(next, itertools.chain(ends, self._signals_overrun()))
         optimizer._optimizer_step_code = self._end_signal
         del hooks[self._post_handle.id]

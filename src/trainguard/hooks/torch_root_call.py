@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from trainguard.hooks.quiet_run import QuietRun
+
 __all__ = ["RootCall", "RootDriving", "before_compile", "displaced", "install_root_call", "shims_safe"]
 
 logger = logging.getLogger("trainguard")
@@ -102,6 +104,7 @@ class RootDriving:
 
     _root_hooks: dict[int, Any]
     _root_shims: bool
+    _quiet: QuietRun  # the run of unsaved steps (TorchHook._quiet_step)
     _root_pre_hook: Callable[[torch.nn.Module, Any], None]
     _root_call: Callable[[torch.nn.Module, Callable[..., Any]], Callable[..., Any]]
     _wrapper_shims: list[RootCall]  # torch.compile wrappers' shims (torch_compiled.py)
@@ -126,6 +129,9 @@ class RootDriving:
         """torch.compile was called: Dynamo may trace a root without calling its shim, and calls no
         hook added after it traced. Every root gets its pre-hook now, before anything is traced."""
         self._stop_signalling()  # (steps end through the post-hook again: it sees a displaced root)
+        # The run of unsaved steps ends at the next step: a root compiled after it ran eagerly is
+        # found on the general path (TorchHook._root_step); its pre-hook breaks the graph until then
+        self._quiet.left = min(self._quiet.left, 1)
         self._root_shims = False
         for key, handle in list(self._root_hooks.items()):
             if isinstance(handle, RootCall):

@@ -155,7 +155,7 @@ class ZeroCodeHook(TorchHook):
         super()._detach_module_hooks()
         if self._roots:  # until a root is found, the global hooks are how one is found
             self._detach_globals()
-            if self._quiet_steps:
+            if self._quiet.left:
                 # Off while steps are certainly unsaved; back on at the last of them: in
                 # ``F.cross_entropy(model(x), y)`` the function is looked up before the forward
                 # that begins a saved step runs (_before_possibly_saved_step).
