@@ -484,42 +484,52 @@ def test_no_shim_where_torch_has_no_slot_for_it(monkeypatch):
     assert install_root_call(_mlp(4, 1), make_call) is None
 
 
+def _compiled_after_six_steps(make_hook, run_dir, zero_code: bool | None, save_interval: int, steps: int) -> dict:
+    """Train the test MLP for ``steps`` steps, compiled (Dynamo, eager backend) before the
+    seventh, under the zero-code or the API hook (``zero_code`` None: no hook). Returns its
+    losses, per step whether the hook drives the model from its compiled wrapper, the unsaved
+    steps left in the hook's run as it was compiled, and the steps it counted."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _mlp(8, 2)
+    criterion = nn.CrossEntropyLoss()
+    hook = None
+    if zero_code is not None:
+        schedule = tg.SaveConfig(save_interval=save_interval)
+        hook_class = ZeroCodeHook if zero_code else tg.Hook
+        hook = make_hook(hook_class, out_dir=str(run_dir), save_config=schedule, include_collections=["losses"])
+        if not zero_code:
+            hook.register_module(model)
+            hook.register_loss(criterion)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    eager_model = model
+    found: dict = {"losses": [], "from_wrapper": []}
+    for step in range(steps):
+        if step == 6:
+            found["left_at_compile"] = hook._quiet.left if hook is not None else None
+            model = torch.compile(model, backend="eager")
+        x, y = torch.randn(5, 4), torch.randint(0, 2, (5,))
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        found["losses"].append(loss.item())
+        found["from_wrapper"].append(hook is not None and id(eager_model) in hook._wrapped_roots)
+    if hook is not None:
+        found["counted"] = hook.step
+        hook.close()
+        assert hook.enabled
+    return found
+
+
 @pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])
 def test_a_model_compiled_after_its_eager_steps_keeps_training_and_capture(make_hook, tmp_path, zero_code):
     """The root's pre-hook carries no Dynamo wrapper (skip_in_dynamo): when the model is compiled
     after it ran eagerly, Dynamo meets the hook inside the traced forward and must break the graph
     there, not trace our bookkeeping: the losses are those of the same run without trainguard
     and the steps after compiling are still counted and saved."""
-
-    def run(hooked: bool) -> list[float]:
-        torch._dynamo.reset()
-        torch.manual_seed(0)
-        model = _mlp(8, 2)
-        criterion = nn.CrossEntropyLoss()
-        hook = None
-        if hooked:
-            hook = make_hook(ZeroCodeHook if zero_code else tg.Hook, out_dir=str(tmp_path / "run"),
-                             save_config=tg.SaveConfig(save_interval=4), include_collections=["losses"])  # fmt: skip
-            if not zero_code:
-                hook.register_module(model)
-                hook.register_loss(criterion)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        losses = []
-        for step in range(16):
-            if step == 6:
-                model = torch.compile(model, backend="eager")
-            x, y = torch.randn(5, 4), torch.randint(0, 2, (5,))
-            optimizer.zero_grad()
-            loss = criterion(model(x), y)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        if hook is not None:
-            hook.close()
-            assert hook.enabled
-        return losses
-
-    assert run(True) == run(False)
+    hooked = _compiled_after_six_steps(make_hook, tmp_path / "run", zero_code, save_interval=4, steps=16)
+    assert hooked["losses"] == _compiled_after_six_steps(make_hook, None, None, save_interval=4, steps=16)["losses"]
     trial = create_trial(str(tmp_path / "run"))
     assert trial.steps() == [0, 4, 8, 12]
     losses = trial.tensor_names(collection="losses")
@@ -532,42 +542,11 @@ def test_compiling_a_model_ends_its_run_of_unsaved_steps(make_hook, tmp_path, ze
     replaces the shim when torch.compile is called) breaks a compiled model's graph: compiling
     cuts the run short, and the hook drives the model from its compiled wrapper two steps on.
     The loss series is that of the run without trainguard; steps go on being counted."""
-
-    def run(hooked: bool) -> tuple[list[float], list[bool]]:
-        torch._dynamo.reset()
-        torch.manual_seed(0)
-        model = _mlp(8, 2)
-        criterion = nn.CrossEntropyLoss()
-        hook = None
-        if hooked:
-            hook_class = ZeroCodeHook if zero_code else tg.Hook
-            hook = make_hook(hook_class, out_dir=str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=10**6),
-                             include_collections=["losses"])  # fmt: skip
-            if not zero_code:
-                hook.register_module(model)
-                hook.register_loss(criterion)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        losses, from_wrapper = [], []
-        eager_model = model
-        for step in range(12):
-            if step == 6:
-                assert hook is None or hook._quiet.left > 100  # in a long run of unsaved steps
-                model = torch.compile(model, backend="eager")
-            x, y = torch.randn(5, 4), torch.randint(0, 2, (5,))
-            optimizer.zero_grad()
-            loss = criterion(model(x), y)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-            from_wrapper.append(hook is not None and id(eager_model) in hook._wrapped_roots)
-        if hook is not None:
-            assert hook.step == 11 and hook.enabled
-            hook.close()
-        return losses, from_wrapper
-
-    hooked_losses, from_wrapper = run(True)
-    assert hooked_losses == run(False)[0]
-    assert from_wrapper == [False] * 7 + [True] * 5  # the second step after compiling
+    hooked = _compiled_after_six_steps(make_hook, tmp_path / "run", zero_code, save_interval=10**6, steps=12)
+    assert hooked["left_at_compile"] > 100  # in a long run of unsaved steps
+    assert hooked["losses"] == _compiled_after_six_steps(make_hook, None, None, save_interval=10**6, steps=12)["losses"]
+    assert hooked["from_wrapper"] == [False] * 7 + [True] * 5  # the second step after compiling
+    assert hooked["counted"] == 11
 
 
 class Branchy(nn.Module):
