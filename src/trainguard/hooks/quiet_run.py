@@ -3,7 +3,7 @@
 A PyTorch hook's unsaved step runs one Python function of ours, the root's call shim
 (torch_root_call.py), whose check asks whether the step is the next of a run of steps the
 schedule saves nothing in. That check used to read a dozen slots of the hook object. Measured
-inside a training step (bench/RESULTS.md, "Where the unsaved step's cost lies") it cost more than
+inside a training step (bench/RESULTS.md, "The unsaved step's check") it cost more than
 twice what a shim that only passes the call on costs, although each read alone takes nanoseconds:
 between two calls of the shim, the step's tensors and PyTorch's own code push our objects out of
 the CPU's caches, and the hook's slots lie on many cache lines. The same check reading this
