@@ -19,32 +19,21 @@ cost of the leftover wrappers.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from _ab_blocks import ab_arguments, bench_mlp
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--block", type=int, default=1000, help="training steps per timed block")
-    args = parser.parse_args(argv)
+    args = ab_arguments(__doc__.splitlines()[0], rounds=30, block=1000).parse_args(argv)
 
     import torch
-    from torch import nn
 
     from trainguard.hooks.torch_optimizer import AccumulationHook
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    criterion = nn.CrossEntropyLoss()
-    inputs, labels = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    model, optimizer, criterion, inputs, labels = bench_mlp()
     kept: list[torch.Tensor] = []  # the last step's loss, as the loop's variable holds it
 
     def block(hooked: bool) -> float:

@@ -15,28 +15,21 @@ block (hooks removed at the next step, the writer process woken, caches refilled
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from _ab_blocks import ab_arguments, bench_mlp
 
 WARM_STEPS = 300  # step 0 saved, then the usual unsaved path until code is specialised
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=150)
-    parser.add_argument("--block", type=int, default=1000, help="training steps per timed block")
+    parser = ab_arguments(__doc__.splitlines()[0], rounds=150, block=1000)
     parser.add_argument("--seed", type=int, default=1, help="the blocks' order")
     args = parser.parse_args(argv)
-
-    import torch
-    from torch import nn
 
     from trainguard.config.save_config import SaveConfig
     from trainguard.hooks.zero_code import ZeroCodeHook
@@ -51,12 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                 save_steps.append(position)
             position += args.block
     hook = ZeroCodeHook(out_dir=tempfile.mkdtemp(prefix="tg-saved-ab-"), save_config=SaveConfig(save_steps=save_steps))
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    criterion = nn.CrossEntropyLoss()
-    inputs, labels = torch.randn(4096, 64), torch.randint(0, 10, (4096,))
+    model, optimizer, criterion, inputs, labels = bench_mlp(samples=4096)
     done = 0
 
     def train(steps: int) -> None:

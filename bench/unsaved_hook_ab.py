@@ -20,24 +20,17 @@ optimizer's code for a few hundred steps) and drove the root with a pre-hook, no
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from _ab_blocks import ab_arguments, bench_mlp
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--block", type=int, default=50, help="training steps per timed block")
-    args = parser.parse_args(argv)
+    args = ab_arguments(__doc__.splitlines()[0], rounds=300, block=50).parse_args(argv)
 
-    import torch
     import torch.optim.optimizer as optimizer_module
-    from torch import nn
 
     from trainguard.config.save_config import SaveConfig
     from trainguard.hooks.torch_root_call import _SLOT
@@ -45,12 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hook = ZeroCodeHook(out_dir=tempfile.mkdtemp(prefix="tg-hook-ab-"), include_collections=["losses"],
                         save_config=SaveConfig(save_interval=10**7))  # fmt: skip
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    criterion = nn.CrossEntropyLoss()
-    inputs, labels = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    model, optimizer, criterion, inputs, labels = bench_mlp()
 
     def step() -> None:
         optimizer.zero_grad()
