@@ -121,8 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--cache-sim", action="store_true",
                         help="also simulate caches and branch prediction (slower): estimated cycles")  # fmt: skip
+    parser.add_argument("--keep", metavar="DIR", default=None,
+                        help="keep callgrind's files in DIR (for callgrind_annotate)")  # fmt: skip
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="tg-instructions-") as root:
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=False)
+    with tempfile.TemporaryDirectory(prefix="tg-instructions-") as scratch:
+        root = args.keep or scratch
         helper = build_helper(root)
         jobs = []
         for stack in args.stacks:

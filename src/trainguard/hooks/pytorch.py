@@ -28,7 +28,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from trainguard.hooks.base import BaseHook
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.overhead_budget import QUIET
-from trainguard.hooks.quiet_run import EndsQuietRuns, QuietRun
+from trainguard.hooks.quiet_run import CountsQuietSteps, EndsQuietRuns, QuietRun
 from trainguard.hooks.torch_activations import (
     _ACTIVATION_KINDS,
     ActivationCapture,
@@ -55,10 +55,8 @@ __all__ = ["TorchHook", "eager", "is_loss_module"]
 
 logger = logging.getLogger("trainguard")
 
-# The unsaved step's checks read these as globals: ``ModeKeys.TRAIN`` is an attribute of a class,
-# which Python 3.11 looks up through two type caches at every execution (it specialises attribute
-# reads on instances and modules, not on classes), and ``torch.is_grad_enabled`` one more.
-_TRAIN = ModeKeys.TRAIN
+# The unsaved step's check reads this as a global: ``torch.is_grad_enabled`` is an attribute of
+# a module, one lookup more at every execution.
 _is_grad_enabled = torch.is_grad_enabled
 
 
@@ -110,6 +108,7 @@ class TorchHook(
     ModuleIOSources,
     TorchTensorSaving,
     EndsQuietRuns,
+    CountsQuietSteps,
     BaseHook,
 ):
     """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
@@ -361,10 +360,8 @@ class TorchHook(
             and _is_grad_enabled()
         ):
             return False
-        quiet.left -= 1
+        quiet.left -= 1  # the step counted (CountsQuietSteps adds it to step and mode_steps)
         quiet.pending = False
-        self.step += 1
-        self.mode_steps[_TRAIN] += 1
         if not quiet.left and (self._budget is not None or self._ends_quiet_windows):
             self._eager_end_quiet_window()
         return True
@@ -398,8 +395,6 @@ class TorchHook(
             ):
                 quiet.left -= 1
                 quiet.pending = False
-                hook.step += 1
-                hook.mode_steps[_TRAIN] += 1
                 if not quiet.left and (hook._budget is not None or hook._ends_quiet_windows):
                     hook._eager_end_quiet_window()
             else:

@@ -131,7 +131,7 @@ class RootDriving:
         self._stop_signalling()  # (steps end through the post-hook again: it sees a displaced root)
         # The run of unsaved steps ends at the next step: a root compiled after it ran eagerly is
         # found on the general path (TorchHook._root_step); its pre-hook breaks the graph until then
-        self._quiet.left = min(self._quiet.left, 1)
+        self._quiet.shorten(1)
         self._root_shims = False
         for key, handle in list(self._root_hooks.items()):
             if isinstance(handle, RootCall):
