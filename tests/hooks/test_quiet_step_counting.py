@@ -19,8 +19,8 @@ from trainguard.modes import ModeKeys
 
 def _script(hook: tg.Hook, steps: int) -> list[tuple[str, int, int, int]]:
     """A training loop with a validation pass every 40 steps (``model.eval()`` and no_grad, or
-    no_grad alone), scalars saved now and then and a mode set by the script once; the hook's
-    counters read after each forward and each optimizer step."""
+    no_grad alone) and scalars saved now and then; the hook's counters read after each forward,
+    after some optimizer steps and after each validation forward."""
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     if not isinstance(hook, ZeroCodeHook):
