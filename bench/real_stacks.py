@@ -278,11 +278,14 @@ def measure(
     slice_seconds: float | None = 1.0,
     baseline: Path | None = None,
     shift_layouts: bool = False,
+    first_rep: int = 0,
 ) -> list[dict]:
     """Every variant of every stack, ``reps`` times; ``slice_seconds`` None runs the variants
-    back to back instead of at once in turns."""
+    back to back instead of at once in turns. Repetition ``first_rep + i`` draws the hash seed and
+    layouts of that number: a later invocation with ``first_rep`` past an earlier one's
+    repetitions adds new draws, not the same ones again."""
     rows = []
-    for rep in range(reps):
+    for rep in range(first_rep, first_rep + reps):
         for stack in stacks:
             order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
             try:
@@ -412,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stacks", nargs="*", default=list(STACKS), choices=list(STACKS))
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--first-rep", type=int, default=0,
+                        help="number the repetitions from here (each number its own hash seed and layouts): "
+                        "more repetitions in a later run, e.g. --first-rep 5 after --reps 5")  # fmt: skip
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every stack's steps")
     parser.add_argument("--load", choices=["no", "yes", "only"], default="yes",
                         help="also (yes) or only (only) measure with the other core kept busy")  # fmt: skip
@@ -475,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             baseline = args.baseline_tree.resolve() if args.baseline_tree else None
             rows += measure(
                 args.stacks, args.reps, scale, condition, args.device, variants, slice_seconds, baseline,
-                args.shift_layouts,
+                args.shift_layouts, args.first_rep,
             )  # fmt: skip
         finally:
             if spinner is not None:

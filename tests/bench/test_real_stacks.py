@@ -122,3 +122,26 @@ def test_loop_faults_are_read_from_the_usage_line_and_fixed_malloc_reaches_glibc
     # glibc reads exactly these names (mallopt(3)): a typo would silently leave the heap trimming
     assert set(FIXED_MALLOC) == {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"}
     assert all(value.isdigit() for value in FIXED_MALLOC.values())
+
+
+def test_a_later_run_with_first_rep_draws_new_seeds_and_layouts(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """--first-rep: more repetitions in a second invocation are new draws of the hash seed and
+    the layouts, not the first invocation's repetitions again."""
+    sys.path.insert(0, str(REPO))
+    import bench.real_stacks as real_stacks
+
+    calls: list[tuple[int | None, dict[str, list[str]]]] = []
+
+    def record(argvs: dict[str, list[str]], slice_seconds: float, hash_seed: int | None = None) -> dict:
+        calls.append((hash_seed, argvs))
+        return {variant: {"loop_s": 1.0, "command_s": 2.0, "peak_rss_mib": 100.0} for variant in argvs}
+
+    monkeypatch.setattr(real_stacks, "run_in_turns_once", record)
+    variants = ("plain", "trainguard_si1000")
+    first = real_stacks.measure(["mlp"], 2, 1.0, "quiet", variants=variants, shift_layouts=True)
+    later = real_stacks.measure(["mlp"], 2, 1.0, "quiet", variants=variants, shift_layouts=True, first_rep=2)
+    assert [row["rep"] for row in first] == [0, 0, 1, 1] and [row["rep"] for row in later] == [2, 2, 3, 3]
+    assert [seed for seed, _ in calls] == [0, 1, 2, 3]
+    shifts = [argvs["trainguard_si1000"] for _, argvs in calls]
+    assert len({" ".join(argv) for argv in shifts}) == 4  # four layouts, none repeated
+    assert calls[2][1] == {v: real_stacks.command("mlp", v, 1.0, rep=2, shift_layouts=True) for v in variants}
