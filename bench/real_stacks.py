@@ -462,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--plain-copies must be 1 or more")
     if args.layout_controls < 0:
         parser.error("--layout-controls must be 0 or more")
+    if args.first_rep < 0:
+        parser.error("--first-rep must be 0 or more (it is each repetition's PYTHONHASHSEED)")
     variants = tuple(
         dict.fromkeys([*plain_copies(args.plain_copies), *layout_controls(args.layout_controls), *args.variants])
     )
