@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -124,7 +126,7 @@ def test_loop_faults_are_read_from_the_usage_line_and_fixed_malloc_reaches_glibc
     assert all(value.isdigit() for value in FIXED_MALLOC.values())
 
 
-def test_a_later_run_with_first_rep_draws_new_seeds_and_layouts(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_later_run_with_first_rep_draws_new_seeds_and_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
     """--first-rep: more repetitions in a second invocation are new draws of the hash seed and
     the layouts, not the first invocation's repetitions again."""
     sys.path.insert(0, str(REPO))
