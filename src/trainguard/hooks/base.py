@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     # checking a configuration (`trainguard run` validates one before starting training) does not.
     from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource
     from trainguard.hooks.writer_process import ProcessStepWriter
+    from trainguard.hooks.writer_spawn import WriterChild
 
 __all__ = ["BaseHook", "SavePlan"]
 
@@ -102,6 +103,9 @@ class BaseHook(SaveSchedule):
     framework = "generic"
     default_collections: tuple[str, ...] = ("weights", "biases", "gradients", "losses", "default", "scalars")
     always_included: tuple[str, ...] = ("losses", "scalars")
+    # Whether the hook starts its writer process as it is created, not at its first save
+    # (hooks/writer_spawn.py says why): the PyTorch hook, whose writer mostly is one.
+    starts_writer_ahead = False
 
     def __init__(
         self,
@@ -224,6 +228,11 @@ class BaseHook(SaveSchedule):
         self._closed = False
         self._atexit_ref = weakref.WeakMethod(self.close)
         atexit.register(_close_at_exit, self._atexit_ref)
+        self._started_writer: WriterChild | None = None
+        if self.starts_writer_ahead and not dry_run:
+            from trainguard.hooks.writer_process import start_ahead
+
+            self._started_writer = start_ahead(self.store, writer, max_pending_bytes)
 
     # -- configuration ------------------------------------------------------------------------
     def _check_out_dir(self) -> None:
@@ -287,9 +296,12 @@ class BaseHook(SaveSchedule):
             return self._writer
         if self.dry_run:
             return None
+        started, self._started_writer = self._started_writer, None  # adopted, or stopped, here
         rank, world = self._rank_and_world()
         if self.include_workers == "one" and rank != 0:
             if not self.other_workers_collections:
+                if started is not None:
+                    started.discard()
                 self.enabled = False  # not an error: only worker 0 writes
                 logger.info("trainguard: worker %d does not write (include_workers='one')", rank)
                 return None
@@ -317,7 +329,12 @@ class BaseHook(SaveSchedule):
         from trainguard.hooks.writer_process import open_step_writer
 
         self._writer = open_step_writer(
-            self.store, self._worker, kind=kind, max_pending_bytes=self._max_pending_bytes, on_error=self.disable
+            self.store,
+            self._worker,
+            kind=kind,
+            max_pending_bytes=self._max_pending_bytes,
+            on_error=self.disable,
+            started=started,
         )
         self._write_collections()
         return self._writer
@@ -459,6 +476,9 @@ class BaseHook(SaveSchedule):
         if self._closed:
             return
         self._closed = True
+        if self._started_writer is not None:  # never adopted: no step was saved
+            self._started_writer.discard()
+            self._started_writer = None
         try:
             self.end_step()
             writer = self._writer

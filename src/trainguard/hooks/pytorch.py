@@ -109,6 +109,7 @@ class TorchHook(
 ):
     """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
 
+    starts_writer_ahead = True  # its writer process starts before the first step (writer_spawn.py)
     # what the unsaved step and the optimizer's post-hook read, beside BaseHook's (see there)
     __slots__ = (
         "_quiet",

@@ -1,6 +1,8 @@
-"""The writer process: ``python -m trainguard.hooks.writer_child ROOT WORKER RING SIZE FD NICE``.
+"""The writer process: ``python -m trainguard.hooks.writer_child ROOT WORKER RING SIZE FD NICE [IDLE]``.
 
-Started by writer_process.ProcessStepWriter; reads messages from the pipe ``FD``, tensors from the
+Started by writer_spawn.WriterChild for writer_process.ProcessStepWriter; an empty WORKER: started
+ahead of the first save, it waits for its worker's name (the first message), and exits if none
+comes within writer_spawn.UNNAMED_IDLE_SECONDS. It reads messages from the pipe ``FD``, tensors from the
 shared-memory ring ``RING`` and writes steps to the local directory ``ROOT`` with step_file.py.
 It imports no framework: CPU reductions are computed here with numpy (float64, as the reader's
 reference definitions). After a failure it records the reason in the ring's header and keeps
@@ -35,6 +37,7 @@ from trainguard.hooks.writer_process import (
     SLOT_TAIL,
     SLOTS,
 )
+from trainguard.hooks.writer_spawn import UNNAMED_IDLE_SECONDS, wait_to_be_named
 from trainguard.priority import yield_to_training
 from trainguard.reductions import reduce_array
 from trainguard.storage.local import LocalStore
@@ -59,8 +62,9 @@ class WriterProcess:
             pass
         self.slots = np.frombuffer(self._map, dtype=np.uint64, count=SLOTS)
         self.ring = np.frombuffer(self._map, dtype=np.uint8, offset=HEADER_BYTES)
-        self.step_file = StepFile(LocalStore(root), worker)
-        self.store = self.step_file.store
+        self.root = root
+        # None until named (a process started ahead); every message but "worker" comes after
+        self.step_file: StepFile | None = StepFile(LocalStore(root), worker) if worker else None
         self.reductions: list[tuple[list[str], np.ndarray]] = []
         self.failed = False
 
@@ -102,18 +106,26 @@ class WriterProcess:
         self._release(placed)
 
     # -- messages ---------------------------------------------------------------------------
+    @property
+    def _file(self) -> StepFile:
+        if self.step_file is None:
+            raise RuntimeError("a writer message came before the worker's name")
+        return self.step_file
+
     def handle(self, item: tuple[Any, ...]) -> None:
         kind = item[0]
-        if kind == "begin":
-            if self.step_file.open:
+        if kind == "worker":
+            self.step_file = StepFile(LocalStore(self.root), item[1])
+        elif kind == "begin":
+            if self._file.open:
                 self._finish_step()
-            self.step_file.begin(item[1], item[2], item[3])
+            self._file.begin(item[1], item[2], item[3])
         elif kind == "tensor":
             _, name, placed, proto_dtype = item
             array = self._array(placed)
             try:
-                if self.step_file.open:
-                    self.step_file.tensor(name, array, proto_dtype)
+                if self._file.open:
+                    self._file.tensor(name, array, proto_dtype)
             finally:
                 del array
                 self._release(placed)
@@ -121,54 +133,58 @@ class WriterProcess:
             _, names, requested, placed = item
             array = self._array(placed)
             try:
-                if self.step_file.open:
+                if self._file.open:
                     self.reductions.append((names, _reductions(array, requested)))
             finally:
                 del array
                 self._release(placed)
         elif kind == "scalars":
-            if self.step_file.open:
+            if self._file.open:
                 self.reductions.append((item[1], np.asarray(item[2], dtype=np.float64)))
         elif kind == "end":
             self._finish_step()
         elif kind == "abort":
             self.reductions.clear()
-            self.step_file.abort()
+            self._file.abort()
         elif kind == "object":
-            self.store.write(item[1], item[2])
+            self._file.store.write(item[1], item[2])
         elif kind == "stop":
             raise _Stop
         else:
             raise AssertionError(f"unknown writer message {kind!r}")
 
     def _finish_step(self) -> None:
-        if self.reductions and self.step_file.open:
+        if self.reductions and self._file.open:
             names = [name for group, _ in self.reductions for name in group]
             values = np.concatenate([values.reshape(-1) for _, values in self.reductions])
-            self.step_file.scalars(names, values)
+            self._file.scalars(names, values)
         self.reductions.clear()
-        self.step_file.end()
-        self.slots[SLOT_BYTES_WRITTEN] = self.step_file.bytes_written
-        self.slots[SLOT_STEPS_WRITTEN] = self.step_file.steps_written
+        self._file.end()
+        self.slots[SLOT_BYTES_WRITTEN] = self._file.bytes_written
+        self.slots[SLOT_STEPS_WRITTEN] = self._file.steps_written
 
     def fail(self, error: BaseException) -> None:
         self.failed = True
-        if self.step_file.step is not None:
-            self.slots[SLOT_FAILED_STEP] = self.step_file.step + 1
-        self.step_file.abort_quietly()
+        if self.step_file is not None:
+            if self.step_file.step is not None:
+                self.slots[SLOT_FAILED_STEP] = self.step_file.step + 1
+            self.step_file.abort_quietly()
         self.reductions.clear()
         text = f"{type(error).__name__}: {error}".encode(errors="replace")[: ERROR_BYTES - 1]
         self._map[ERROR_OFFSET : ERROR_OFFSET + len(text) + 1] = text + b"\0"
         self.slots[SLOT_FAILED] = 1
         traceback.print_exception(error, file=sys.stderr)
 
-    def run(self, fd: int) -> None:
+    def run(self, fd: int, idle_seconds: float = UNNAMED_IDLE_SECONDS) -> None:
         self.slots[SLOT_READY] = 1
+        if self.step_file is None and not wait_to_be_named(fd, idle_seconds):
+            return  # started ahead, and no hook adopted it
         buffer = bytearray()
         while True:
             chunk = os.read(fd, 1 << 20)
             if not chunk:  # the training process died: every step it ended is written by now;
-                self.step_file.abort_quietly()  # one it left open is dropped, as it would be in-process
+                if self.step_file is not None:  # one it left open is dropped, as in-process
+                    self.step_file.abort_quietly()
                 return
             buffer += chunk
             while len(buffer) >= FRAME_HEAD.size:
@@ -209,7 +225,7 @@ def main(argv: list[str]) -> int:
     # process closes the pipe (after its own handlers ran), so that nothing handed over is lost.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    root, worker, ring_path, ring_size, fd, nice = argv
+    root, worker, ring_path, ring_size, fd, nice, *idle = argv
     # Background work: on a saturated machine training and the rule runners come first
     # (measured, embedded SageMaker job at lr 100 with every step saved on 2 cores: with this
     # process at nice 0 LossNotDecreasing stopped training at step 5,200 and 19,900 of 20,000;
@@ -217,7 +233,7 @@ def main(argv: list[str]) -> int:
     # most a ring behind training.
     yield_to_training(int(nice))
     process = WriterProcess(root, worker, ring_path, int(ring_size))
-    process.run(int(fd))
+    process.run(int(fd), float(idle[0]) if idle else UNNAMED_IDLE_SECONDS)
     return 0
 
 

@@ -26,8 +26,6 @@ import pickle
 import select
 import struct
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,12 +36,30 @@ import numpy as np
 
 from trainguard.errors import TrainguardError
 from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource, WriterBase
+from trainguard.hooks.writer_spawn import (
+    ALIGN,
+    HEADER_BYTES,
+    WriterChild,
+    WriterUnavailable,
+    allocate_shared_file,
+    in_multiprocessing_child,
+    shared_memory_dir,
+    unlink_quietly,
+)
 from trainguard.modes import ModeKeys
 from trainguard.priority import nice_from_environment
 from trainguard.storage.base import Store
 from trainguard.storage.local import LocalStore
 
-__all__ = ["ProcessStepWriter", "WriterProcessError", "WriterUnavailable", "open_step_writer"]
+__all__ = [
+    "ProcessStepWriter",
+    "WriterProcessError",
+    "WriterUnavailable",
+    "allocate_shared_file",
+    "open_step_writer",
+    "shared_memory_dir",
+    "start_ahead",
+]
 
 logger = logging.getLogger("trainguard")
 
@@ -59,15 +75,9 @@ SLOT_FAILED_STEP = 7  # the step being written when it failed, plus one (0: none
 SLOTS = 8
 ERROR_OFFSET = 64
 ERROR_BYTES = 4096 - ERROR_OFFSET
-HEADER_BYTES = 4096
-ALIGN = 64
 FRAME_HEAD = struct.Struct("<IQ")  # payload length, message number
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-class WriterUnavailable(TrainguardError):
-    """The writer process cannot be used here (no shared memory, a store it cannot open)."""
 
 
 class WriterProcessError(TrainguardError):
@@ -76,47 +86,6 @@ class WriterProcessError(TrainguardError):
     def __init__(self, message: str, step: int | None = None) -> None:
         super().__init__(message)
         self.step = step
-
-
-def shared_memory_dir() -> str:
-    """/dev/shm where it is a writable directory (RAM), else the temporary directory."""
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        return "/dev/shm"
-    return tempfile.gettempdir()
-
-
-def allocate_shared_file(size: int, prefix: str) -> tuple[str, int]:
-    """A new file of ``size`` bytes, every block allocated (a full tmpfs fails here, not later
-    with a SIGBUS on first touch). Returns its path and an open descriptor."""
-    fd, path = tempfile.mkstemp(prefix=prefix, dir=shared_memory_dir())
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except BaseException:
-        os.close(fd)
-        _unlink(path)
-        raise
-    return path, fd
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _child_environment() -> dict[str, str]:
-    environment = dict(os.environ)
-    # The writer process must not arm the zero-code hook or a profiler of its own, and must keep
-    # to one core: numpy's BLAS would otherwise start a thread per core.
-    environment["TRAINGUARD_ZERO_CODE"] = "0"
-    environment.pop("TRAINGUARD_PROFILER", None)
-    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        environment[variable] = "1"
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    existing = environment.get("PYTHONPATH", "")
-    environment["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, existing) if p)
-    return environment
 
 
 def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -153,20 +122,24 @@ class ProcessStepWriter(WriterBase):
         max_block_seconds: float = 60.0,
         on_error: Callable[[BaseException], None] | None = None,
         ring_bytes: int | None = None,
+        started: WriterChild | None = None,
     ) -> None:
+        """``started``: a writer process started ahead (:func:`start_ahead`), adopted if it
+        fits this writer, else stopped and a new one started."""
         self.nice = nice_from_environment("TRAINGUARD_WRITER_NICE", self.NICE)
         if not isinstance(store, LocalStore):
+            if started is not None:
+                started.discard()
             raise WriterUnavailable(f"the writer process writes to local directories only, not {store.url}")
-        ring = min(ring_bytes or self.RING_BYTES, max(max_pending_bytes, 1 << 20))
-        self._ring_size = max(ALIGN, ring - ring % ALIGN)
-        try:
-            self._shm_path, fd = allocate_shared_file(HEADER_BYTES + self._ring_size, "trainguard-ring-")
-        except OSError as error:
-            raise WriterUnavailable(f"no shared memory for the writer process: {error}") from error
-        try:
-            self._map = mmap.mmap(fd, HEADER_BYTES + self._ring_size)
-        finally:
-            os.close(fd)
+        self._ring_size = self.ring_size_for(max_pending_bytes, ring_bytes)
+        root = os.fspath(store.root)
+        if started is not None and not started.adoptable(root, self._ring_size):
+            started.discard()
+            started = None
+        child = started or WriterChild(root, self._ring_size, self.nice, worker)
+        self._shm_path, self._map, self._pipe = child.shm_path, child.map, child.pipe
+        self._process, self._started = child.process, child.started
+        child.hand_over()
         self._slots = np.frombuffer(self._map, dtype=np.uint64, count=SLOTS)
         self._ring = np.frombuffer(self._map, dtype=np.uint8, offset=HEADER_BYTES)
         self._head = 0  # ring bytes handed out (a position, only grows)
@@ -179,32 +152,15 @@ class ProcessStepWriter(WriterBase):
         super().__init__(
             store, worker, max_pending_bytes=max_pending_bytes, max_block_seconds=max_block_seconds, on_error=on_error
         )
-        read_end, self._pipe = os.pipe()
-        try:
-            self._process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "trainguard.hooks.writer_child",
-                    os.fspath(store.root),
-                    worker,
-                    self._shm_path,
-                    str(self._ring_size),
-                    str(read_end),
-                    str(self.nice),
-                ],  # fmt: skip
-                pass_fds=(read_end,),
-                env=_child_environment(),
-                stdin=subprocess.DEVNULL,
-            )
-        except OSError as error:
-            os.close(self._pipe)
-            self._discard_shared_memory()
-            raise WriterUnavailable(f"cannot start the writer process: {error}") from error
-        finally:
-            os.close(read_end)
-        os.set_blocking(self._pipe, False)
-        self._started = time.monotonic()
+        if not child.named:
+            self._batch.append(("worker", worker))  # before anything else it is told
+            self._send_batch()
+
+    @classmethod
+    def ring_size_for(cls, max_pending_bytes: int, ring_bytes: int | None = None) -> int:
+        """The ring a writer with this queue budget maps (at most ``RING_BYTES``)."""
+        ring = min(ring_bytes or cls.RING_BYTES, max(max_pending_bytes, 1 << 20))
+        return max(ALIGN, ring - ring % ALIGN)
 
     # -- training-thread side -------------------------------------------------------------
     @property
@@ -504,7 +460,7 @@ class ProcessStepWriter(WriterBase):
             self._pipe = -1
 
     def _discard_shared_memory(self) -> None:
-        _unlink(self._shm_path)  # the process unlinks it too; whoever comes first
+        unlink_quietly(self._shm_path)  # the process unlinks it too; whoever comes first
         # Unmap the ring (its memory stays allocated while mapped); the counters stay readable.
         self._slots = self._slots.copy()
         self._ring = np.empty(0, dtype=np.uint8)
@@ -528,12 +484,34 @@ def open_step_writer(
     kind: str = "thread",
     max_pending_bytes: int = 256 << 20,
     on_error: Callable[[BaseException], None] | None = None,
+    started: WriterChild | None = None,
 ) -> StepWriter | ProcessStepWriter:
     """The writer ``kind`` names: "process" where it can run (a local store, shared memory, a
-    process started), else the thread writer; "auto" is "process" for local stores."""
+    process started), else the thread writer; "auto" is "process" for local stores.
+    ``started``: a writer process from :func:`start_ahead`, adopted or stopped here."""
     if kind in ("process", "auto") and isinstance(store, LocalStore):
         try:
-            return ProcessStepWriter(store, worker, max_pending_bytes=max_pending_bytes, on_error=on_error)
+            return ProcessStepWriter(
+                store, worker, max_pending_bytes=max_pending_bytes, on_error=on_error, started=started
+            )
         except WriterUnavailable as error:
             logger.info("trainguard: writing from a thread instead of a process: %s", error)
+    elif started is not None:
+        started.discard()
     return StepWriter(store, worker, max_pending_bytes=max_pending_bytes, on_error=on_error)
+
+
+def start_ahead(store: Store, kind: str, max_pending_bytes: int) -> WriterChild | None:
+    """A writer process started now for the writer :func:`open_step_writer` will likely open
+    at the first save (writer_spawn.py says why); None where it would not be one, or in a
+    ``multiprocessing`` child (a spawned DataLoader worker). Never raises: a failure here only
+    means the process starts at the first save, as it would have."""
+    if kind not in ("process", "auto") or not isinstance(store, LocalStore) or in_multiprocessing_child():
+        return None
+    try:
+        nice = nice_from_environment("TRAINGUARD_WRITER_NICE", ProcessStepWriter.NICE)
+        ring_size = ProcessStepWriter.ring_size_for(max_pending_bytes)
+        return WriterChild(os.fspath(store.root), ring_size, nice, None)
+    except Exception as error:  # noqa: BLE001 - fail open: the first save starts one
+        logger.debug("trainguard: writer process not started ahead: %s", error)
+        return None
