@@ -173,3 +173,23 @@ def test_the_started_process_is_named_before_its_first_step(tmp_path):
     writer.end_step()
     assert writer.close(30) and writer.failure is None
     assert os.listdir(tmp_path / "run" / "index" / "000000000") == ["000000000000_worker_3.json"]
+
+
+def test_a_process_that_cannot_start_ahead_starts_at_the_first_save(tmp_path, monkeypatch):
+    """Fail open: no shared memory (say) as the hook is created costs nothing but the head start."""
+    import trainguard.hooks.writer_process as writer_process
+
+    real = writer_process.WriterChild
+
+    def unavailable(root, ring_size, nice, worker):
+        if worker is None:
+            raise OSError(28, "No space left on device")
+        return real(root, ring_size, nice, worker)
+
+    monkeypatch.setattr(writer_process, "WriterChild", unavailable)
+    hook = tg.Hook(out_dir=str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=2), writer="process")
+    assert hook._started_writer is None
+    _train(hook)
+    assert type(hook._writer) is ProcessStepWriter
+    hook.close()
+    assert create_trial(str(tmp_path / "run"), collection_wait_timeout=0).steps() == [0, 2, 4]

@@ -48,7 +48,8 @@ from trainguard.modes import ModeKeys
 from trainguard.storage import LocalStore, Store, open_store
 
 if TYPE_CHECKING:
-    # The writers load numpy and the protobuf codec: imported when a hook first saves, so that
+    # The writers load numpy and the protobuf codec: imported when a hook first saves (or, for a
+    # hook that starts its writer process ahead, as it is created, never in a dry run), so that
     # checking a configuration (`trainguard run` validates one before starting training) does not.
     from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource
     from trainguard.hooks.writer_process import ProcessStepWriter
@@ -230,9 +231,12 @@ class BaseHook(SaveSchedule):
         atexit.register(_close_at_exit, self._atexit_ref)
         self._started_writer: WriterChild | None = None
         if self.starts_writer_ahead and not dry_run:
-            from trainguard.hooks.writer_process import start_ahead
+            try:
+                from trainguard.hooks.writer_process import start_ahead
 
-            self._started_writer = start_ahead(self.store, writer, max_pending_bytes)
+                self._started_writer = start_ahead(self.store, writer, max_pending_bytes)
+            except Exception as error:  # noqa: BLE001 - fail open: the first save starts one, or says why not
+                logger.debug("trainguard: writer process not started ahead: %s", error)
 
     # -- configuration ------------------------------------------------------------------------
     def _check_out_dir(self) -> None:
