@@ -74,3 +74,29 @@ def test_a_model_trained_after_the_first_is_captured(tmp_path, up_front):
     assert trial.tensor(loss_name).steps() == trial.steps()
     assert all(np.isfinite(trial.tensor(loss_name).value(step)).all() for step in trial.steps())
     assert trial.independent_optimizers == 1  # one stage after the other: not competing
+
+
+def test_a_new_optimizer_at_a_freed_ones_address_is_a_new_optimizer(tmp_path):
+    """CPython may give a new optimizer the memory, and so the id, of one just freed (seen once in
+    the test above: B's steps were then never counted). The hook must not take the new one's first
+    step for the old one's next: here its id comes with the old one's entries already noted."""
+    hook = ZeroCodeHook(out_dir=str(tmp_path / "run"), include_collections=["losses", "weights"],
+                        save_config=tg.SaveConfig(save_interval=20))  # fmt: skip
+    torch.manual_seed(0)
+    first = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(first.parameters(), lr=0.1)
+    _train(first, optimizer)
+    noted = hook._optimizer_parameters[id(optimizer)]
+
+    class AtTheFreedAddress(torch.optim.SGD):
+        def __init__(self, *args, **kwargs) -> None:
+            hook._optimizer_parameters.clear()  # the first optimizer freed; its entry left at this id
+            hook._optimizer_parameters[id(self)] = noted
+            super().__init__(*args, **kwargs)
+
+    second = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    _train(second, AtTheFreedAddress(second.parameters(), lr=0.1))
+    hook.close()
+    assert hook.step == 2 * STAGE_STEPS - 2  # as in the test above: B's first forward is not seen
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.tensor("Sequential_1_0.weight").steps() == [60, 80, 100]

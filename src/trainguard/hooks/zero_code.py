@@ -328,6 +328,10 @@ class ZeroCodeHook(TorchHook):
                 created.add(optimizer)
             except TypeError:  # an optimizer class with __slots__ and no __weakref__: found by a scan
                 pass
+            # A new object: anything noted under its id was a freed optimizer's, whose memory it
+            # reuses (else its first step reads as the old one's second with no forward seen)
+            hook._optimizer_parameters.pop(id(optimizer), None)
+            hook._stepping_optimizers.pop(id(optimizer), None)
             if hook._signalling is not None:
                 hook._stop_signalling()  # its steps must reach the post-hook: it may train a new model
 
