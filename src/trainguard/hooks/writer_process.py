@@ -42,6 +42,7 @@ from trainguard.hooks.writer_spawn import (
     WriterChild,
     WriterUnavailable,
     allocate_shared_file,
+    close_quietly,
     in_multiprocessing_child,
     shared_memory_dir,
     unlink_quietly,
@@ -452,12 +453,7 @@ class ProcessStepWriter(WriterBase):
         self._batch.clear()
 
     def _close_pipe(self) -> None:
-        if self._pipe >= 0:
-            try:
-                os.close(self._pipe)
-            except OSError:
-                pass
-            self._pipe = -1
+        self._pipe = close_quietly(self._pipe)
 
     def _discard_shared_memory(self) -> None:
         unlink_quietly(self._shm_path)  # the process unlinks it too; whoever comes first

@@ -33,6 +33,7 @@ __all__ = [
     "WriterChild",
     "WriterUnavailable",
     "allocate_shared_file",
+    "close_quietly",
     "in_multiprocessing_child",
     "shared_memory_dir",
     "unlink_quietly",
@@ -77,6 +78,16 @@ def unlink_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def close_quietly(fd: int) -> int:
+    """Close ``fd`` if it is one (>= 0), ignoring errors; returns -1, the "closed" value."""
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    return -1
 
 
 def in_multiprocessing_child() -> bool:
@@ -208,12 +219,7 @@ class WriterChild:
         self._close_pipe()
 
     def _close_pipe(self) -> None:
-        if self.pipe >= 0:
-            try:
-                os.close(self.pipe)
-            except OSError:
-                pass
-            self.pipe = -1
+        self.pipe = close_quietly(self.pipe)
 
 
 def wait_to_be_named(fd: int, seconds: float) -> bool:
