@@ -13,10 +13,9 @@ from email.message import EmailMessage
 from typing import Any
 
 from trainguard.services.actions.context import ActionContext
+from trainguard.services.actions.validation import check_webhook_url
 
 __all__ = ["check_webhook_url", "email", "sms", "sns_publish", "stop_training", "webhook"]
-
-WEBHOOK_SCHEMES = ("http", "https")
 
 SNS_TOPIC = "SMDebugRules"  # SageMaker's topic name, so existing subscriptions keep working
 
@@ -62,16 +61,6 @@ def stop_training(event: Mapping[str, Any], action: Mapping[str, Any], context: 
         target = matches[0]
     context.stop_job(target, float(grace) if grace not in (None, "") else None, cause)
     return f"stop requested for {target}"
-
-
-def check_webhook_url(url: str) -> str:
-    """The URL if it is http(s) with a host; ValueError otherwise (file://, ftp://, data:, ... never)."""
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme.lower() not in WEBHOOK_SCHEMES or not parsed.hostname:
-        raise ValueError(f"webhook url {url[:200]!r}: only http:// or https:// URLs with a host are allowed")
-    if any(ch in url for ch in "\r\n\x00 "):
-        raise ValueError("webhook url: must not contain spaces, line breaks or NUL bytes")
-    return url
 
 
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
