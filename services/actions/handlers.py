@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import smtplib
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from email.message import EmailMessage
 from typing import Any
 
+from trainguard.services.actions import pinned_http
 from trainguard.services.actions.context import ActionContext
-from trainguard.services.actions.validation import check_webhook_url
+from trainguard.services.actions.validation import check_email_address, check_header, check_webhook_url
 
 __all__ = ["check_webhook_url", "email", "sms", "sns_publish", "stop_training", "webhook"]
 
@@ -63,48 +61,35 @@ def stop_training(event: Mapping[str, Any], action: Mapping[str, Any], context: 
     return f"stop requested for {target}"
 
 
-class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
-    """Follow redirects to http(s) only (urllib's default also follows ftp://)."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 - urllib's signature
-        check_webhook_url(newurl)
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-def _http_opener() -> urllib.request.OpenerDirector:
-    """An opener that speaks HTTP(S) only: no file://, ftp:// or data: handler, no proxy from the environment."""
-    opener = urllib.request.OpenerDirector()
-    for handler in (
-        urllib.request.ProxyHandler({}),
-        urllib.request.HTTPHandler(),
-        urllib.request.HTTPSHandler(),
-        urllib.request.HTTPDefaultErrorHandler(),
-        _HttpOnlyRedirects(),
-        urllib.request.HTTPErrorProcessor(),
-    ):
-        opener.add_handler(handler)
-    return opener
-
-
 def webhook(event: Mapping[str, Any], action: Mapping[str, Any], context: ActionContext) -> str:
-    """POST the event as JSON; retried with backoff on connection errors and 5xx/429 answers."""
+    """POST the event as JSON to an address the outbound policy allows; retried on no answer and 5xx/429.
+
+    A refused target, a redirect (never followed) or another 4xx fails at once, without retries.
+    """
     url = check_webhook_url(str(action["url"]))
     attempts = max(1, int(action.get("retries", 3)) + 1)
-    headers = {"Content-Type": "application/json", **{str(k): str(v) for k, v in (action.get("headers") or {}).items()}}
+    headers = {"Content-Type": "application/json", "User-Agent": "trainguard-webhook"}
+    for name, value in (action.get("headers") or {}).items():
+        check_header(str(name), str(value))  # also for actions recorded before creation refused them
+        headers[str(name)] = str(value)
     body = json.dumps(event).encode()
-    opener = _http_opener()
     last_error = ""
     for attempt in range(attempts):
-        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
-            with opener.open(request, timeout=context.webhook_timeout) as response:
-                return f"POST {url}: HTTP {response.status} after {attempt + 1} attempt(s)"
-        except urllib.error.HTTPError as error:
-            last_error = f"HTTP {error.code}"
-            if error.code < 500 and error.code != 429:
-                raise RuntimeError(f"POST {url}: {last_error} (not retried)") from None
-        except (urllib.error.URLError, OSError) as error:
-            last_error = str(getattr(error, "reason", error))
+            result = pinned_http.post(url, body, headers, policy=context.outbound, timeout=context.webhook_timeout)
+        except pinned_http.DeliveryError as error:
+            last_error = str(error)
+        else:
+            if 200 <= result.status < 300:
+                return f"POST {url}: HTTP {result.status} after {attempt + 1} attempt(s)"
+            last_error = f"HTTP {result.status}"
+            if 300 <= result.status < 400:
+                raise RuntimeError(
+                    f"POST {url}: HTTP {result.status} redirect to {result.location[:200]!r} not followed "
+                    "(webhooks are never redirected; give the final URL)"
+                )
+            if result.status < 500 and result.status != 429:
+                raise RuntimeError(f"POST {url}: {last_error} (not retried)")
         if attempt + 1 < attempts:
             time.sleep(min(8.0, 0.25 * 2**attempt))
     raise RuntimeError(f"POST {url} failed after {attempts} attempt(s): {last_error}")
@@ -140,7 +125,7 @@ def _sns_notify(event: Mapping[str, Any], protocol: str, attribute: str, endpoin
 
 def email(event: Mapping[str, Any], action: Mapping[str, Any], context: ActionContext) -> str:
     """E-mail over SMTP when TRAINGUARD_SMTP_HOST is set, else through SNS as SageMaker does."""
-    recipient = str(action["endpoint"])
+    recipient = check_email_address(str(action["endpoint"]))
     if not context.smtp.get("host"):
         return _sns_notify(event, "email", "email", recipient, context)
     subject, body = _message(event)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 
 import pytest
 
 from trainguard.services.actions import ActionContext, build_event, get_handler, parse_action_json
+from trainguard.services.actions.outbound_policy import OutboundPolicy
 from trainguard.services.alarms import AlarmSpec, AlarmState, evaluate_alarm
 from tests.s3_server import set_dummy_credentials
 from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, REPO, training_command, wait_for
@@ -68,6 +70,10 @@ def _context(**kwargs) -> ActionContext:
     return ActionContext(job_name="job-1", stop_job=lambda *a: None, in_progress_jobs=lambda: ["job-1"], **kwargs)
 
 
+# The receivers here listen on loopback, which webhooks may reach only when the operator allows it.
+LOOPBACK_ALLOWED = OutboundPolicy(allowed_networks=(ipaddress.ip_network("127.0.0.1/32"),))
+
+
 def _event() -> dict:
     description = {"TrainingJobName": "job-1", "TrainingJobArn": "arn:aws:sagemaker:us-east-1:0:training-job/job-1",
                    "TrainingJobStatus": "InProgress", "LastModifiedTime": 1700000000.5,
@@ -77,7 +83,9 @@ def _event() -> dict:
 
 def test_webhook_retries_until_delivered() -> None:
     with RecordingHttpServer(fail_first=2) as server:
-        detail = get_handler("webhook")(_event(), {"name": "webhook", "url": server.url, "retries": 3}, _context())
+        detail = get_handler("webhook")(
+            _event(), {"name": "webhook", "url": server.url, "retries": 3}, _context(outbound=LOOPBACK_ALLOWED)
+        )
     assert "after 3 attempt(s)" in detail
     [delivery] = server.received
     assert delivery["body"]["detail-type"] == "SageMaker Training Job State Change"
@@ -86,7 +94,9 @@ def test_webhook_retries_until_delivered() -> None:
 
 def test_webhook_gives_up_after_its_retries() -> None:
     with RecordingHttpServer(fail_first=10) as server, pytest.raises(RuntimeError, match="after 2 attempt"):
-        get_handler("webhook")(_event(), {"name": "webhook", "url": server.url, "retries": 1}, _context())
+        get_handler("webhook")(
+            _event(), {"name": "webhook", "url": server.url, "retries": 1}, _context(outbound=LOOPBACK_ALLOWED)
+        )
 
 
 def test_stoptraining_stops_only_a_single_prefix_match() -> None:
@@ -137,7 +147,8 @@ def test_sns_publish_and_email_through_sns_reach_a_subscribed_queue(s3_endpoint,
 def test_alarm_n_of_m_runs_webhook_email_and_stop_on_a_live_job(api_factory) -> None:
     with RecordingSmtpServer() as smtp, RecordingHttpServer() as hook, RecordingHttpServer() as events:
         api = api_factory(TRAINGUARD_SMTP_HOST="127.0.0.1", TRAINGUARD_SMTP_PORT=str(smtp.port),
-                          TRAINGUARD_SMTP_FROM="trainguard@test.local", TRAINGUARD_EVENT_WEBHOOK_URL=events.url)  # fmt: skip
+                          TRAINGUARD_SMTP_FROM="trainguard@test.local", TRAINGUARD_EVENT_WEBHOOK_URL=events.url,
+                          TRAINGUARD_WEBHOOK_ALLOW="127.0.0.1")  # fmt: skip
         spec = {
             "name": "alarmed-job",
             "command": training_command("--steps", "400", "--blowup-at", "4", "--step-seconds", "0.05"),

@@ -4,6 +4,7 @@ against the real engine is tests/e2e/test_docker_proxy.py)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -13,6 +14,7 @@ from urllib.parse import parse_qs
 import pytest
 from trainguard.services.actions.context import ActionContext
 from trainguard.services.actions.handlers import check_webhook_url, webhook
+from trainguard.services.actions.outbound_policy import OutboundPolicy
 from trainguard.services.api.policy import PolicyError, SourcePolicy
 from trainguard.services.docker_proxy.rules import JOB_LABEL, ProxyPolicy, Refused
 
@@ -90,11 +92,12 @@ def test_webhook_urls_are_http_only_also_after_a_redirect(tmp_path: Path) -> Non
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        context = ActionContext(job_name="j", stop_job=lambda *a: None, in_progress_jobs=lambda: [])
+        loopback = OutboundPolicy(allowed_networks=(ipaddress.ip_network("127.0.0.1/32"),))  # the test server's
+        context = ActionContext(job_name="j", stop_job=lambda *a: None, in_progress_jobs=lambda: [], outbound=loopback)
         url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-        with pytest.raises(ValueError, match="only http"):
+        with pytest.raises(RuntimeError, match="HTTP 302 redirect to 'ftp://.* not followed"):
             webhook({"detail": {}}, {"name": "webhook", "url": url + "?ftp", "retries": 0}, context)
-        with pytest.raises(RuntimeError, match="HTTP 302"):
+        with pytest.raises(RuntimeError, match="HTTP 302 redirect to 'file://.* not followed"):
             webhook({"detail": {}}, {"name": "webhook", "url": url, "retries": 0}, context)
         with pytest.raises(ValueError, match="only http"):
             webhook({"detail": {}}, {"name": "webhook", "url": f"file://{secret}"}, context)
