@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainguard.services.api.policy import SourcePolicy
 from trainguard.services.api.schemas import JobSpec, RuleConfig
 from trainguard.services.api.settings import Settings
 from trainguard.services.launchers.base import ComponentSpec, JobLaunch
@@ -177,7 +178,8 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
         directory.mkdir(parents=True, exist_ok=True)
         config_file = directory / "debughookconfig.json"
         config_file.write_text(hook_json)
-        working_dir = spec.working_dir or os.getcwd()
+        # Inside the job's own directory, never the API's working directory (policy checked it).
+        working_dir = str(SourcePolicy.check_working_dir(spec.working_dir, directory) if spec.working_dir else directory)
         command = (
             sys.executable, "-m", "trainguard.cli", "run", "--out", base_trial, "--config", str(config_file),
             "--", *_local_command(spec.command),
@@ -233,7 +235,7 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
                     working_dir=working_dir,
                 )
             )
-        return JobLaunch(spec.name, tuple(components))
+        return JobLaunch(spec.name, tuple(components), workspace=str(directory))
 
     volume = f"tg-{spec.name}-tensors"
     aws = {key: os.environ[key] for key in _PASSED_AWS_VARIABLES if os.environ.get(key)}

@@ -14,13 +14,41 @@ __all__ = [
     "ComponentStatus",
     "JobLaunch",
     "Launcher",
+    "LaunchRefused",
     "LauncherError",
+    "LauncherSupport",
     "bounded_int",
+    "launcher_support",
 ]
 
 
 class LauncherError(RuntimeError):
     """The back-end could not do what was asked (engine unreachable, image missing...)."""
+
+
+class LaunchRefused(LauncherError):
+    """The back-end refused what the job asked for (its image, a path, a value): the request's fault,
+    reported to the caller as a ClientError, not as the service's."""
+
+
+@dataclass(frozen=True)
+class LauncherSupport:
+    """What a back-end can run, asked when a job is created so that one it cannot run is refused then.
+
+    Attributes:
+        max_instance_count: the most training instances (hosts) one job may have.
+        container_paths: a component's ``working_dir`` is a path inside its container (any absolute
+            path, as SageMaker's ``/opt/ml/code``), not a directory on the API's host.
+    """
+
+    max_instance_count: int = 1
+    container_paths: bool = False
+
+
+def launcher_support(launcher: object) -> LauncherSupport:
+    """``launcher.support``; a back-end that does not say runs one instance in host directories."""
+    support = getattr(launcher, "support", None)
+    return support if isinstance(support, LauncherSupport) else LauncherSupport()
 
 
 def bounded_int(value: int | None, variable: str, default: int, low: int, high: int, what: str) -> int:
@@ -72,10 +100,18 @@ class ComponentSpec:
 
 @dataclass(frozen=True)
 class JobLaunch:
-    """Everything a launcher needs to start one job."""
+    """Everything a launcher needs to start one job.
+
+    Attributes:
+        workspace: the job's own directory on this machine (the local plan's job directory): the
+            local launcher hands it to the job's user, runs the components' relative working
+            directories inside it and makes it their HOME and TMPDIR. None: the launcher makes one.
+            Launchers that run containers ignore it.
+    """
 
     job_name: str
     components: tuple[ComponentSpec, ...]
+    workspace: str | None = None
 
 
 class ComponentState(str, enum.Enum):
@@ -97,6 +133,7 @@ class Launcher(Protocol):
     """What the control API needs from a back-end. Every method is idempotent."""
 
     name: str
+    support: LauncherSupport  # optional: launcher_support() answers for a back-end without it
 
     def start(self, job: JobLaunch) -> None:
         """Start every component; raises LauncherError if the back-end cannot."""

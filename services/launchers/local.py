@@ -9,11 +9,19 @@ Layout under ``root`` (one directory per job, one per component)::
                                  kill_at       SIGKILL deadline of a pending stop (epoch seconds)
                                  reason        why it ended, when the launcher knows better
 
+    <root>/<job>/identity.json                 the uid/gid the job runs as (service running as root)
+
 Every command runs under a tiny wrapper (``python -c _WRAPPER``) that is the group leader: it
 starts the command, waits for it and writes the exit code to a file. So an exit that happens
 while the API is down is not lost, and a restarted API finds everything again from the files
 (``jobs()``/``status()``). The wrapper ignores SIGTERM itself (the command in its group receives
 it) so it lives to record the exit code; a SIGKILL of the group is recorded by the launcher.
+
+A job is not the API (see :mod:`~trainguard.services.launchers.local_isolation`): its commands get
+a scrubbed environment, run in the job's workspace and, when the service is root, as the job's own
+uid. The wrapper keeps the launcher's identity (it writes the files above, which the job must not
+forge) and drops to the job's uid in the forked child, before it creates the working directory
+and execs the command.
 """
 
 from __future__ import annotations
@@ -38,32 +46,65 @@ from trainguard.services.launchers.base import (
     LauncherError,
     bounded_int,
 )
+from trainguard.services.launchers.local_isolation import (
+    JobIdentity,
+    JobIsolation,
+    job_environment,
+    passthrough_names,
+)
 
 __all__ = ["LocalLauncher"]
 
-# The wrapper: argv = [dir, command...]. A no-op Python handler (not SIG_IGN, which the command
-# would inherit through exec) keeps the wrapper alive through the group's SIGTERM.
+# The wrapper: argv = [dir, identity JSON ("" for none), working dir, command...]. A no-op Python
+# handler (not SIG_IGN, which the command would inherit through exec) keeps the wrapper alive
+# through the group's SIGTERM. The child drops to the job's uid before it touches the working
+# directory, so a link the job planted there is followed with the job's rights, not the wrapper's.
+# An exec failure comes back through a close-on-exec pipe.
 _WRAPPER = r"""
-import os, signal, subprocess, sys
-directory, command = sys.argv[1], sys.argv[2:]
+import json, os, signal, sys
+directory, identity, working_dir, command = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 signal.signal(signal.SIGTERM, lambda *_: None)
 signal.signal(signal.SIGINT, lambda *_: None)
-try:
-    child = subprocess.Popen(command)
-except OSError as error:
-    print(f"trainguard launcher: cannot start {command[0]!r}: {error}", flush=True)
-    code, reason = 127, f"cannot start {command[0]!r}: {error.strerror or error}"
-else:
-    while True:
-        try:
-            code = child.wait()
-            break
-        except InterruptedError:
-            continue
-    reason = ""
-    if code < 0:
-        reason = f"killed by {signal.Signals(-code).name}"
-        code = 128 - code
+failure_read, failure_write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.close(failure_read)
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(number, signal.SIG_DFL)
+        if identity:
+            ids = json.loads(identity)
+            os.setgroups([])
+            os.setresgid(ids["gid"], ids["gid"], ids["gid"])
+            os.setresuid(ids["uid"], ids["uid"], ids["uid"])
+        os.makedirs(working_dir, exist_ok=True)
+        os.chdir(working_dir)
+        os.execvp(command[0], command)
+    except BaseException as error:
+        text = getattr(error, "strerror", None) or str(error)
+        os.write(failure_write, f"{type(error).__name__}: {text}".encode(errors="replace")[:2000])
+    os._exit(127)
+os.close(failure_write)
+failure = b""
+while True:
+    chunk = os.read(failure_read, 4096)
+    if not chunk:
+        break
+    failure += chunk
+while True:
+    try:
+        _, status = os.waitpid(pid, 0)
+        break
+    except InterruptedError:
+        continue
+code, reason = os.waitstatus_to_exitcode(status), ""
+if failure:
+    reason = f"cannot start {command[0]!r}: {failure.decode(errors='replace')}"
+    print(f"trainguard launcher: {reason}", flush=True)
+    code = 127
+elif code < 0:
+    reason = f"killed by {signal.Signals(-code).name}"
+    code = 128 - code
 temporary = os.path.join(directory, "exit_code.tmp")
 with open(temporary, "w") as handle:
     handle.write(f"{code}\n{reason}\n")
@@ -111,17 +152,27 @@ class LocalLauncher:
     name = "local"
 
     def __init__(
-        self, root: str | os.PathLike[str], *, python: str | None = None, niceness: int | None = None
+        self,
+        root: str | os.PathLike[str],
+        *,
+        python: str | None = None,
+        niceness: int | None = None,
+        job_uid_base: int | None = None,
     ) -> None:
         """``niceness``: CPU priority of job processes (default TRAINGUARD_JOB_NICENESS, else 10).
+        ``job_uid_base``: where the range of job uids starts (default TRAINGUARD_JOB_UID_BASE).
 
         Job processes (training, uploader, rule runners) run below the control API so that the
         API stays responsive however many jobs run: 100 jobs on 2 cores made creates wait seconds.
+        The directory above ``root`` is the service's state (the data dir): the launcher opens
+        its directories for traversal (o+x, never o+r) on the way to a job's workspace in it.
         """
         self.niceness = bounded_int(niceness, "TRAINGUARD_JOB_NICENESS", 10, 0, 19, "niceness")
         self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.python = python or sys.executable
+        self.environment_passthrough = passthrough_names(os.environ)
+        self.isolation = JobIsolation(self.root.parent, self.python, uid_base=job_uid_base)
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped on status() to avoid zombies
         self._lock = threading.Lock()
 
@@ -161,45 +212,74 @@ class LocalLauncher:
     # -- Launcher interface ---------------------------------------------------------------------
     def start(self, job: JobLaunch) -> None:
         job_dir = self._job_dir(job.job_name)
-        job_dir.mkdir(parents=True, exist_ok=True)
+        job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        workspace = Path(job.workspace).resolve() if job.workspace else job_dir / "workspace"
+        with self._lock:
+            identity = self.isolation.identity_for(job_dir)
+        fresh = not any((job_dir / _component_dir_name(c.role) / "pid").exists() for c in job.components)
+        if fresh:
+            self.isolation.prepare_workspace(workspace, identity)
         for component in job.components:
-            self._start_component(job_dir, component)
+            self._start_component(job_dir, workspace, identity, component)
 
-    def _start_component(self, job_dir: Path, component: ComponentSpec) -> None:
+    def _start_component(
+        self, job_dir: Path, workspace: Path, identity: JobIdentity | None, component: ComponentSpec
+    ) -> None:
         directory = job_dir / _component_dir_name(component.role)
         if (directory / "pid").exists():
             return  # already started: start() is idempotent
         if not component.command:
             raise LauncherError(f"component {component.role!r} has no command (the local launcher runs no images)")
-        directory.mkdir(parents=True, exist_ok=True)
+        working_dir = self._working_dir(workspace, component.role, component.working_dir)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(directory, 0o700)  # its files (pid, exit_code, spec.json) are the launcher's, not the job's
         spec = {
             "role": component.role,
             "command": list(component.command),
             "environment": dict(component.environment),
             "working_dir": component.working_dir,
+            "workspace": str(workspace),
             "started_at": time.time(),
         }
         (directory / "spec.json").write_text(json.dumps(spec, indent=2))
-        self._spawn(directory, component.role, component.command, component.environment, component.working_dir)
+        self._spawn(directory, component.role, component.command, component.environment, workspace, working_dir,
+                    identity)  # fmt: skip
+
+    @staticmethod
+    def _working_dir(workspace: Path, role: str, working_dir: str | None) -> Path:
+        """A relative working directory is the workspace's, never the API's; '..' may not leave it."""
+        if not working_dir:
+            return workspace
+        if "\x00" in working_dir or ".." in Path(working_dir).parts:
+            raise LauncherError(f"component {role!r}: working_dir {working_dir!r} must not contain '..'")
+        return workspace / working_dir  # an absolute one stays as it is: the planner chose it
 
     def _spawn(
-        self, directory: Path, role: str, command: Sequence[str], environment: Mapping[str, str], working_dir: str | None
+        self,
+        directory: Path,
+        role: str,
+        command: Sequence[str],
+        environment: Mapping[str, str],
+        workspace: Path,
+        working_dir: Path,
+        identity: JobIdentity | None,
     ) -> None:
-        full_environment = {**os.environ, **environment}
-        working_dir = working_dir or None
-        if working_dir:
-            Path(working_dir).mkdir(parents=True, exist_ok=True)
+        job_environment_ = job_environment(
+            environment, workspace, identity, extra_names=self.environment_passthrough
+        )
+        identity_json = json.dumps({"uid": identity.uid, "gid": identity.gid}) if identity else ""
         with open(directory / "output.log", "ab") as log:
             try:
                 child = subprocess.Popen(
                     # -I -S: the wrapper needs no site-packages; skipping them halves its start-up
                     # (10 ms instead of 40 ms of CPU here), paid once per component of every job.
-                    [*self._nice_prefix(), self.python, "-I", "-S", "-c", _WRAPPER, str(directory), *command],
+                    [*self._nice_prefix(), self.python, "-I", "-S", "-c", _WRAPPER, str(directory), identity_json,
+                     str(working_dir), *command],  # fmt: skip
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=full_environment,
-                    cwd=working_dir,
+                    env=job_environment_,
+                    cwd=directory,
                     # Its own process group, so stop() signals the whole tree; but not its own
                     # session: with the kernel's autogroup scheduling (on by default on desktop and
                     # many server kernels) every session gets an equal share of the CPU whatever
@@ -228,13 +308,21 @@ class LocalLauncher:
         if self._component_status(role, directory).state is ComponentState.RUNNING:
             return
         spec = json.loads((directory / "spec.json").read_text())
+        job_dir = directory.parent
+        workspace = Path(spec.get("workspace") or job_dir / "workspace")
+        known_identity = (job_dir / "identity.json").exists()
+        with self._lock:
+            identity = self.isolation.identity_for(job_dir)
+        if identity is not None and not known_identity:  # started before jobs had users of their own
+            self.isolation.prepare_workspace(workspace, identity)
+        working_dir = self._working_dir(workspace, role, spec.get("working_dir"))
         for name in ("exit_code", "kill_at", "reason", "pid"):
             (directory / name).unlink(missing_ok=True)
         restarts = int(self._read_text(directory / "restarts") or 0) + 1
         (directory / "restarts").write_text(f"{restarts}\n")
         with open(directory / "output.log", "ab") as log:
             log.write(f"trainguard launcher: restarting {role} (restart {restarts})\n".encode())
-        self._spawn(directory, role, spec["command"], spec.get("environment") or {}, spec.get("working_dir"))
+        self._spawn(directory, role, spec["command"], spec.get("environment") or {}, workspace, working_dir, identity)
 
     def status(self, job_name: str) -> dict[str, ComponentStatus]:
         self._reap()
