@@ -21,6 +21,7 @@ import secrets
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -29,9 +30,41 @@ from trainguard.services.alarms import AlarmSpec, implicit_rule_alarm
 from trainguard.services.api.db import AlarmRow, Base, ComponentRow, JobRow, RuleRow, TransitionRow
 from trainguard.services.api.schemas import JobSpec
 from trainguard.services.api.settings import Settings
-from trainguard.services.launchers.base import JobLaunch
+from trainguard.services.launchers.base import JobLaunch, Launcher, launcher_support
+from trainguard.services.sagemaker_container.contract import CONTRACT_ENV
 
-__all__ = ["GroupCommit", "NameClaims", "NameTaken", "new_job_rows"]
+__all__ = ["GroupCommit", "NameClaims", "NameTaken", "check_launchable", "new_job_rows"]
+# Characters no path handed to an engine or a process may hold (C0 controls and DEL).
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def check_launchable(spec: JobSpec, launcher: Launcher) -> None:
+    """Refuse, as ValueError 'field: why', what ``launcher`` says it cannot run (launcher_support):
+    more training instances than it runs, or a working directory it cannot take."""
+    from trainguard.services.api.planner import instance_count
+
+    support = launcher_support(launcher)
+    count = instance_count(spec)
+    if count > support.max_instance_count:
+        field = "ResourceConfig.InstanceCount" if CONTRACT_ENV in spec.environment else "resources.instance_count"
+        raise ValueError(
+            f"{field}: {count} instances, but the {launcher.name!r} launcher runs at most "
+            f"{support.max_instance_count} per job (the ray launcher runs several)"
+        )
+    if spec.working_dir and support.container_paths:
+        check_container_path(spec.working_dir, "working_dir")
+
+
+def check_container_path(path: str, field: str) -> None:
+    """A directory inside a job's container: absolute, without '..' or control characters
+    (the engine creates it in the container; it names nothing on the API's host)."""
+    if _CONTROL.search(path):
+        raise ValueError(f"{field}: {path[:64]!r} must not contain control characters")
+    posix = PurePosixPath(path)
+    if not posix.is_absolute():
+        raise ValueError(f"{field}: {path[:64]!r} must be an absolute path inside the container, e.g. /opt/ml/code")
+    if ".." in posix.parts:
+        raise ValueError(f"{field}: {path[:64]!r} must not contain '..'")
 
 
 class NameTaken(Exception):

@@ -31,7 +31,7 @@ from sqlalchemy import select
 from trainguard.services.api.db import ComponentRow, JobRow
 from trainguard.services.api.planner import plan_job
 from trainguard.services.api.schemas import JobSpec
-from trainguard.services.launchers.base import JobLaunch, LauncherError
+from trainguard.services.launchers.base import JobLaunch, LaunchRefused, LauncherError
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +133,9 @@ class JobLaunching:
             self.launcher.stop(name, None, 0)
         except Exception as stop_error:  # noqa: BLE001 - nothing may have started
             log.info("cleaning up the unlaunchable job %s: %s", name, stop_error)
-        if isinstance(error, (LauncherError, OSError)):
+        if isinstance(error, (LauncherError, OSError)) and not isinstance(error, LaunchRefused):
             reason = f"InternalServerError: the launcher could not start the job: {error}"
-        else:  # a value the launcher cannot pass on (e.g. ValueError): the request's content
+        else:  # the back-end refused the request's content (LaunchRefused), or could not pass a value on
             reason = f"ClientError: the job could not be launched: {error}"
         with self.lock, self.sessions() as session:
             job = session.get(JobRow, name)

@@ -31,13 +31,13 @@ from trainguard.services.api.db import (
     RuleRow,
     TransitionRow,
 )
-from trainguard.services.api.job_creation import GroupCommit, NameClaims, NameTaken, new_job_rows
+from trainguard.services.api.job_creation import GroupCommit, NameClaims, NameTaken, check_launchable, new_job_rows
 from trainguard.services.api.job_launch_queue import JobLaunching, JobLaunchQueue
 from trainguard.services.api.planner import plan_job
 from trainguard.services.api.schemas import JobSpec
 from trainguard.services.api.settings import Settings
 from trainguard.services.api.views import native_description, sagemaker_description, sagemaker_summary
-from trainguard.services.launchers.base import Launcher
+from trainguard.services.launchers.base import Launcher, launcher_support
 
 __all__ = ["JobExists", "JobNotFound", "JobService", "TERMINAL", "RULE_TERMINAL"]
 
@@ -168,7 +168,8 @@ class JobService(JobLaunching):
                 raise ValueError(f"rules.{index}.{field}: {error}") from None
             except ValueError as error:
                 raise ValueError(f"rules.{index}.{error}") from None
-        if spec.working_dir:
+        check_launchable(spec, self.launcher)  # instances, container paths (job_creation)
+        if spec.working_dir and not launcher_support(self.launcher).container_paths:
             try:
                 policy.check_working_dir(spec.working_dir, job_dir(self.settings, spec.name))
             except PolicyError as error:

@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from trainguard.services.api.auth import SigV4Error, sagemaker_precheck, verify_sagemaker_request
-from trainguard.services.api.job_metrics import final_metric_data
-from trainguard.services.api.jobs import JobExists, JobNotFound, JobService
+from trainguard.services.api.job_metrics import metric_scanner
+from trainguard.services.api.jobs import TERMINAL, JobExists, JobNotFound, JobService
 from trainguard.services.api.routes_logs import LOGS_OPERATIONS, LOGS_TARGET_PREFIX
 from trainguard.services.api.sagemaker import SageMakerError, job_spec_from_request
 from trainguard.services.api.sagemaker_validation import (
@@ -94,12 +94,13 @@ def _describe(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
         ) from None
     definitions = (description.get("AlgorithmSpecification") or {}).get("MetricDefinitions")
     if definitions and "TrainingStartTime" in description:
-        try:
-            lines = service.launcher.logs(name, "training").splitlines()
-        except Exception:  # noqa: BLE001 - a job whose components are gone keeps no log to scan
-            lines = []
         when = description.get("TrainingEndTime") or description["LastModifiedTime"]
-        description["FinalMetricDataList"] = final_metric_data(definitions, lines, when)
+        # Bounded (RE2, the log's tail, a time budget) and cached per job and log: job_metrics.
+        description["FinalMetricDataList"] = metric_scanner(service).final_metric_data(
+            name, description.get("CreationTime"), definitions, when,
+            finished=description.get("TrainingJobStatus") in TERMINAL,
+            read_log=lambda tail: service.launcher.logs(name, "training", tail),
+        )  # fmt: skip
     return description
 
 

@@ -18,11 +18,15 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "DEBUG_HOOK_LOCATIONS",
     "JOB_NAME",
+    "MAX_RULE_CONFIGURATION_NAME",
+    "PROFILER_CONFIG",
     "RequestInvalid",
     "check_create_request",
     "check_list_request",
     "check_name_request",
+    "member_errors",
     "unsafe_text",
 ]
 
@@ -31,6 +35,9 @@ _NAME_CONTAINS = re.compile(r"^[a-zA-Z0-9\-]+$")
 _ENVIRONMENT_KEY = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _NEXT_TOKEN = re.compile(r"^[0-9]{1,9}$")
 MAX_RUNTIME_SECONDS = 28 * 24 * 3600  # SageMaker's documented maximum (28 days)
+# SageMaker allows 256; trainguard names a rule's files, processes and containers after it
+# (``rule--<name>``, ``<name>.json``), and a file name has at most 255 bytes.
+MAX_RULE_CONFIGURATION_NAME = 200
 _JOB_STATUSES = ("InProgress", "Completed", "Failed", "Stopping", "Stopped", "Deleting")
 
 Check = Callable[[Any, str, list[str]], None]
@@ -143,6 +150,28 @@ def string_map(max_entries: int, key: Check, value: Check) -> Check:
     return check
 
 
+def all_of(*checks: Check) -> Check:
+    """Each check in turn, up to the first that fails (a later one may assume the earlier held)."""
+
+    def check(value: Any, path: str, errors: list[str]) -> None:
+        for each in checks:
+            before = len(errors)
+            each(value, path, errors)
+            if len(errors) > before:
+                return
+
+    return check
+
+
+def linear_regex(value: Any, path: str, errors: list[str]) -> None:
+    """A regex the API runs itself: it must compile in RE2, the linear-time engine (job_metrics)."""
+    from trainguard.services.api.job_metrics import metric_regex_problem
+
+    problem = metric_regex_problem(value)
+    if problem:
+        _fail(errors, value, path, f"be a regular expression the server can run: {problem}")
+
+
 def list_of(item: Check, min_items: int = 0, max_items: int = 100) -> Check:
     def check(value: Any, path: str, errors: list[str]) -> None:
         if not isinstance(value, list):
@@ -182,9 +211,19 @@ def _join(path: str, name: str) -> str:
 S3_URI = string(0, 1024, re.compile(r"^(https|s3)://([^/]+)/?(.*)$"))
 DIRECTORY = string(0, 4096)
 CONFIG_MAP = string_map(20, string(1, 256), string(0, 256))
+PROFILER_CONFIG = structure(
+    {
+        "S3OutputPath": S3_URI,
+        "ProfilingIntervalInMilliseconds": integer(1, 3_600_000),
+        "ProfilingParameters": CONFIG_MAP,
+        "DisableProfiler": boolean,
+    }
+)
+# Where a DebugHookConfig's data goes: read by the planner and the uploader as strings.
+DEBUG_HOOK_LOCATIONS: dict[str, Check] = {"S3OutputPath": S3_URI, "LocalPath": DIRECTORY}
 _RULE = structure(
     {
-        "RuleConfigurationName": string(1, 256),
+        "RuleConfigurationName": string(1, MAX_RULE_CONFIGURATION_NAME),
         "RuleEvaluatorImage": string(0, 255),
         "LocalPath": DIRECTORY,
         "S3OutputPath": S3_URI,
@@ -208,7 +247,11 @@ _CREATE = structure(
                 "ContainerEntrypoint": list_of(string(1, 256), 1, 100),
                 "ContainerArguments": list_of(string(1, 256), 1, 100),
                 "EnableSageMakerMetricsTimeSeries": boolean,
-                "MetricDefinitions": list_of(structure({"Name": string(1, 255), "Regex": string(1, 500)}), 0, 40),
+                "MetricDefinitions": list_of(
+                    structure({"Name": string(1, 255), "Regex": all_of(string(1, 500), linear_regex)},
+                              required=("Name", "Regex")),
+                    0, 40,
+                ),  # fmt: skip
             }
         ),
         "Environment": string_map(100, string(1, 512, _ENVIRONMENT_KEY), string(0, 512)),
@@ -232,8 +275,7 @@ _CREATE = structure(
         "InputDataConfig": list_of(structure({"ChannelName": string(1, 64)}, required=("ChannelName",)), 1, 20),
         "DebugHookConfig": structure(
             {
-                "S3OutputPath": S3_URI,
-                "LocalPath": DIRECTORY,
+                **DEBUG_HOOK_LOCATIONS,
                 "HookParameters": CONFIG_MAP,
                 "CollectionConfigurations": list_of(
                     structure(
@@ -246,14 +288,7 @@ _CREATE = structure(
             }
         ),
         "DebugRuleConfigurations": list_of(_RULE, 0, 20),
-        "ProfilerConfig": structure(
-            {
-                "S3OutputPath": S3_URI,
-                "ProfilingIntervalInMilliseconds": integer(1, 3_600_000),
-                "ProfilingParameters": CONFIG_MAP,
-                "DisableProfiler": boolean,
-            }
-        ),
+        "ProfilerConfig": PROFILER_CONFIG,
         "ProfilerRuleConfigurations": list_of(_RULE, 0, 20),
         "TensorBoardOutputConfig": structure({"S3OutputPath": S3_URI, "LocalPath": DIRECTORY}),
         "Tags": list_of(structure({"Key": string(1, 128), "Value": string(0, 256)}, required=("Key",)), 0, 50),
@@ -288,6 +323,15 @@ def _run(shape: Check, body: Any) -> None:
         count = len(errors)
         shown = "; ".join(errors[:10]) + (f"; and {count - 10} more" if count > 10 else "")
         raise RequestInvalid(f"{count} validation error{'s' if count > 1 else ''} detected: {shown}")
+
+
+def member_errors(shape: Check, value: Any) -> list[str]:
+    """The messages of ``shape`` for one member document (paths relative to it), NUL and surrogates first."""
+    errors: list[str] = []
+    _unsafe_strings(value, "", errors)
+    if not errors:
+        shape(value, "", errors)
+    return errors
 
 
 def check_create_request(body: Any) -> None:

@@ -7,11 +7,20 @@ config by the same parser the training process uses, action names against the kn
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
-from trainguard.services.api.sagemaker_validation import MAX_RUNTIME_SECONDS, unsafe_text
+from trainguard.services.api.sagemaker_validation import (
+    DEBUG_HOOK_LOCATIONS,
+    MAX_RULE_CONFIGURATION_NAME,
+    MAX_RUNTIME_SECONDS,
+    PROFILER_CONFIG,
+    member_errors,
+    structure,
+    unsafe_text,
+)
 
 __all__ = ["AlarmConfig", "JobSpec", "Resources", "RuleConfig", "StoppingCondition", "RUNNER_PARAMETERS"]
 
@@ -24,6 +33,16 @@ MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
 MAX_WEBHOOK_RETRIES = 10
 MAX_GRACE_SECONDS = 3600.0
 MAX_STEP = 2**62
+# What exec(2) takes: one argument or ``NAME=value`` string of at most 128 KiB (MAX_ARG_STRLEN),
+# all of them together within ARG_MAX (2 MiB here). The service adds its own variables (the hook
+# and profiler configs, a rule's parameters and actions as JSON): each document is bounded so
+# that the whole fits.
+MAX_EXEC_STRING_BYTES = 128 * 1024
+MAX_ENVIRONMENT_BYTES = 512 * 1024
+MAX_COMMAND_BYTES = 256 * 1024
+MAX_DOCUMENT_BYTES = 64 * 1024  # a hook or profiler config, a rule's parameters or actions, as JSON
+MIN_CPUS = 0.01  # the smallest CPU limit an engine grants (docker: --cpus 0.01)
+MIN_MEMORY_MB = 6  # the smallest memory limit docker accepts
 RULE_REFERENCE = (  # 'package.module:Class' (dotted identifiers), or a rule / entry-point name
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$|^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 )
@@ -34,6 +53,28 @@ COMPARISONS = (
     "LessThanThreshold",
     "LessThanOrEqualToThreshold",
 )
+
+
+def _exec_string(text: str, extra: int = 0) -> int:
+    """Bytes of ``text`` as exec(2) gets it (UTF-8 and its NUL), ``extra`` bytes beside it (``NAME=``)."""
+    return len(text.encode("utf-8", errors="surrogatepass")) + extra + 1
+
+
+def _document_size(value: Any, what: str) -> None:
+    """A document passed to a process as JSON text in one variable: bounded (MAX_DOCUMENT_BYTES)."""
+    size = len(json.dumps(value, default=str))
+    if size > MAX_DOCUMENT_BYTES:
+        raise ValueError(f"{what} is {size} bytes as JSON; at most {MAX_DOCUMENT_BYTES} bytes are passed to a job")
+
+
+def _shape(shape: Any, value: Any) -> None:
+    """SageMaker's shape of a member (sagemaker_validation), as one ValueError."""
+    errors = member_errors(shape, value)
+    if errors:
+        raise ValueError("; ".join(errors[:5]))
+
+
+_HOOK_LOCATIONS = structure(DEBUG_HOOK_LOCATIONS)
 
 
 def _safe_text(value: str) -> str:
@@ -89,6 +130,20 @@ class Resources(BaseModel):
         1, ge=1, le=64, description="training instances; more than one runs on the ray launcher only"
     )
 
+    @field_validator("cpus")
+    @classmethod
+    def _grantable_cpus(cls, value: float | None) -> float | None:
+        if value is not None and value < MIN_CPUS:
+            raise ValueError(f"must be at least {MIN_CPUS} cores (the smallest CPU limit an engine grants)")
+        return value
+
+    @field_validator("memory_mb")
+    @classmethod
+    def _grantable_memory(cls, value: int | None) -> int | None:
+        if value is not None and value < MIN_MEMORY_MB:
+            raise ValueError(f"must be at least {MIN_MEMORY_MB} MiB (the smallest memory limit docker grants)")
+        return value
+
 
 class StoppingCondition(BaseModel):
     model_config = _STRICT
@@ -124,11 +179,16 @@ def _string_member(action: dict[str, Any], key: str, index: int, max_length: int
 def _validate_actions(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from trainguard.services.actions import action_names
 
+    from trainguard.services.actions.validation import check_action_fields
+
     known = action_names()
     if len(actions) > 10:
         raise ValueError(f"at most 10 actions, got {len(actions)}")
+    _document_size(actions, "actions")
     for index, action in enumerate(actions):
         _safe_tree(action, f"action {index}")
+        if not isinstance(action, dict):
+            raise ValueError(f"action {index}: must be an object with a 'name'")
         if not isinstance(action.get("name"), str):
             raise ValueError(f"action {index}: 'name' must be a string; valid: {', '.join(sorted(known))}")
         name = action["name"].lower()
@@ -155,6 +215,10 @@ def _validate_actions(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise ValueError(f"action {index}: {name} needs 'endpoint' (an address or phone number)")
         if name == "sns" and not action.get("topic_arn"):
             raise ValueError(f"action {index}: sns needs 'topic_arn'")
+        try:  # line breaks and control characters in URLs, headers and addresses (services/actions)
+            check_action_fields(action)
+        except ValueError as error:
+            raise ValueError(f"action {index}: {error}") from None
     return actions
 
 
@@ -183,8 +247,10 @@ class RuleConfig(BaseModel):
     model_config = _STRICT
 
     rule: _text(512, 1) = Field(description="built-in rule name, entry-point name or 'package.module:Class'")
-    name: _text(256, 1, CONFIGURATION_NAME) | None = Field(
-        None, description="RuleConfigurationName (default: the rule name); letters, digits, '_', '.', '-'"
+    name: _text(MAX_RULE_CONFIGURATION_NAME, 1, CONFIGURATION_NAME) | None = Field(
+        None,
+        description=f"RuleConfigurationName (default: the rule name); letters, digits, '_', '.', '-'; at most "
+        f"{MAX_RULE_CONFIGURATION_NAME} characters (the rule's files and processes are named after it)",
     )
     parameters: dict[_text(256, 1), _text(4096) | int | float | bool] = Field(default_factory=dict, max_length=100)
     actions: list[dict[str, Any]] = Field(default_factory=list, description="e.g. [{'name': 'stoptraining'}]")
@@ -196,6 +262,15 @@ class RuleConfig(BaseModel):
     @property
     def configuration_name(self) -> str:
         return self.name or self.rule.rpartition(":")[2]
+
+    @model_validator(mode="after")
+    def _name_fits(self) -> RuleConfig:
+        if self.name is None and len(self.configuration_name) > MAX_RULE_CONFIGURATION_NAME:
+            raise ValueError(
+                f"name: the rule's configuration name (its class name) is longer than {MAX_RULE_CONFIGURATION_NAME}"
+                " characters; give a shorter 'name'"
+            )
+        return self
 
     @field_validator("rule")
     @classmethod
@@ -213,6 +288,7 @@ class RuleConfig(BaseModel):
     @classmethod
     def _finite_parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
         _safe_tree(value)
+        _document_size(value, "parameters")
         start, end = _step(value, "start_step"), _step(value, "end_step")
         if start is not None and end is not None and end < start:
             raise ValueError(f"end_step={end} is before start_step={start}")
@@ -310,10 +386,40 @@ class JobSpec(BaseModel):
     stopping_condition: StoppingCondition = Field(default_factory=StoppingCondition)
     alarms: list[AlarmConfig] = Field(default_factory=list, max_length=20)
 
+    @field_validator("command")
+    @classmethod
+    def _exec_command(cls, value: list[str]) -> list[str]:
+        for index, argument in enumerate(value):
+            if _exec_string(argument) > MAX_EXEC_STRING_BYTES:
+                raise ValueError(f"argument {index} is over {MAX_EXEC_STRING_BYTES} bytes (UTF-8), what exec(2) takes")
+        total = sum(_exec_string(argument) for argument in value)
+        if total > MAX_COMMAND_BYTES:
+            raise ValueError(f"the arguments take {total} bytes; at most {MAX_COMMAND_BYTES} together")
+        return value
+
+    @field_validator("environment")
+    @classmethod
+    def _exec_environment(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if _exec_string(item, len(key) + 1) > MAX_EXEC_STRING_BYTES:
+                raise ValueError(
+                    f"{key}: '{key}=value' is over {MAX_EXEC_STRING_BYTES} bytes (UTF-8), the most exec(2) takes for "
+                    "one variable"
+                )
+        total = sum(_exec_string(item, len(key) + 1) for key, item in value.items())
+        if total > MAX_ENVIRONMENT_BYTES:
+            raise ValueError(f"the variables take {total} bytes; at most {MAX_ENVIRONMENT_BYTES} together")
+        return value
+
     @field_validator("profiler_config")
     @classmethod
     def _safe_profiler_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        return _safe_tree(value) if value is not None else None
+        if value is None:
+            return None
+        _safe_tree(value)
+        _shape(PROFILER_CONFIG, value)  # SageMaker's ProfilerConfig, as the training side reads it
+        _document_size(value, "profiler_config")
+        return value
 
     @field_validator("hook_config")
     @classmethod
@@ -321,11 +427,17 @@ class JobSpec(BaseModel):
         if value is None:
             return None
         _safe_tree(value)
+        _shape(_HOOK_LOCATIONS, value)  # S3OutputPath and LocalPath are read as strings by the planner
+        _document_size(value, "hook_config")
+        from trainguard.config.collections import compile_regex
         from trainguard.errors import ConfigError
         from trainguard.hooks.json_config import hook_kwargs_from_document
 
         try:
-            hook_kwargs_from_document({k: v for k, v in value.items() if k != "S3OutputPath"})
+            kwargs = hook_kwargs_from_document({k: v for k, v in value.items() if k != "S3OutputPath"})
+            # The hook compiles these with Python's re when it starts (in the job's own process).
+            for pattern in kwargs.get("include_regex") or []:
+                compile_regex(pattern, "HookParameters.include_regex")
         except ConfigError as error:
             raise ValueError(str(error)) from None
         except (TypeError, AttributeError, KeyError, ValueError) as error:  # a member of the wrong type

@@ -27,7 +27,9 @@ from trainguard.services.launchers.base import (
     ComponentState,
     ComponentStatus,
     JobLaunch,
+    LaunchRefused,
     LauncherError,
+    LauncherSupport,
     bounded_int,
 )
 
@@ -86,6 +88,9 @@ class DockerLauncher:
     """:class:`trainguard.services.launchers.base.Launcher` on a Docker engine. Every method is idempotent."""
 
     name = "docker"
+    # One container per component on one engine; working_dir is a path in the job's container
+    # (SageMaker's images work in /opt/ml/code), created there by the engine.
+    support = LauncherSupport(max_instance_count=1, container_paths=True)
 
     def __init__(
         self,
@@ -148,13 +153,17 @@ class DockerLauncher:
                     created.append(self._run(job.job_name, component))
             except docker.errors.ImageNotFound as error:
                 self._discard(created)
-                raise LauncherError(
+                # The training image is the job's (its TrainingImage); the others are the service's.
+                failure = LaunchRefused if component.role == "training" else LauncherError
+                raise failure(
                     f"image not found for job {job.job_name!r}: {error.explanation}; "
                     "build the images with `bash infra/build_images.sh`"
                 ) from error
             except docker.errors.APIError as error:
                 self._discard(created)
-                raise LauncherError(f"docker could not start job {job.job_name!r}: {error.explanation}") from error
+                # 400: the engine refused a value of the job's (a limit, a path, an image reference).
+                failure = LaunchRefused if error.status_code == 400 else LauncherError
+                raise failure(f"docker could not start job {job.job_name!r}: {error.explanation}") from error
 
     def status(self, job_name: str) -> dict[str, ComponentStatus]:
         statuses: dict[str, ComponentStatus] = {}

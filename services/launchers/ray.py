@@ -54,7 +54,14 @@ import threading
 import time
 from typing import Any
 
-from trainguard.services.launchers.base import ComponentSpec, ComponentState, ComponentStatus, JobLaunch, LauncherError
+from trainguard.services.launchers.base import (
+    ComponentSpec,
+    ComponentState,
+    ComponentStatus,
+    JobLaunch,
+    LauncherError,
+    LauncherSupport,
+)
 
 __all__ = ["RayLauncher"]
 
@@ -85,6 +92,7 @@ class RayLauncher:
     ``http://head:8265``, or anything ``JobSubmissionClient`` takes, such as ``auto``)."""
 
     name = "ray"
+    support = LauncherSupport(max_instance_count=64)  # several instances run under ray_ranks
 
     def __init__(
         self,
