@@ -10,16 +10,24 @@ under ``--data-dir``, an API token and a SageMaker key pair generated on first s
 kept in ``<data dir>/credentials.json`` with mode 0600: there is no default secret), and, when no
 S3 endpoint is configured, an embedded S3/CloudWatch/SNS-compatible endpoint (moto's server, in
 memory) for the SageMaker SDK's uploads, channels and model artifacts. It prints what to export
-to point boto3 and the SageMaker SDK at it.
+to point boto3 and the SageMaker SDK at it: the generated key pair only when it is the one the
+endpoint accepts (a configured TRAINGUARD_SAGEMAKER_ACCESS_KEYS[_FILE] replaces it).
+
+The embedded S3 endpoint is a child process that dies with ``serve``: on SIGTERM/SIGINT through
+the normal shutdown, on a kill -9 through the kernel (PR_SET_PDEATHSIG). Local jobs run as users
+of their own when ``serve`` runs as root (:mod:`trainguard.services.launchers.local_isolation`);
+otherwise it says so, and refuses more than one tenant unless TRAINGUARD_LOCAL_UNISOLATED_TENANTS=1.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -88,14 +96,35 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: the kernel SIGKILLs it when its parent dies (a kill -9 included)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        os._exit(70)  # no way to be sure it goes with serve: rather not start (serve reports it)
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os._exit(70)
+
+
+def _open_private_log(path: Path) -> int:
+    """The log, appended to and readable by its owner only (it may show request paths and keys)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    os.fchmod(descriptor, 0o600)  # one from before may be wider
+    return descriptor
+
+
 @contextlib.contextmanager
 def _embedded_endpoint(data_dir: Path) -> Iterator[str]:
     """moto's server on a free local port for the lifetime of the API; its URL."""
     port = _free_port()
-    log = open(data_dir / "embedded-s3.log", "ab")  # noqa: SIM115 - closed below
+    log = os.fdopen(_open_private_log(data_dir / "embedded-s3.log"), "ab")  # closed below
+    parent = os.getpid()
     process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
-    )
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=log,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=lambda: _die_with_parent(parent),
+    )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -112,12 +141,18 @@ def _embedded_endpoint(data_dir: Path) -> Iterator[str]:
         yield url
     finally:
         process.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
             process.wait(timeout=10)
         log.close()
 
 
-def _banner(environ: dict[str, str], credentials: dict[str, str] | None) -> str:
+def _banner(
+    environ: dict[str, str], credentials: dict[str, str] | None, generated_key: bool, isolation: str
+) -> str:
+    """``generated_key``: the generated pair is the endpoint's key (no keys were configured)."""
     url = f"http://{environ.get('TRAINGUARD_HOST') or '127.0.0.1'}:{environ.get('TRAINGUARD_PORT') or '8080'}"
     lines = [f"trainguard serve: API on {url} (native REST under /v1, SageMaker-compatible at /)"]
     if credentials is not None:
@@ -125,13 +160,25 @@ def _banner(environ: dict[str, str], credentials: dict[str, str] | None) -> str:
             f"  credentials: {environ['TRAINGUARD_DATA_DIR']}/credentials.json (mode 0600)",
             "  native API:  Authorization: Bearer $(jq -r .api_token <that file>)",
         ]
+    lines.append("  SageMaker SDK / boto3 (this shell):")
+    if credentials is not None and generated_key:
         key_id, secret = credentials["sagemaker_access_key_id"], credentials["sagemaker_secret_access_key"]
-        lines += ["  SageMaker SDK / boto3 (this shell):",
-                  f"    export AWS_ACCESS_KEY_ID={key_id} AWS_SECRET_ACCESS_KEY={secret} AWS_REGION=us-east-1",
-                  f"    export AWS_ENDPOINT_URL_SAGEMAKER={url} AWS_ENDPOINT_URL_CLOUDWATCH_LOGS={url}"]  # fmt: skip
+        lines.append(f"    export AWS_ACCESS_KEY_ID={key_id} AWS_SECRET_ACCESS_KEY={secret} AWS_REGION=us-east-1")
+    else:  # the configured keys replace the generated pair: printing it would offer a refused key
+        where = environ.get("TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE") or "TRAINGUARD_SAGEMAKER_ACCESS_KEYS"
+        lines.append(f"    AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY: a key pair of {where}; AWS_REGION=us-east-1")
+    lines.append(f"    export AWS_ENDPOINT_URL_SAGEMAKER={url} AWS_ENDPOINT_URL_CLOUDWATCH_LOGS={url}")
     if environ.get("S3_ENDPOINT_URL"):
         lines.append(f"    export AWS_ENDPOINT_URL_S3={environ['S3_ENDPOINT_URL']}")
+    if isolation:
+        lines.append(f"  local jobs: {isolation}")
     return "\n".join(lines)
+
+
+def _terminate_gracefully(signum: int, frame: object) -> None:
+    # uvicorn re-raises the SIGTERM it shut down on; as SystemExit it unwinds serve (and stops the
+    # embedded S3 endpoint) instead of killing the process where it stands.
+    raise SystemExit(128 + signum)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -146,6 +193,7 @@ def _serve(args: argparse.Namespace) -> int:
     data_dir = Path(environ.get("TRAINGUARD_DATA_DIR") or "trainguard-service").resolve()
     environ["TRAINGUARD_DATA_DIR"] = str(data_dir)
     credentials = None
+    generated_key = False
     if not environ.get("TRAINGUARD_API_TOKEN"):
         credentials = load_or_create_credentials(data_dir)
         environ["TRAINGUARD_API_TOKEN"] = credentials["api_token"]
@@ -155,20 +203,59 @@ def _serve(args: argparse.Namespace) -> int:
             environ["TRAINGUARD_SAGEMAKER_ACCESS_KEYS"] = (
                 f"serve={credentials['sagemaker_access_key_id']}:{credentials['sagemaker_secret_access_key']}"
             )
+            generated_key = True
+    isolation, refusal = _local_isolation(environ, data_dir)
+    if refusal:
+        print(f"trainguard serve: {refusal}", file=sys.stderr, flush=True)
+        return 2
     from trainguard.services.api.__main__ import run_api
 
+    signal.signal(signal.SIGTERM, _terminate_gracefully)
     with contextlib.ExitStack() as stack:
         if not environ.get("S3_ENDPOINT_URL") and not args.no_embedded_s3 and _moto_available():
             endpoint = stack.enter_context(_embedded_endpoint(data_dir))
+            everything_embedded = not any(
+                environ.get(variable) for variable in ("CLOUDWATCH_ENDPOINT_URL", "TRAINGUARD_SNS_ENDPOINT_URL")
+            )
             for variable in ("S3_ENDPOINT_URL", "CLOUDWATCH_ENDPOINT_URL", "TRAINGUARD_SNS_ENDPOINT_URL"):
                 environ.setdefault(variable, endpoint)
-            # moto accepts any credentials; the service's own S3 clients (and the job processes,
-            # which inherit this process's environment) need some to sign with.
+            # moto accepts any credentials; the service's own S3 clients and the jobs' uploaders
+            # need some to sign with. When every endpoint is the embedded one, the shell's own
+            # cloud credentials have nothing to do here and are never handed on to jobs.
             for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-                environ.setdefault(variable, "trainguard-embedded")
-                os.environ.setdefault(variable, environ[variable])
-        print(_banner(environ, credentials), flush=True)
+                if everything_embedded:
+                    environ[variable] = os.environ[variable] = "trainguard-embedded"
+                else:
+                    environ.setdefault(variable, "trainguard-embedded")
+                    os.environ.setdefault(variable, environ[variable])
+            if everything_embedded:
+                for variable in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
+                    environ.pop(variable, None)
+                    os.environ.pop(variable, None)
+        print(_banner(environ, credentials, generated_key, isolation), flush=True)
         return run_api(environ, args.log_level)
+
+
+def _local_isolation(environ: dict[str, str], data_dir: Path) -> tuple[str, str]:
+    """(what the banner says about local jobs, why serve refuses to start or ""), for the local launcher."""
+    if (environ.get("TRAINGUARD_LAUNCHER") or "").strip().lower() != "local":
+        return "", ""
+    from trainguard.errors import ConfigError
+    from trainguard.services.api.access_keys import AccessKeyStore
+    from trainguard.services.launchers.base import LauncherError
+    from trainguard.services.launchers.local_isolation import JobIsolation, unisolated_tenants_refusal
+
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        isolation = JobIsolation(data_dir, sys.executable)
+        tenants = len(AccessKeyStore.from_environ(environ, environ.get("TRAINGUARD_API_TOKEN", "").strip()))
+    except (ConfigError, LauncherError, OSError) as error:
+        return "", str(error)
+    if isolation.available:
+        return f"isolated: each job runs as its own user (uids from {isolation.uid_base + 1}), in its own directory", ""
+    refusal = unisolated_tenants_refusal(tenants, environ)
+    warning = f"NOT ISOLATED: {isolation.unavailable} (they can read this service's secrets and database)"
+    return warning, f"{warning}; {refusal}" if refusal else ""
 
 
 def _moto_available() -> bool:

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from trainguard.services.actions.outbound_policy import parse_allow_list
 from trainguard.services.api.access_keys import AccessKeyStore
+from trainguard.services.api.policy import PolicyError, TenancyPolicy
 
 from trainguard.errors import ConfigError
 
@@ -42,9 +44,16 @@ ENVIRONMENT: dict[str, str] = {
     "(default 2, at most 600)",
     "TRAINGUARD_JOB_CPU_SHARES": "CPU weight (docker --cpu-shares, 2-262144) of docker-launcher job containers, below the services' (default 2)",
     "TRAINGUARD_JOB_NICENESS": "CPU niceness 0-19 of local-launcher job processes, below the API's (default 10)",
+    "TRAINGUARD_JOB_UID_BASE": "local launcher as root: job N runs as uid/gid BASE+N, no groups (default 2100000000)",
+    "TRAINGUARD_JOB_ENV_PASSTHROUGH": "comma-separated variables local jobs inherit beyond PATH, PYTHONPATH, the locale "
+    "and GPU selection (never TRAINGUARD_*, AWS_*, S3_*)",
+    "TRAINGUARD_LOCAL_UNISOLATED_TENANTS": "1 = let more than one access key use a local launcher whose jobs run as the "
+    "service's own user (not root: no isolation between tenants)",
     "TRAINGUARD_RULE_FINISH_TIMEOUT": "seconds rule runners may run on after training ended (default 600)",
     "TRAINGUARD_SAGEMAKER_ACCESS_KEYS": "SageMaker endpoint credentials, '[name=]AKID:SECRET,...' (SigV4-verified)",
     "TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE": "file of '[name=]AKID:SECRET' lines (mode 0600; re-read when it changes)",
+    "TRAINGUARD_TENANCY_POLICY_FILE": "YAML/JSON file of grants: which access keys may read or stop other keys' jobs "
+    "(default: none, each key sees its own jobs; docs/tenancy.md)",
     "TRAINGUARD_RULE_MODULES": "comma-separated modules whose 'module:Class' rules may be imported (default: none)",
     "TRAINGUARD_SOURCE_ROOTS": "comma-separated directories a rule's local source_uri may point into (default: none)",
     "TRAINGUARD_ACCOUNT_ID": "12-digit account id used in ARNs (default 000000000000)",
@@ -69,6 +78,9 @@ ENVIRONMENT: dict[str, str] = {
     "TRAINGUARD_SMTP_STARTTLS": "1 = STARTTLS before login",
     "TRAINGUARD_SNS_ENDPOINT_URL": "SNS endpoint for email/sms/sns actions (default: AWS)",
     "TRAINGUARD_EVENT_WEBHOOK_URL": "optional URL that receives every job/rule state-change event (POST)",
+    "TRAINGUARD_WEBHOOK_ALLOW": "comma-separated CIDRs, addresses or host names webhooks may reach although internal "
+    "(default: none; loopback, private, link-local, CGNAT, multicast and the stack's own services are refused)",
+    "DOCKER_HOST": "the Docker engine (or the stack's proxy) of the docker launcher; webhooks may never reach it",
 }
 
 
@@ -122,6 +134,7 @@ class Settings:
     launch_max_delay_seconds: float = 2.0
     rule_finish_timeout: float = 600.0
     sagemaker_keys: AccessKeyStore = field(default_factory=AccessKeyStore)
+    tenancy: TenancyPolicy = field(default_factory=TenancyPolicy)
     rule_modules: tuple[str, ...] = ()
     source_roots: tuple[Path, ...] = ()
     account_id: str = "000000000000"
@@ -139,6 +152,8 @@ class Settings:
     smtp: dict[str, str] = field(default_factory=dict)
     sns_endpoint_url: str = ""
     event_webhook_url: str = ""
+    webhook_allow: tuple[str, ...] = ()  # TRAINGUARD_WEBHOOK_ALLOW entries (outbound_policy)
+    docker_host: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -166,6 +181,13 @@ class Settings:
             if environ.get(name):
                 raise ConfigError(f"{name} is set, but {why}")
         keys = AccessKeyStore.from_environ(environ, token.strip())
+        policy_file = environ.get("TRAINGUARD_TENANCY_POLICY_FILE") or None
+        try:
+            tenancy = TenancyPolicy.from_file(policy_file)
+        except PolicyError as error:
+            raise ConfigError(str(error)) from None
+        except OSError as error:
+            raise ConfigError(f"TRAINGUARD_TENANCY_POLICY_FILE {policy_file}: {error.strerror}") from None
         rule_modules = tuple(m.strip() for m in (environ.get("TRAINGUARD_RULE_MODULES") or "").split(",") if m.strip())
         source_roots = tuple(
             Path(r.strip()).resolve() for r in (environ.get("TRAINGUARD_SOURCE_ROOTS") or "").split(",") if r.strip()
@@ -178,6 +200,8 @@ class Settings:
         event_webhook_url = environ.get("TRAINGUARD_EVENT_WEBHOOK_URL", "")
         if event_webhook_url and urlsplit(event_webhook_url).scheme.lower() not in ("http", "https"):
             raise ConfigError(f"TRAINGUARD_EVENT_WEBHOOK_URL={event_webhook_url!r}: only http(s) URLs are allowed")
+        webhook_allow = tuple(e.strip() for e in (environ.get("TRAINGUARD_WEBHOOK_ALLOW") or "").split(",") if e.strip())
+        parse_allow_list(webhook_allow)  # a bad entry refuses the start, not the first webhook
         return cls(
             api_token=token.strip(),
             database_url=database_url,
@@ -192,6 +216,7 @@ class Settings:
             launch_max_delay_seconds=min(600.0, _float(environ, "TRAINGUARD_LAUNCH_MAX_DELAY_SECONDS", 2.0)),
             rule_finish_timeout=_float(environ, "TRAINGUARD_RULE_FINISH_TIMEOUT", 600.0),
             sagemaker_keys=keys,
+            tenancy=tenancy,
             rule_modules=rule_modules,
             source_roots=source_roots,
             account_id=environ.get("TRAINGUARD_ACCOUNT_ID") or "000000000000",
@@ -209,6 +234,8 @@ class Settings:
             smtp=smtp,
             sns_endpoint_url=environ.get("TRAINGUARD_SNS_ENDPOINT_URL", ""),
             event_webhook_url=event_webhook_url,
+            webhook_allow=webhook_allow,
+            docker_host=environ.get("DOCKER_HOST", ""),
         )
 
 

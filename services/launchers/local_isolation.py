@@ -34,6 +34,7 @@ __all__ = [
     "JobIsolation",
     "job_environment",
     "passthrough_names",
+    "unisolated_tenants_refusal",
 ]
 
 # Numbers of the capabilities the switch needs (linux/capability.h).
@@ -67,6 +68,20 @@ def passthrough_names(environ: Mapping[str, str]) -> frozenset[str]:
             "credentials never reach a job; give a job what it needs in its spec's environment"
         )
     return names
+
+
+def unisolated_tenants_refusal(tenants: int, environ: Mapping[str, str]) -> str:
+    """Why a service whose local jobs run as its own user refuses ``tenants`` access keys ("": it
+    does not). One tenant's jobs could read another's secrets and jobs (and the service's); the
+    operator may accept that for a trusted group with TRAINGUARD_LOCAL_UNISOLATED_TENANTS=1."""
+    if tenants <= 1 or (environ.get("TRAINGUARD_LOCAL_UNISOLATED_TENANTS") or "").strip() == "1":
+        return ""
+    return (
+        f"{tenants} access keys (tenants) are configured, but local jobs run as the service's user: each "
+        "tenant's jobs could read the others' keys and jobs. Run the service as root (jobs then run as "
+        "users of their own), use the docker launcher, keep one key, or accept it explicitly with "
+        "TRAINGUARD_LOCAL_UNISOLATED_TENANTS=1"
+    )
 
 
 @dataclass(frozen=True)

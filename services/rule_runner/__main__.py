@@ -20,10 +20,12 @@ exited with: how the launcher tells each rule's end apart), and exits with the w
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -48,6 +50,8 @@ def exit_line(role: str, code: int) -> str:
 def _fetch_rule_source(uri: str, endpoint_url: str | None, region: str) -> Path:
     """A custom rule's .py file (s3://, file:// or a path) copied into a fresh folder."""
     folder = Path(tempfile.mkdtemp(prefix="trainguard-rule-"))
+    # The rule is imported from it for the runner's whole life: removed when the runner exits.
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     name = Path(uri.split("?", 1)[0]).name or "custom_rule.py"
     if not name.endswith(".py"):
         name += ".py"
