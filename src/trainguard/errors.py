@@ -25,6 +25,7 @@ Every message says what was asked for, what was found instead, and what to do ab
 from __future__ import annotations
 
 __all__ = [
+    "ChecksumMissing",
     "ConfigError",
     "FormatError",
     "InvalidWorker",
@@ -76,6 +77,11 @@ class FormatError(TrainguardError):
         self.path = path
         self.offset = offset
         self.problem = problem
+
+
+class ChecksumMissing(FormatError):
+    """A record has no payload checksum in its index although the run's writer checksums every
+    payload: the index was altered or damaged, so the value cannot be trusted."""
 
 
 class TrialError(TrainguardError):

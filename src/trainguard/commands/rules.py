@@ -9,7 +9,10 @@
 found an issue, 2 on an error (a rule that crashed, a run that did not appear, bad arguments),
 and 4 when no rule found an issue but at least one could not evaluate the run (status Error,
 details ``RuleNotEvaluated: <why>``: its data is missing) unless ``--allow-not-evaluated``. In that
-order: 2 before 1 before 4. With ``--json`` the last line is ``{"diagnosis": {...}}`` (the primary
+order: 2 before 1 before 4. A damaged run (a truncated or missing index, an index entry without
+the payload checksum its writer promised, a corrupt record: ``Trial.damage()``) exits 2 whatever
+the rules found, after one line per damaged file naming its step (``trainguard rules: damaged:
+step N of worker_0: <file>: <problem>``; on stderr, so ``--json`` output stays JSON lines). With ``--json`` the last line is ``{"diagnosis": {...}}`` (the primary
 finding with its fix, its consequences, the other findings and the rules not evaluated; see
 :mod:`trainguard.rules.diagnosis`); without it, the final table ends with the same diagnosis.
 """
@@ -213,13 +216,33 @@ def run_rules(args: argparse.Namespace, out: TextIO | None = None) -> int:
         threading.Thread(target=watch_stdin, daemon=True, name="trainguard-stdin-eof").start()
     final = runner.run()
     diagnosis = runner.diagnosis() if runner.progress else None
+    damage = _run_damage(runner.trial)
     with lock:
         if args.json:
             if diagnosis is not None:
                 print(json.dumps({"diagnosis": diagnosis}, default=str), file=out, flush=True)
         else:
             print(_final_table(final, diagnosis), file=out, flush=True)
+        for line in damage:
+            print(line, file=sys.stderr if args.json else out, flush=True)
+    if damage:
+        return EXIT_ERROR  # verdicts on data that cannot be trusted: never "all fine"
     return exit_code(final, allow_not_evaluated=args.allow_not_evaluated)
+
+
+def _run_damage(trial: Any) -> list[str]:
+    """One line per damaged file of the run the rules read (``Trial.damage()``), or []."""
+    if trial is None:
+        return []
+    try:
+        damage = trial.damage()
+    except TrainguardError as error:
+        return [f"trainguard rules: damaged: the run could not be checked for damage: {error}"]
+    lines = []
+    for item in damage:
+        where = "" if item.step is None else f"step {item.step}" + (f" of {item.worker}" if item.worker else "") + ": "
+        lines.append(f"trainguard rules: damaged: {where}{trial.path.rstrip('/')}/{item.key}: {item.problem}")
+    return lines
 
 
 def _final_table(final: dict[str, Any], diagnosis: dict[str, Any] | None = None) -> str:

@@ -11,11 +11,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # type checkers and editors see the names; the interpreter loads them on use
-    from trainguard.format.index import IndexEntry, StepIndex, parse_index, render_index
+    from trainguard.format.index import (
+        PAYLOAD_CHECKSUMS_META,
+        IndexEntry,
+        StepIndex,
+        declares_payload_checksums,
+        parse_index,
+        render_index,
+    )
     from trainguard.format.record import frame, iter_records, parse_record
     from trainguard.format.tensor_codec import DecodedTensor, EncodedTensor, decode_event, encode_tensor_event
 
 _HOME = {
+    "PAYLOAD_CHECKSUMS_META": "index",
+    "declares_payload_checksums": "index",
     "IndexEntry": "index",
     "StepIndex": "index",
     "parse_index": "index",
@@ -30,10 +39,12 @@ _HOME = {
 }
 
 __all__ = [
+    "PAYLOAD_CHECKSUMS_META",
     "DecodedTensor",
     "EncodedTensor",
     "IndexEntry",
     "StepIndex",
+    "declares_payload_checksums",
     "decode_event",
     "encode_tensor_event",
     "frame",

@@ -8,7 +8,25 @@ from dataclasses import dataclass, field
 from trainguard.errors import FormatError
 from trainguard.modes import ModeKeys
 
-__all__ = ["IndexEntry", "StepIndex", "parse_index", "render_index"]
+__all__ = [
+    "PAYLOAD_CHECKSUMS_META",
+    "IndexEntry",
+    "StepIndex",
+    "declares_payload_checksums",
+    "parse_index",
+    "render_index",
+]
+
+# What a writer that checksums every payload says in its collections file's ``_meta`` (read
+# before any step; smdebug ignores unknown ``_meta`` keys). A reader of such a run takes an
+# index entry without ``crc32`` for corruption, not for a file written by smdebug: otherwise
+# stripping the key from an index would make any altered payload trusted again.
+PAYLOAD_CHECKSUMS_META: dict[str, object] = {"payload_checksums": "crc32"}
+
+
+def declares_payload_checksums(meta: dict[str, object]) -> bool:
+    """Whether a collections file's ``_meta`` says its writer checksums every payload."""
+    return meta.get("payload_checksums") == PAYLOAD_CHECKSUMS_META["payload_checksums"]
 
 
 @dataclass(frozen=True)
@@ -19,7 +37,8 @@ class IndexEntry:
     # zlib CRC-32 of the record's payload, written by trainguard under the extra key "crc32".
     # smdebug 1.0.34 must find its constant in the record footer (it rejects a real checksum
     # there), so the payload's checksum lives in the index, where smdebug ignores unknown keys.
-    # None for files written by smdebug or older trainguard versions.
+    # None for files written by smdebug or older trainguard versions, and, in a run whose
+    # collections file declares PAYLOAD_CHECKSUMS_META, for an altered or damaged index.
     checksum: int | None = None
 
 

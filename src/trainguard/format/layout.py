@@ -27,6 +27,7 @@ __all__ = [
     "collections_key",
     "event_key",
     "index_key",
+    "parse_event_key",
     "parse_index_key",
     "WORKERS_ENDED_PREFIX",
     "worker_end_key",
@@ -46,6 +47,7 @@ INDEX_PREFIX = "index/"
 COLLECTIONS_PREFIX = "collections/000000000/"
 
 _INDEX_RE = re.compile(r"^index/(\d{9})/(\d+)_(.+)\.json$")
+_EVENT_RE = re.compile(r"^events/\d+/(\d+)_(.+)\.tfevents$")
 _COLLECTIONS_RE = re.compile(r"^collections/000000000/(.*_?collections)\.json$")
 
 
@@ -94,3 +96,9 @@ def parse_index_key(key: str) -> IndexKey | None:
     if match is None:
         return None
     return IndexKey(step=int(match.group(2)), worker=match.group(3), key=key)
+
+
+def parse_event_key(key: str) -> tuple[int, str] | None:
+    """(step, worker) of ``events/<S12>/<S12>_<worker>.tfevents``; None for anything else."""
+    match = _EVENT_RE.match(key)
+    return None if match is None else (int(match.group(1)), match.group(2))

@@ -25,6 +25,7 @@ from trainguard.config.collections import SCALAR_COLLECTIONS, Collection, Collec
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig
 from trainguard.errors import ConfigError, StorageError
+from trainguard.format.index import PAYLOAD_CHECKSUMS_META
 from trainguard.format.layout import (
     CAPTURE_STOPPED_PREFIX,
     END_OF_TRAINING,
@@ -353,7 +354,9 @@ class BaseHook(SaveSchedule):
 
     def _rendered_collections(self) -> bytes:
         framework = self.framework if self.framework != "generic" else None
-        return self.collection_manager.render(self._num_workers, framework, self._run_facts())
+        # every writer writes through StepFile, which checksums each payload into the index
+        facts = {**PAYLOAD_CHECKSUMS_META, **self._run_facts()}
+        return self.collection_manager.render(self._num_workers, framework, facts)
 
     def _run_facts(self) -> dict[str, object]:
         """Adapter: facts about how the run trains, for rules (the collections file's _meta)."""

@@ -56,6 +56,7 @@ from typing import Any
 
 from trainguard.errors import (
     ConfigError,
+    FormatError,
     MissingCollectionFiles,
     NoMoreData,
     StepNotYetAvailable,
@@ -86,6 +87,8 @@ logger = logging.getLogger("trainguard.rules")
 
 # Status details of a rule that could not evaluate the run (SageMaker's Error status).
 NOT_EVALUATED_PREFIX = "RuleNotEvaluated:"
+# A rule that found nothing on a run with damaged files (Trial.damage) ends Error with this.
+DAMAGED_PREFIX = "RunDamaged:"
 # Consecutive failed polls of the store (network, permissions) before every rule gets Error, and
 # the least time they must span: an S3 endpoint restarted empty is down for seconds, then misses
 # objects until the uploader's next verification (every 10 s) has sent them again.
@@ -440,6 +443,8 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             result = instance.evaluate(step)
         except (StepNotYetAvailable, NoMoreData, WaitTimeout):
             result = None
+        except FormatError:  # a damaged step: the trial keeps it in damage(), reported at the end
+            result = None
         except StorageError as error:  # the store, not the rule: the loop retries the step
             raise _StoreUnavailable(str(error)) from error
         except Exception as error:  # noqa: BLE001 - isolate the rule
@@ -487,6 +492,7 @@ class RuleRunner(RunnerResults, RunnerWorkers):
 
     def _finish_all(self) -> None:
         stopped_early = self._capture_stopped_note()
+        damaged = self._damage_note()
         for name in self.active:
             state = self.progress[name]
             for worker, instance in self._instances(name):
@@ -508,6 +514,8 @@ class RuleRunner(RunnerResults, RunnerWorkers):
                 why = state.not_evaluated or (f"missing data: {missing}" if missing else "")
                 why = why or "no evaluated step had the data this rule needs"
                 self._set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {why}"[:1024])
+            elif damaged:  # "no issues" in data that cannot be trusted is not "no issues"
+                self._set_status(name, RuleStatus.ERROR, f"{DAMAGED_PREFIX} {damaged}"[:1024])
             elif stopped_early:  # "no issues" in a tenth of the run is not "no issues"
                 why = f"evaluated up to step {state.last_evaluated_step} only: {stopped_early}"
                 self._set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {why}"[:1024])
@@ -526,6 +534,20 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             f"{worker} at step {info.get('step')} ({info.get('reason')})" for worker, info in sorted(stopped.items())
         ]
         return f"capture stopped early on {', '.join(parts)}; later steps were never written" if parts else ""
+
+    def _damage_note(self) -> str:
+        """The run's damaged files (Trial.damage: truncated or missing index, index entries
+        without their checksum, corrupt records), the first one named with its step, or ""."""
+        try:
+            damage = self.trial.damage()
+        except Exception:  # noqa: BLE001 - the verdict stands without the note
+            return ""
+        if not damage:
+            return ""
+        first = damage[0]
+        where = f"step {first.step}" + (f" of {first.worker}" if first.worker else "") if first.step is not None else "a file"
+        more = f"; {len(damage) - 1} more damaged file(s)" if len(damage) > 1 else ""
+        return f"{where} is damaged: {first.key}: {first.problem}{more}"
 
     def _stop_all(self, why: str) -> None:
         for name, state in self.progress.items():

@@ -6,7 +6,7 @@ import zlib
 
 import numpy as np
 
-from trainguard.errors import FormatError
+from trainguard.errors import ChecksumMissing, FormatError
 from trainguard.format.fast_decode import decode_tensor_event
 from trainguard.format.record import parse_record
 
@@ -20,12 +20,25 @@ PIN_FRACTION = 16
 
 
 def decode_record(
-    chunk: memoryview, start: int, length: int, buffer_size: int, path: str, checksum: int | None = None
+    chunk: memoryview,
+    start: int,
+    length: int,
+    buffer_size: int,
+    path: str,
+    checksum: int | None = None,
+    *,
+    checksum_required: bool = False,
 ) -> np.ndarray:
     """The array of the framed record ``chunk`` (index entry ``start``/``length`` of ``path``).
 
-    ``checksum`` is the index's CRC-32 of the payload, when the writer recorded one.
+    ``checksum`` is the index's CRC-32 of the payload, when the writer recorded one;
+    ``checksum_required``: the run's writer checksums every payload, so a missing one is damage.
     """
+    if checksum is None and checksum_required:
+        raise ChecksumMissing(
+            path, start, "its index entry has no crc32 although this run checksums every payload "
+            "(the index was altered or damaged): the value cannot be trusted",
+        )  # fmt: skip
     if len(chunk) != length:
         raise FormatError(path, start, f"file ends before the {length}-byte record the index names")
     payload, _ = parse_record(chunk, 0, path)

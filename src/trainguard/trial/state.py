@@ -20,7 +20,7 @@ from trainguard.format.layout import END_OF_TRAINING, EVENTS_PREFIX, INDEX_PREFI
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 
-__all__ = ["REDUCTION_PREFIX", "Location", "RunState", "StepRecord"]
+__all__ = ["REDUCTION_PREFIX", "Damage", "Location", "RunState", "StepRecord"]
 
 REDUCTION_PREFIX = "smdebug/reductions/"
 
@@ -46,6 +46,16 @@ class Location:
     entry: IndexEntry
 
 
+@dataclass(frozen=True, order=True)
+class Damage:
+    """One damaged file of a run: the step (and worker) whose data it held, and what is wrong."""
+
+    step: int | None
+    worker: str | None
+    key: str  # relative to the run root
+    problem: str
+
+
 @dataclass
 class StepRecord:
     step: int
@@ -57,9 +67,14 @@ class StepRecord:
 class RunState:
     """The listing side of a trial. Thread-safe; refresh is incremental."""
 
-    def __init__(self, store: Store, num_workers: int, *, parallel_reads: int = 1) -> None:
+    def __init__(
+        self, store: Store, num_workers: int, *, parallel_reads: int = 1, checksums_required: bool = False
+    ) -> None:
         self.store = store
         self.num_workers = num_workers
+        # the run's writer checksums every payload (its collections file says so): an index
+        # entry without a checksum is damage, not a file written by smdebug
+        self.checksums_required = checksums_required
         self.steps: dict[int, StepRecord] = {}
         self.by_mode: dict[ModeKeys, dict[int, int]] = {mode: {} for mode in ModeKeys}  # mode_step -> step
         self.tensors: dict[str, dict[int, dict[str, Location]]] = {}  # name -> step -> worker -> loc
@@ -82,6 +97,9 @@ class RunState:
         # event file key -> its (step, worker), for event files that no index names once the
         # run has ended: the writer died between the two, or the index was lost
         self.unindexed_event_files: dict[str, tuple[int, str]] = {}
+        # index key -> (step, worker, names) of index entries without the checksum the run
+        # promised; their values are refused on read (ChecksumMissing)
+        self.unchecksummed_indexes: dict[str, tuple[int, str, list[str]]] = {}
         self._token: str | None = None
         self._relist = False  # a worker appeared: list from the start again (see _advance_token)
         self._lagging_worker = False  # a worker fell _MAX_WORKER_LAG_STEPS behind
@@ -168,7 +186,7 @@ class RunState:
         for index_key, result in zip(parsed, results):
             if isinstance(result, BaseException):
                 # A bad index never stops the reader: it is reported, the rest stays readable.
-                logger.warning("trainguard: skipping unreadable index file: %s", result)
+                logger.warning("trainguard: unreadable index file, its step is damaged: %s", result)
                 self.corrupt_index_files.append(index_key.key)
                 continue
             self._add(result)
@@ -214,7 +232,38 @@ class RunState:
             # Keys at or before the token are never listed again: forget them (bounded memory).
             self._seen = {key for key in self._seen if key > self._token}
 
+    def damage(self) -> list[Damage]:
+        """Damaged index files and event files without an index found by listing, by step."""
+        found = []
+        for key in self.corrupt_index_files:
+            parsed = parse_index_key(key)
+            step, worker = (parsed.step, parsed.worker) if parsed is not None else (None, None)
+            found.append(Damage(step, worker, key, "unreadable index file (truncated or corrupt)"))
+        for key, (step, worker) in self.unindexed_event_files.items():
+            found.append(Damage(step, worker, key, f"event file without an index: step {step} of {worker} is missing"))
+        for key, (step, worker, names) in self.unchecksummed_indexes.items():
+            shown = ", ".join(repr(name) for name in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            found.append(
+                Damage(step, worker, key, f"index entries without the run's payload checksum (altered or damaged index): {shown}")
+            )
+        return found
+
+    def _note_missing_checksums(self, index: StepIndex) -> None:
+        names = [entry.tensor_name for entry in index.tensors if entry.checksum is None]
+        if not names or index.event_file is None:
+            return
+        key = index_key(index.step, index.worker)
+        if key not in self.unchecksummed_indexes:
+            self.unchecksummed_indexes[key] = (index.step, index.worker, names)
+            logger.warning(
+                "trainguard: %s/%s: %d of its %d entries have no crc32 although this run checksums every payload "
+                "(the index was altered or damaged): step %d of %s cannot be trusted, its values are refused on read",
+                self.store.url, key, len(names), len(index.tensors), index.step, index.worker,
+            )  # fmt: skip
+
     def _add(self, index: StepIndex) -> None:
+        if self.checksums_required:
+            self._note_missing_checksums(index)
         self._version += 1
         record = self.steps.get(index.step)
         if record is None:

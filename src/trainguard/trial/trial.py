@@ -16,6 +16,8 @@ import numpy as np
 
 from trainguard.config.collections import Collection, CollectionManager
 from trainguard.errors import (
+    ChecksumMissing,
+    FormatError,
     InvalidWorker,
     MissingCollectionFiles,
     NoMoreData,
@@ -28,16 +30,23 @@ from trainguard.errors import (
     TrialError,
     WaitTimeout,
 )
-from trainguard.format.layout import CAPTURE_STOPPED_PREFIX, COLLECTIONS_PREFIX, END_OF_TRAINING, is_collections_key
+from trainguard.format.index import declares_payload_checksums
+from trainguard.format.layout import (
+    CAPTURE_STOPPED_PREFIX,
+    COLLECTIONS_PREFIX,
+    END_OF_TRAINING,
+    is_collections_key,
+    parse_event_key,
+)
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 from trainguard.storage.cache import MAX_SEPARATE_RANGES, WHOLE_OBJECT_FRACTION, read_ranges
 from trainguard.trial.records import decode_record
 from trainguard.trial.state import REDUCTION_PREFIX as _REDUCTION_PREFIX
-from trainguard.trial.state import Location, RunState
+from trainguard.trial.state import Damage, Location, RunState
 from trainguard.trial.tensor import Tensor
 
-__all__ = ["StepState", "Trial"]
+__all__ = ["Damage", "StepState", "Trial"]
 
 logger = logging.getLogger("trainguard")
 
@@ -69,9 +78,12 @@ class Trial:
         self._last_refresh = 0.0
         self._framework: str | None = None
         self._independent_optimizers = 1
+        self._checksums_declared = False
         self._collections, num_workers = self._load_collections(collection_wait_timeout)
         self._collections_final = False
-        self._state = RunState(store, num_workers, parallel_reads=parallel_reads)
+        self._state = RunState(
+            store, num_workers, parallel_reads=parallel_reads, checksums_required=self._checksums_declared
+        )
         self._selections: dict[tuple[Any, ...], tuple[str, ...]] = {}
         self._selection_version: tuple[Any, ...] | None = None
         # Answers rules ask for at every step, kept until what they depend on changes (steps are
@@ -82,6 +94,8 @@ class Trial:
         self._modes_cache: tuple[int, list[ModeKeys]] = (-1, [])
         # event files named by an index that were still absent after the wait: waited for once
         self._missing_event_files: set[str] = set()
+        # event file -> what was wrong with a record read from it (corrupt, checksum refused)
+        self._damaged_records: dict[str, str] = {}
         self.refresh(force=True)
 
     def __repr__(self) -> str:
@@ -103,6 +117,9 @@ class Trial:
                         optimizers = CollectionManager.meta_of(data).get("independent_optimizers", 1)
                         if isinstance(optimizers, int):
                             self._independent_optimizers = max(self._independent_optimizers, optimizers)
+                        # once declared, never taken back: a rewritten file must not lift the check
+                        if declares_payload_checksums(CollectionManager.meta_of(data)):
+                            self._checksums_declared = True
                     except (ValueError, KeyError, TypeError) as error:
                         raise MissingCollectionFiles(f"{self.store.url}/{key} is corrupt: {error}") from None
                     num_workers = max(num_workers, workers)
@@ -140,6 +157,8 @@ class Trial:
             self._collections, _ = self._load_collections(0.0)
         except (MissingCollectionFiles, StorageError):
             pass  # keep the ones we have; the next refresh tries again
+        if self._checksums_declared:
+            self._state.checksums_required = True
 
     def maybe_refresh(self) -> None:
         self.refresh()
@@ -170,22 +189,45 @@ class Trial:
                 stopped[worker] = {"reason": f"unreadable marker: {error}"}
         return stopped
 
-    def unreadable_files(self) -> dict[str, str]:
-        """Files of the run whose tensors cannot be read, each with why (keys relative to the run).
+    @property
+    def payload_checksums_required(self) -> bool:
+        """Whether the run's writer checksums every payload (its collections file says so, as
+        trainguard's hooks do): then an index entry without a checksum is damage."""
+        return self._state.checksums_required
 
-        Unreadable index files, event files without an index (known once training has ended)
-        and event files an index names that do not exist (known once a read waited for them).
-        Each was logged once as a warning when found; a damaged file in the record of one step
-        leaves the others readable. Corrupt records inside a readable event file are found only
-        when read (a :class:`~trainguard.errors.FormatError` naming the file and byte offset).
+    def damage(self) -> list[Damage]:
+        """Everything found damaged in the run so far, by step: each with the file (relative to
+        the run), the step and worker whose data it held, and what is wrong.
+
+        Found by listing: unreadable (truncated, corrupt) index files, index entries without the
+        payload checksum the run promised (altered or damaged index: their values are refused on
+        read with :class:`~trainguard.errors.ChecksumMissing`), and, once training has ended,
+        event files without an index. Found by reading: event files an index names that do not
+        exist, and records that are corrupt or fail their checksum
+        (:class:`~trainguard.errors.FormatError` on read). Each was logged once as a warning;
+        a damaged step leaves the others readable.
         """
         self.refresh()
-        found = {key: "unreadable index file" for key in self._state.corrupt_index_files}
-        for key, (step, worker) in self._state.unindexed_event_files.items():
-            found[key] = f"event file without an index: step {step} of {worker} is missing"
+        found = self._state.damage()
         for key in self._missing_event_files:
-            found[key] = "event file named by an index but missing"
-        return dict(sorted(found.items()))
+            step, worker = parse_event_key(key) or (None, None)
+            found.append(Damage(step, worker, key, "event file named by an index but missing"))
+        for key, problem in self._damaged_records.items():
+            step, worker = parse_event_key(key) or (None, None)
+            found.append(Damage(step, worker, key, problem))
+        return sorted(found, key=lambda item: (item.step is None, item.step or 0, item.key))
+
+    def damaged_steps(self) -> dict[int, list[str]]:
+        """Global steps whose data is damaged, each with ``"<file>: <problem>"`` (see :meth:`damage`)."""
+        steps: dict[int, list[str]] = {}
+        for item in self.damage():
+            if item.step is not None:
+                steps.setdefault(item.step, []).append(f"{item.key}: {item.problem}")
+        return steps
+
+    def unreadable_files(self) -> dict[str, str]:
+        """Damaged files of the run, each with why (keys relative to the run; see :meth:`damage`)."""
+        return {item.key: item.problem for item in sorted(self.damage(), key=lambda item: item.key)}
 
     @property
     def framework(self) -> str | None:
@@ -489,10 +531,23 @@ class Trial:
             chunks, buffer_size = self._read_event_ranges(event_file, ranges)
             path = f"{self.path}/{event_file}"
             for (name, location), chunk in zip(items, chunks, strict=True):
-                values[name] = decode_record(
-                    chunk, location.entry.start, location.entry.length, buffer_size, path, location.entry.checksum
-                )
+                try:
+                    values[name] = decode_record(
+                        chunk, location.entry.start, location.entry.length, buffer_size, path,
+                        location.entry.checksum, checksum_required=self._state.checksums_required,
+                    )  # fmt: skip
+                except FormatError as error:
+                    self._note_damaged_record(event_file, name, global_step, error)
+                    raise
         return values
+
+    def _note_damaged_record(self, event_file: str, name: str, step: int, error: FormatError) -> None:
+        """Remember (and log once per file) a record that failed on read, for :meth:`damage`."""
+        if isinstance(error, ChecksumMissing):
+            return  # its index was reported when listed (RunState.unchecksummed_indexes)
+        if event_file not in self._damaged_records:
+            self._damaged_records[event_file] = f"record of {name!r} at byte {error.offset}: {error.problem}"
+            logger.warning("trainguard: step %d is damaged: %s", step, error)
 
     def _read_event_ranges(self, event_file: str, ranges: list[tuple[int, int]]) -> tuple[list[memoryview], int]:
         """The records at ``ranges`` as views of what was read, and the size of the buffer they
