@@ -99,6 +99,9 @@ def test_the_launcher_works_through_the_proxy(engine, proxied) -> None:  # noqa:
         # The container really got the least-privilege options (inspected on the engine itself).
         attrs = engine.containers.list(filters={"label": f"{JOB_LABEL}={name}"})[0].attrs["HostConfig"]
         assert attrs["CapDrop"] == ["ALL"] and "no-new-privileges" in attrs["SecurityOpt"]
+        # ... and every other field the launcher sets, as rebuilt by the proxy
+        assert attrs["Binds"] == [f"tg-{name}-tensors:/opt/ml/output/tensors:rw"] and attrs["Init"] is True
+        assert attrs["PidsLimit"] == 4096 and attrs["NanoCpus"] == 250_000_000 and attrs["Memory"] == 64 << 20
         assert "\n10001\n" in launcher.logs(name)  # id -u
         launcher.stop(name, grace_seconds=1)
         assert launcher.status(name)["training"].state == ComponentState.EXITED
@@ -196,3 +199,223 @@ def test_root_containers_are_refused(engine, proxy_url) -> None:  # noqa: ANN001
     status, answer = _raw(proxy_url, "POST", "/containers/create", spec)
     assert status == 201, answer
     engine.containers.get(answer["Id"]).remove(force=True)
+
+
+# -- what the engine would do, not what the request spells (issue 44) -------------------------------
+def _containers(engine) -> set[str]:  # noqa: ANN001
+    return {c.id for c in engine.containers.list(all=True)}
+
+
+def _volumes(engine) -> set[str]:  # noqa: ANN001
+    return {v.name for v in engine.volumes.list()}
+
+
+def _raw_bytes(proxy_url: str, method: str, path: str, body: bytes) -> tuple[int, str]:
+    import http.client
+
+    host, port = proxy_url.removeprefix("tcp://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read().decode(errors="replace")
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def bind_volume(engine):  # noqa: ANN001, ANN201
+    """A labelled volume whose driver options bind the host's /: made on the engine directly, as one
+    could have been made through the proxy before it refused driver options."""
+    volume = engine.volumes.create(name=f"tgproxy-bind-{uuid.uuid4().hex[:6]}", driver="local",
+                                   driver_opts={"type": "none", "o": "bind", "device": "/"},
+                                   labels={JOB_LABEL: "tgproxy"})  # fmt: skip
+    yield volume.name
+    volume.remove(force=True)
+
+
+def _observed_requests(bind_volume: str) -> list[tuple[str, str, bytes]]:
+    """The crafted requests of issue 44 (item 1 of the observations) and their neighbours."""
+    requests = []
+    for user in ("00", "0000", "+0", "-0", "0000:0000", "0:0", "root", ":10001", "10001:0", "-00:+0"):
+        spec = _spec()
+        spec["User"] = user
+        requests.append(("POST", "/v1.41/containers/create", json.dumps(spec).encode()))
+    opts = {"type": "none", "o": "bind", "device": "/"}
+    requests.append(("POST", "/v1.41/volumes/create", json.dumps(
+        {"Name": f"tgproxy-{uuid.uuid4().hex[:6]}", "Driver": "local", "DriverOpts": opts, "Labels": {JOB_LABEL: "x"}}
+    ).encode()))  # fmt: skip
+    requests.append(("POST", "/v1.41/volumes/create", json.dumps(
+        {"Name": f"tgproxy-{uuid.uuid4().hex[:6]}", "DriverOpt\u017f": opts, "Labels": {JOB_LABEL: "x"}}
+    ).encode()))  # fmt: skip
+    requests.append(("POST", "/v1.41/containers/create", json.dumps(_spec(Binds=[f"{bind_volume}:/host"])).encode()))
+    requests.append(("POST", "/v1.41/containers/create", json.dumps(_spec(
+        Mounts=[{"Type": "volume", "Source": bind_volume, "Target": "/host"}])).encode()))  # fmt: skip
+    requests.append(("POST", "/v1.41/containers/create", json.dumps(_spec(Mounts=[{
+        "Type": "volume", "Source": f"tgproxy-{uuid.uuid4().hex[:6]}", "Target": "/host",
+        "VolumeOptions": {"DriverConfig": {"Name": "local", "Options": opts}}}])).encode()))  # fmt: skip
+    for key, value in (("Bind\u017f", ["/:/host"]), ("Device\u017f", [{"PathOnHost": "/dev/sda",
+                       "PathInContainer": "/dev/sda", "CgroupPermissions": "rwm"}]),
+                       ("NetworKMode", "host"), ("Privileged", True), ("privileged", True), ("CapAdd", ["ALL"]),
+                       ("Capabilities", ["CAP_SYS_ADMIN"]), ("\u017fecurityOpt", ["no-new-privileges"]),
+                       ("VolumeDriver", "local"), ("GroupAdd", ["0"]), ("MaskedPaths", [])):  # fmt: skip
+        requests.append(("POST", "/v1.41/containers/create", json.dumps(_spec(**{key: value})).encode()))
+    spec = _spec()
+    spec["U\u017fer"] = "0"  # Go reads it as User, next to the judged one
+    requests.append(("POST", "/v1.41/containers/create", json.dumps(spec).encode()))
+    spec = _spec()
+    del spec["User"]
+    spec["U\u017fer"] = "0"
+    requests.append(("POST", "/v1.41/containers/create", json.dumps(spec).encode()))
+    for body in (b"[]", b"null", b'"x"', b"{\"Image\": NaN}"):
+        requests.append(("POST", "/v1.41/containers/create", body))
+    requests.append(("POST", "/v1.40/containers/create", json.dumps(_spec()).encode()))
+    requests.append(("POST", "/v1.41/containers/create?platform=linux/arm64", json.dumps(_spec()).encode()))
+    return requests
+
+
+def test_the_observed_requests_are_all_refused(engine, proxy_url, bind_volume) -> None:  # noqa: ANN001
+    requests = _observed_requests(bind_volume)
+    containers, volumes = _containers(engine), _volumes(engine)
+    accepted = []
+    for method, path, body in requests:
+        status, answer = _raw_bytes(proxy_url, method, path, body)
+        if status < 400:
+            accepted.append((path, body, status, answer))
+    print(f"{len(accepted)} of {len(requests)} crafted requests accepted")
+    assert accepted == []
+    assert _containers(engine) == containers and _volumes(engine) == volumes
+
+
+def test_a_host_config_given_to_start_under_an_old_api_version_is_refused(engine, proxy_url) -> None:  # noqa: ANN001
+    # API < 1.24 applies a HostConfig sent with start: the host's / bound into a job container
+    status, answer = _raw(proxy_url, "POST", "/v1.41/containers/create", _spec())
+    assert status == 201, answer
+    container = answer["Id"]
+    try:
+        for path in (f"/v1.23/containers/{container}/start", f"/v1.41/containers/{container}/start"):
+            status, _ = _raw(proxy_url, "POST", path, {"Binds": ["/:/host"], "Privileged": True})
+            assert status in (400, 403), path
+        attrs = engine.containers.get(container).attrs
+        assert attrs["State"]["Status"] == "created" and not attrs["HostConfig"]["Binds"]
+    finally:
+        engine.containers.get(container).remove(force=True)
+
+
+def test_smuggled_and_pipelined_requests_reach_nothing(engine, proxy_url) -> None:  # noqa: ANN001
+    import socket
+
+    host, port = proxy_url.removeprefix("tcp://").split(":")
+    inner = json.dumps(_spec(Binds=["/:/host"])).encode()
+    smuggled = (b"POST /v1.41/containers/create HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(inner), inner))  # fmt: skip
+    containers = _containers(engine)
+    for raw in (
+        b"POST /v1.41/containers/create HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n"
+        b"\r\n0\r\n\r\n" + smuggled,
+        b"GET /_ping HTTP/1.1\r\nHost: x\r\n\r\n" + smuggled,
+        b"POST /v1.41/containers/create HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: %d\r\n\r\n{}%s"
+        % (len(smuggled) + 2, smuggled),
+    ):  # fmt: skip
+        with socket.create_connection((host, int(port)), timeout=30) as connection:
+            connection.sendall(raw)
+            connection.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        assert b"HTTP/1.1 201" not in answer, answer
+    assert _containers(engine) == containers
+
+
+def test_path_and_query_tricks_are_refused(engine, proxy_url) -> None:  # noqa: ANN001
+    outsider = engine.containers.create(BASE_IMAGE, ["sleep", "30"], name=f"not-trainguard-{uuid.uuid4().hex[:6]}")
+    try:
+        for method, path in (
+            ("GET", "/v1.41/containers/../../info"),
+            ("GET", "/v1.41/containers/%2e%2e/%2e%2e/info"),
+            ("GET", f"/v1.41/containers/{outsider.id}%2Fjson"),
+            ("GET", "/v1.41/containers/json?filters=%7B%22label%22%3A%5B%5D%2C%22label%22%3A%5B%5D%7D"),
+            ("GET", "/v1.41/containers/json?all=1;filters=x"),
+            ("GET", f"/v1.41/containers/json?since={outsider.id}"),
+            ("DELETE", f"/v1.41/containers/{outsider.id}?force=1"),
+            ("DELETE", f"/v1.41/containers/{outsider.id[:12]}?force=1"),
+            ("GET", "/v1.12/containers/json"),
+        ):
+            status, answer = _raw(proxy_url, method, path)
+            assert status >= 400, (method, path, answer)
+        # http.server folds leading slashes; what is judged (a narrowed listing) is what is forwarded
+        status, answer = _raw(proxy_url, "GET", "//containers/json?all=1")
+        assert status == 200 and outsider.id not in {c["Id"] for c in answer}
+        assert engine.containers.get(outsider.id).status == "created"
+    finally:
+        outsider.remove(force=True)
+
+
+def test_a_numeric_user_in_any_spelling_runs_as_that_number(engine, proxy_url) -> None:  # noqa: ANN001
+    spec = _spec()
+    spec["User"], spec["Cmd"] = "+010001:0010001", ["sh", "-c", "id -u; id -g"]
+    status, answer = _raw(proxy_url, "POST", "/v1.41/containers/create", spec)
+    assert status == 201, answer
+    container = engine.containers.get(answer["Id"])
+    try:
+        assert container.attrs["Config"]["User"] == "10001:10001"  # forwarded canonically
+        container.start()
+        container.wait(timeout=30)
+        assert container.logs().decode().split() == ["10001", "10001"]
+    finally:
+        container.remove(force=True)
+
+
+# -- a fuzz of spellings against the engine -----------------------------------------------------------
+_HOST_DANGERS = {
+    "Binds": ["/:/host"], "Devices": [{"PathOnHost": "/dev/sda", "PathInContainer": "/dev/sda",
+                                       "CgroupPermissions": "rwm"}],
+    "Privileged": True, "CapAdd": ["SYS_ADMIN"], "NetworkMode": "host", "PidMode": "host", "UsernsMode": "host",
+    "Mounts": [{"Type": "bind", "Source": "/", "Target": "/host"}], "SecurityOpt": ["seccomp=unconfined"],
+    "VolumesFrom": ["x"], "Sysctls": {"kernel.shm_rmid_forced": "1"}, "Links": ["x:y"],
+}  # fmt: skip
+
+
+def _spellings(name: str):  # noqa: ANN202 - a hypothesis strategy
+    from hypothesis import strategies as st
+
+    def variants(char: str) -> list[str]:
+        extra = {"s": ["\u017f"], "k": ["\u212a"], "i": ["\u0130", "\u0131"]}.get(char.lower(), [])
+        fullwidth = [chr(0xFF00 + ord(char) - 0x20)] if char.isascii() and char.isalpha() else []
+        return [char, char.swapcase(), *extra, *fullwidth]
+
+    return st.tuples(*(st.sampled_from(variants(char)) for char in name)).map("".join)
+
+
+def test_fuzzed_key_spellings_and_users_are_refused_by_the_proxy_in_front_of_the_engine(engine, proxy_url) -> None:  # noqa: ANN001
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    containers = _containers(engine)
+    tried: list[int] = []
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+    @given(data=st.data(), name=st.sampled_from(sorted(_HOST_DANGERS)))
+    def host_fields(data, name: str) -> None:  # noqa: ANN001
+        key = data.draw(_spellings(name))
+        status, answer = _raw(proxy_url, "POST", "/v1.41/containers/create", _spec(**{key: _HOST_DANGERS[name]}))
+        tried.append(status)
+        assert status >= 400, (key, answer)
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+    @given(key=_spellings("User"), zeros=st.from_regex(r"[+-]?0{1,6}", fullmatch=True),
+           group=st.sampled_from(["", ":0", ":00", ":+0", ":10001", ":root", ":"]))  # fmt: skip
+    def root_users(key: str, zeros: str, group: str) -> None:
+        spec = _spec()
+        if key != "User":
+            del spec["User"]  # the base image's default user is root: only the fuzzed key could say otherwise
+        spec[key] = zeros + group
+        status, answer = _raw(proxy_url, "POST", "/v1.41/containers/create", spec)
+        tried.append(status)
+        assert status >= 400, (key, zeros + group, answer)
+
+    host_fields()
+    root_users()
+    print(f"0 of {len(tried)} fuzzed requests accepted; statuses {sorted(set(tried))}")
+    assert len(tried) >= 200
+    assert _containers(engine) == containers
