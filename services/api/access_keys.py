@@ -11,6 +11,9 @@ Sources, read when the API is built:
   The file is re-read whenever its modification time changes, so deleting a line revokes that key
   without restarting the API.
 
+A key's name (the key id when none is given) is who owns the jobs it creates (docs/tenancy.md):
+a revoked key's jobs stay its name's, and a new key of the same name sees them again.
+
 An access key id travels in clear in every request (``Credential=AKID/...``): it is an identifier,
 not a secret, and it is never accepted as the API's bearer token.
 """
@@ -23,6 +26,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainguard.services.api.policy import OPERATOR
 
 from trainguard.errors import ConfigError
 
@@ -58,6 +63,9 @@ def _parse_entry(entry: str, where: str) -> AccessKey:
         raise ConfigError(f"{where}: the secret of {key_id} is shorter than {_MIN_SECRET_LENGTH} characters")
     if name and not _NAME.match(name):
         raise ConfigError(f"{where}: key name {name!r} must be 1-64 letters, digits or . _ @ -")
+    if (name or key_id) == OPERATOR:
+        # Jobs are owned by key names; this one is the API token's, which sees every job.
+        raise ConfigError(f"{where}: the key name {OPERATOR!r} is reserved for TRAINGUARD_API_TOKEN's jobs")
     return AccessKey(key_id=key_id, secret=secret, name=name or key_id)
 
 

@@ -1,6 +1,8 @@
-"""Authentication of the control API.
+"""Authentication of the control API: who the caller is (what it may see is :mod:`.policy`'s TenancyPolicy).
 
-* Native REST: ``Authorization: Bearer <TRAINGUARD_API_TOKEN>``.
+* Native REST: ``Authorization: Bearer <TRAINGUARD_API_TOKEN>`` (the operator), or a request
+  signed with an access key (SigV4, credential scoped to service ``trainguard``; host, x-amz-date,
+  method, path, query and body signed), which acts as that key's tenant.
 * Rule-runner reports: the API token or the job's own runner token (handed to its runners only).
 * SageMaker endpoint (``POST /``): AWS Signature Version 4, verified. The server recomputes the
   signature with the secret of the access key id named in ``Credential=`` (pairs configured in
@@ -26,13 +28,17 @@ from collections.abc import Iterable
 from urllib.parse import quote, unquote
 
 from fastapi import HTTPException, Request, status
+from trainguard.services.api.policy import OPERATOR_CALLER, Caller
 from trainguard.services.api.settings import Settings
 
 __all__ = [
     "MAX_CLOCK_SKEW",
+    "NATIVE_SERVICE",
     "SigV4Error",
     "bearer_token",
     "check_bearer",
+    "native_caller",
+    "native_precheck",
     "sagemaker_access_key",
     "sagemaker_precheck",
     "verify_sagemaker_request",
@@ -45,8 +51,11 @@ SERVICE = "sagemaker"
 _TARGET_SERVICES = {"SageMaker": "sagemaker", "Logs_20140328": "logs"}
 ALGORITHM = "AWS4-HMAC-SHA256"
 _REQUIRED_SIGNED = ("host", "x-amz-date", "x-amz-target")
+# The native REST API (/v1) takes SigV4 too, scoped to this service; path and query are signed.
+NATIVE_SERVICE = "trainguard"
+_REQUIRED_SIGNED_NATIVE = ("host", "x-amz-date")
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
-_AUTH_FIELD = re.compile(r"(Credential|SignedHeaders|Signature)=([^,\s]*)")
+_AUTH_FIELDS = ("Credential", "SignedHeaders", "Signature")
 _AMZ_DATE = "%Y%m%dT%H%M%SZ"
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 
@@ -124,12 +133,31 @@ def canonical_request(
     )
 
 
+def _authorization_fields(rest: str) -> dict[str, str]:
+    """``Credential=..., SignedHeaders=..., Signature=...``: each exactly once, nothing else.
+
+    A field given twice is refused rather than resolved: a parser that kept the first and one
+    that kept the last would judge different signatures of one request.
+    """
+    fields: dict[str, str] = {}
+    for part in rest.split(","):
+        name, separator, value = part.strip().partition("=")
+        if not separator or name not in _AUTH_FIELDS:
+            shown = name[:40] if separator else part.strip()[:40]
+            raise SigV4Error("IncompleteSignatureException",
+                             f"Authorization: unexpected field {shown!r}; expected {', '.join(_AUTH_FIELDS)}")  # fmt: skip
+        if name in fields:
+            raise SigV4Error("IncompleteSignatureException", f"Authorization: {name}= is given more than once")
+        fields[name] = value.strip()
+    return fields
+
+
 def _parse_authorization(header: str) -> tuple[list[str], list[str], str]:
     algorithm, _, rest = header.strip().partition(" ")
     if algorithm != ALGORITHM:
         raise SigV4Error("IncompleteSignatureException", f"Authorization must use {ALGORITHM} (AWS Signature Version 4)")
-    fields = dict(_AUTH_FIELD.findall(rest))
-    missing = [name for name in ("Credential", "SignedHeaders", "Signature") if not fields.get(name)]
+    fields = _authorization_fields(rest)
+    missing = [name for name in _AUTH_FIELDS if not fields.get(name)]
     if missing:
         raise SigV4Error("IncompleteSignatureException", f"Authorization header lacks {', '.join(missing)}")
     scope = fields["Credential"].split("/")
@@ -152,33 +180,39 @@ def verify_sigv4(
     body: bytes | None,
     settings: Settings,
     now: dt.datetime | None = None,
+    service: str | None = None,
 ) -> str:
     """Check a SigV4-signed request; returns the access key's name, raises :class:`SigV4Error`.
 
     ``body=None`` checks everything that does not need the body (key, scope, date, signed headers)
     so a request can be refused before its body is read; the signature itself needs the body.
+    ``service``: the service the credential must be scoped to; None (the SageMaker endpoint) takes
+    it from the operation in X-Amz-Target, which must then be signed too.
     """
     header_map: dict[str, str] = {}
     for name, value in headers:
         header_map.setdefault(name.lower(), value)
+    if sum(1 for name, _ in headers if name.lower() == "authorization") > 1:
+        raise SigV4Error("IncompleteSignatureException", "the request has more than one Authorization header")
     scope, signed, signature = _parse_authorization(header_map.get("authorization", ""))
-    key_id, date, region, service = scope[:4]
+    key_id, date, region, scoped_service = scope[:4]
     key = settings.sagemaker_keys.lookup(key_id)
     if key is None:
         raise SigV4Error("UnrecognizedClientException", "The security token included in the request is invalid.")
     # The credential's service must be the one the operation belongs to (SageMaker.* -> sagemaker,
     # Logs_20140328.* -> logs): a signature for one service is never accepted for another.
-    target_service = _TARGET_SERVICES.get(header_map.get("x-amz-target", "").partition(".")[0], SERVICE)
-    if service != target_service:
+    expected_service = service or _TARGET_SERVICES.get(header_map.get("x-amz-target", "").partition(".")[0], SERVICE)
+    required_signed = _REQUIRED_SIGNED if service is None else _REQUIRED_SIGNED_NATIVE
+    if scoped_service != expected_service:
         raise SigV4Error(
-            "InvalidSignatureException", f"Credential should be scoped to correct service: '{target_service}'."
+            "InvalidSignatureException", f"Credential should be scoped to correct service: '{expected_service}'."
         )
     if region != settings.region:
         raise SigV4Error(
             "InvalidSignatureException", f"Credential should be scoped to a valid region, not '{region}'. "
             f"This endpoint serves '{settings.region}'."
         )
-    not_signed = [name for name in _REQUIRED_SIGNED if name not in signed]
+    not_signed = [name for name in required_signed if name not in signed]
     if not_signed:
         raise SigV4Error("IncompleteSignatureException", f"SignedHeaders must include {', '.join(not_signed)}")
     absent = [name for name in signed if name not in header_map]
@@ -209,7 +243,7 @@ def verify_sigv4(
         [ALGORITHM, amz_date, "/".join(scope[1:]),
          hashlib.sha256(canonical_request(method, raw_path, raw_query, headers, signed, body_hash).encode()).hexdigest()]
     )  # fmt: skip
-    expected = hmac.new(signing_key(key.secret, date, region, service), string_to_sign.encode(), hashlib.sha256).hexdigest()
+    expected = hmac.new(signing_key(key.secret, date, region, scoped_service), string_to_sign.encode(), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected, signature):
         raise SigV4Error(
             "InvalidSignatureException",
@@ -246,11 +280,56 @@ def sagemaker_precheck(request: Request) -> bool:
     return False
 
 
-def verify_sagemaker_request(request: Request, body: bytes) -> str:
+def verify_sagemaker_request(request: Request, body: bytes) -> Caller:
     """The full check of a SageMaker request over its body; returns who signed it, raises SigV4Error."""
     settings: Settings = request.app.state.settings
     if _equal(bearer_token(request), settings.api_token):
-        return "api-token"
+        return OPERATOR_CALLER
     if not request.headers.get("authorization"):
         raise SigV4Error("MissingAuthenticationTokenException", "Missing Authentication Token: sign the request with SigV4")
-    return verify_sigv4(body=body, **_request_parts(request))
+    return Caller(verify_sigv4(body=body, **_request_parts(request)))
+
+
+# -- the native REST API: the operator's bearer token, or a key's SigV4 signature ----------------------
+def _unauthorized() -> HTTPException:
+    return HTTPException(
+        status_code=status.HTTP_401_UNAUTHORIZED,
+        detail="missing or wrong credentials: send 'Authorization: Bearer <TRAINGUARD_API_TOKEN>' or sign the "
+        f"request with an access key (SigV4, service '{NATIVE_SERVICE}')",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def _refused_signature(error: SigV4Error) -> HTTPException:
+    return HTTPException(status_code=status.HTTP_403_FORBIDDEN, detail=f"{error.code}: {error.message}")
+
+
+def _signed(request: Request) -> bool:
+    return request.headers.get("authorization", "").startswith(ALGORITHM + " ")
+
+
+def native_precheck(request: Request) -> None:
+    """What can be checked from the headers (raises HTTPException 401/403); the signature needs the body."""
+    settings: Settings = request.app.state.settings
+    if _equal(bearer_token(request), settings.api_token):
+        return
+    if not _signed(request):
+        raise _unauthorized()
+    try:
+        verify_sigv4(body=None, service=NATIVE_SERVICE, **_request_parts(request))
+    except SigV4Error as error:
+        raise _refused_signature(error) from None
+
+
+async def native_caller(request: Request) -> Caller:
+    """Who sent a native request: the operator (API token) or the access key whose SigV4 signature holds."""
+    settings: Settings = request.app.state.settings
+    if _equal(bearer_token(request), settings.api_token):
+        return OPERATOR_CALLER
+    if not _signed(request):
+        raise _unauthorized()
+    body = await request.body()
+    try:
+        return Caller(verify_sigv4(body=body, service=NATIVE_SERVICE, **_request_parts(request)))
+    except SigV4Error as error:
+        raise _refused_signature(error) from None

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, create_engine, event
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, create_engine, event, inspect
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from trainguard.services.api.policy import OPERATOR
 
 __all__ = [
     "ActionRow",
@@ -54,6 +56,8 @@ class JobRow(Base):
     stop_status: Mapped[str] = mapped_column(String(32), default="")  # "Stopped" | "MaxRuntimeExceeded"
     stop_cause: Mapped[str] = mapped_column(Text, default="")
     settled: Mapped[bool] = mapped_column(Boolean, default=False)  # terminal and every component exited
+    # Who created the job: an access key's name, or "operator" (the API token; jobs from before tenancy).
+    owner: Mapped[str] = mapped_column(String(64), default=OPERATOR, server_default=OPERATOR, index=True)
 
 
 class TransitionRow(Base):
@@ -189,6 +193,39 @@ def checkpoint_wal(engine: Engine) -> None:
         connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
 
+# Columns added after a table was first created: (table, column). create_all makes missing tables
+# but never alters an existing one, so a database from an older version gets these added here.
+_ADDED_COLUMNS = (("jobs", "owner"),)
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """ALTER TABLE ... ADD COLUMN for each of _ADDED_COLUMNS an existing table lacks (with its default)."""
+    for table_name, column_name in _ADDED_COLUMNS:
+        present = {column["name"] for column in inspect(engine).get_columns(table_name)}
+        if column_name in present:
+            continue
+        column = Base.metadata.tables[table_name].columns[column_name]
+        kind = column.type.compile(dialect=engine.dialect)
+        default = column.server_default.arg if column.server_default is not None else None
+        clause = f" NOT NULL DEFAULT '{default}'" if default is not None else ""
+        try:
+            with engine.begin() as connection:
+                connection.exec_driver_sql(f"ALTER TABLE {table_name} ADD COLUMN {column_name} {kind}{clause}")
+        except DBAPIError:
+            # Another API process on the same database added it first; anything else is raised.
+            if column_name not in {c["name"] for c in inspect(engine).get_columns(table_name)}:
+                raise
+        for index in column.table.indexes:
+            if column_name in index.columns:
+                try:
+                    index.create(engine, checkfirst=True)
+                except DBAPIError:
+                    if index.name not in {i["name"] for i in inspect(engine).get_indexes(table_name)}:
+                        raise
+
+
 def make_session_factory(engine: Engine) -> sessionmaker:
+    """Sessions on ``engine``; its tables are created, or migrated to the current columns, first."""
     Base.metadata.create_all(engine)
+    _add_missing_columns(engine)
     return sessionmaker(engine, expire_on_commit=False)

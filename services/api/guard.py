@@ -3,7 +3,8 @@
 A pure ASGI middleware in front of every route:
 
 1. **Authentication from the headers alone**, before a byte of the body is read: the native API
-   wants the bearer token (the internal rule-status route also the job's runner token); the
+   wants the bearer token or an access key's SigV4 header checks (the internal rule-status route
+   the bearer token or the job's runner token, never an access key); the
    SageMaker endpoint gets SigV4's header checks (key, scope, date; the signature itself covers the
    body and is verified by the route once the bounded body is in). An unauthenticated 100 MB upload
    is answered 401/403 at once and never buffered.
@@ -97,15 +98,16 @@ class RequestGuard:
             return self._sagemaker_refusal(request)
         if not path.startswith("/v1/"):
             return None  # no route there: the router answers 404/405 without reading a body
-        from trainguard.services.api.auth import check_bearer
+        from trainguard.services.api.auth import check_bearer, native_precheck
 
         settings = scope["app"].state.settings
-        also: tuple[str, ...] = ()
-        internal = _INTERNAL.match(path)
-        if internal:
-            also = await run_in_threadpool(self._runner_token, scope, internal.group(1))
         try:
-            check_bearer(request, settings, *also)
+            if path.startswith("/v1/internal/"):  # rule runners: the API or the job's runner token, never a key
+                internal = _INTERNAL.match(path)
+                also = await run_in_threadpool(self._runner_token, scope, internal.group(1)) if internal else ()
+                check_bearer(request, settings, *also)
+            else:
+                native_precheck(request)
         except HTTPException as error:
             detail, headers, status = error.detail, dict(error.headers or {}), error.status_code
             return lambda send: _answer(send, status, {"detail": detail}, headers)

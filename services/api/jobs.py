@@ -34,12 +34,13 @@ from trainguard.services.api.db import (
 from trainguard.services.api.job_creation import GroupCommit, NameClaims, NameTaken, check_launchable, new_job_rows
 from trainguard.services.api.job_launch_queue import JobLaunching, JobLaunchQueue
 from trainguard.services.api.planner import plan_job
+from trainguard.services.api.policy import OPERATOR_CALLER, Caller
 from trainguard.services.api.schemas import JobSpec
 from trainguard.services.api.settings import Settings
 from trainguard.services.api.views import native_description, sagemaker_description, sagemaker_summary
 from trainguard.services.launchers.base import Launcher, launcher_support
 
-__all__ = ["JobExists", "JobNotFound", "JobService", "TERMINAL", "RULE_TERMINAL"]
+__all__ = ["JobExists", "JobForbidden", "JobNotFound", "JobService", "TERMINAL", "RULE_TERMINAL"]
 
 log = logging.getLogger("trainguard.api")
 
@@ -60,6 +61,10 @@ class JobNotFound(KeyError):
 
 class JobExists(ValueError):
     pass
+
+
+class JobForbidden(PermissionError):
+    """The caller may see the job (the policy grants it) but not do this to it (stop)."""
 
 
 def _json_safe(value: Any) -> Any:
@@ -102,8 +107,9 @@ class JobService(JobLaunching):
         source: str = "native",
         request: dict[str, Any] | None = None,
         unavailable_rules: list[dict[str, str]] = (),
+        owner: Caller = OPERATOR_CALLER,
     ) -> dict[str, Any]:
-        """Record and start a job. Raises JobExists, ValueError (bad spec for this launcher).
+        """Record and start a job owned by ``owner``. Raises JobExists, ValueError (bad spec for this launcher).
 
         One transaction: everything that can refuse the job (policy, planning) runs before its rows
         are committed, and a launch that fails on the request's content deletes them again, so a
@@ -122,6 +128,7 @@ class JobService(JobLaunching):
                     spec, launch, self.settings, self.launcher.name, source=source, request=request,
                     unavailable_rules=unavailable_rules, runner_token=token, now=now,
                 )  # fmt: skip
+                job_row.owner = owner.name
                 try:
                     self._group_commit.commit(job_row, children)
                 except IntegrityError:
@@ -176,18 +183,33 @@ class JobService(JobLaunching):
                 raise ValueError(f"working_dir: {error}") from None
 
     # -- reading ----------------------------------------------------------------------------------
-    def _job(self, session: Session, name: str) -> JobRow:
+    # Every read or stop on behalf of a caller goes through job_for: a job the caller may not see
+    # is JobNotFound, exactly as a job that does not exist, so other tenants' names do not leak.
+    # The service's own work (reconciler, actions of the operator's jobs) acts as the operator.
+    def _job(self, session: Session, name: str, caller: Caller = OPERATOR_CALLER, action: str = "read") -> JobRow:
         job = session.get(JobRow, name)
-        if job is None:
+        tenancy = self.settings.tenancy
+        if job is None or not tenancy.allows(caller, "read", job.owner):
             raise JobNotFound(name)
+        if action != "read" and not tenancy.allows(caller, action, job.owner):
+            raise JobForbidden(f"{caller.name} may see training job {name} but not {action} it")
         return job
+
+    def job_for(self, caller: Caller, name: str, action: str = "read") -> JobRow:
+        """The job ``name`` if ``caller`` may ``action`` it ("read" or "stop").
+
+        JobNotFound when there is no such job or the caller may not see it (the same answer, so
+        names do not leak); JobForbidden when it may see the job but not ``action`` it.
+        """
+        with self.sessions() as session:
+            return self._job(session, name, caller, action)
 
     def _rows(self, session: Session, model: type, name: str, order: Any) -> list[Any]:
         return list(session.scalars(select(model).where(model.job_name == name).order_by(order)))
 
-    def describe(self, name: str) -> dict[str, Any]:
+    def describe(self, name: str, caller: Caller = OPERATOR_CALLER) -> dict[str, Any]:
         with self.sessions() as session:
-            job = self._job(session, name)
+            job = self._job(session, name, caller)
             return native_description(
                 job,
                 self._rows(session, TransitionRow, name, TransitionRow.id),
@@ -197,9 +219,9 @@ class JobService(JobLaunching):
                 self._rows(session, ActionRow, name, ActionRow.id),
             )
 
-    def describe_sagemaker(self, name: str) -> dict[str, Any]:
+    def describe_sagemaker(self, name: str, caller: Caller = OPERATOR_CALLER) -> dict[str, Any]:
         with self.sessions() as session:
-            job = self._job(session, name)
+            job = self._job(session, name, caller)
             return sagemaker_description(
                 job,
                 self._rows(session, TransitionRow, name, TransitionRow.id),
@@ -207,13 +229,28 @@ class JobService(JobLaunching):
                 self.settings.service_image,
             )
 
-    def list_jobs(self, *, status: str | None = None, name_contains: str | None = None) -> list[JobRow]:
-        """Jobs newest first, with the columns a summary shows loaded (not each job's spec, request and
-        environment: a list of a few hundred jobs cost 10x more CPU with them)."""
+    def logs(self, name: str, component: str, tail: int | None = None, *, caller: Caller = OPERATOR_CALLER) -> str:
+        """A component's log, if ``caller`` may read the job (JobNotFound otherwise)."""
+        self.job_for(caller, name)
+        return self.launcher.logs(name, component, tail)
+
+    def list_jobs(
+        self,
+        *,
+        status: str | None = None,
+        name_contains: str | None = None,
+        caller: Caller = OPERATOR_CALLER,
+        action: str = "read",
+    ) -> list[JobRow]:
+        """Jobs ``caller`` may ``action``, newest first, with the columns a summary shows loaded (not each
+        job's spec, request and environment: a list of a few hundred jobs cost 10x more CPU with them)."""
+        owners = self.settings.tenancy.owners(caller, action)
         with self.sessions() as session:
             query = select(JobRow).options(load_only(*_SUMMARY_COLUMNS)).order_by(JobRow.creation_time.desc())
             if status:
                 query = query.where(JobRow.status == status)
+            if owners is not None:  # filtered in the query: pages are cut from the caller's jobs only
+                query = query.where(JobRow.owner.in_(sorted(owners)))
             jobs = list(session.scalars(query))
         # In Python: case-sensitive on every database (SQLite's LIKE ignores case)
         return [job for job in jobs if name_contains in job.name] if name_contains else jobs
@@ -267,15 +304,22 @@ class JobService(JobLaunching):
 
     # -- stopping ---------------------------------------------------------------------------------
     def stop(
-        self, name: str, grace_seconds: float | None = None, cause: str = "StopTrainingJob", status: str = "Stopped"
+        self,
+        name: str,
+        grace_seconds: float | None = None,
+        cause: str = "StopTrainingJob",
+        status: str = "Stopped",
+        *,
+        caller: Caller = OPERATOR_CALLER,
     ) -> bool:
         """Ask the job to stop: Stopping now, Stopped when its training process is gone.
 
-        Returns False when the job had already ended (SageMaker's StopTrainingJob is then a no-op).
+        Returns False when the job is not InProgress (already stopping or ended). JobNotFound when
+        there is no such job or ``caller`` may not stop it.
         """
         grace = self.settings.stop_grace_seconds if grace_seconds is None else grace_seconds
         with self.lock, self.sessions() as session:
-            job = self._job(session, name)
+            job = self._job(session, name, caller, "stop")
             if job.status != "InProgress":
                 return False
             job.status = "Stopping"
@@ -440,11 +484,15 @@ class JobService(JobLaunching):
         self.flush_notifications()
 
     def _context(self, job_name: str) -> ActionContext:
+        # A job's actions act for the job's owner: a stoptraining prefix matches and stops only
+        # jobs that owner may stop, never another tenant's.
+        owner = Caller(self.job_for(OPERATOR_CALLER, job_name).owner)
+
         def in_progress() -> list[str]:
-            return [job.name for job in self.list_jobs(status="InProgress")]
+            return [job.name for job in self.list_jobs(status="InProgress", caller=owner, action="stop")]
 
         def stop_job(name: str, grace: float | None, cause: str) -> None:
-            self.stop(name, grace, cause)
+            self.stop(name, grace, cause, caller=owner)
 
         return ActionContext(
             job_name=job_name, stop_job=stop_job, in_progress_jobs=in_progress, smtp=dict(self.settings.smtp),

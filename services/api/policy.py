@@ -9,6 +9,8 @@
   of TRAINGUARD_SOURCE_ROOTS; ``file://`` and other schemes, ``..`` escapes and symlinks out of
   the roots are refused.
 * A job's ``working_dir`` stays inside the job's own directory.
+* Tenancy (:class:`TenancyPolicy`): a job belongs to the caller that created it; who else may
+  read or stop it is the operator's policy file (TRAINGUARD_TENANCY_POLICY_FILE, docs/tenancy.md).
 
 Each check raises :class:`PolicyError` (a ``ValueError``, so pydantic validators can let it through
 as a 422 naming the field) with a message that says what is allowed instead.
@@ -24,7 +26,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from trainguard.services.api.settings import Settings
 
-__all__ = ["PolicyError", "SourcePolicy"]
+__all__ = [
+    "OPERATOR",
+    "OPERATOR_CALLER",
+    "Caller",
+    "Grant",
+    "PolicyError",
+    "SourcePolicy",
+    "TenancyPolicy",
+    "parse_tenancy_policy",
+]
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _CLASS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -112,3 +123,146 @@ class SourcePolicy:
         if not _within(resolved, root):
             raise PolicyError(f"working_dir {working_dir!r} must be inside the job's directory {root}")
         return resolved
+
+
+# -- tenancy: who may see and stop whose jobs ------------------------------------------------------
+OPERATOR = "operator"  # the owner of jobs created with TRAINGUARD_API_TOKEN (and of jobs from before tenancy)
+_ANY = "*"
+_TENANCY_ACTIONS = ("read", "stop")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: the operator (the API token) or an access key, by its name in the keys file."""
+
+    name: str
+
+    @property
+    def is_operator(self) -> bool:
+        return self.name == OPERATOR
+
+
+OPERATOR_CALLER = Caller(OPERATOR)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The owners whose jobs a key may read (list, describe, logs) and stop, beyond its own."""
+
+    read: frozenset[str] = frozenset()
+    stop: frozenset[str] = frozenset()
+
+    def owners(self, action: str) -> frozenset[str]:
+        # Whoever may stop a job may also see it: a stop is answered with the job's status.
+        return self.read | self.stop if action == "read" else self.stop
+
+
+def _owner_list(value: object, where: str) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
+        raise PolicyError(f"{where}: expected a list of key names (or \"*\" for every owner)")
+    return frozenset(item.strip() for item in value)
+
+
+def parse_tenancy_policy(document: object, where: str) -> dict[str, Grant]:
+    """``{"grants": [{"key": NAME, "read": [OWNER, ...], "stop": [OWNER, ...]}, ...]}`` -> grants by key name."""
+    if document is None:
+        return {}
+    if not isinstance(document, dict) or set(document) - {"grants"}:
+        raise PolicyError(f"{where}: expected a mapping with one member, 'grants' (a list)")
+    entries = document.get("grants") or []
+    if not isinstance(entries, list):
+        raise PolicyError(f"{where}: 'grants' must be a list")
+    grants: dict[str, Grant] = {}
+    for index, entry in enumerate(entries):
+        label = f"{where}: grants[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("key"), str) or not entry["key"].strip():
+            raise PolicyError(f"{label}: each grant needs 'key', the name of an access key")
+        unknown = set(entry) - {"key", *_TENANCY_ACTIONS}
+        if unknown:
+            raise PolicyError(f"{label}: unknown member(s) {', '.join(sorted(map(str, unknown)))}; "
+                              "a grant has key, read and stop")  # fmt: skip
+        key = entry["key"].strip()
+        if key == OPERATOR:
+            raise PolicyError(f"{label}: the operator sees every job already; grants are for access keys")
+        grant = Grant(read=_owner_list(entry.get("read"), f"{label}.read"),
+                      stop=_owner_list(entry.get("stop"), f"{label}.stop"))  # fmt: skip
+        previous = grants.get(key, Grant())
+        grants[key] = Grant(read=previous.read | grant.read, stop=previous.stop | grant.stop)
+    return grants
+
+
+class TenancyPolicy:
+    """Who may read and stop which jobs. A job belongs to the caller that created it.
+
+    * The operator (TRAINGUARD_API_TOKEN) reads and stops every job.
+    * An access key reads and stops its own jobs, and those of the owners its grants name.
+    * A job the caller may not read answers as a job that does not exist (names do not leak).
+
+    Grants come from TRAINGUARD_TENANCY_POLICY_FILE (YAML or JSON; the format is in
+    docs/tenancy.md), re-read when the file changes. A file that cannot be read or parsed is a
+    configuration error at start; a broken edit later leaves no grants until it is fixed (a key
+    then sees its own jobs only), never more than the file said.
+    """
+
+    def __init__(self, grants: dict[str, Grant] | None = None, path: str | Path | None = None) -> None:
+        import threading
+
+        self._grants = dict(grants or {})
+        self._path = Path(path) if path else None
+        self._stamp: tuple[int, int] | None = None
+        self._lock = threading.Lock()
+        if self._path is not None:
+            self._reload()
+
+    @classmethod
+    def from_file(cls, path: str | Path | None) -> TenancyPolicy:
+        return cls(path=path) if path else cls()
+
+    def _reload(self) -> None:
+        import yaml
+
+        import stat
+
+        assert self._path is not None
+        info = self._path.stat()
+        stamp = (info.st_mtime_ns, info.st_size)
+        if stamp == self._stamp:
+            return
+        where = f"TRAINGUARD_TENANCY_POLICY_FILE {self._path}"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            # Whoever may write the file may grant themselves every job.
+            raise PolicyError(f"{where} is writable by others (mode {stat.S_IMODE(info.st_mode):o}): "
+                              f"chmod go-w {self._path}")  # fmt: skip
+        try:
+            document = yaml.safe_load(self._path.read_text())
+        except yaml.YAMLError as error:
+            raise PolicyError(f"{where}: not YAML or JSON: {error}") from None
+        self._grants, self._stamp = parse_tenancy_policy(document, where), stamp
+
+    def _grant(self, key: str) -> Grant:
+        if self._path is not None:
+            with self._lock:
+                try:
+                    self._reload()
+                except (OSError, PolicyError):
+                    self._grants, self._stamp = {}, None  # least privilege until the file is fixed
+        return self._grants.get(key, Grant())
+
+    def owners(self, caller: Caller, action: str = "read") -> frozenset[str] | None:
+        """The owners whose jobs ``caller`` may ``action`` ("read" or "stop"); None means every owner."""
+        if action not in _TENANCY_ACTIONS:
+            raise ValueError(f"unknown tenancy action {action!r}")
+        if caller.is_operator:
+            return None
+        granted = self._grant(caller.name).owners(action)
+        return None if _ANY in granted else granted | {caller.name}
+
+    def allows(self, caller: Caller, action: str, owner: str | None) -> bool:
+        """Whether ``caller`` may ``action`` a job of ``owner`` (a job without an owner is the operator's).
+
+        The one check behind every route that shows or changes a job.
+        """
+        owners = self.owners(caller, action)
+        return owners is None or (owner or OPERATOR) in owners

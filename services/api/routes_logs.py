@@ -10,6 +10,9 @@ One stream per job (``<job>/algo-1-<start epoch>``), read from the launcher's lo
 component. The launchers keep no per-line times, so line ``i`` gets the timestamp ``training start
 (ms) + i``: stable across calls and strictly increasing, which is what the SDK's position tracking
 (last timestamp + events to skip) needs; the times are ordinal, not wall-clock.
+
+A caller reads the logs of the jobs it may describe (the tenancy policy); another tenant's job has
+no stream, as a job that does not exist.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.services.api.jobs import JobNotFound, JobService
+from trainguard.services.api.policy import Caller
 from trainguard.services.api.sagemaker import SageMakerError
 
 __all__ = ["LOG_GROUP", "LOGS_OPERATIONS", "LOGS_TARGET_PREFIX"]
@@ -52,9 +56,9 @@ def _check_group(body: dict[str, Any]) -> None:
                              f"(trainguard serves {LOG_GROUP})")  # fmt: skip
 
 
-def _job_start_ms(service: JobService, job_name: str) -> tuple[int, dict[str, Any]] | None:
+def _job_start_ms(service: JobService, job_name: str, caller: Caller) -> tuple[int, dict[str, Any]] | None:
     try:
-        description = service.describe_sagemaker(job_name)
+        description = service.describe_sagemaker(job_name, caller)
     except JobNotFound:
         return None
     start = description.get("TrainingStartTime") or description.get("CreationTime")
@@ -65,20 +69,20 @@ def _stream_name(job_name: str, start_ms: int) -> str:
     return f"{job_name}/algo-1-{start_ms // 1000}"
 
 
-def _log_lines(service: JobService, job_name: str) -> list[str]:
+def _log_lines(service: JobService, job_name: str, caller: Caller) -> list[str]:
     try:
-        text = service.launcher.logs(job_name, "training")
+        text = service.logs(job_name, "training", caller=caller)
     except Exception:  # noqa: BLE001 - a job whose components are gone has no log left
         return []
     return text.splitlines()
 
 
-def describe_log_streams(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
+def describe_log_streams(service: JobService, body: dict[str, Any], caller: Caller) -> dict[str, Any]:
     _check_group(body)
     prefix = _string(body, "logStreamNamePrefix", required=False) or ""
     _integer(body, "limit", 1, 50)
     job_name = prefix.split("/", 1)[0]
-    found = _job_start_ms(service, job_name) if job_name else None
+    found = _job_start_ms(service, job_name, caller) if job_name else None
     if found is None:
         return {"logStreams": []}
     start_ms, description = found
@@ -87,7 +91,7 @@ def describe_log_streams(service: JobService, body: dict[str, Any]) -> dict[str,
     name = _stream_name(job_name, start_ms)
     if not name.startswith(prefix):
         return {"logStreams": []}
-    count = len(_log_lines(service, job_name))
+    count = len(_log_lines(service, job_name, caller))
     last = start_ms + max(count - 1, 0)
     return {
         "logStreams": [
@@ -105,18 +109,18 @@ def describe_log_streams(service: JobService, body: dict[str, Any]) -> dict[str,
     }
 
 
-def get_log_events(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
+def get_log_events(service: JobService, body: dict[str, Any], caller: Caller) -> dict[str, Any]:
     _check_group(body)
     stream = _string(body, "logStreamName")
     job_name = stream.split("/", 1)[0]
-    found = _job_start_ms(service, job_name)
+    found = _job_start_ms(service, job_name, caller)
     if found is None or _stream_name(job_name, found[0]) != stream:
         raise SageMakerError("ResourceNotFoundException", f"The specified log stream does not exist: {stream}")
     start_ms = found[0]
     limit = _integer(body, "limit", 1, _PAGE_EVENTS) or _PAGE_EVENTS
     start_time = _integer(body, "startTime", 0, 2**53) or 0
     token = body.get("nextToken")
-    lines = _log_lines(service, job_name)
+    lines = _log_lines(service, job_name, caller)
     if token is not None:
         if not isinstance(token, str) or not token.startswith("f/") or not token[2:].isdigit():
             raise SageMakerError("InvalidParameterException", "nextToken is not a token this server handed out")

@@ -1,4 +1,8 @@
-"""Native REST API (documented at /docs and /openapi.json)."""
+"""Native REST API (documented at /docs and /openapi.json).
+
+Callers: the operator's bearer token (every job) or an access key's SigV4 signature (its own jobs
+and what the tenancy policy grants it); a job the caller may not see is a 404 like a missing one.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from trainguard.services.api.auth import check_bearer
-from trainguard.services.api.jobs import JobExists, JobNotFound, JobService
+from trainguard.services.api.auth import check_bearer, native_caller
+from trainguard.services.api.jobs import JobExists, JobForbidden, JobNotFound, JobService
+from trainguard.services.api.policy import Caller
 from trainguard.services.api.schemas import JOB_NAME_PATTERN, MAX_GRACE_SECONDS, JobSpec, RuleStatusReport
 
 __all__ = ["native_router"]
@@ -16,10 +21,6 @@ __all__ = ["native_router"]
 
 def _service(request: Request) -> JobService:
     return request.app.state.service
-
-
-def _authenticated(request: Request) -> None:
-    check_bearer(request, request.app.state.settings)
 
 
 def _not_found(name: str) -> HTTPException:
@@ -34,14 +35,15 @@ def _job_name(name: str) -> str:
 
 
 native_router = APIRouter(prefix="/v1")
-jobs_router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(_authenticated)])
+# On the router too: no route under /v1/jobs can be added without a verified caller (computed once per request).
+jobs_router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(native_caller)])
 
 
-@jobs_router.post("", status_code=201, summary="Create and start a training job")
-def create_job(spec: JobSpec, request: Request) -> Any:
+@jobs_router.post("", status_code=201, summary="Create and start a training job (owned by the caller)")
+def create_job(spec: JobSpec, request: Request, caller: Caller = Depends(native_caller)) -> Any:
     service = _service(request)
     try:
-        return service.create(spec)
+        return service.create(spec, owner=caller)
     except JobExists:
         raise HTTPException(status_code=409, detail=f"a training job named {spec.name!r} already exists") from None
     except ValueError as error:
@@ -55,14 +57,15 @@ def create_job(spec: JobSpec, request: Request) -> Any:
         )
 
 
-@jobs_router.get("", summary="List training jobs, newest first")
+@jobs_router.get("", summary="List the training jobs the caller may see, newest first")
 def list_jobs(
     request: Request,
+    caller: Caller = Depends(native_caller),
     status: Literal["InProgress", "Completed", "Failed", "Stopping", "Stopped"] | None = Query(None),
     name_contains: str | None = Query(None, max_length=63, pattern=r"^[A-Za-z0-9\-]*$"),
 ) -> dict[str, Any]:
     service = _service(request)
-    jobs = service.list_jobs(status=status, name_contains=name_contains)
+    jobs = service.list_jobs(status=status, name_contains=name_contains, caller=caller)
     return {
         "jobs": [
             {
@@ -79,9 +82,9 @@ def list_jobs(
 
 
 @jobs_router.get("/{name}", summary="Describe a job: status, transitions, rule statuses with findings and fix hints")
-def describe_job(name: str, request: Request) -> dict[str, Any]:
+def describe_job(name: str, request: Request, caller: Caller = Depends(native_caller)) -> dict[str, Any]:
     try:
-        return _service(request).describe(_job_name(name))
+        return _service(request).describe(_job_name(name), caller)
     except JobNotFound:
         raise _not_found(name) from None
 
@@ -90,36 +93,40 @@ def describe_job(name: str, request: Request) -> dict[str, Any]:
 def stop_job(
     name: str,
     request: Request,
+    caller: Caller = Depends(native_caller),
     grace_seconds: float | None = Query(
         None, ge=0, le=MAX_GRACE_SECONDS, allow_inf_nan=False, description="default TRAINGUARD_STOP_GRACE_SECONDS (120)"
     ),
 ) -> dict[str, Any]:
     service = _service(request)
     try:
-        stopping = service.stop(_job_name(name), grace_seconds, cause="stopped by request")
-        return {"name": name, "stopping": stopping, "status": service.describe(name)["status"]}
+        stopping = service.stop(_job_name(name), grace_seconds, cause="stopped by request", caller=caller)
+        return {"name": name, "stopping": stopping, "status": service.job_for(caller, name).status}
     except JobNotFound:
         raise _not_found(name) from None
+    except JobForbidden as error:
+        raise HTTPException(status_code=403, detail=f"{error} (the tenancy policy grants read only)") from None
 
 
 @jobs_router.get("/{name}/logs", response_class=PlainTextResponse, summary="A component's stdout/stderr")
 def job_logs(
     name: str,
     request: Request,
+    caller: Caller = Depends(native_caller),
     component: str = Query("training", description="training, uploader or rule:<RuleConfigurationName>"),
     tail: int | None = Query(None, ge=0, le=1_000_000),
 ) -> str:
     service = _service(request)
     try:
-        description = service.describe(_job_name(name))
+        description = service.describe(_job_name(name), caller)
+        roles = [c["role"] for c in description["components"]]
+        if component not in roles:
+            raise HTTPException(
+                status_code=404, detail=f"job {name} has no component {component!r}; components: {', '.join(roles)}"
+            )
+        return service.logs(name, component, tail, caller=caller)
     except JobNotFound:
         raise _not_found(name) from None
-    roles = [c["role"] for c in description["components"]]
-    if component not in roles:
-        raise HTTPException(
-            status_code=404, detail=f"job {name} has no component {component!r}; components: {', '.join(roles)}"
-        )
-    return service.launcher.logs(name, component, tail)
 
 
 internal_router = APIRouter(prefix="/internal", tags=["internal"])

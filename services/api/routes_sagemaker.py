@@ -4,6 +4,10 @@ Point boto3 at it with ``boto3.client("sagemaker", endpoint_url=...)``. Supporte
 CreateTrainingJob, DescribeTrainingJob, StopTrainingJob, ListTrainingJobs. Errors are HTTP 400
 with ``{"__type": <code>, "message": <text>}`` (ValidationException, ResourceNotFound,
 ResourceInUse); an unknown operation is ``UnknownOperationException``.
+
+A job belongs to the key that created it; a key sees and stops its own jobs and what the tenancy
+policy grants it (trainguard.services.api.policy.TenancyPolicy). Another tenant's job answers
+``ResourceNotFound`` exactly as a missing one, and ListTrainingJobs pages through the caller's jobs only.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from trainguard.services.api.auth import SigV4Error, sagemaker_precheck, verify_sagemaker_request
 from trainguard.services.api.job_metrics import metric_scanner
-from trainguard.services.api.jobs import TERMINAL, JobExists, JobNotFound, JobService
+from trainguard.services.api.jobs import TERMINAL, JobExists, JobForbidden, JobNotFound, JobService
+from trainguard.services.api.policy import Caller
 from trainguard.services.api.routes_logs import LOGS_OPERATIONS, LOGS_TARGET_PREFIX
 from trainguard.services.api.sagemaker import SageMakerError, job_spec_from_request
 from trainguard.services.api.sagemaker_validation import (
@@ -54,11 +59,17 @@ def _name(body: dict[str, Any]) -> str:
     return body["TrainingJobName"]
 
 
-def _create(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
+def _not_found(name: str) -> SageMakerError:
+    return SageMakerError("ResourceNotFound", f"Requested resource not found: training job {name} does not exist")
+
+
+def _create(service: JobService, body: dict[str, Any], caller: Caller) -> dict[str, Any]:
     _checked(check_create_request, body)  # types and bounds first: nothing below sees a wrong type
     spec, unavailable, labels = job_spec_from_request(body)
     try:
-        description = service.create(spec, source="sagemaker", request=body, unavailable_rules=unavailable)
+        description = service.create(
+            spec, source="sagemaker", request=body, unavailable_rules=unavailable, owner=caller
+        )
     except JobExists:
         raise SageMakerError(
             "ResourceInUse",
@@ -84,14 +95,12 @@ def _member_message(message: str, labels: dict[int, str]) -> str:
     return f"{member}: {message[match.end():]}"
 
 
-def _describe(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
+def _describe(service: JobService, body: dict[str, Any], caller: Caller) -> dict[str, Any]:
     name = _name(body)
     try:
-        description = service.describe_sagemaker(name)
+        description = service.describe_sagemaker(name, caller)
     except JobNotFound:
-        raise SageMakerError(
-            "ResourceNotFound", f"Requested resource not found: training job {name} does not exist"
-        ) from None
+        raise _not_found(name) from None
     definitions = (description.get("AlgorithmSpecification") or {}).get("MetricDefinitions")
     if definitions and "TrainingStartTime" in description:
         when = description.get("TrainingEndTime") or description["LastModifiedTime"]
@@ -99,25 +108,33 @@ def _describe(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
         description["FinalMetricDataList"] = metric_scanner(service).final_metric_data(
             name, description.get("CreationTime"), definitions, when,
             finished=description.get("TrainingJobStatus") in TERMINAL,
-            read_log=lambda tail: service.launcher.logs(name, "training", tail),
+            read_log=lambda tail: service.logs(name, "training", tail, caller=caller),
         )  # fmt: skip
     return description
 
 
-def _stop(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
+def _stop(service: JobService, body: dict[str, Any], caller: Caller) -> dict[str, Any]:
     name = _name(body)
     try:
-        service.stop(name, cause="StopTrainingJob")
+        if not service.stop(name, cause="StopTrainingJob", caller=caller):
+            status = service.job_for(caller, name, "stop").status
+            if status in TERMINAL:  # as AWS: stopping an ended job is refused; a Stopping one is a no-op
+                raise SageMakerError(
+                    "ValidationException", f"The request was rejected because the training job is in status {status}."
+                )
     except JobNotFound:
+        raise _not_found(name) from None
+    except JobForbidden:
         raise SageMakerError(
-            "ResourceNotFound", f"Requested resource not found: training job {name} does not exist"
+            "AccessDeniedException", f"{caller.name} is not authorized to perform: sagemaker:StopTrainingJob on "
+            f"training job {name} (the tenancy policy grants it read only)",
         ) from None
     return {}
 
 
-def _list(service: JobService, body: dict[str, Any]) -> dict[str, Any]:
+def _list(service: JobService, body: dict[str, Any], caller: Caller) -> dict[str, Any]:
     _checked(check_list_request, body)
-    jobs = service.list_jobs(status=body.get("StatusEquals"), name_contains=body.get("NameContains"))
+    jobs = service.list_jobs(status=body.get("StatusEquals"), name_contains=body.get("NameContains"), caller=caller)
     for key, attribute, before in (
         ("CreationTimeAfter", "creation_time", False),
         ("CreationTimeBefore", "creation_time", True),
@@ -157,7 +174,7 @@ async def sagemaker_endpoint(request: Request) -> Response:
             SageMakerError("UnknownOperationException", f"X-Amz-Target {target!r}: expected SageMaker.<Operation>")
         )
     try:  # key, scope, date and signed headers before the body is read; the signature needs the body
-        bearer = sagemaker_precheck(request)
+        sagemaker_precheck(request)
     except SigV4Error as error:
         return _error(SageMakerError(error.code, error.message, 403))
     handler = operations.get(operation)
@@ -169,11 +186,10 @@ async def sagemaker_endpoint(request: Request) -> Response:
             )
         )
     raw = await request.body()
-    if not bearer:
-        try:
-            verify_sagemaker_request(request, raw)
-        except SigV4Error as error:
-            return _error(SageMakerError(error.code, error.message, 403))
+    try:
+        caller = verify_sagemaker_request(request, raw)
+    except SigV4Error as error:
+        return _error(SageMakerError(error.code, error.message, 403))
     try:
         body = json.loads(raw or b"{}")
         if not isinstance(body, dict):
@@ -187,6 +203,6 @@ async def sagemaker_endpoint(request: Request) -> Response:
         # The handlers touch the database and the launcher: keep them off the event loop.
         from starlette.concurrency import run_in_threadpool
 
-        return _answer(await run_in_threadpool(handler, service, body))
+        return _answer(await run_in_threadpool(handler, service, body, caller))
     except SageMakerError as error:
         return _error(error)

@@ -30,6 +30,7 @@ def native_description(
         "arn": job.arn,
         "source": job.source,
         "launcher": job.launcher,
+        "owner": job.owner,
         "status": job.status,
         "secondary_status": job.secondary_status,
         "failure_reason": job.failure_reason or None,
@@ -101,6 +102,18 @@ def _rule_status_entry(rule: RuleRow) -> dict[str, Any]:
     return entry
 
 
+def _training_seconds(job: JobRow) -> dict[str, int]:
+    """SageMaker's TrainingTimeInSeconds and BillableTimeInSeconds of an ended job (whole seconds).
+
+    Both are the wall-clock time from the training's start to its end: trainguard has no
+    provisioning or spot discount to take off. A job that ended before its training started ran 0 s.
+    The SDK's ``logs()`` prints them (times InstanceCount) when a job ends.
+    """
+    start = job.training_start_time
+    seconds = 0 if start is None else max(0, round(job.training_end_time - start))
+    return {"TrainingTimeInSeconds": seconds, "BillableTimeInSeconds": seconds}
+
+
 def sagemaker_description(
     job: JobRow, transitions: list[TransitionRow], rules: list[RuleRow], service_image: str
 ) -> dict[str, Any]:
@@ -157,6 +170,7 @@ def sagemaker_description(
         description["TrainingStartTime"] = job.training_start_time
     if job.training_end_time is not None:
         description["TrainingEndTime"] = job.training_end_time
+        description.update(_training_seconds(job))
     if job.failure_reason:
         description["FailureReason"] = job.failure_reason[:1024]
     if hook_config is not None:

@@ -137,6 +137,60 @@ def test_host_date_and_target_must_be_signed() -> None:
     assert _code(request, settings) == "IncompleteSignatureException"
 
 
+def test_each_authorization_field_once_and_nothing_else() -> None:
+    """A repeated field is refused, whichever copy is genuine: parsers that keep the first and the
+    last copy would judge different signatures of one request."""
+    settings = _settings()
+    genuine = _signed()
+    header = genuine.headers["Authorization"]
+    algorithm, _, rest = header.partition(" ")
+    fields = dict(part.strip().split("=", 1) for part in rest.split(","))
+    forged_fields = {"Signature": "0" * 64, "Credential": f"ANYTHING0000/{fields['Credential'].split('/', 1)[1]}",
+                     "SignedHeaders": "host;x-amz-date;x-amz-target"}  # fmt: skip
+    for name, forged in forged_fields.items():
+        for order in ((forged, fields[name]), (fields[name], forged)):
+            request = _signed()
+            extra = ", ".join(f"{name}={value}" for value in order)
+            others = ", ".join(f"{k}={v}" for k, v in fields.items() if k != name)
+            request.headers.replace_header("Authorization", f"{algorithm} {others}, {extra}")
+            with pytest.raises(SigV4Error, match=f"{name}= is given more than once"):
+                _verify(request, settings)
+    for mangled in (f"{header}, Extra=1", header.replace("Signature=", "XSignature=", 1),
+                    header.replace("Signature=", "Signature =", 1), f"{header},"):  # fmt: skip
+        request = _signed()
+        request.headers.replace_header("Authorization", mangled)
+        assert _code(request, settings) == "IncompleteSignatureException"
+    assert _verify(genuine, settings) == KEY_ID  # the genuine header still verifies
+
+
+def test_two_authorization_headers_are_refused() -> None:
+    request = _signed()
+    headers = [(k.lower(), v) for k, v in request.headers.items()] + [("host", "127.0.0.1:8080")]
+    headers.append(("authorization", request.headers["Authorization"]))
+    with pytest.raises(SigV4Error, match="more than one Authorization"):
+        verify_sigv4(method="POST", raw_path="/", raw_query="", headers=headers, body=request.body,
+                     settings=_settings())  # fmt: skip
+
+
+def test_native_requests_are_signed_for_the_trainguard_service() -> None:
+    settings = _settings()
+    request = AWSRequest(method="GET", url="http://127.0.0.1:8080/v1/jobs?status=InProgress", data=b"",
+                         headers={"Host": "127.0.0.1:8080"})  # fmt: skip
+    SigV4Auth(Credentials(KEY_ID, SECRET), "trainguard", "us-east-1").add_auth(request)
+    parts = {"method": "GET", "raw_path": "/v1/jobs", "headers": [(k.lower(), v) for k, v in request.headers.items()],
+             "body": b"", "settings": settings}  # fmt: skip
+    assert verify_sigv4(raw_query="status=InProgress", service="trainguard", **parts) == KEY_ID
+    with pytest.raises(SigV4Error):  # the query is signed
+        verify_sigv4(raw_query="status=Completed", service="trainguard", **parts)
+    with pytest.raises(SigV4Error, match="correct service"):  # a native signature is not a SageMaker one
+        verify_sigv4(raw_query="status=InProgress", **parts)
+    sagemaker = _signed()
+    headers = [(k.lower(), v) for k, v in sagemaker.headers.items()] + [("host", "127.0.0.1:8080")]
+    with pytest.raises(SigV4Error, match="correct service"):  # nor a SageMaker one a native one
+        verify_sigv4(method="POST", raw_path="/", raw_query="", headers=headers, body=sagemaker.body,
+                     settings=settings, service="trainguard")  # fmt: skip
+
+
 # -- configuration --------------------------------------------------------------------------------
 def test_any_signature_switch_is_gone() -> None:
     with pytest.raises(ConfigError, match="TRAINGUARD_SAGEMAKER_ALLOW_ANY_SIGNATURE"):

@@ -131,6 +131,39 @@ def test_failed_job_reports_exit_code_and_reason(api) -> None:
     assert description["SecondaryStatus"] == "Failed"
 
 
+def test_an_ended_job_reports_its_training_seconds_and_refuses_a_stop(api) -> None:
+    """As AWS: TrainingTimeInSeconds and BillableTimeInSeconds once the job ended; StopTrainingJob
+    on an ended job is a ValidationException naming its status (a Stopping one is a no-op)."""
+    client = api.sagemaker()
+    client.create_training_job(**_request("short-job", ["sh", "-c", "sleep 2"], []))
+    running = wait_for(lambda: (d := client.describe_training_job(TrainingJobName="short-job"))
+                       .get("TrainingStartTime") and d, 60, "the job to start")  # fmt: skip
+    if running["TrainingJobStatus"] == "InProgress":
+        assert "TrainingTimeInSeconds" not in running and "BillableTimeInSeconds" not in running
+    ended = wait_for(lambda: (d := client.describe_training_job(TrainingJobName="short-job"))
+                     ["TrainingJobStatus"] == "Completed" and d, 60, "the job to complete")  # fmt: skip
+    seconds = (ended["TrainingEndTime"] - ended["TrainingStartTime"]).total_seconds()
+    assert isinstance(ended["TrainingTimeInSeconds"], int) and ended["TrainingTimeInSeconds"] == round(seconds)
+    assert ended["BillableTimeInSeconds"] == ended["TrainingTimeInSeconds"] >= 2
+    with pytest.raises(ClientError) as refused:
+        client.stop_training_job(TrainingJobName="short-job")
+    error = refused.value.response["Error"]
+    assert (error["Code"], refused.value.response["ResponseMetadata"]["HTTPStatusCode"]) == ("ValidationException", 400)
+    assert error["Message"] == "The request was rejected because the training job is in status Completed."
+    assert client.describe_training_job(TrainingJobName="short-job")["TrainingJobStatus"] == "Completed"
+
+    # Ends 2 s after its SIGTERM, so the second stop below finds it Stopping.
+    client.create_training_job(**_request("long-job", ["sh", "-c", "trap 'sleep 2; exit 0' TERM; sleep 60 & wait"], []))
+    wait_for(lambda: client.describe_training_job(TrainingJobName="long-job").get("TrainingStartTime"), 60,
+             "the long job to start")  # fmt: skip
+    client.stop_training_job(TrainingJobName="long-job")
+    client.stop_training_job(TrainingJobName="long-job")  # Stopping: a no-op, as on AWS
+    wait_for(lambda: client.describe_training_job(TrainingJobName="long-job")["TrainingJobStatus"] == "Stopped", 60,
+             "the long job to stop")  # fmt: skip
+    with pytest.raises(ClientError, match="in status Stopped"):
+        client.stop_training_job(TrainingJobName="long-job")
+
+
 def test_errors_have_sagemaker_shapes(api) -> None:
     client = api.sagemaker()
     with pytest.raises(ClientError) as missing:
