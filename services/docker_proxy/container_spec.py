@@ -72,7 +72,9 @@ class ContainerPlan:
 class ContainerSpecJudge:
     """Rebuilds a container-create body; raises :class:`Refused` (or :class:`BadRequest`)."""
 
-    def __init__(self, bind_roots: tuple[str, ...], allowed_networks: tuple[str, ...], refuse_root: bool = True) -> None:
+    def __init__(
+        self, bind_roots: tuple[str, ...], allowed_networks: tuple[str, ...], refuse_root: bool = True
+    ) -> None:
         self.bind_roots = tuple(posixpath.normpath(root) for root in bind_roots)
         self.allowed_networks = allowed_networks
         self.refuse_root = refuse_root
@@ -148,7 +150,8 @@ class ContainerSpecJudge:
             **dict.fromkeys(("AutoRemove", "Init", "ReadonlyRootfs"), as_bool),
             **dict.fromkeys(_RESOURCES, as_int),
         }  # fmt: skip
-        host = {name: readers[name](member, f"{where}.{name}") for name, member in fields_of(value, readers, where).items()}
+        fields = fields_of(value, readers, where)
+        host = {name: readers[name](member, f"{where}.{name}") for name, member in fields.items()}
         if "CapDrop" not in host:
             raise Refused("CapDrop must include ALL: job containers get no capabilities")
         if "SecurityOpt" not in host:
@@ -197,7 +200,8 @@ class ContainerSpecJudge:
         name = as_str(fields.get("Name", ""), f"{where}.Name")
         if name not in _RESTART_POLICIES:
             raise BadRequest(f"{where}.Name {name!r} is not one of {', '.join(_RESTART_POLICIES[1:])}")
-        return {"Name": name, "MaximumRetryCount": as_int(fields.get("MaximumRetryCount", 0), f"{where}.MaximumRetryCount", 0, 1000)}
+        retries = as_int(fields.get("MaximumRetryCount", 0), f"{where}.MaximumRetryCount", 0, 1000)
+        return {"Name": name, "MaximumRetryCount": retries}
 
     def _bind(self, raw: str, where: str, volumes: list[str]) -> str:
         # The engine's Linux parser: target | source:target | source:target:mode; a source that is

@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlencode
 from trainguard.services.docker_proxy.container_spec import JOB_LABEL, canonical_json
 from trainguard.services.docker_proxy.gojson import JsonObject, decode_json, map_of
 from trainguard.services.docker_proxy.refusals import BadRequest, Refused
-from trainguard.services.docker_proxy.values import as_bool, as_str, as_str_list
+from trainguard.services.docker_proxy.values import as_bool, as_str_list
 
 __all__ = ["DROP", "Param", "canonical_query", "PARAMS"]
 
@@ -127,12 +127,24 @@ _VOLUME_FILTERS = _filters(("label", "name", "dangling", "driver"))
 PARAMS: dict[str, dict[str, Param]] = {
     "ping": {},
     "version": {},
-    "containers.list": {"all": _bool, "limit": _int, "size": _bool, "filters": _CONTAINER_FILTERS,
-                        "trunc_cmd": DROP},  # fmt: skip
+    "containers.list": {
+        "all": _bool,
+        "limit": _int,
+        "size": _bool,
+        "filters": _CONTAINER_FILTERS,
+        "trunc_cmd": DROP,
+    },  # fmt: skip
     "containers.create": {"name": _matching(_CONTAINER_NAME, "a container name")},
     "containers.inspect": {"size": _bool},
-    "containers.logs": {"stdout": _bool, "stderr": _bool, "timestamps": _bool, "follow": _bool, "tail": _tail,
-                        "since": _matching(_TIMESTAMP, "a timestamp"), "until": _matching(_TIMESTAMP, "a timestamp")},
+    "containers.logs": {
+        "stdout": _bool,
+        "stderr": _bool,
+        "timestamps": _bool,
+        "follow": _bool,
+        "tail": _tail,
+        "since": _matching(_TIMESTAMP, "a timestamp"),
+        "until": _matching(_TIMESTAMP, "a timestamp"),
+    },
     "containers.start": {},
     "containers.stop": {"t": _int},
     "containers.restart": {"t": _int},

@@ -112,7 +112,7 @@ class ProxyPolicy:
             container, volume = ids.get("container"), ids.get("volume")
             if container or volume:
                 collection = "containers" if container else "volumes"
-                rest = path[len(f"/{collection}/") + len(container or volume or ""):]
+                rest = path[len(f"/{collection}/") + len(container or volume or "") :]
                 return Route(f"{prefix}/{collection}/", container or volume, rest + tail,
                              labelled_container=container, labelled_volume=volume)  # fmt: skip
             if operation == "containers.create":
@@ -132,7 +132,7 @@ class ProxyPolicy:
         if version < MIN_API_VERSION or version[0] != 1:
             raise Refused(f"API version {match.group(0)[2:]} is refused: the proxy speaks "
                           f"{'.'.join(map(str, MIN_API_VERSION))} and later 1.x")  # fmt: skip
-        return f"/v{version[0]}.{version[1]}", raw_path[match.end():]
+        return f"/v{version[0]}.{version[1]}", raw_path[match.end() :]
 
     @staticmethod
     def _volume(body: bytes) -> bytes:

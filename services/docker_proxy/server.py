@@ -213,4 +213,3 @@ class DockerProxy(http.server.ThreadingHTTPServer):
         if not isinstance(pinned, str) or not pinned:
             raise EngineUnavailable(f"the engine's answer about {object_id!r} names no id")
         return pinned
-

@@ -84,8 +84,14 @@ def test_the_launcher_works_through_the_proxy(engine, proxied) -> None:  # noqa:
     job = JobLaunch(
         name,
         (
-            ComponentSpec("training", BASE_IMAGE, ("bash", "-c", "echo hello via proxy; id -u; sleep 30"),
-                          cpus=0.25, memory_mb=64, volumes={f"tg-{name}-tensors": "/opt/ml/output/tensors"}),
+            ComponentSpec(
+                "training",
+                BASE_IMAGE,
+                ("bash", "-c", "echo hello via proxy; id -u; sleep 30"),
+                cpus=0.25,
+                memory_mb=64,
+                volumes={f"tg-{name}-tensors": "/opt/ml/output/tensors"},
+            ),
         ),  # fmt: skip
     )
     try:
@@ -123,8 +129,10 @@ def test_the_launcher_works_through_the_proxy(engine, proxied) -> None:  # noqa:
         ({"PidMode": "host"}, "PidMode"),
         ({"IpcMode": "host"}, "IpcMode"),
         ({"UsernsMode": "host"}, "UsernsMode"),
-        ({"Devices": [{"PathOnHost": "/dev/sda", "PathInContainer": "/dev/sda", "CgroupPermissions": "rwm"}]},
-         "Devices"),
+        (
+            {"Devices": [{"PathOnHost": "/dev/sda", "PathInContainer": "/dev/sda", "CgroupPermissions": "rwm"}]},
+            "Devices",
+        ),
         ({"SecurityOpt": ["no-new-privileges", "seccomp=unconfined"]}, "unconfined"),
         ({"SecurityOpt": []}, "no-new-privileges"),
         ({"CapDrop": []}, "CapDrop must include ALL"),
@@ -267,7 +275,7 @@ def _observed_requests(bind_volume: str) -> list[tuple[str, str, bytes]]:
     del spec["User"]
     spec["U\u017fer"] = "0"
     requests.append(("POST", "/v1.41/containers/create", json.dumps(spec).encode()))
-    for body in (b"[]", b"null", b'"x"', b"{\"Image\": NaN}"):
+    for body in (b"[]", b"null", b'"x"', b'{"Image": NaN}'):
         requests.append(("POST", "/v1.41/containers/create", body))
     requests.append(("POST", "/v1.40/containers/create", json.dumps(_spec()).encode()))
     requests.append(("POST", "/v1.41/containers/create?platform=linux/arm64", json.dumps(_spec()).encode()))
@@ -419,3 +427,47 @@ def test_fuzzed_key_spellings_and_users_are_refused_by_the_proxy_in_front_of_the
     print(f"0 of {len(tried)} fuzzed requests accepted; statuses {sorted(set(tried))}")
     assert len(tried) >= 200
     assert _containers(engine) == containers
+
+
+def test_the_stacks_launch_works_through_a_proxy_limited_to_the_jobs_network(engine) -> None:  # noqa: ANN001
+    """As in the compose stack: a jobs network, no TRAINGUARD_JOB_USER (the image's USER is judged and
+    written in), an uploader with a restart policy."""
+    import docker
+
+    from tests.e2e.docker_env import SERVICE_IMAGE
+
+    try:
+        engine.images.get(SERVICE_IMAGE)
+    except Exception:  # noqa: BLE001 - the image is built by infra/build_images.sh
+        pytest.skip(f"{SERVICE_IMAGE} is not built")
+    network = engine.networks.create(f"tgproxy-net-{uuid.uuid4().hex[:6]}")
+    server = DockerProxy(("127.0.0.1", 0), "/var/run/docker.sock", ProxyPolicy(allowed_networks=(network.name,)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = docker.DockerClient(base_url=f"tcp://127.0.0.1:{server.server_address[1]}", timeout=60)
+    name = f"tgproxy-{uuid.uuid4().hex[:8]}"
+    launcher = DockerLauncher(client, network=network.name)
+    command = ("sh", "-c", "echo uid=$(id -u):$(id -g); sleep 30")
+    job = JobLaunch(name, (
+        ComponentSpec("training", SERVICE_IMAGE, command, cpus=0.25, memory_mb=64, working_dir="/tmp",
+                      volumes={f"tg-{name}-tensors": "/opt/ml/output/tensors"}, environment={"A": "b"}),
+        ComponentSpec("uploader", SERVICE_IMAGE, command, volumes={f"tg-{name}-tensors": "/opt/ml/output/tensors"}),
+    ))  # fmt: skip
+    try:
+        launcher.start(job)
+        deadline = time.monotonic() + 30
+        while not all("uid=" in launcher.logs(name, role) for role in ("training", "uploader")):
+            assert time.monotonic() < deadline, launcher.logs(name)
+            time.sleep(0.2)
+        assert "uid=10001:10001" in launcher.logs(name, "training")
+        containers = engine.containers.list(filters={"label": f"{JOB_LABEL}={name}"})
+        assert {c.attrs["Config"]["User"] for c in containers} == {"10001:10001"}  # written in by the proxy
+        assert {c.attrs["HostConfig"]["NetworkMode"] for c in containers} == {network.name}
+        uploader = next(c for c in containers if c.name.endswith("uploader"))
+        assert uploader.attrs["HostConfig"]["RestartPolicy"] == {"Name": "on-failure", "MaximumRetryCount": 5}
+        launcher.stop(name, grace_seconds=1)
+    finally:
+        launcher.remove(name)
+        client.close()
+        server.shutdown()
+        server.server_close()
+        network.remove()

@@ -9,7 +9,7 @@ import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -46,7 +46,8 @@ FORWARDED_NAMES = {
 # Fields the engine reads and the proxy must never let through, with a value that would do harm.
 DANGEROUS_HOST_FIELDS = {
     "Binds": ["/:/host"], "Devices": [{"PathOnHost": "/dev/sda", "PathInContainer": "/dev/sda"}],
-    "Privileged": True, "CapAdd": ["SYS_ADMIN"], "Capabilities": ["CAP_SYS_ADMIN"], "SecurityOpt": ["seccomp=unconfined"],
+    "Privileged": True, "CapAdd": ["SYS_ADMIN"], "Capabilities": ["CAP_SYS_ADMIN"],
+    "SecurityOpt": ["seccomp=unconfined"],
     "NetworkMode": "host", "PidMode": "host", "IpcMode": "host", "UsernsMode": "host", "UTSMode": "host",
     "CgroupnsMode": "host", "Sysctls": {"kernel.core_pattern": "|/x"}, "VolumesFrom": ["other"],
     "DeviceRequests": [{"Count": -1}], "DeviceCgroupRules": ["a *:* rwm"], "Runtime": "sysbox",
@@ -116,6 +117,7 @@ def test_dangerous_host_fields_are_refused_as_spelled(name: str) -> None:
 
 def _spellings(name: str) -> st.SearchStrategy[str]:
     """Spellings of a field name: each letter in either case, s as ſ, k as K, or a lookalike."""
+
     def variants(char: str) -> list[str]:
         options = [char, char.swapcase()]
         options += {"s": ["\u017f"], "k": ["\u212a"], "i": ["\u0130", "\u0131"]}.get(char.lower(), [])
@@ -171,7 +173,7 @@ def test_fields_are_matched_as_go_matches_them() -> None:
         for path in ("/containers/create", "/volumes/create"):
             with pytest.raises(BadRequest, match="JSON object"):
                 ProxyPolicy().route("POST", path, "", body)
-    for body in (b"{\"a\": NaN}", b"{} {}", b"\xef\xbb\xbf{}", b'{"a": "\xff"}', "{}".encode("utf-16"), b"[" * 100000):
+    for body in (b'{"a": NaN}', b"{} {}", b"\xef\xbb\xbf{}", b'{"a": "\xff"}', "{}".encode("utf-16"), b"[" * 100000):
         with pytest.raises(BadRequest):
             decode_json(body)
 
@@ -393,8 +395,9 @@ def test_the_engine_gets_the_rebuilt_body_never_the_clients_bytes(proxy_and_engi
     "raw",
     [
         # Content-Length + Transfer-Encoding: a chunked reader would see the smuggled create
-        b"POST /v1.41/containers/abc/start HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
-        b"0\r\n\r\nPOST /v1.41/containers/create HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+        b"POST /v1.41/containers/abc/start HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        b"POST /v1.41/containers/create HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
         b"POST /v1.41/containers/abc/start HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
         b"5\r\nhello\r\n0\r\n\r\n",
         b"POST /v1.41/volumes/create HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 80\r\n\r\n{}",
