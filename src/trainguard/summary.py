@@ -58,6 +58,10 @@ def describe_run(trial: Trial) -> dict[str, object]:
         "rules": read_rule_results(trial.store),
         "stopped": _read_json(trial.store, STOP_RECORD),
         "capture_stopped": trial.capture_stopped(),
+        "damaged": [
+            {"step": item.step, "worker": item.worker, "file": item.key, "problem": item.problem}
+            for item in trial.damage()
+        ],
     }
 
 
@@ -151,6 +155,12 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
     return "\n".join(lines)
 
 
+def _finished(facts: Mapping[str, object]) -> str:
+    if facts.get("capture_stopped"):
+        return ("yes, " if facts["ended"] else "training ended, ") + "but its capture stopped early (see capture)"
+    return "yes" if facts["ended"] else "no (run still live or crashed)"
+
+
 def render_summary(facts: dict[str, object]) -> str:
     modes = ", ".join(f"{mode} {count}" for mode, count in facts["steps_per_mode"].items())  # type: ignore[union-attr]
     collections = ", ".join(f"{name} {count}" for name, count in facts["tensors_per_collection"].items())  # type: ignore[union-attr]
@@ -161,11 +171,17 @@ def render_summary(facts: dict[str, object]) -> str:
         + (f" + {facts['reduction_tensors']} reductions" if facts["reduction_tensors"] else ""),
         f"  data        : {format_bytes(int(facts['bytes']))} in event files, workers {', '.join(facts['workers'])}",  # type: ignore[arg-type]
         f"  losses      : {', '.join(facts['loss_names']) or 'none captured'}",  # type: ignore[arg-type]
-        f"  finished    : {'yes' if facts['ended'] else 'no (run still live or crashed)'}",
+        f"  finished    : {_finished(facts)}",
         f"  read it     : from trainguard.trials import create_trial; create_trial({str(facts['path'])!r})",
     ]
     for worker, why in (facts.get("capture_stopped") or {}).items():  # type: ignore[union-attr]
-        lines.append(f"  capture     : {worker} stopped capturing after step {why.get('step')}: {why.get('reason')}")
+        lines.append(
+            f"  capture     : STOPPED EARLY: {worker} captured nothing from step {why.get('step')} on "
+            f"(steps saved end at {facts['last_step']}): {why.get('reason')}"
+        )
+    for item in facts.get("damaged") or []:  # type: ignore[union-attr]
+        where = "" if item.get("step") is None else f"step {item['step']} of {item.get('worker')}: "
+        lines.append(f"  damaged     : {where}{item.get('file')}: {item.get('problem')}")
     rules = render_rule_results(facts.get("rules") or [], facts.get("stopped"))  # type: ignore[arg-type]
     if rules:
         lines.append(rules)

@@ -11,6 +11,8 @@ training SIGTERMed and the files written since the last upload never reached S3.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from trainguard.services.launchers.base import ComponentSpec, JobLaunch
 from trainguard.services.launchers.local import LocalLauncher
 
 from tests.polling import wait_for
+from tests.services.conftest import REPO
 from tests.reliability.faults import (
     RestartableS3,
     fill_disk,
@@ -99,3 +102,76 @@ def test_upload_state_that_cannot_be_saved_is_kept_in_memory_and_saved_later(tmp
     blocked.unlink()
     state.flush()  # room again: the pending record is saved
     assert UploadState(blocked / ".uploader-state.json", "s3://runs/x").is_current("events/a.tfevents", 10, 1)
+
+
+def _trainguard_run(out: Path, *training: str, rules: bool = False) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "trainguard.cli", "run", "--out", str(out), "--save-interval", "1"]
+    command += ["--rules"] if rules else []
+    command += ["--", *training]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _trainguard_lines(output: str) -> list[str]:
+    """What trainguard (not the training script, which prints 'step N loss ...') wrote."""
+    return [line for line in output.splitlines() if not line.startswith("step ")]
+
+
+def test_a_full_disk_is_one_line_in_the_training_log_and_told_in_the_summary(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs as the capture disk")
+    run = tmp_path / "run"
+    try:
+        mount_small_disk(run, mib=1)
+    except OSError as error:
+        pytest.skip(str(error))
+    try:
+        process = _trainguard_run(run, *training_command("--steps", str(STEPS)))
+        output, _ = process.communicate(timeout=300)
+    finally:
+        unmount(run)
+    assert process.returncode == 0, output  # training never noticed
+    lines = _trainguard_lines(output)
+    assert "Traceback" not in output, output
+    warnings = [line for line in lines if "capture disabled" in line]
+    assert len(warnings) == 1 and "the disk is full" in warnings[0], lines
+    capture = [line for line in lines if line.startswith("  capture     : STOPPED EARLY")]
+    assert len(capture) == 1 and "the disk is full" in capture[0], lines
+    assert not [line for line in lines if line.startswith("  damaged")], lines  # the step cut short left no orphan
+
+
+def test_a_read_only_remount_is_told_in_the_summary_and_the_rules(tmp_path: Path) -> None:
+    """The run directory is remounted read-only mid-run: the hook cannot even write its
+    capture_stopped record there, so it keeps it beside the run (trainguard run's status
+    directory); the summary says where capture stopped and why, and no rule says NoIssuesFound."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to bind-mount and remount the run directory read-only")
+    run = tmp_path / "run"
+    run.mkdir()
+    if subprocess.run(["mount", "--bind", str(run), str(run)], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    process = _trainguard_run(run, *training_command("--steps", "600", "--step-seconds", "0.03"), rules=True)
+    try:
+        wait_for(lambda: len(list((run / "index").rglob("*.json"))) >= 20 or None, 120, "20 saved steps")
+        remount = subprocess.run(["mount", "-o", "remount,bind,ro", str(run)], capture_output=True, text=True)
+        assert remount.returncode == 0, remount.stderr
+        saved_before = len(list((run / "index").rglob("*.json")))
+        output, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        unmount(run)
+    assert process.returncode == 0, output
+    lines = _trainguard_lines(output)
+    assert "Traceback" not in output, output
+    warnings = [line for line in lines if "capture disabled" in line]
+    assert len(warnings) == 1 and "read-only" in warnings[0], lines
+    [capture] = [line for line in lines if line.startswith("  capture     : STOPPED EARLY")]
+    assert "read-only" in capture and "worker_0 captured nothing from step" in capture, lines
+    step = int(capture.split("from step ")[1].split()[0])
+    assert saved_before <= step + 1 < 600, (saved_before, step)
+    assert any("finished    : training ended, but its capture stopped early" in line for line in lines), lines
+    verdicts = [line for line in lines if line.startswith("    ")]
+    assert verdicts and not [line for line in verdicts if "NoIssuesFound" in line], verdicts
+    assert any(f"capture stopped early on worker_0 at step {step}" in line for line in verdicts), verdicts
+    assert sum("cannot save rule progress" in line for line in lines) <= 1, lines

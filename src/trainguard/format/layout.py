@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "COLLECTIONS_PREFIX",
+    "CAPTURE_STATUS_DIR_VARIABLE",
     "CAPTURE_STOPPED_PREFIX",
     "END_OF_TRAINING",
     "EVENTS_PREFIX",
@@ -38,6 +39,10 @@ __all__ = [
 END_OF_TRAINING = "training_job_end.ts"
 # trainguard only (smdebug readers ignore it): why a worker stopped capturing before the end.
 CAPTURE_STOPPED_PREFIX = "capture_stopped/"
+# Where the capture_stopped record of a run goes when the run itself refuses it (its file system
+# remounted read-only, its store gone): a private directory ``trainguard run`` makes and names in
+# this variable for training and its rule runner; records there name their run (``out_dir``).
+CAPTURE_STATUS_DIR_VARIABLE = "TRAINGUARD_CAPTURE_STATUS_DIR"
 # trainguard only (smdebug readers ignore it): in a run of several workers, each one's "I wrote
 # my last file". Worker 0 writes END_OF_TRAINING once all of them are there, so that the end
 # marker, which readers and uploaders take for "nothing more comes", is true for every worker.

@@ -46,6 +46,7 @@ class StepFile:
         self._file: StoreWriter | None = None
         self._offset = 0
         self._entries: list[IndexEntry] = []
+        self._ending: int | None = None  # the step whose end() failed: still the one being written
 
     @property
     def open(self) -> bool:
@@ -53,13 +54,14 @@ class StepFile:
 
     @property
     def step(self) -> int | None:
-        """The open step's number."""
-        return None if self._step is None else self._step[0]
+        """The open step's number (or the one whose end failed: the step capture stopped at)."""
+        return self._ending if self._step is None else self._step[0]
 
     def begin(self, step: int, mode: ModeKeys, mode_step: int) -> None:
         if self._step is not None:  # a step left open: finish it rather than lose it
             self.end()
         self._step = (step, mode, mode_step)
+        self._ending = None
         self._file = None
         self._offset = 0
         self._entries = []
@@ -120,6 +122,7 @@ class StepFile:
         file, self._file = self._file, None
         if step is None or file is None:
             return
+        self._ending = step[0]
         file.commit()  # the event file first: an index must never name a missing file
         index = StepIndex(
             step=step[0],
@@ -129,7 +132,17 @@ class StepFile:
             event_file=event_key(step[0], self.worker),
             tensors=self._entries,
         )
-        self.store.write(index_key(step[0], self.worker), render_index(index))
+        try:
+            self.store.write(index_key(step[0], self.worker), render_index(index))
+        except BaseException:
+            # No index (a full disk): the event file alone would read as a damaged step, and
+            # deleting it gives the space back. The step was simply not captured.
+            try:
+                self.store.delete(event_key(step[0], self.worker))
+            except Exception:  # noqa: BLE001 - the index failure is the one reported
+                pass
+            raise
+        self._ending = None
         self.bytes_written += self._offset
         self.steps_written += 1
 

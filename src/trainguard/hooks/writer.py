@@ -22,9 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.format.layout import CAPTURE_STOPPED_PREFIX
 from trainguard.hooks.step_file import StepFile
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
+from trainguard.storage.capture_status import write_capture_status_aside
 
 __all__ = ["StepWriter", "TensorItem", "TensorSource", "WriterBase", "resolve_reductions"]
 
@@ -113,6 +115,8 @@ class WriterBase:
                 self.store.write(key, data)
             except Exception as error:  # noqa: BLE001 - best effort: the failure was logged once already
                 logger.debug("trainguard: could not write %s after capture stopped: %s", key, error)
+                if key.startswith(CAPTURE_STOPPED_PREFIX):
+                    write_capture_status_aside(self.store.url, key, data, error)
                 return
 
     def _after_fork_in_child(self) -> None:
@@ -302,6 +306,7 @@ class StepWriter(WriterBase):
                 if self.failure is None:
                     self._handle(item, step_file, reductions)
             except BaseException as error:  # noqa: BLE001 - any failure disables capture
+                _note_step(error, step_file.step)  # the step capture stopped at, not training's
                 step_file.abort_quietly()
                 reductions.clear()
                 self._fail(error)
@@ -371,3 +376,13 @@ def resolve_reductions(pending: list[tuple[list[str], Any]]) -> tuple[list[str],
     names = [name for group, _ in pending for name in group]
     values = np.concatenate([np.asarray(vector, dtype=np.float64).reshape(-1) for vector in vectors])
     return names, values
+
+
+def _note_step(error: BaseException, step: int | None) -> None:
+    """Tell the hook which step was being written when ``error`` stopped capture (it reads
+    ``error.step``, as on a writer process's error): training may be several steps further."""
+    if step is not None and getattr(error, "step", None) is None:
+        try:
+            error.step = step  # type: ignore[attr-defined]
+        except AttributeError:
+            pass

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.errors import StorageError
 from trainguard.hooks.step_file import StepFile
 from trainguard.hooks.writer_process import (
     ERROR_BYTES,
@@ -173,7 +174,10 @@ class WriterProcess:
         text = f"{type(error).__name__}: {error}".encode(errors="replace")[: ERROR_BYTES - 1]
         self._map[ERROR_OFFSET : ERROR_OFFSET + len(text) + 1] = text + b"\0"
         self.slots[SLOT_FAILED] = 1
-        traceback.print_exception(error, file=sys.stderr)
+        # The training process logs the one line that says what happened (the reason above); a
+        # store that refuses writes (disk full, read-only) is no bug, so no traceback for it.
+        if not isinstance(error, StorageError):
+            traceback.print_exception(error, file=sys.stderr)
 
     def run(self, fd: int, idle_seconds: float = UNNAMED_IDLE_SECONDS) -> None:
         self.slots[SLOT_READY] = 1

@@ -161,7 +161,13 @@ class RunnerResults:
                     self._write_output(self.progress[name], diagnosis)
                 self._dirty.clear()
         except (OSError, StorageError) as error:  # never stop evaluating over a file we keep for people
-            logger.warning("trainguard rules: cannot save rule progress or output: %s", error)
+            # said once per kind of failure: a read-only run would repeat it at every save
+            kind = getattr(error, "errno", None) or type(error).__name__
+            if getattr(self, "_save_failure_logged", None) != kind:
+                self._save_failure_logged = kind
+                logger.warning("trainguard rules: cannot save rule progress or output (not repeated): %s", error)
+            else:
+                logger.debug("trainguard rules: cannot save rule progress or output: %s", error)
 
     def diagnosis(self) -> dict[str, Any]:
         """The run's diagnosis so far over every configuration (see :mod:`trainguard.rules.diagnosis`).

@@ -54,7 +54,9 @@ class _LocalWriter:
 def _storage_error(action: str, path: Path, error: OSError) -> StorageError:
     if error.errno == errno.ENOSPC:
         reason = "the disk is full; free space or point out_dir at a larger disk"
-    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    elif error.errno == errno.EROFS:
+        reason = "the file system is read-only (was it remounted read-only?); choose a writable out_dir"
+    elif error.errno in (errno.EACCES, errno.EPERM):
         reason = "permission denied; choose a writable out_dir"
     else:
         reason = error.strerror or str(error)

@@ -40,6 +40,7 @@ from trainguard.format.layout import (
 )
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
+from trainguard.storage.capture_status import read_capture_status_aside, status_dir_from_environment
 from trainguard.storage.cache import MAX_SEPARATE_RANGES, WHOLE_OBJECT_FRACTION, read_ranges
 from trainguard.trial.records import decode_record
 from trainguard.trial.state import REDUCTION_PREFIX as _REDUCTION_PREFIX
@@ -79,6 +80,7 @@ class Trial:
         self._framework: str | None = None
         self._independent_optimizers = 1
         self._checksums_declared = False
+        self._capture_status_dir = status_dir_from_environment()
         self._collections, num_workers = self._load_collections(collection_wait_timeout)
         self._collections_final = False
         self._state = RunState(
@@ -175,12 +177,15 @@ class Trial:
         return self._state.training_ended
 
     def capture_stopped(self) -> dict[str, dict[str, Any]]:
-        """Workers whose hook stopped capturing early (an internal error), with step and reason.
+        """Workers whose hook stopped capturing early (a full disk, a read-only file system, an
+        internal error), with step and reason.
 
-        A run listed here ended normally for readers (its end marker is written) but holds no
-        steps after the given one for that worker.
+        A run listed here holds no steps after the given one for that worker. The record is in
+        the run (``capture_stopped/<worker>.json``, with the end marker) or, when the run
+        refused writes altogether, beside it (see :mod:`trainguard.storage.capture_status`).
         """
-        stopped = {}
+        # records the run refused (a read-only file system) were kept beside it by the hook
+        stopped = read_capture_status_aside(self.store.url, self._capture_status_dir)
         for key in self.store.list(CAPTURE_STOPPED_PREFIX):
             worker = key[len(CAPTURE_STOPPED_PREFIX) :].removesuffix(".json")
             try:
