@@ -179,7 +179,9 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
         config_file = directory / "debughookconfig.json"
         config_file.write_text(hook_json)
         # Inside the job's own directory, never the API's working directory (policy checked it).
-        working_dir = str(SourcePolicy.check_working_dir(spec.working_dir, directory) if spec.working_dir else directory)
+        working_dir = str(
+            SourcePolicy.check_working_dir(spec.working_dir, directory) if spec.working_dir else directory
+        )
         command = (
             sys.executable, "-m", "trainguard.cli", "run", "--out", base_trial, "--config", str(config_file),
             "--", *_local_command(spec.command),

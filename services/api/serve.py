@@ -149,9 +149,7 @@ def _embedded_endpoint(data_dir: Path) -> Iterator[str]:
         log.close()
 
 
-def _banner(
-    environ: dict[str, str], credentials: dict[str, str] | None, generated_key: bool, isolation: str
-) -> str:
+def _banner(environ: dict[str, str], credentials: dict[str, str] | None, generated_key: bool, isolation: str) -> str:
     """``generated_key``: the generated pair is the endpoint's key (no keys were configured)."""
     url = f"http://{environ.get('TRAINGUARD_HOST') or '127.0.0.1'}:{environ.get('TRAINGUARD_PORT') or '8080'}"
     lines = [f"trainguard serve: API on {url} (native REST under /v1, SageMaker-compatible at /)"]
@@ -240,10 +238,11 @@ def _local_isolation(environ: dict[str, str], data_dir: Path) -> tuple[str, str]
     """(what the banner says about local jobs, why serve refuses to start or ""), for the local launcher."""
     if (environ.get("TRAINGUARD_LAUNCHER") or "").strip().lower() != "local":
         return "", ""
-    from trainguard.errors import ConfigError
     from trainguard.services.api.access_keys import AccessKeyStore
     from trainguard.services.launchers.base import LauncherError
     from trainguard.services.launchers.local_isolation import JobIsolation, unisolated_tenants_refusal
+
+    from trainguard.errors import ConfigError
 
     try:
         data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

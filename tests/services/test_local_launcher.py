@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from trainguard.services.launchers.base import ComponentSpec, ComponentState, JobLaunch
+import pytest
+
+from trainguard.services.launchers.base import ComponentSpec, ComponentState, JobLaunch, LauncherError
 from trainguard.services.launchers.local import LocalLauncher
 from tests.services.conftest import wait_for
+from tests.services.job_users import needs_root, traversable_for_jobs
 
 
 def _python(code: str) -> tuple[str, ...]:
@@ -132,3 +136,118 @@ def test_a_job_has_its_own_process_group_in_the_launchers_session(tmp_path: Path
         assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0) + 10
     finally:
         launcher.stop("job-s", None, 0)
+
+
+_REPORT = "import json, os; print(json.dumps({'environment': dict(os.environ), 'cwd': os.getcwd(), 'uid': os.getuid()}))"
+
+
+def _report(launcher: LocalLauncher, job: str) -> dict:
+    wait_for(lambda: launcher.status(job)["training"].state is ComponentState.EXITED, 30, "the report")
+    assert launcher.status(job)["training"].exit_code == 0, launcher.logs(job)
+    return json.loads(launcher.logs(job).splitlines()[-1])
+
+
+def test_a_job_gets_none_of_the_launchers_environment_and_runs_in_its_own_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secrets = {
+        "TRAINGUARD_API_TOKEN": "the-api-token-0123456789",
+        "TRAINGUARD_DATABASE_URL": "postgresql+psycopg://api:db-password@db/trainguard",
+        "TRAINGUARD_SAGEMAKER_ACCESS_KEYS": "k=AKIATGKEY0000000001:key-secret-0123456789",
+        "AWS_SECRET_ACCESS_KEY": "the-apis-aws-secret",
+        "SOME_SETTING_OF_THE_API": "an-api-setting-value",
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.chdir(tmp_path)
+    launcher = LocalLauncher(tmp_path / "local")
+    workspace = tmp_path / "jobs" / "job-env"
+    own = {"OWN_VARIABLE": "mine", "TRAINGUARD_API_TOKEN": "the-jobs-runner-token"}
+    launcher.start(JobLaunch("job-env", (ComponentSpec("training", "", _python(_REPORT), environment=own,
+                                                       working_dir="rel/dir"),), workspace=str(workspace)))  # fmt: skip
+    report = _report(launcher, "job-env")
+    environment = report["environment"]
+    assert environment["OWN_VARIABLE"] == "mine"
+    assert environment["TRAINGUARD_API_TOKEN"] == "the-jobs-runner-token"  # its own, given in its spec
+    assert "SOME_SETTING_OF_THE_API" not in environment and "AWS_SECRET_ACCESS_KEY" not in environment
+    for value in secrets.values():
+        assert value not in str(environment)
+    assert environment["PATH"] == os.environ["PATH"] and environment["LC_ALL"] == "C.UTF-8"
+    assert environment["HOME"] == str(workspace) and environment["TMPDIR"] == str(workspace / "tmp")
+    assert (workspace / "tmp").is_dir()
+    assert report["cwd"] == str(workspace / "rel" / "dir")  # the workspace's, not the launcher's cwd
+    assert not (tmp_path / "rel").exists()
+
+
+def test_a_relative_working_dir_may_not_climb_out_of_the_workspace(tmp_path: Path) -> None:
+    launcher = LocalLauncher(tmp_path / "local")
+    escaping = ComponentSpec("training", "", _python("pass"), working_dir="../../outside")
+    with pytest.raises(LauncherError, match=r"working_dir '\.\./\.\./outside' must not contain '\.\.'"):
+        launcher.start(JobLaunch("job-up", (escaping,), workspace=str(tmp_path / "jobs" / "job-up")))
+    assert not (tmp_path / "outside").exists()
+
+
+def test_the_operator_may_pass_more_variables_but_never_the_services_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINGUARD_JOB_ENV_PASSTHROUGH", "HF_HOME, TRAINGUARD_API_TOKEN")
+    with pytest.raises(LauncherError, match="TRAINGUARD_API_TOKEN"):
+        LocalLauncher(tmp_path / "refused")
+    monkeypatch.setenv("TRAINGUARD_JOB_ENV_PASSTHROUGH", "HF_HOME")
+    monkeypatch.setenv("HF_HOME", "/models")
+    launcher = LocalLauncher(tmp_path / "local")
+    launcher.start(_job("job-pass", ComponentSpec("training", "", _python(_REPORT))))
+    assert _report(launcher, "job-pass")["environment"]["HF_HOME"] == "/models"
+
+
+@needs_root
+def test_as_root_a_job_runs_as_its_own_user_and_keeps_it_across_a_restart(tmp_path: Path) -> None:
+    import stat
+    import tempfile
+
+    with traversable_for_jobs():
+        state = Path(tempfile.mkdtemp(prefix="tg-launcher-"))
+        try:
+            os.chmod(state, 0o711)
+            launcher = LocalLauncher(state / "local")
+            assert launcher.isolation.available, launcher.isolation.unavailable
+            launcher.start(_job("job-u1", ComponentSpec("training", "", _python(_REPORT))))
+            launcher.start(_job("job-u2", ComponentSpec("training", "", _python(_REPORT))))
+            first, second = _report(launcher, "job-u1"), _report(launcher, "job-u2")
+            assert first["uid"] != 0 and second["uid"] != 0 and first["uid"] != second["uid"]
+            workspace = state / "local" / "job-u1" / "workspace"
+            assert workspace.stat().st_uid == first["uid"] and stat.S_IMODE(workspace.stat().st_mode) == 0o700
+            component_dir = state / "local" / "job-u1" / "training"
+            assert component_dir.stat().st_uid == 0 and stat.S_IMODE(component_dir.stat().st_mode) == 0o700
+            launcher.restart("job-u1", "training")
+            wait_for(lambda: launcher.logs("job-u1").count('"uid"') == 2, 30, "the restarted component")
+            restarted = wait_for(
+                lambda: (s := launcher.status("job-u1")["training"]).state is ComponentState.EXITED and s, 20, "exit"
+            )
+            assert restarted.exit_code == 0
+            assert json.loads(launcher.logs("job-u1").splitlines()[-1])["uid"] == first["uid"]
+            # A stop from the launcher reaches a job running as another user.
+            sleeper = ComponentSpec("training", "", _python("import time; print('up', flush=True); time.sleep(60)"))
+            launcher.start(_job("job-u3", sleeper))
+            wait_for(lambda: "up" in launcher.logs("job-u3"), 30, "the sleeper")
+            launcher.stop("job-u3", grace_seconds=1.0)
+            stopped = wait_for(
+                lambda: (s := launcher.status("job-u3")["training"]).state is ComponentState.EXITED and s, 20, "stop"
+            )
+            assert stopped.exit_code == 143
+        finally:
+            import shutil
+
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_command_that_cannot_start_is_reported(tmp_path: Path) -> None:
+    launcher = LocalLauncher(tmp_path)
+    launcher.start(_job("job-x", ComponentSpec("training", "", ("/no/such/program", "--flag"))))
+    status = wait_for(
+        lambda: (s := launcher.status("job-x")["training"]).state is ComponentState.EXITED and s, 20, "the failure"
+    )
+    assert status.exit_code == 127
+    assert "cannot start '/no/such/program'" in status.reason and "No such file" in status.reason
+    assert "cannot start '/no/such/program'" in launcher.logs("job-x")

@@ -1,0 +1,163 @@
+"""A job on the local launcher is not the API: the real API as root, real jobs trying what they must not.
+
+A job spec runs ``job_attacks.py``, which tries to read the API token (its environment, the API
+process's environment, the credentials file), each key secret (inline and the keys file), the
+database (read and write), other jobs' files, and to write outside its own directory (the data
+dir, the jobs dir, another job, its launcher's files, the API's working directory, through a
+link it makes). Each attempt must fail, and the job must still train, capture and have its rule
+evaluated. Relative ``working_dir`` values that leave the job's directory are refused at creation.
+
+The isolation needs root (each job runs as a uid of its own); without it that test skips. The
+interpreter must be reachable by an unprivileged uid (tests/services/job_users.py opens closed
+parents for traversal while it runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.services.conftest import (
+    CUSTOM_RULE,
+    HOOK_EVERY_STEP,
+    REPO,
+    SAGEMAKER_SECRET,
+    TOKEN,
+    ApiServer,
+    training_command,
+    wait_for,
+)
+from tests.services.job_users import needs_root, traversable_for_jobs
+
+ATTACKS = Path(__file__).with_name("job_attacks.py")
+FILE_KEY_SECRET = "file-key-secret-0123456789abcdef"
+API_AWS_SECRET = "the-apis-own-aws-secret-0123456789"
+CREDENTIALS_TOKEN = "credentials-file-token-0123456789"
+
+
+@pytest.fixture
+def isolated_api() -> Iterator[ApiServer]:
+    with traversable_for_jobs():
+        yield from _isolated_api()
+
+
+def _isolated_api() -> Iterator[ApiServer]:
+    base = Path(tempfile.mkdtemp(prefix="tg-isolation-"))
+    os.chmod(base, 0o711)  # the data dir's parent, as /var/lib is
+    data_dir = base / "state"
+    data_dir.mkdir(mode=0o700)
+    keys_file = data_dir / "keys"
+    keys_file.write_text(f"alice=AKIATGALICE000000001:{FILE_KEY_SECRET}\n")
+    keys_file.chmod(0o600)
+    credentials = data_dir / "credentials.json"  # as `trainguard serve` keeps its generated secrets
+    credentials.write_text(json.dumps({"api_token": CREDENTIALS_TOKEN}))
+    credentials.chmod(0o600)
+    server = ApiServer(
+        data_dir,
+        {
+            "TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE": str(keys_file),
+            "TRAINGUARD_DATABASE_URL": f"sqlite:///{data_dir / 'trainguard.db'}",
+            "AWS_SECRET_ACCESS_KEY": API_AWS_SECRET,
+        },
+    )
+    server.log_path = base / "api.log"  # the test's, not the service's state
+    try:
+        server.start()
+        yield server
+    finally:
+        server.kill()
+        from tests.services.conftest import _stop_local_jobs
+
+        _stop_local_jobs(data_dir / "local")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _spec(name: str, command: list[str], **extra: object) -> dict:
+    return {
+        "name": name,
+        "command": command,
+        "hook_config": HOOK_EVERY_STEP,
+        "rules": [{"rule": CUSTOM_RULE, "name": "LossWatch", "parameters": {"threshold": 1000}}],
+        **extra,
+    }
+
+
+@needs_root
+def test_a_job_cannot_reach_the_apis_secrets_nor_write_outside_its_directory(isolated_api: ApiServer) -> None:
+    api = isolated_api
+    data_dir = api.data_dir
+    victim = _spec("victim", training_command("--steps", "400", "--step-seconds", "0.05"))
+    status, body = api.request("POST", "/v1/jobs", victim)
+    assert status == 201, body
+    wait_for(lambda: api.job("victim")["secondary_status"] == "Training", 60, "the other job to train")
+
+    command = [sys.executable, str(ATTACKS), str(data_dir), "victim", "attacker", str(REPO), "--", "--steps", "5"]
+    status, body = api.request("POST", "/v1/jobs", _spec("attacker", command, working_dir="sub/dir"))
+    assert status == 201, body
+    job = wait_for(
+        lambda: (j := api.job("attacker"))["status"] != "InProgress" and j["rules"][0]["status"] != "InProgress" and j,
+        120, "the attacking job to end",
+    )  # fmt: skip
+    log = api.request("GET", "/v1/jobs/attacker/logs?component=training")[1]
+    assert job["status"] == "Completed", (job, log[-3000:])
+    line = next(line for line in log.splitlines() if line.startswith("ATTACKS "))
+    report = json.loads(line[len("ATTACKS "):])
+
+    # It ran as a user of its own, in its own directory (the relative working_dir resolved there).
+    assert report["uid"] != 0 and report["gid"] != 0 and report["groups"] == [], report
+    job_dir = data_dir / "jobs" / "attacker"
+    assert report["cwd"] == str(job_dir / "sub" / "dir")
+    assert not (REPO / "sub").exists()
+    # Nothing of the API's environment: no token, key, database URL or cloud secret.
+    environment = report["environment"]
+    apis_own = {name for name in api.environment if name.startswith(("TRAINGUARD_", "AWS_", "S3_"))}
+    assert apis_own >= {"TRAINGUARD_API_TOKEN", "TRAINGUARD_DATABASE_URL", "AWS_SECRET_ACCESS_KEY"}
+    assert not set(environment) & apis_own, sorted(set(environment) & apis_own)
+    assert environment["HOME"] == str(job_dir) and environment["TMPDIR"] == str(job_dir / "tmp")
+    for secret in (TOKEN, SAGEMAKER_SECRET, FILE_KEY_SECRET, API_AWS_SECRET, CREDENTIALS_TOKEN, "sqlite:///"):
+        assert secret not in line, f"the job saw {secret!r}"
+    allowed = {"own directory", "home", "tmp"}
+    outcomes = report["outcomes"]
+    print("\n".join(f"  {name}: {outcome[:100]}" for name, outcome in outcomes.items()))
+    refused = {name: outcome for name, outcome in outcomes.items() if name not in allowed}
+    assert len(refused) == 17 and all(outcome.startswith("denied: ") for outcome in refused.values()), refused
+    assert all(outcomes[name].startswith("GOT: 'wrote ") for name in allowed), outcomes
+    for target in (data_dir / "job-was-here", data_dir / "jobs" / "job-was-here",
+                   data_dir / "jobs" / "victim" / "job-was-here", REPO / "job-was-here"):  # fmt: skip
+        assert not target.exists(), target
+
+    # ... and otherwise ran normally: it captured every step and its rule evaluated them.
+    assert job["exit_code"] == 0
+    assert job["rules"][0]["status"] == "NoIssuesFound", job["rules"][0]
+    assert job["rules"][0]["last_evaluated_step"] == 4
+    assert (job_dir / "debug-output" / "training_job_end.ts").exists()
+    assert api.job("victim")["status"] == "InProgress"  # the other job went on untouched
+
+    # The API's secrets and state keep modes only their owner passes.
+    private = [data_dir, *(data_dir / name for name in ("trainguard.db", "keys", "credentials.json", "local"))]
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in private}
+    assert modes == {"state": 0o701, "trainguard.db": 0o600, "keys": 0o600, "credentials.json": 0o600, "local": 0o700}
+    assert api.request("POST", "/v1/jobs/victim/stop?grace_seconds=2", {})[0] == 202
+    wait_for(lambda: api.job("victim")["status"] == "Stopped", 60, "the other job to stop")
+
+
+def test_a_working_dir_that_leaves_the_job_dir_is_refused_at_creation(api_factory) -> None:  # noqa: ANN001
+    # Validation at creation, as root or not: the same checks guard the unisolated service.
+    api = api_factory()
+    planted = api.data_dir / "jobs" / "leaver"
+    planted.mkdir(parents=True)
+    (planted / "link-out").symlink_to(REPO)  # a directory left from before, with a link out of it
+    for working_dir in ("..", "../victim", "sub/../../x", "/etc", str(REPO), "link-out", "link-out/deeper"):
+        status, body = api.request("POST", "/v1/jobs", _spec("leaver", ["true"], working_dir=working_dir))
+        assert 400 <= status < 500 and "working_dir" in json.dumps(body), (working_dir, status, body)
+        assert api.request("GET", "/v1/jobs/leaver")[0] == 404, working_dir  # nothing half-created
+    status, body = api.request("POST", "/v1/jobs", _spec("leaver", ["true"], working_dir="inside/it"))
+    assert status == 201, body
