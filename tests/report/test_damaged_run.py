@@ -82,3 +82,35 @@ def test_lost_index_is_named_in_the_report(plain_run: Path, tmp_path: Path, capl
     assert sum("has no index file" in message and f"step {step} of worker_0" in message for message in warnings) == 1
     assert f"{event_key(step, 'worker_0')}: event file without an index: step {step} of worker_0 is missing" in page
     assert _loss_points(gather_report(run).tensors.scalar_charts) == _points_without(plain_run, step)
+
+
+def test_an_index_stripped_of_its_checksums_is_named_and_its_step_left_out(plain_run: Path, tmp_path: Path, caplog) -> None:
+    """The hook's run promises a checksum for every payload: an index without them is damage, and
+    the report neither charts its (possibly altered) values nor hides that it left them out."""
+    import json
+
+    run, step = _damaged_copy(plain_run, tmp_path)
+    index_file = run / index_key(step, "worker_0")
+    document = json.loads(index_file.read_text())
+    for entry in document["tensor_payload"]:
+        del entry["crc32"]
+    index_file.write_text(json.dumps(document))
+
+    page, warnings = _report(run, tmp_path, caplog)
+
+    assert sum("have no crc32" in message and index_key(step, "worker_0") in message for message in warnings) == 1
+    assert f"{index_key(step, 'worker_0')}: index entries without the run&#x27;s payload checksum" in page
+    assert _loss_points(gather_report(run).tensors.scalar_charts) == _points_without(plain_run, step)
+
+
+def test_a_capture_that_stopped_early_is_said_in_the_overview(plain_run: Path, tmp_path: Path, caplog) -> None:
+    import json
+
+    run, step = _damaged_copy(plain_run, tmp_path)
+    (run / "capture_stopped").mkdir()
+    (run / "capture_stopped" / "worker_0.json").write_text(
+        json.dumps({"step": step, "reason": "StorageError: the disk is full", "time": 0.0})
+    )
+    page, _ = _report(run, tmp_path, caplog)
+    assert "Capture stopped early" in page
+    assert f"worker_0 captured nothing from step {step} on: StorageError: the disk is full" in page

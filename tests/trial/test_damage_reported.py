@@ -5,11 +5,14 @@ collections file, that it checksums every payload)."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
 import shutil
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -141,3 +144,52 @@ def test_an_intact_hook_run_still_passes(hook_run: Path, tmp_path: Path) -> None
     result = _rules_run(hook_run, tmp_path, "ExplodingTensor")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "damaged" not in result.stdout
+
+
+class _ApiRecorder(http.server.BaseHTTPRequestHandler):
+    """The API's internal rule-status endpoint, recording each report."""
+
+    reports: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        length = int(self.headers.get("Content-Length") or 0)
+        type(self).reports.append({"path": self.path, **json.loads(self.rfile.read(length))})
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_services_rule_runner_reports_the_damage_to_the_api(run: Path, tmp_path: Path) -> None:
+    """``python -m trainguard.services.rule_runner`` (a job's rule container) on a damaged run: its
+    final report to the API is Error naming the step and file, and it exits 2 (Error)."""
+    _strip_checksums_and_alter(run, 3, LOSS)
+    _ApiRecorder.reports = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ApiRecorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        environment = {
+            **os.environ,
+            "TRAINING_JOB_NAME": "damaged-job",
+            "RULE_CONFIGURATION_NAME": "Exploding",
+            "RULE_TO_INVOKE": "ExplodingTensor",
+            "BASE_TRIAL": str(run),
+            "RULE_OUTPUT_DIR": str(tmp_path / "out"),
+            "RULE_OUTBOX_DIR": str(tmp_path / "outbox"),
+            "RULE_REPORT_BATCH_S": "0",
+            "TRAINGUARD_API_URL": f"http://127.0.0.1:{server.server_address[1]}",
+            "TRAINGUARD_API_TOKEN": "runner-token",
+        }
+        result = subprocess.run([sys.executable, "-m", "trainguard.services.rule_runner"], env=environment,
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+    finally:
+        server.shutdown()
+    assert result.returncode == 2, result.stdout + result.stderr
+    statuses = [report for report in _ApiRecorder.reports if report.get("status")]
+    assert statuses and statuses[-1]["status"] == "Error", statuses
+    details = statuses[-1]["status_details"]
+    assert details.startswith("RunDamaged: step 3 of worker_0 is damaged: index/000000000/000000000003_worker_0.json")
+    assert all(report["path"] == "/v1/internal/jobs/damaged-job/rules/Exploding/status" for report in statuses)

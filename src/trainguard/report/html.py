@@ -125,6 +125,14 @@ def _overview(data: ReportData) -> str:
     ]
     if len(facts["workers"]) > 1:
         rows.append(("Plots show", f"worker {escape(facts['workers'][0])} (the first one)"))
+    for worker, why in (facts.get("capture_stopped") or {}).items():
+        rows.append(
+            ("Capture stopped early",
+             escape(f"{worker} captured nothing from step {why.get('step')} on: {why.get('reason')}"))
+        )  # fmt: skip
+    for item in facts.get("damaged") or []:
+        where = "" if item.get("step") is None else f"step {item['step']} of {item.get('worker')}: "
+        rows.append(("Damaged", escape(f"{where}{item.get('file')}: {item.get('problem')}")))
     return _table(None, [(f"<b>{escape(k)}</b>", v) for k, v in rows], "overview")
 
 
