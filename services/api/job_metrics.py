@@ -12,8 +12,12 @@ The regexes are the caller's and the log is the job's: neither may cost the API 
   backreferences or lookarounds: CreateTrainingJob refuses what it cannot compile
   (:func:`metric_regex_problem`), so describe never meets such a regex.
 * Only the log's tail is read (:data:`MAX_LOG_LINES` lines, at most :data:`MAX_LOG_CHARS`
-  characters), newest line first, and a scan stops at :data:`SCAN_BUDGET_S` with the latest values
-  found so far (newest first: what it found are the latest values).
+  characters). It is scanned in blocks of at most :data:`BLOCK_CHARS` characters (cut at line
+  breaks; a longer line is scanned in pieces of that size), newest block first, so one search is
+  bounded by a block. Each definition has its share of :data:`SCAN_BUDGET_S` and the whole scan
+  stops at it, with the latest values found so far.
+* Each line is its own text, as SageMaker matches a log line by line: ``^``/``$`` match at line
+  ends and nothing matches across a line break (RE2's ``never_nl``).
 * A scan's result is kept per job and log content; a finished job's log is not read again.
 """
 
@@ -45,7 +49,11 @@ log = logging.getLogger("trainguard.api")
 
 MAX_LOG_LINES = 20_000
 MAX_LOG_CHARS = 1024 * 1024
-SCAN_BUDGET_S = 0.5
+BLOCK_CHARS = 64 * 1024
+# A block where a definition matches is searched again in pieces of about this size, newest first,
+# for its latest value: walking every match of a block costs far more than one search does.
+_PIECE_CHARS = 4 * 1024
+SCAN_BUDGET_S = 0.25
 _CACHED_SCANS = 1024
 # RE2's default program budget: a pattern whose automaton would be larger is refused at creation.
 _RE2_MAX_MEM = 8 << 20
@@ -62,7 +70,7 @@ def _re2() -> Any:
 
 @functools.lru_cache(maxsize=4096)
 def _compile(regex: str) -> Any:
-    """The RE2 program of ``regex``; raises ValueError with RE2's reason when it has none."""
+    """The RE2 program of ``regex`` over a block of lines; ValueError with RE2's reason when it has none."""
     re2 = _re2()
     if re2 is None:
         raise ValueError(
@@ -72,8 +80,10 @@ def _compile(regex: str) -> Any:
     options = re2.Options()
     options.log_errors = False  # a refused pattern is the caller's error, reported to the caller
     options.max_mem = _RE2_MAX_MEM
+    options.never_nl = True  # never across a line break: a block of lines is matched line by line
     try:
-        return re2.compile(regex, options)
+        re2.compile(regex, options)  # what the caller wrote, so that RE2's reason quotes it as written
+        return re2.compile("(?m)" + regex, options)  # ^ and $ at each line's ends
     except re2.error as error:
         reason = error.args[0] if error.args else error
         if isinstance(reason, bytes):
@@ -108,10 +118,7 @@ def _compiled(definitions: Sequence[Any]) -> list[tuple[str, Any]]:
     return compiled
 
 
-def _value(pattern: Any, line: str) -> float | None:
-    match = pattern.search(line)
-    if match is None:
-        return None
+def _number(match: Any, pattern: Any) -> float | None:
     text = match.group(1) if pattern.groups else match.group(0)
     try:
         value = float(text)
@@ -120,35 +127,75 @@ def _value(pattern: Any, line: str) -> float | None:
     return value if math.isfinite(value) else None  # SageMaker drops values that are not numbers
 
 
+def _blocks_newest_first(text: str, size: int = BLOCK_CHARS, *, whole_lines: bool = False) -> list[str]:
+    """``text`` in pieces of about ``size`` characters, cut after a line break where there is one.
+
+    A line longer than ``size`` is cut into pieces, unless ``whole_lines``: then it is one piece.
+    """
+    blocks = []
+    end = len(text)
+    while end > 0:
+        start = max(0, end - size)
+        if start > 0:
+            newline = text.find("\n", start, end - 1)
+            if newline >= 0:  # a line break inside the piece (not its last character): cut after it
+                start = newline + 1
+            elif whole_lines:
+                start = text.rfind("\n", 0, start) + 1  # back to the start of the line (0 if none)
+        blocks.append(text[start:end])
+        end = start
+    return blocks
+
+
+def _latest_in_block(pattern: Any, block: str, deadline: float) -> float | None:
+    """The last finite value ``pattern`` finds in ``block`` (None: none, or out of time first)."""
+    if pattern.search(block) is None:
+        return None
+    for piece in _blocks_newest_first(block, _PIECE_CHARS, whole_lines=True):
+        value = None
+        for match in pattern.finditer(piece):  # the piece's last finite value is the latest
+            number = _number(match, pattern)
+            if number is not None:
+                value = number
+            if time.monotonic() > deadline:
+                return value
+        if value is not None or time.monotonic() > deadline:
+            return value
+    return None
+
+
 def final_metric_data(
     definitions: Sequence[Any], text: str, timestamp: float, *, budget_s: float = SCAN_BUDGET_S
 ) -> list[dict[str, Any]]:
     """``[{"MetricName", "Value", "Timestamp"}]``: the last finite value each definition matched.
 
-    ``text`` is the log (its tail); lines are scanned newest first, until every definition has a
-    value or ``budget_s`` has passed.
+    ``text`` is the log (its tail). Each definition searches the blocks newest first and stops at
+    the first block where it has a value, or when its share of ``budget_s`` (or all of it) is spent.
     """
-    pending = _compiled(definitions)
+    compiled = _compiled(definitions)
+    blocks = _blocks_newest_first(text.replace("\r\n", "\n").replace("\r", "\n"))
     latest: dict[str, float] = {}
-    deadline = time.monotonic() + budget_s
-    lines = text.splitlines()
-    for line in reversed(lines):
-        if not pending or time.monotonic() > deadline:
-            break
-        remaining = []
-        for name, pattern in pending:
-            value = _value(pattern, line)
-            if value is None:
-                remaining.append((name, pattern))
-            else:
-                latest.setdefault(name, value)
-        pending = [(name, pattern) for name, pattern in remaining if name not in latest]
-    if pending and lines and time.monotonic() > deadline:
-        log.info("metric scan stopped after %.1f s with %d definitions unmatched", budget_s, len(pending))
-    order = [name for name, _ in _compiled(definitions)]
+    overall = time.monotonic() + budget_s
+    share = budget_s / max(1, len(compiled))
+    cut: list[str] = []
+    for name, pattern in compiled:
+        if name in latest:
+            continue
+        deadline = min(overall, time.monotonic() + share)
+        value = None
+        for block in blocks:
+            value = _latest_in_block(pattern, block, deadline)
+            if value is not None or time.monotonic() > deadline:
+                break
+        if value is not None:
+            latest[name] = value
+        elif time.monotonic() > deadline:
+            cut.append(name)
+    if cut:
+        log.info("metric scan: %d definitions ran out of their time before a value (%s)", len(cut), ", ".join(cut[:5]))
     return [
         {"MetricName": name, "Value": latest[name], "Timestamp": timestamp}
-        for name in dict.fromkeys(order)
+        for name in dict.fromkeys(name for name, _ in compiled)
         if name in latest
     ]
 
