@@ -471,3 +471,36 @@ def test_the_stacks_launch_works_through_a_proxy_limited_to_the_jobs_network(eng
         server.shutdown()
         server.server_close()
         network.remove()
+
+
+@pytest.mark.parametrize(
+    "field, key",
+    [
+        ("WorkingDir", "WorkingDir"), ("WorkingDir", "workingdir"), ("WorkingDir", "WORKINGDIR"),
+        ("WorkingDir", "Wor\u212aingDir"), ("WorkingDir", "Work\u0131ngDir"), ("WorkingDir", "Work\u0130ngDir"),
+        ("WorkingDir", "\uff37orkingDir"), ("WorkingDir", "Working\u200bDir"), ("Hostname", "Ho\u017ftname"),
+        ("Hostname", "HOSTNAME"), ("Hostname", "Ho\u0455tname"), ("Hostname", "Hostnam\u0435"),
+    ],
+)  # fmt: skip
+def test_the_engine_folds_keys_exactly_as_the_proxy_models_it(engine, field: str, key: str) -> None:  # noqa: ANN001
+    """Straight to the engine (no proxy): a key reaches a field iff go_fold says it does."""
+    from trainguard.services.docker_proxy.gojson import go_fold
+    from trainguard.services.docker_proxy.server import UnixHTTPConnection
+
+    value = {"WorkingDir": "/probe", "Hostname": "probe"}[field]
+    body = {"Image": BASE_IMAGE, "Cmd": ["true"], "Labels": {"tgproxy-probe": "1"}, key: value}
+    connection = UnixHTTPConnection("/var/run/docker.sock", timeout=30)
+    try:
+        connection.request("POST", "/v1.41/containers/create", body=json.dumps(body).encode(),
+                           headers={"Content-Type": "application/json"})  # fmt: skip
+        created = connection.getresponse()
+        answer = json.loads(created.read())
+    finally:
+        connection.close()
+    assert created.status == 201, answer
+    container = engine.containers.get(answer["Id"])
+    try:
+        applied = container.attrs["Config"][field] == value
+    finally:
+        container.remove(force=True)
+    assert applied == (go_fold(key) == go_fold(field)), (key, applied)

@@ -203,7 +203,7 @@ def _go_atoi(text: str) -> int | None:
     return value if -(2**63) <= value < 2**63 else None
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.one_of(
     st.text(alphabet="0+- :\u0660\uff10\u00b2 \t1", max_size=8),
     st.from_regex(r"[+-]?0+(:[+-]?0*[0-9]?)?", fullmatch=True),
@@ -421,3 +421,75 @@ def test_a_pipelined_dangerous_request_is_judged_on_its_own(proxy_and_engine) ->
                              b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(bad), bad))  # fmt: skip
     assert answer.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 403" in answer, answer
     assert [entry[1] for entry in seen] == ["/_ping"]
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=10), children, max_size=3),
+    max_leaves=8,
+)
+# Per field: values the engine would take, safe and harmful alike, so that many bodies are accepted.
+_PLAUSIBLE: dict[str, list[Any]] = {
+    "User": ["10001", "+010001:10001", "0", "root", "10001:0", "00"], "Env": [["A=b"], []], "Cmd": ["true", ["a"]],
+    "Entrypoint": ["sh", []], "WorkingDir": ["/w", ""], "Image": ["img:2"], "Hostname": ["h"], "StopTimeout": [5],
+    "Labels": [{JOB_LABEL: "j"}, {JOB_LABEL: ""}, {}], "Volumes": [{"/a": {}}, {"/": {}}, {"/a": {"x": 1}}],
+    "Binds": [["tg-v:/v"], ["/:/h"], ["/anon"], ["tg-v:/v:Z"]], "NetworkMode": ["trainguard-net", "host", "bridge"],
+    "Mounts": [[{"Type": "volume", "Source": "tg-v", "Target": "/v"}],
+               [{"Type": "bind", "Source": "/", "Target": "/h"}],
+               [{"Type": "tmpfs", "Target": "/t", "TmpfsOptions": {"SizeBytes": 1024}}]],
+    "RestartPolicy": [{"Name": "always"}, {"Name": "x"}], "CapDrop": ["ALL", ["all", "NET_RAW"], []],
+    "SecurityOpt": [["no-new-privileges:true"], ["label=disable"]], "Privileged": [False, True],
+    "CapAdd": [[], ["ALL"]],
+    "Type": ["tmpfs", "volume", "bind"], "Source": ["", "tg-v", "/"], "Target": ["/t", "/"], "ReadOnly": [True],
+    "Name": ["on-failure", "no"], "MaximumRetryCount": [3, -1], "Memory": [1 << 20, -1], "PidsLimit": [64],
+    "Init": [True], "Tty": [True], "Devices": [[{"PathOnHost": "/dev/sda"}]], "TmpfsOptions": [{"Mode": 448}],
+}  # fmt: skip
+_LEVELS = {
+    "top": ["User", "Env", "Cmd", "Entrypoint", "WorkingDir", "Image", "Hostname", "StopTimeout", "Labels", "Volumes",
+            "Tty", "HostConfig", "NetworkingConfig", "Binds"],
+    "HostConfig": ["Binds", "NetworkMode", "Mounts", "RestartPolicy", "CapDrop", "SecurityOpt", "Privileged", "CapAdd",
+                   "Memory", "PidsLimit", "Init", *DANGEROUS_HOST_FIELDS],
+    "Mounts": ["Type", "Source", "Target", "ReadOnly", "TmpfsOptions", "VolumeOptions", "BindOptions"],
+    "RestartPolicy": ["Name", "MaximumRetryCount"],
+}  # fmt: skip
+
+
+def _members(where: str) -> st.SearchStrategy[dict[str, Any]]:
+    member = st.sampled_from(sorted(set(_LEVELS[where]))).flatmap(
+        lambda name: st.tuples(
+            st.one_of(st.just(name), st.just(name), st.just(name), _spellings(name)),
+            st.one_of(
+                st.sampled_from(_PLAUSIBLE.get(name, [None])), st.sampled_from(_PLAUSIBLE.get(name, [None])), _JSON
+            ),
+        )
+    )
+    unknown = st.tuples(st.text(max_size=14), _JSON)
+    return st.lists(st.one_of(member, member, member, unknown), min_size=1, max_size=3).map(dict)
+
+
+@settings(max_examples=250, deadline=None)
+@given(data=st.data(), where=st.sampled_from(sorted(_LEVELS)))
+def test_whatever_a_body_holds_only_judged_canonical_fields_are_forwarded(data: st.DataObject, where: str) -> None:
+    members = data.draw(_members(where))
+    spec = _with_host(Mounts=[{"Type": "tmpfs", "Target": "/scratch"}])
+    target = {
+        "top": spec,
+        "HostConfig": spec["HostConfig"],
+        "Mounts": spec["HostConfig"]["Mounts"][0],
+        "RestartPolicy": spec["HostConfig"]["RestartPolicy"],
+    }[where]
+    target.update(members)
+    try:
+        plan = _create(spec).container
+    except Refused:
+        return
+    forwarded = json.loads(plan.forwarded_body(plan.user or "10001"))
+    assert _names(forwarded, set()) <= FORWARDED_NAMES
+    host = forwarded["HostConfig"]
+    assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
+    assert not {"Privileged", "CapAdd", "Devices"} & set(host)
+    for mount in host.get("Mounts", []):
+        assert mount["Type"] in ("tmpfs", "volume") and not mount.get("Source", "").startswith("/")
+    assert all(not bind.startswith("/") or ":" not in bind for bind in host.get("Binds", []))
+    assert parse_user(forwarded["User"]).uid > 0
+    assert forwarded["Labels"][JOB_LABEL]
