@@ -36,7 +36,8 @@ uvicorn>=0.27
 sqlalchemy>=2.0
 docker>=7,<8
 moto[server]>=5.0
-pyyaml>=6'
+pyyaml>=6
+google-re2>=1.1'
 )
 
 fill_group() {
