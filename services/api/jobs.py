@@ -13,13 +13,14 @@ import secrets
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, load_only, sessionmaker
 from trainguard.services.actions import ActionContext, build_event, get_handler
+from trainguard.services.actions.dispatch import ActionDispatcher
+from trainguard.services.actions.outbound_policy import OutboundPolicy
 from trainguard.services.alarms import AlarmSpec, AlarmState, evaluate_alarm
 from trainguard.services.api.db import (
     ActionRow,
@@ -87,7 +88,9 @@ class JobService(JobLaunching):
         # Creations claim their names in memory and commit their rows together (group commit).
         self._name_claims = NameClaims(sessions)
         self._group_commit = GroupCommit(sessions)
-        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainguard-action")
+        # Stop actions run on their own path, never queued behind notifications (actions/dispatch.py).
+        self._actions = ActionDispatcher()
+        self._outbound = OutboundPolicy.from_settings(settings)  # where webhooks may connect
         self.starting: set[str] = set()  # jobs whose components the launcher is starting right now
         self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
         self._changed: set[str] = set()
@@ -96,7 +99,7 @@ class JobService(JobLaunching):
         )
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=False)
+        self._actions.close()
         self.launch_queue.close()
 
     # -- creation ---------------------------------------------------------------------------------
@@ -464,15 +467,19 @@ class JobService(JobLaunching):
         with self.lock:
             changed, self._changed = self._changed, set()
             with self.sessions() as session:
-                pending = list(session.scalars(select(ActionRow.id).where(ActionRow.status == "Pending")))
-            fresh = [run_id for run_id in pending if run_id not in self._submitted]
-            self._submitted.update(fresh)
-        for run_id in fresh:
-            self._executor.submit(self._run_recorded, run_id)
+                pending = session.execute(
+                    select(ActionRow.id, ActionRow.action_name, ActionRow.job_name)
+                    .where(ActionRow.status == "Pending")
+                    .order_by(ActionRow.id)
+                ).all()
+            fresh = [run for run in pending if run.id not in self._submitted]
+            self._submitted.update(run.id for run in fresh)
+        for run in fresh:
+            self._actions.submit(run.action_name, run.job_name, self._run_recorded, run.id)
         if self.settings.event_webhook_url:
             for job_name in changed:
                 action = {"name": "webhook", "url": self.settings.event_webhook_url, "retries": 2}
-                self._executor.submit(self._emit_state_change, job_name, action)
+                self._actions.submit("webhook", job_name, self._emit_state_change, job_name, action)
 
     def resume_actions(self) -> None:
         """After a restart: run actions still Pending; one that was Running when the API died is Failed."""
@@ -496,7 +503,7 @@ class JobService(JobLaunching):
 
         return ActionContext(
             job_name=job_name, stop_job=stop_job, in_progress_jobs=in_progress, smtp=dict(self.settings.smtp),
-            sns_endpoint_url=self.settings.sns_endpoint_url, region=self.settings.region,
+            sns_endpoint_url=self.settings.sns_endpoint_url, region=self.settings.region, outbound=self._outbound,
         )  # fmt: skip
 
     def _run_recorded(self, run_id: int) -> None:
