@@ -130,7 +130,7 @@ class AccessKeyStore:
         self._check(keys)
         self._file_keys, self._file_stamp = keys, stamp
 
-    def lookup(self, key_id: str) -> AccessKey | None:
+    def _refresh(self) -> None:
         if self._path is not None:
             with self._lock:
                 try:
@@ -138,7 +138,15 @@ class AccessKeyStore:
                 except (ConfigError, OSError):
                     # A broken edit of the file must not let anyone in: keep no file keys until fixed.
                     self._file_keys, self._file_stamp = {}, None
+
+    def lookup(self, key_id: str) -> AccessKey | None:
+        self._refresh()
         return self._inline.get(key_id) or self._file_keys.get(key_id)
+
+    def has_name(self, name: str) -> bool:
+        """Whether a key of this name is configured now: what a job created with it may still hold."""
+        self._refresh()
+        return any(key.name == name for key in (*self._inline.values(), *self._file_keys.values()))
 
     def __len__(self) -> int:
         return len(self._inline) + len(self._file_keys)

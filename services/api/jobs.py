@@ -35,7 +35,7 @@ from trainguard.services.api.db import (
 from trainguard.services.api.job_creation import GroupCommit, NameClaims, NameTaken, check_launchable, new_job_rows
 from trainguard.services.api.job_launch_queue import JobLaunching, JobLaunchQueue
 from trainguard.services.api.planner import plan_job
-from trainguard.services.api.policy import OPERATOR_CALLER, Caller
+from trainguard.services.api.policy import OPERATOR, OPERATOR_CALLER, Caller
 from trainguard.services.api.schemas import JobSpec
 from trainguard.services.api.settings import Settings
 from trainguard.services.api.views import native_description, sagemaker_description, sagemaker_summary
@@ -262,8 +262,13 @@ class JobService(JobLaunching):
         return [sagemaker_summary(job) for job in jobs]
 
     def runner_token(self, name: str) -> str:
+        """The job's runner token; "" (no token passes) once the key that created the job is revoked:
+        a job holds no more than its owner does."""
         with self.sessions() as session:
-            return self._job(session, name).runner_token
+            job = self._job(session, name)
+            if job.owner != OPERATOR and not self.settings.sagemaker_keys.has_name(job.owner):
+                return ""
+            return job.runner_token
 
     # -- transitions ------------------------------------------------------------------------------
     def _transition(self, session: Session, job: JobRow, secondary: str, message: str = "") -> None:

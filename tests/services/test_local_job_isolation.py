@@ -161,3 +161,51 @@ def test_a_working_dir_that_leaves_the_job_dir_is_refused_at_creation(api_factor
         assert api.request("GET", "/v1/jobs/leaver")[0] == 404, working_dir  # nothing half-created
     status, body = api.request("POST", "/v1/jobs", _spec("leaver", ["true"], working_dir="inside/it"))
     assert status == 201, body
+
+
+def _signed(api: ApiServer, key_id: str, secret: str, method: str, path: str, body: object = None) -> tuple[int, object]:
+    """A native API request signed with an access key (SigV4, service 'trainguard')."""
+    import urllib.error
+    import urllib.request
+
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    data = json.dumps(body).encode() if body is not None else b""
+    headers = {"Host": api.url.removeprefix("http://"), "Content-Type": "application/json"}
+    request = AWSRequest(method=method, url=api.url + path, data=data, headers=headers)
+    SigV4Auth(Credentials(key_id, secret), "trainguard", "us-east-1").add_auth(request)
+    prepared = urllib.request.Request(api.url + path, data=data or None, method=method, headers=dict(request.headers))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(prepared, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(errors="replace")
+
+
+def test_revoking_the_submitting_key_revokes_what_its_job_holds(api_factory, tmp_path: Path) -> None:  # noqa: ANN001
+    pytest.importorskip("botocore")
+    from trainguard.services.api.access_keys import create_key, revoke_key
+
+    keys_file = tmp_path / "keys"
+    carol = create_key(keys_file, "carol")
+    create_key(keys_file, "dave")
+    api = api_factory(TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE=str(keys_file))
+    spec = _spec("carols", training_command("--steps", "400", "--step-seconds", "0.05"))
+    status, body = _signed(api, carol.key_id, carol.secret, "POST", "/v1/jobs", spec)
+    assert status == 201, body
+    spec_file = api.data_dir / "local" / "carols" / "rule--LossWatch" / "spec.json"
+    wait_for(spec_file.exists, 30, "the rule runner")
+    runner_token = json.loads(spec_file.read_text())["environment"]["TRAINGUARD_API_TOKEN"]  # what the job holds
+    report = {"configuration_name": "LossWatch", "status": "InProgress", "last_evaluated_step": 0}
+    route = "/v1/internal/jobs/carols/rules/LossWatch/status"
+    assert api.request("POST", route, report, token=runner_token)[0] == 200
+
+    revoke_key(keys_file, "carol")
+    assert api.request("POST", route, report, token=runner_token)[0] == 401  # the job's token went with the key
+    assert api.request("POST", route, report)[0] == 200  # the operator's token still reaches the job
+    assert _signed(api, carol.key_id, carol.secret, "GET", "/v1/jobs/carols")[0] in (401, 403)
+    assert api.request("POST", "/v1/jobs/carols/stop?grace_seconds=2", {})[0] == 202
+    wait_for(lambda: api.job("carols")["status"] == "Stopped", 60, "the stop")

@@ -205,7 +205,8 @@ def test_a_custom_rule_leaves_no_temporary_directory(tmp_path: Path) -> None:
     source = tmp_path / "my_rule.py"
     source.write_text("from trainguard.rules import Rule\n")
     environment = {
-        "PATH": os.environ.get("PATH", os.defpath), "TMPDIR": str(scratch), "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        "PATH": os.environ.get("PATH", os.defpath), "TMPDIR": str(scratch),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
         "TRAINING_JOB_NAME": "job", "RULE_CONFIGURATION_NAME": "Mine", "RULE_TO_INVOKE": "NoSuchClass",
         "BASE_TRIAL": str(run), "RULE_SOURCE_URI": str(source),
     }  # fmt: skip
