@@ -78,6 +78,17 @@ def _spec(**host_config) -> dict:
     }
 
 
+def _containers(engine) -> set[str]:  # noqa: ANN001
+    """Containers these tests' specs would create (labelled tgproxy-*); other sessions' come and go.
+    Sparse: listing without inspecting each, which races with containers removed meanwhile."""
+    listed = engine.containers.list(all=True, sparse=True, filters={"label": JOB_LABEL})
+    return {c.id for c in listed if str((c.attrs.get("Labels") or {}).get(JOB_LABEL, "")).startswith("tgproxy")}
+
+
+def _volumes(engine) -> set[str]:  # noqa: ANN001
+    return {v.name for v in engine.volumes.list() if v.name.startswith("tgproxy")}
+
+
 def test_the_launcher_works_through_the_proxy(engine, proxied) -> None:  # noqa: ANN001
     name = f"tgproxy-{uuid.uuid4().hex[:8]}"
     launcher = DockerLauncher(proxied, user="10001:10001")  # the base image's default user is root
@@ -139,11 +150,11 @@ def test_the_launcher_works_through_the_proxy(engine, proxied) -> None:  # noqa:
     ],
 )
 def test_dangerous_containers_are_refused(engine, proxy_url, host_config, why) -> None:  # noqa: ANN001
-    before = {c.id for c in engine.containers.list(all=True)}
+    before = _containers(engine)
     status, answer = _raw(proxy_url, "POST", "/v1.41/containers/create", _spec(**host_config))
     assert status == 403, answer
     assert why in answer["message"]
-    assert {c.id for c in engine.containers.list(all=True)} == before  # nothing was created
+    assert _containers(engine) == before  # nothing was created
 
 
 def test_case_and_duplicate_tricks_are_refused(engine, proxy_url) -> None:  # noqa: ANN001
@@ -165,7 +176,7 @@ def test_other_containers_and_operations_are_out_of_reach(engine, proxy_url, pro
 
     outsider = engine.containers.create(BASE_IMAGE, ["sleep", "30"], name=f"not-trainguard-{uuid.uuid4().hex[:6]}")
     try:
-        assert outsider.id not in {c.id for c in proxied.containers.list(all=True)}  # listings are narrowed
+        assert outsider.id not in {c.id for c in proxied.containers.list(all=True, sparse=True)}  # narrowed
         for method, path in (
             ("GET", f"/containers/{outsider.id}/json"),
             ("POST", f"/containers/{outsider.id}/start"),
@@ -210,14 +221,6 @@ def test_root_containers_are_refused(engine, proxy_url) -> None:  # noqa: ANN001
 
 
 # -- what the engine would do, not what the request spells (issue 44) -------------------------------
-def _containers(engine) -> set[str]:  # noqa: ANN001
-    return {c.id for c in engine.containers.list(all=True)}
-
-
-def _volumes(engine) -> set[str]:  # noqa: ANN001
-    return {v.name for v in engine.volumes.list()}
-
-
 def _raw_bytes(proxy_url: str, method: str, path: str, body: bytes) -> tuple[int, str]:
     import http.client
 
