@@ -78,6 +78,11 @@ def assert_no_job(client: TestClient, name: str = NAME) -> None:
     assert all(job["name"] != name for job in client.get("/v1/jobs", headers=AUTH).json()["jobs"])
 
 
+def _algorithm(**members: Any) -> dict[str, Any]:
+    return {"TrainingImage": "img", "TrainingInputMode": "File", "ContainerEntrypoint": ["python"],
+            "ContainerArguments": ["train.py"], **members}  # fmt: skip
+
+
 def _sdk_action(**action: Any) -> str:
     return json.dumps([{"name": "webhook", "url": "http://127.0.0.1:9/hook", **action}])
 
@@ -128,6 +133,28 @@ CREATE_CASES = [
     ({"Environment": {"A": "\x00"}}, "'Environment.A'"),
     ({"HyperParameters": {"lr": "\ud800"}}, "'HyperParameters.lr'"),
     ({"Tags": [{"Key": "k", "Value": "\udfff"}]}, "Tags[0].Value"),
+    # Issue 44: accepted and failing later, or running other than asked.
+    ({"AlgorithmSpecification": _algorithm(MetricDefinitions=[{"Name": "x", "Regex": r"(a)\1"}])},
+     "AlgorithmSpecification.MetricDefinitions[0].Regex"),
+    ({"AlgorithmSpecification": _algorithm(MetricDefinitions=[{"Name": "x", "Regex": r"loss(?=:)"}])},
+     "AlgorithmSpecification.MetricDefinitions[0].Regex"),
+    ({"AlgorithmSpecification": _algorithm(MetricDefinitions=[{"Name": "x"}])},
+     "AlgorithmSpecification.MetricDefinitions[0].Regex"),
+    ({"ResourceConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 2, "VolumeSizeInGB": 10}},
+     "ResourceConfig.InstanceCount"),
+    ({"DebugRuleConfigurations": [{"RuleConfigurationName": "L" * 256, "RuleEvaluatorImage": "img",
+                                   "RuleParameters": {"rule_to_invoke": "LossNotDecreasing"}}]},
+     "DebugRuleConfigurations[0].RuleConfigurationName"),
+    ({"DebugHookConfig": {"S3OutputPath": "s3://bkt/", "HookParameters": {"include_regex": "(unclosed"}}},
+     "DebugHookConfig"),
+    ({"DebugHookConfig": {"S3OutputPath": 5}}, "DebugHookConfig.S3OutputPath"),
+    ({"ProfilerConfig": {"ProfilingIntervalInMilliseconds": "soon"}}, "ProfilerConfig.ProfilingIntervalInMilliseconds"),
+    ({"DebugRuleConfigurations": rule(action_json=_sdk_action(url="http://127.0.0.1:9/hook\r\nX-Injected: 1"))},
+     "action_json"),
+    ({"DebugRuleConfigurations": rule(action_json=_sdk_action(headers={"X-Token": "a\nX-Injected: 1"}))},
+     "action_json"),
+    ({"DebugRuleConfigurations": rule(action_json=json.dumps(
+        [{"name": "email", "endpoint": "ops@example.com\r\nBcc: all@example.com"}]))}, "action_json"),
 ]  # fmt: skip
 
 
@@ -241,6 +268,28 @@ NATIVE_CASES = [
      "body.rules.0.actions"),
     (_spec(hook_config={"HookParameters": {"save_interval": "1\x00"}}), "body.hook_config"),
     (_spec(working_dir="/etc"), "body.working_dir"),
+    # Issue 44: accepted and failing later, or running other than asked.
+    (_spec(hook_config={"HookParameters": {"include_regex": "(unclosed"}}), "body.hook_config"),
+    (_spec(hook_config={"S3OutputPath": 5}), "body.hook_config"),
+    (_spec(hook_config={"S3OutputPath": ["s3://bkt/"]}), "body.hook_config"),
+    (_spec(profiler_config={"ProfilingIntervalInMilliseconds": "soon"}), "body.profiler_config"),
+    (_spec(profiler_config={"DisableProfiler": "no"}), "body.profiler_config"),
+    (_spec(rules=[{"rule": "LossNotDecreasing", "name": "a" * 256}]), "body.rules.0.name"),
+    (_spec(environment={"A": "x" * 140_000}), "body.environment"),
+    (_spec(environment={f"V{i}": "x" * 100_000 for i in range(6)}), "body.environment"),
+    (_spec(command=["python", "\u00e9" * 70_000]), "body.command"),
+    (_spec(rules=[{"rule": "LossNotDecreasing",
+                   "actions": [{"name": "webhook", "url": "http://127.0.0.1:9/\r\nX-Injected: 1"}]}]),
+     "body.rules.0.actions"),
+    (_spec(rules=[{"rule": "LossNotDecreasing",
+                   "actions": [{"name": "webhook", "url": "http://127.0.0.1:9/", "headers": {"X-A": "1\nX-B: 2"}}]}]),
+     "body.rules.0.actions"),
+    (_spec(rules=[{"rule": "LossNotDecreasing",
+                   "actions": [{"name": "email", "endpoint": "ops@example.com\nBcc: all@example.com"}]}]),
+     "body.rules.0.actions"),
+    (_spec(resources={"cpus": 0.001}), "body.resources.cpus"),
+    (_spec(resources={"memory_mb": 1}), "body.resources.memory_mb"),
+    (_spec(resources={"instance_count": 2}), "body.resources.instance_count"),
 ]  # fmt: skip
 
 
@@ -340,13 +389,15 @@ def test_a_launch_refused_half_way_ends_the_job_failed_with_the_reason_and_no_pr
     """Fault injection: the real local launcher starts the training process, then the next component
     is refused with a ValueError. The create was accepted (launches run in the background launch
     queue, as SageMaker's), so the job must end Failed naming the error, with no process left."""
+    import dataclasses
     import time
 
+    from trainguard.services.launchers.base import JobLaunch
     from trainguard.services.launchers.local import LocalLauncher
 
     class RefusesSecondComponent(LocalLauncher):
-        def start(self, job) -> None:  # noqa: ANN001 - a JobLaunch
-            self._start_component(self._job_dir(job.job_name), job.components[0])
+        def start(self, job: JobLaunch) -> None:
+            super().start(dataclasses.replace(job, components=job.components[:1]))
             raise ValueError("embedded null byte")
 
     settings = Settings.from_env(
