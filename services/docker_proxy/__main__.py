@@ -6,8 +6,9 @@ Environment (read at start):
     TRAINGUARD_PROXY_SOCKET       the engine's socket (default /var/run/docker.sock)
     TRAINGUARD_PROXY_BIND_ROOTS   comma-separated host directories jobs may bind-mount (default none)
     TRAINGUARD_PROXY_NETWORKS     comma-separated networks job containers may join (default any)
-    TRAINGUARD_PROXY_ALLOW_ROOT   1 = let containers run as uid 0 (default: refused, whether the
-                                  request or the image's USER says root)
+    TRAINGUARD_PROXY_ALLOW_ROOT   1 = do not judge the user (uid 0 and user names pass; default: the
+                                  request's User, else the image's USER, must be a non-zero numeric
+                                  uid[:gid], in whatever spelling the runtime reads as a number)
 """
 
 from __future__ import annotations

@@ -106,6 +106,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             log.warning("refused %s %s: %s", self.command, path, refusal)
             self._refuse(refusal.status, str(refusal))
             return
+        except Exception as error:  # noqa: BLE001 - a fault of the proxy: said so, never forwarded
+            log.exception("could not judge %s %s", self.command, path)
+            self._refuse(500, f"the proxy could not judge this request ({type(error).__name__}); see its log")
+            return
         self._forward(route, forwarded_body)
 
     def _forward(self, route: Route, body: bytes | None) -> None:

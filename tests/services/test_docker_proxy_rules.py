@@ -493,3 +493,14 @@ def test_whatever_a_body_holds_only_judged_canonical_fields_are_forwarded(data: 
     assert all(not bind.startswith("/") or ":" not in bind for bind in host.get("Binds", []))
     assert parse_user(forwarded["User"]).uid > 0
     assert forwarded["Labels"][JOB_LABEL]
+
+
+def test_a_fault_of_the_proxy_is_a_500_that_forwards_nothing(proxy_and_engine, monkeypatch) -> None:  # noqa: ANN001
+    port, seen = proxy_and_engine
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(ProxyPolicy, "route", broken)
+    answer = _exchange(port, b"GET /_ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 500") and b"RuntimeError" in answer and seen == []
