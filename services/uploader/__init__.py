@@ -13,7 +13,8 @@ What the state says is on S3 is checked against a listing of the destination eve
 empty, bucket deleted; the bucket is created again) is sent again, so the end marker never stands
 over missing files. On SIGTERM (training is over, or the job is stopped) it drains, makes its final
 passes and writes the end marker itself if training wrote none (a run that captured nothing still
-ends). When S3 keeps failing past the give-up time it exits 1 naming the files not on S3; the control
+ends). A full endpoint (HTTP 507 StorageFull, or a quota) is retried like any S3 failure and logged as
+"S3 is full". When S3 keeps failing past the give-up time it exits 1 naming the files not on S3; the control
 API restarts an uploader that died otherwise (see ``trainguard.services.api.reconciler``).
 """
 

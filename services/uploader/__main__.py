@@ -6,7 +6,8 @@ UPLOADER_VERIFY_INTERVAL_S.
 Exits 0 once the end marker is uploaded (at once if a previous run already finished), and on
 SIGTERM/SIGINT (training is over, or the job is stopped) after following up to --drain seconds
 more for the end marker and final passes that write the end marker itself if training wrote none;
-2 on bad arguments; 1 when S3 kept failing past the give-up time. Before the end marker, and every
+2 on bad arguments; 1 when S3 kept failing past the give-up time (an endpoint that is full, HTTP 507
+or a quota, is retried the same way and named: "S3 is full"). Before the end marker, and every
 --verify-interval seconds, the destination is listed and whatever it lacks is sent again.
 Printed last: a JSON summary (files, bytes, PUTs, re-sent files, upload lag percentiles), then on
 failure the error naming the files that are not on S3.

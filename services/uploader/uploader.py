@@ -15,7 +15,7 @@ from typing import Any
 from trainguard.services.uploader.state import UploadState
 from trainguard.format.layout import END_OF_TRAINING, event_key, is_collections_key, parse_index_key
 
-__all__ = ["UploadStats", "Uploader", "UploaderError", "parse_s3_url"]
+__all__ = ["UploadStats", "Uploader", "UploaderError", "is_storage_full", "parse_s3_url"]
 
 log = logging.getLogger("trainguard.uploader")
 
@@ -25,8 +25,24 @@ _QUIET_S = 1.0
 _MULTIPART_THRESHOLD = 64 * 1024 * 1024
 
 
+# How S3 endpoints say they have no room: HTTP 507 (the stack's endpoint: StorageFull; MinIO:
+# XMinioStorageFull), or a quota (Ceph RGW: QuotaExceeded). Retried like any failure, but named.
+_FULL_CODES = frozenset({"StorageFull", "XMinioStorageFull", "InsufficientStorage", "QuotaExceeded"})
+_FULL_HTTP_STATUS = 507
+
+
 class UploaderError(RuntimeError):
     """Bad configuration, or S3 kept failing past the give-up time."""
+
+
+def is_storage_full(error: BaseException | None) -> bool:
+    """True when an S3 error says the endpoint (or the caller's quota) has no room left."""
+    while error is not None and getattr(error, "response", None) is None:
+        error = error.__context__  # S3UploadFailedError: the ClientError it was raised from
+    if error is None:
+        return False
+    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")  # type: ignore[attr-defined]
+    return status == _FULL_HTTP_STATUS or _error_code(error) in _FULL_CODES
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -47,6 +63,7 @@ class UploadStats:
     skipped_existing: int = 0  # found already on S3 after a restart (HEAD matched), not re-sent
     resent: int = 0  # recorded as sent, then found missing on S3 (endpoint wiped, bucket deleted): sent again
     verifications: int = 0  # listings of the destination compared with the state
+    full_refusals: int = 0  # S3 calls the endpoint refused for lack of room (retried)
     lags_s: list[float] = field(default_factory=list)  # upload done - file mtime
 
     def summary(self) -> dict[str, Any]:
@@ -57,7 +74,7 @@ class UploadStats:
 
         return {
             "files": self.files, "bytes": self.bytes, "puts": self.puts,
-            "skipped_existing": self.skipped_existing, "resent": self.resent,
+            "skipped_existing": self.skipped_existing, "resent": self.resent, "full_refusals": self.full_refusals,
             "lag_p50_s": pct(0.5), "lag_p95_s": pct(0.95), "lag_max_s": round(lags[-1], 3) if lags else None,
         }
 
@@ -358,14 +375,17 @@ class Uploader:
 
     def _with_retries(self, what: str, action: Any) -> Any:
         """Retry S3 failures with exponential backoff (0.2 s doubling to 10 s) up to the give-up time."""
+        import boto3.exceptions
         import botocore.exceptions
 
+        # upload_file (multipart) wraps the endpoint's ClientError in S3UploadFailedError.
+        retried = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, boto3.exceptions.S3UploadFailedError)
         deadline = time.monotonic() + self.give_up_after_s
         delay = 0.2
         while True:
             try:
                 return action()
-            except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+            except retried as error:
                 if (
                     isinstance(error, botocore.exceptions.ClientError)
                     and _error_code(error) == "NoSuchBucket"
@@ -378,12 +398,22 @@ class Uploader:
                         self._ensure_bucket()
                     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
                         pass  # retried below like any S3 failure
+                full = is_storage_full(error)
                 if time.monotonic() + delay > deadline:
+                    if full:
+                        raise UploaderError(
+                            f"S3 is full: s3://{self.bucket}/{self.prefix} refused {what} for "
+                            f"{self.give_up_after_s:.0f} s: {error}"
+                        ) from error
                     raise UploaderError(
                         f"S3 kept failing for {self.give_up_after_s:.0f} s on {what} "
                         f"(s3://{self.bucket}/{self.prefix}): {error}"
                     ) from error
-                log.warning("S3 error on %s (%s); retrying in %.1f s", what, error, delay)
+                if full:
+                    self.stats.full_refusals += 1
+                    log.warning("S3 is full (%s): %s waits; retrying in %.1f s", error, what, delay)
+                else:
+                    log.warning("S3 error on %s (%s); retrying in %.1f s", what, error, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
 

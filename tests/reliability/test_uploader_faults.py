@@ -88,3 +88,68 @@ def test_endpoint_gone_for_good_fails_naming_the_missing_files(s3: RestartableS3
     last = err.strip().splitlines()[-1]
     assert "not on S3" in last and "events/" in last, last
     assert json.loads(out.strip().splitlines()[-1])["uploader"] == "failed"
+
+
+@pytest.fixture
+def full_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The stack's S3 endpoint on an 8 MiB disk, filled with ballast until it answers StorageFull."""
+    from tests.e2e.s3_endpoint_process import StackS3Endpoint, fill_bucket
+    from tests.reliability.faults import mount_small_disk, unmount
+
+    for name, value in DUMMY_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    disk = tmp_path / "s3-data"
+    try:
+        mount_small_disk(disk, 8)
+    except OSError as error:
+        pytest.skip(f"needs a tmpfs for the S3 endpoint's data (root): {error}")
+    endpoint = None
+    try:
+        endpoint = StackS3Endpoint(disk, tmp_path / "s3.log", "--min-free-mb", "0")
+        endpoint.client().create_bucket(Bucket="runs")
+        endpoint.ballast = fill_bucket(endpoint.client(), "runs")
+        yield endpoint
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
+        unmount(disk)
+
+
+def _finished_run(run: Path) -> None:
+    assert subprocess.run([sys.executable, str(TRAIN), str(run), "--steps", "5", "--step-sleep", "0"], cwd=REPO).returncode == 0
+
+
+def test_full_s3_is_reported_as_full_retried_and_resumed_once_there_is_room(full_s3, tmp_path: Path) -> None:  # noqa: ANN001
+    run = tmp_path / "run"
+    _finished_run(run)
+    stderr_path = tmp_path / "uploader.err"
+    with open(stderr_path, "w") as stderr:
+        uploader = subprocess.Popen(
+            uploader_command(run, "s3://runs/full/debug-output", full_s3.url, "--give-up-after", "120"),
+            cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=stderr,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: "S3 is full" in stderr_path.read_text(), 60, "the uploader to say S3 is full")
+        assert uploader.poll() is None  # still retrying, not failed
+        for key in full_s3.ballast:  # the operator makes room
+            full_s3.client().delete_object(Bucket="runs", Key=key)
+        out, _ = uploader.communicate(timeout=120)
+    finally:
+        uploader.kill()
+    assert uploader.returncode == 0, stderr_path.read_text()[-2000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["uploader"] == "done" and summary["full_refusals"] >= 1, summary
+    assert s3_run_files(full_s3.client(), "runs", "full/debug-output") == local_run_files(run)
+
+
+def test_s3_full_past_the_give_up_time_fails_saying_so_and_naming_the_files(full_s3, tmp_path: Path) -> None:  # noqa: ANN001
+    run = tmp_path / "run"
+    _finished_run(run)
+    uploader = _uploader(run, "s3://runs/stuck/debug-output", full_s3.url, "--give-up-after", "3")
+    out, err = uploader.communicate(timeout=120)
+    assert uploader.returncode == 1, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    # The control API quotes this line as the job's failure reason.
+    assert "S3 is full" in last and "StorageFull" in last and "not on S3" in last, last
+    assert json.loads(out.strip().splitlines()[-1])["full_refusals"] >= 1
