@@ -67,15 +67,13 @@ for group in torch service; do
     done
 done
 
-# trainguard itself: rebuilt when the source changes; SOURCE_DATE_EPOCH makes the wheel's bytes
-# reproducible, so an unchanged source keeps docker's cached layer.
+# trainguard itself: rebuilt when the source changes (infra/build_app_wheel.sh: reproducible bytes,
+# and no need for the `wheel` package or any setuptools on this machine).
 app_stamp="$( (find src services -type f -not -path '*__pycache__*' -not -name '*.pyc' | LC_ALL=C sort | xargs sha256sum; sha256sum pyproject.toml setup.py) | sha256sum | cut -c1-16)"
 if [ ! -f "$WHEELHOUSE/app/.stamp" ] || [ "$(cat "$WHEELHOUSE/app/.stamp")" != "$app_stamp" ]; then
     log "wheelhouse/app: trainguard wheel"
     rm -rf "$WHEELHOUSE/app" && mkdir -p "$WHEELHOUSE/app"
-    SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel --quiet --disable-pip-version-check --no-deps \
-        --no-build-isolation -w "$WHEELHOUSE/app" . >/dev/null
-    rm -rf build/lib build/bdist.* src/*.egg-info 2>/dev/null || true
+    bash infra/build_app_wheel.sh "$WHEELHOUSE/app"
     echo "$app_stamp" >"$WHEELHOUSE/app/.stamp"
 fi
 
