@@ -1,6 +1,7 @@
 """schemathesis against the native API's own OpenAPI schema: no 5xx, and no half-created job.
 
-Bounded (a fixed number of examples per operation, derandomized) so that it runs in seconds here;
+Bounded (a fixed number of examples per operation, derandomized; ``TRAINGUARD_FUZZ_EXAMPLES``
+raises it) so that it runs in seconds here;
 both valid and schema-violating data are generated. The app runs in-process with the real local
 launcher: a generated spec that is valid starts a job, so a generated command that would run is
 swapped for a harmless one (the fuzzing is about the API, not about running random programs).
@@ -8,6 +9,7 @@ swapped for a harmless one (the fuzzing is about the API, not about running rand
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -24,7 +26,7 @@ from trainguard.services.api.settings import Settings  # noqa: E402
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HARMLESS = [sys.executable, "-c", "pass"]
-EXAMPLES = 40
+EXAMPLES = int(os.environ.get("TRAINGUARD_FUZZ_EXAMPLES", "40"))  # per operation; longer runs: raise it
 SEEN: dict[int, int] = {}  # status code -> how many answers (the fuzz must reach both 2xx and 4xx)
 
 
