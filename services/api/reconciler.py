@@ -363,13 +363,14 @@ class Reconciler:
         """A local run that ended without an end marker (nothing captured) gets one, so rules end."""
         if self.service.launcher.name not in LOCAL_PLAN_LAUNCHERS:
             return
-        marker = job_dir(self.service.settings, name) / "debug-output" / END_OF_TRAINING
-        if marker.exists():
-            return
+        from trainguard.services.launchers.local_isolation import create_in_workspace
+
+        directory = job_dir(self.service.settings, name)
+        marker = directory / "debug-output" / END_OF_TRAINING
         try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_bytes(b"")
-            log.info("training of %s ended without an end marker (nothing captured?): wrote %s", name, marker)
+            # The job owns its directory: never follow a link it planted there.
+            if create_in_workspace(directory, "debug-output", END_OF_TRAINING):
+                log.info("training of %s ended without an end marker (nothing captured?): wrote %s", name, marker)
         except OSError as error:
             log.warning("could not write the end marker %s: %s", marker, error)
 

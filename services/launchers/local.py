@@ -27,6 +27,7 @@ and execs the command.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -54,6 +55,8 @@ from trainguard.services.launchers.local_isolation import (
 )
 
 __all__ = ["LocalLauncher"]
+
+log = logging.getLogger("trainguard.launchers.local")
 
 # The wrapper: argv = [dir, identity JSON ("" for none), working dir, command...]. A no-op Python
 # handler (not SIG_IGN, which the command would inherit through exec) keeps the wrapper alive
@@ -173,6 +176,8 @@ class LocalLauncher:
         self.python = python or sys.executable
         self.environment_passthrough = passthrough_names(os.environ)
         self.isolation = JobIsolation(self.root.parent, self.python, uid_base=job_uid_base)
+        if not self.isolation.available:
+            log.warning("local jobs are not isolated from the service: %s", self.isolation.unavailable)
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped on status() to avoid zombies
         self._lock = threading.Lock()
 

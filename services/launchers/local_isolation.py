@@ -33,6 +33,7 @@ __all__ = [
     "JobIdentity",
     "JobIsolation",
     "job_environment",
+    "create_in_workspace",
     "passthrough_names",
     "unisolated_tenants_refusal",
 ]
@@ -263,3 +264,35 @@ class JobIsolation:
                     "and not the service's to open (chmod o+x it, or keep workspaces under the data dir)"
                 )
             os.chmod(ancestor, stat.S_IMODE(info.st_mode) | stat.S_IXOTH)
+
+
+def create_in_workspace(workspace: Path, *parts: str) -> bool:
+    """Create the empty file ``workspace/parts...`` (and missing directories on the way) for the
+    service, in a directory a job owns: no link on the way is followed (the job may have planted
+    one to make the service create a file elsewhere), and what is created belongs to the
+    workspace's owner. False when the file existed already."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    descriptor = os.open(workspace, flags)
+    try:
+        owner = os.fstat(descriptor)
+        for name in parts[:-1]:
+            try:
+                os.mkdir(name, 0o700, dir_fd=descriptor)
+                os.chown(name, owner.st_uid, owner.st_gid, dir_fd=descriptor, follow_symlinks=False)
+            except FileExistsError:
+                pass
+            child = os.open(name, flags, dir_fd=descriptor)
+            os.close(descriptor)
+            descriptor = child
+        try:
+            created = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                              dir_fd=descriptor)  # fmt: skip
+        except FileExistsError:
+            return False
+        try:
+            os.fchown(created, owner.st_uid, owner.st_gid)
+        finally:
+            os.close(created)
+        return True
+    finally:
+        os.close(descriptor)

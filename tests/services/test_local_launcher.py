@@ -251,3 +251,27 @@ def test_a_command_that_cannot_start_is_reported(tmp_path: Path) -> None:
     assert status.exit_code == 127
     assert "cannot start '/no/such/program'" in status.reason and "No such file" in status.reason
     assert "cannot start '/no/such/program'" in launcher.logs("job-x")
+
+
+def test_the_service_creates_files_in_a_workspace_without_following_the_jobs_links(tmp_path: Path) -> None:
+    """How the reconciler writes a missing end marker into a job's directory, which the job owns."""
+    from trainguard.services.launchers.local_isolation import create_in_workspace
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "debug-output").symlink_to(outside)  # the job pointed its output elsewhere
+    with pytest.raises(OSError):
+        create_in_workspace(linked, "debug-output", "training_job_end.ts")
+    dangling = tmp_path / "dangling"
+    (dangling / "debug-output").mkdir(parents=True)
+    (dangling / "debug-output" / "training_job_end.ts").symlink_to(outside / "created-by-the-service")
+    assert create_in_workspace(dangling, "debug-output", "training_job_end.ts") is False
+    assert list(outside.iterdir()) == []
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert create_in_workspace(plain, "debug-output", "training_job_end.ts") is True
+    assert (plain / "debug-output" / "training_job_end.ts").is_file()
+    assert create_in_workspace(plain, "debug-output", "training_job_end.ts") is False  # there already
