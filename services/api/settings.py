@@ -42,7 +42,7 @@ ENVIRONMENT: dict[str, str] = {
     "0 = at once), so a burst of creations is answered before its jobs take the CPU",
     "TRAINGUARD_LAUNCH_MAX_DELAY_SECONDS": "the longest an accepted job waits for a burst to settle "
     "(default 2, at most 600)",
-    "TRAINGUARD_JOB_CPU_SHARES": "CPU weight (docker --cpu-shares, 2-262144) of docker-launcher job containers, below the services' (default 2)",
+    "TRAINGUARD_JOB_CPU_SHARES": "CPU weight (docker --cpu-shares, 2-262144) of docker-launcher job containers, below the services' 1024 (default 256)",
     "TRAINGUARD_JOB_NICENESS": "CPU niceness 0-19 of local-launcher job processes, below the API's (default 10)",
     "TRAINGUARD_JOB_UID_BASE": "local launcher as root: job N runs as uid/gid BASE+N, no groups (default 2100000000)",
     "TRAINGUARD_JOB_ENV_PASSTHROUGH": "comma-separated variables local jobs inherit beyond PATH, PYTHONPATH, the locale "

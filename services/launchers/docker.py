@@ -43,8 +43,10 @@ _RUNNING_STATES = {"running", "restarting", "paused", "removing"}
 _EXITED_STATES = {"exited", "dead"}
 _CONNECT_TIMEOUT_S = 30
 _PIDS_LIMIT = 4096  # a fork bomb in a job stops here, not at the host's limit
-# Job containers yield the CPU to the stack's services (API, S3, proxy) under contention.
-_DEFAULT_CPU_SHARES = 2
+# Job containers yield most of the CPU to the stack's services (API, S3, proxy: Docker's 1024)
+# under contention, but not all of it: at the minimum weight (2) a job beside any busy container
+# of default weight got next to no CPU (bench/cpu_shares.py).
+_DEFAULT_CPU_SHARES = 256
 
 
 def container_name(job_name: str, role: str) -> str:
@@ -108,10 +110,11 @@ class DockerLauncher:
             init: run an init process as PID 1 in each container (reaps zombies, forwards signals).
             user: user[:group] of every container; default env TRAINGUARD_JOB_USER (unset: the image's).
             cpu_shares: CPU weight of every job container, as ``docker run --cpu-shares`` (2-262144);
-                default env TRAINGUARD_JOB_CPU_SHARES, else 2. Every container is its own cgroup with
-                the API container's weight by default, so 20 busy job containers made 10 ms of the
-                API's CPU work take 87 ms at p50 (138 at p95); at 2 it took 12 ms (14). Jobs share
-                the CPU evenly among themselves and still get all of it when the services are idle.
+                default env TRAINGUARD_JOB_CPU_SHARES, else 256. Every container is its own cgroup,
+                with the API container's weight (1024) unless told otherwise: at 1024 busy jobs
+                slow the API's requests down; at 2 a job beside any busy default-weight container
+                (another stack, a build) starves. Jobs share the CPU evenly among themselves and
+                get all of it when nothing else wants it.
         """
         self.cpu_shares = bounded_int(
             cpu_shares, "TRAINGUARD_JOB_CPU_SHARES", _DEFAULT_CPU_SHARES, 2, 262144, "cpu_shares"
