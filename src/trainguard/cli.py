@@ -184,7 +184,13 @@ def _run(args: argparse.Namespace) -> int:
     environment = _child_environment(args, out_dir)
     specs = _rule_specs(args)
     config_dir = _configure_capture_for_rules(args, specs, environment) if specs else None
-    status_dir = _capture_status_dir(environment)
+    from trainguard.format.layout import CAPTURE_STATUS_DIR_VARIABLE
+
+    # A private directory where the hook keeps its capture_stopped record when the run refuses it
+    # (a read-only file system): training, the rule runner and the summary (this process) read it.
+    status_dir = tempfile.mkdtemp(prefix="trainguard-capture-status-")
+    previous = os.environ.get(CAPTURE_STATUS_DIR_VARIABLE)
+    environment[CAPTURE_STATUS_DIR_VARIABLE] = os.environ[CAPTURE_STATUS_DIR_VARIABLE] = status_dir
     try:
         _validate(environment, out_dir)
         return _supervise(args, command, environment, out_dir, specs)
@@ -192,16 +198,10 @@ def _run(args: argparse.Namespace) -> int:
         if config_dir:
             shutil.rmtree(config_dir, ignore_errors=True)
         shutil.rmtree(status_dir, ignore_errors=True)
-
-
-def _capture_status_dir(environment: dict[str, str]) -> str:
-    """A private directory where the hook keeps its capture_stopped record when the run refuses
-    it (a read-only file system): training, the rule runner and the summary are all told of it."""
-    from trainguard.format.layout import CAPTURE_STATUS_DIR_VARIABLE
-
-    status_dir = tempfile.mkdtemp(prefix="trainguard-capture-status-")
-    environment[CAPTURE_STATUS_DIR_VARIABLE] = os.environ[CAPTURE_STATUS_DIR_VARIABLE] = status_dir
-    return status_dir
+        if previous is None:
+            os.environ.pop(CAPTURE_STATUS_DIR_VARIABLE, None)
+        else:
+            os.environ[CAPTURE_STATUS_DIR_VARIABLE] = previous
 
 
 def _supervise(
