@@ -400,7 +400,14 @@ class JobSpec(BaseModel):
     @field_validator("environment")
     @classmethod
     def _exec_environment(cls, value: dict[str, str]) -> dict[str, str]:
+        from trainguard.services.sagemaker_container.contract import CONTRACT_ENV
+
         for key, item in value.items():
+            if key == CONTRACT_ENV and _exec_string(item, len(key) + 1) > MAX_EXEC_STRING_BYTES:
+                raise ValueError(  # what a SageMaker request makes of its members, passed as one variable
+                    f"HyperParameters: with the channels and settings, the job's SageMaker container contract is "
+                    f"{_exec_string(item)} bytes; at most {MAX_EXEC_STRING_BYTES} pass to a job (shorten the values)"
+                )
             if _exec_string(item, len(key) + 1) > MAX_EXEC_STRING_BYTES:
                 raise ValueError(
                     f"{key}: '{key}=value' is over {MAX_EXEC_STRING_BYTES} bytes (UTF-8), the most exec(2) takes for "

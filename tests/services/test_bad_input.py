@@ -155,6 +155,8 @@ CREATE_CASES = [
      "action_json"),
     ({"DebugRuleConfigurations": rule(action_json=json.dumps(
         [{"name": "email", "endpoint": "ops@example.com\r\nBcc: all@example.com"}]))}, "action_json"),
+    # Valid members whose container contract (one environment variable) exec could not take.
+    ({"HyperParameters": {f"hp{i}": "x" * 2500 for i in range(60)}}, "HyperParameters"),
 ]  # fmt: skip
 
 
