@@ -12,7 +12,8 @@ Faults (nothing is repaired by hand: recovering is the service's job):
   kill-uploader     docker kill of tg-<job>-uploader; the API's reconciler must restart it
   kill-runner       docker kill of the job's rule-runner container; the reconciler must restart it
   restart-api       docker compose restart api (the job must outlive it)
-  restart-s3-empty  the s3 service killed and started again; it is moto, in memory, no volume, so
+  restart-s3-empty  the s3 service killed and started again; it is moto: its object bytes are
+                    unlinked temporary files on the s3-data volume and its index is in memory, so
                     it comes back with no bucket and no object (checked, not assumed)
   pause-s3          docker pause of the s3 container for 5 s, then unpause
 
@@ -142,8 +143,9 @@ def inject(stack: Stack, fault: str, job_name: str) -> str:
         stack.compose("restart", "api")
         stack.compose("up", "-d", "--wait", "api")  # healthy again before the run is judged
     elif fault == "restart-s3-empty":
-        # moto keeps everything in memory and the service mounts no volume (checked here, so a
-        # future volume cannot quietly turn this fault into a plain restart).
+        # moto keeps its index in memory and its object bytes in unlinked temporary files (on the
+        # s3-data volume), so a restart empties it; checked below, so a persistent endpoint
+        # cannot quietly turn this fault into a plain restart.
         container = _service_container(stack, "s3")
         mounts = _docker("inspect", "-f", "{{range .Mounts}}{{.Type}}:{{.Destination}} {{end}}", container)
         stack.s3().create_bucket(Bucket=SENTINEL)

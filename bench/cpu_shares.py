@@ -114,7 +114,7 @@ def main() -> int:
         print(f"host load average {' '.join(load)}; {args.jobs} busy jobs + {args.neighbours} busy neighbours "
               f"at 1024; probe {args.seconds:.0f} s", flush=True)  # fmt: skip
         baseline = measure(stack, args.image, None, 0, 0, args.seconds)
-        print(f"| job cpu_shares | probe steps/s | vs alone | /health p50 | p95 | max | n |", flush=True)
+        print("| job cpu_shares | probe steps/s | vs alone | /health p50 | p95 | max | n |", flush=True)
         print("|---|---|---|---|---|---|---|", flush=True)
 
         def row(result: dict, label: str) -> None:

@@ -1,13 +1,15 @@
 """Many jobs back to back on the real compose stack: does its S3 keep everything it is given?
 
 Each job is the demo script (every step saved, ExplodingTensor watching it), submitted once the
-previous one has settled. Per job it prints the final statuses, files written (the job's tensors
-volume) vs files on S3 (keys, sizes, MD5 ETags), and what the uploader said about S3: its retried
-S3 errors and "S3 is full" refusals (its log) and its summary line. At the end: the total time,
+previous one has settled (``--parallel N``: once one of the N in flight has). Per job it prints
+the final statuses, files written (the job's tensors volume) vs files on S3 (keys, sizes, MD5
+ETags), and what the uploader said about S3: its retried S3 errors and "S3 is full" refusals (its
+log) and its summary line. At the end: the total time,
 the S3 endpoint's memory, open files and the bytes on its data volume.
 
     python bench/stack_jobs.py                    # 50 jobs of 40 steps
     python bench/stack_jobs.py --jobs 5 --steps 20
+    python bench/stack_jobs.py --parallel 3          # on a machine too busy for 50 in a row
 
 Jobs stay on S3 (that is the point: S3 fills up); their containers and volumes are removed once
 judged. Exit status 1 when any job lost a file, did not end Completed + NoIssuesFound, or its
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,7 +67,8 @@ class JobResult:
         text = (f"job {self.index:3d} {self.name}: {self.status}/{self.rule_status}, files written {self.written}, "
                 f"on S3 {self.on_s3}, lost {len(self.lost)}, differing {len(self.differing)}, "
                 f"uploader S3 errors {self.s3_errors} (full {self.full_refusals}), "
-                f"puts {summary.get('puts')}, bytes {summary.get('bytes')}, {self.seconds:.0f} s ({self.phases})")  # fmt: skip
+                f"puts {summary.get('puts')}, bytes {summary.get('bytes')}, "
+                f"{self.seconds:.0f} s ({self.phases})")  # fmt: skip
         if not self.ok and self.reason:
             text += f" ({self.reason[:300]})"
         return text
@@ -116,7 +120,8 @@ def s3_endpoint_usage(stack: Stack) -> str:
     container = stack.compose("ps", "-q", "s3").stdout.strip()
     script = ("grep VmRSS /proc/1/status; echo open files: $(ls /proc/1/fd | wc -l); "
               "df -k /data | tail -1; df -k /tmp | tail -1")  # fmt: skip
-    result = subprocess.run(["docker", "exec", container, "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(["docker", "exec", container, "sh", "-c", script],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
     return " | ".join(line.strip() for line in result.stdout.splitlines())
 
 
@@ -139,6 +144,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--settle-timeout", type=float, default=600.0, help="seconds a job may take to settle")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="jobs in flight at once (1: each submitted once the previous one settled)")
     parser.add_argument("--usage-every", type=int, default=10, help="print the S3 endpoint's usage every N jobs")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _terminate)
@@ -149,13 +156,17 @@ def main() -> int:
         print(f"bringing up compose project {stack.project} ...", flush=True)
         stack.up()
         print(f"S3 endpoint at start: {s3_endpoint_usage(stack)}", flush=True)
-        for index in range(args.jobs):
+        def one(index: int) -> JobResult:
             result = run_job(stack, index, args.steps, args.step_sleep, args.settle_timeout)
-            results.append(result)
-            print(result.line(), flush=True)
             remove_job(result.name)
-            if (index + 1) % args.usage_every == 0:
-                print(f"S3 endpoint after {index + 1} jobs: {s3_endpoint_usage(stack)}", flush=True)
+            return result
+
+        with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+            for result in pool.map(one, range(args.jobs)):
+                results.append(result)
+                print(result.line(), flush=True)
+                if len(results) % args.usage_every == 0:
+                    print(f"S3 endpoint after {len(results)} jobs: {s3_endpoint_usage(stack)}", flush=True)
     except KeyboardInterrupt:
         print("interrupted: tearing the stack down", flush=True)
         return 130

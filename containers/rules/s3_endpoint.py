@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=env("TRAINGUARD_S3_DATA_DIR", "/data"),
                         help="where object bytes are stored (a volume); env TRAINGUARD_S3_DATA_DIR")  # fmt: skip
     parser.add_argument("--min-free-mb", type=float, default=float(env("TRAINGUARD_S3_MIN_FREE_MB", "1024")),
-                        help="refuse writes that would leave less free on --data-dir; env TRAINGUARD_S3_MIN_FREE_MB")  # fmt: skip
+                        help="refuse writes that would leave less free on --data-dir; "
+                        "env TRAINGUARD_S3_MIN_FREE_MB")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="s3_endpoint: %(levelname)s %(message)s")
     if args.min_free_mb < 0:
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import run_simple
 
-    storage = StorageGuard(DomainDispatcherApplication(create_backend_app), args.data_dir, int(args.min_free_mb * 1024 * 1024))
+    moto = DomainDispatcherApplication(create_backend_app)
+    storage = StorageGuard(moto, args.data_dir, int(args.min_free_mb * 1024 * 1024))
     log.info(
         "object bytes in %s (%d MiB free, writes refused below %.0f MiB; %d open files allowed)",
         args.data_dir, storage.free_bytes() >> 20, args.min_free_mb, open_files,

@@ -379,7 +379,9 @@ class Uploader:
         import botocore.exceptions
 
         # upload_file (multipart) wraps the endpoint's ClientError in S3UploadFailedError.
-        retried = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, boto3.exceptions.S3UploadFailedError)
+        retried = (
+            botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, boto3.exceptions.S3UploadFailedError
+        )
         deadline = time.monotonic() + self.give_up_after_s
         delay = 0.2
         while True:

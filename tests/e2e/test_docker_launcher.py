@@ -62,7 +62,7 @@ def test_start_status_logs_stop_and_find_again(client, job_name):  # noqa: ANN00
     host_config = training.attrs["HostConfig"]
     assert host_config["NanoCpus"] == 500_000_000
     assert host_config["Memory"] == 128 * 1024 * 1024
-    assert host_config["CpuShares"] == 256  # a quarter of the stack services' 1024: the API keeps priority, jobs still run
+    assert host_config["CpuShares"] == 256  # a quarter of the services' 1024: the API keeps priority, jobs run
     assert any(m["Type"] == "volume" and m["Name"] == f"tg-{job_name}-tensors" for m in training.attrs["Mounts"])
 
     _wait(lambda: "hello from training" in launcher.logs(job_name, "training"))

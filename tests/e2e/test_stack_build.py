@@ -24,8 +24,10 @@ def test_the_app_wheel_builds_without_the_wheel_package(tmp_path: Path) -> None:
     python = venv / "bin" / "python"
     assert subprocess.run([str(python), "-c", "import wheel"], capture_output=True).returncode != 0
     out = tmp_path / "wheels"
-    result = subprocess.run(["bash", "infra/build_app_wheel.sh", str(out)], cwd=REPO,
-                            env={**os.environ, "PYTHON": str(python)}, capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        ["bash", "infra/build_app_wheel.sh", str(out)], cwd=REPO, env={**os.environ, "PYTHON": str(python)},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     (wheel,) = out.glob("trainguard-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())

@@ -117,7 +117,8 @@ def full_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _finished_run(run: Path) -> None:
-    assert subprocess.run([sys.executable, str(TRAIN), str(run), "--steps", "5", "--step-sleep", "0"], cwd=REPO).returncode == 0
+    command = [sys.executable, str(TRAIN), str(run), "--steps", "5", "--step-sleep", "0"]
+    assert subprocess.run(command, cwd=REPO).returncode == 0
 
 
 def test_full_s3_is_reported_as_full_retried_and_resumed_once_there_is_room(full_s3, tmp_path: Path) -> None:  # noqa: ANN001
