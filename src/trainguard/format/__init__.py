@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # type checkers and editors see the names; the interpreter loads them on use
     from trainguard.format.index import (
-        PAYLOAD_CHECKSUMS_META,
         IndexEntry,
         StepIndex,
         declares_payload_checksums,
@@ -23,7 +22,6 @@ if TYPE_CHECKING:  # type checkers and editors see the names; the interpreter lo
     from trainguard.format.tensor_codec import DecodedTensor, EncodedTensor, decode_event, encode_tensor_event
 
 _HOME = {
-    "PAYLOAD_CHECKSUMS_META": "index",
     "declares_payload_checksums": "index",
     "IndexEntry": "index",
     "StepIndex": "index",
@@ -39,7 +37,6 @@ _HOME = {
 }
 
 __all__ = [
-    "PAYLOAD_CHECKSUMS_META",
     "DecodedTensor",
     "EncodedTensor",
     "IndexEntry",
