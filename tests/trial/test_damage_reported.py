@@ -193,3 +193,17 @@ def test_the_services_rule_runner_reports_the_damage_to_the_api(run: Path, tmp_p
     details = statuses[-1]["status_details"]
     assert details.startswith("RunDamaged: step 3 of worker_0 is damaged: index/000000000/000000000003_worker_0.json")
     assert all(report["path"] == "/v1/internal/jobs/damaged-job/rules/Exploding/status" for report in statuses)
+
+
+def test_the_summary_names_each_damaged_file_with_its_step(run: Path) -> None:
+    from trainguard.summary import describe_run, render_summary
+
+    _strip_checksums_and_alter(run, 3, LOSS)
+    (run / index_key(5, "worker_0")).unlink()
+    facts = describe_run(create_trial(run))
+    assert [(item["step"], item["file"]) for item in facts["damaged"]] == [
+        (3, index_key(3, "worker_0")), (5, event_key(5, "worker_0"))
+    ]
+    lines = [line for line in render_summary(facts).splitlines() if line.startswith("  damaged     : ")]
+    assert lines[0].startswith(f"  damaged     : step 3 of worker_0: {index_key(3, 'worker_0')}: index entries without")
+    assert lines[1] == f"  damaged     : step 5 of worker_0: {event_key(5, 'worker_0')}: event file without an index: step 5 of worker_0 is missing"
