@@ -17,6 +17,7 @@ no stream, as a job that does not exist.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from trainguard.services.api.jobs import JobNotFound, JobService
@@ -122,7 +123,8 @@ def get_log_events(service: JobService, body: dict[str, Any], caller: Caller) ->
     token = body.get("nextToken")
     lines = _log_lines(service, job_name, caller)
     if token is not None:
-        if not isinstance(token, str) or not token.startswith("f/") or not token[2:].isdigit():
+        # ASCII digits, as this server hands them out ('²' is a digit to isdigit, not to int)
+        if not isinstance(token, str) or not re.fullmatch(r"f/[0-9]{1,15}", token):
             raise SageMakerError("InvalidParameterException", "nextToken is not a token this server handed out")
         first = int(token[2:])
     else:

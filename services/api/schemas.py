@@ -227,10 +227,14 @@ def _step(parameters: dict[str, Any], key: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)) or (
-        isinstance(value, str) and not value.strip().isdigit()
+        isinstance(value, str) and not (value.strip().isascii() and value.strip().isdigit())
     ):
         raise ValueError(f"parameters.{key}: must be a non-negative integer step, got {value!r}")
+    if isinstance(value, str) and len(value.strip()) > len(str(MAX_STEP)):
+        raise ValueError(f"parameters.{key}: {value.strip()[:24]}... is too large (at most {MAX_STEP})")
     step = int(value)
+    if step < 0:
+        raise ValueError(f"parameters.{key}: must be a non-negative integer step, got {value!r}")
     if step > MAX_STEP:
         raise ValueError(f"parameters.{key}: {step} is too large (at most {MAX_STEP})")
     return step

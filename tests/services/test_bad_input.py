@@ -120,6 +120,8 @@ CREATE_CASES = [
     ({"DebugRuleConfigurations": rule(rule_to_invoke="os:system")}, "rule_to_invoke"),
     ({"DebugRuleConfigurations": rule(start_step="abc")}, "start_step"),
     ({"DebugRuleConfigurations": rule(start_step="5", end_step="2")}, "end_step"),
+    ({"DebugRuleConfigurations": rule(start_step="\u00b2")}, "start_step"),
+    ({"DebugRuleConfigurations": rule(start_step="9" * 4000)}, "start_step"),
     ({"DebugRuleConfigurations": rule(action_json=_sdk_action(retries=1000000))}, "retries"),
     ({"DebugRuleConfigurations": rule(action_json=_sdk_action(retries="many"))}, "retries"),
     ({"DebugRuleConfigurations": rule(action_json=json.dumps([{"name": "stoptraining", "grace_seconds": 1e308}]))},
@@ -208,6 +210,29 @@ def test_list_with_a_bad_member_is_a_validation_exception_naming_it(client, memb
     status, body = sagemaker(client, "ListTrainingJobs", members)
     assert (status, body["__type"]) == (400, "ValidationException"), body
     assert f"'{member}'" in body["message"], body["message"]
+
+
+def test_log_reads_with_tokens_this_server_never_handed_out_are_refused(client) -> None:
+    """GetLogEvents (fit(logs=True)): a nextToken is 'f/<ASCII digits>'; '²' is a digit to
+    str.isdigit but not to int(), and 5,000 digits are over int()'s limit: both were 500s."""
+    import time
+
+    assert client.post("/v1/jobs", headers=AUTH, json=_spec()).status_code == 201
+    deadline = time.monotonic() + 20
+    status, described = sagemaker(client, "DescribeTrainingJob", {"TrainingJobName": NAME})
+    while "TrainingStartTime" not in described and time.monotonic() < deadline:
+        time.sleep(0.1)
+        status, described = sagemaker(client, "DescribeTrainingJob", {"TrainingJobName": NAME})
+    stream = f"{NAME}/algo-1-{int(float(described['TrainingStartTime']))}"
+    group = "/aws/sagemaker/TrainingJobs"
+    response = client.post("/", content=json.dumps({"logGroupName": group, "logStreamName": stream}),
+                           headers={**AUTH, "X-Amz-Target": "Logs_20140328.GetLogEvents"})  # fmt: skip
+    assert response.status_code == 200, response.text
+    for token in ("f/\u00b2", "f/" + "9" * 5000, "f/-1", "b/0", 7):
+        body = {"logGroupName": group, "logStreamName": stream, "nextToken": token}
+        response = client.post("/", content=json.dumps(body), headers={**AUTH, "X-Amz-Target": "Logs_20140328.GetLogEvents"})
+        assert response.status_code == 400, (token, response.text)
+        assert response.json()["__type"] == "InvalidParameterException"
 
 
 def test_describe_and_stop_of_bad_or_unknown_names(client) -> None:
