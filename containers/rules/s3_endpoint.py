@@ -94,7 +94,11 @@ class StorageGuard:
         except OSError as error:
             if error.errno not in _FULL_ERRNOS:
                 raise
-            return self._full(environ, start_response, f"the S3 endpoint could not store the object: {error.strerror}")
+            message = f"the S3 endpoint could not store the object: {error.strerror}"
+            if error.errno in (errno.EMFILE, errno.ENFILE):
+                # Each stored object holds one open file: the descriptor limit caps the object count.
+                message += "; it holds as many objects as its open-file limit (ulimit -n) allows"
+            return self._full(environ, start_response, message)
 
     @staticmethod
     def _drain(environ: dict[str, Any]) -> None:
