@@ -29,7 +29,8 @@ def test_the_declaration_is_one_meta_key_smdebug_ignores() -> None:
 
 
 def test_checksums_survive_render_and_parse_and_may_be_absent() -> None:
-    index = StepIndex(3, "worker_0", ModeKeys.TRAIN, 3, "events/x", [IndexEntry("a", 0, 20, 7), IndexEntry("b", 20, 20)])
+    entries = [IndexEntry("a", 0, 20, 7), IndexEntry("b", 20, 20)]
+    index = StepIndex(3, "worker_0", ModeKeys.TRAIN, 3, "events/x", entries)
     document = json.loads(render_index(index))
     assert [entry.get("crc32") for entry in document["tensor_payload"]] == [7, None]
     parsed = parse_index(render_index(index), step=3, worker="worker_0", path="p")

@@ -20,7 +20,6 @@ from trainguard.services.launchers.base import ComponentSpec, JobLaunch
 from trainguard.services.launchers.local import LocalLauncher
 
 from tests.polling import wait_for
-from tests.services.conftest import REPO
 from tests.reliability.faults import (
     RestartableS3,
     fill_disk,
@@ -31,7 +30,7 @@ from tests.reliability.faults import (
     uploader_command,
 )  # fmt: skip
 from tests.s3_server import DUMMY_CREDENTIALS
-from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, training_command
+from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, REPO, training_command
 from trainguard.format.layout import END_OF_TRAINING
 
 STEPS = 300

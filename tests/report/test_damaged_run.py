@@ -84,7 +84,8 @@ def test_lost_index_is_named_in_the_report(plain_run: Path, tmp_path: Path, capl
     assert _loss_points(gather_report(run).tensors.scalar_charts) == _points_without(plain_run, step)
 
 
-def test_an_index_stripped_of_its_checksums_is_named_and_its_step_left_out(plain_run: Path, tmp_path: Path, caplog) -> None:
+def test_an_index_stripped_of_its_checksums_is_named_and_its_step_left_out(plain_run: Path, tmp_path: Path,
+                                                                          caplog) -> None:
     """The hook's run promises a checksum for every payload: an index without them is damage, and
     the report neither charts its (possibly altered) values nor hides that it left them out."""
     import json

@@ -71,7 +71,11 @@ def test_a_trial_reads_the_record_kept_beside_its_run(tmp_path: Path, monkeypatc
 
 @pytest.mark.parametrize(
     ("code", "said"),
-    [(errno.EROFS, "the file system is read-only"), (errno.ENOSPC, "the disk is full"), (errno.EACCES, "permission denied")],
+    [
+        (errno.EROFS, "the file system is read-only"),
+        (errno.ENOSPC, "the disk is full"),
+        (errno.EACCES, "permission denied"),
+    ],
 )
 def test_local_store_errors_say_what_the_disk_did(code: int, said: str) -> None:
     assert said in str(_storage_error("create", Path("/run/x"), OSError(code, "os text")))

@@ -206,4 +206,7 @@ def test_the_summary_names_each_damaged_file_with_its_step(run: Path) -> None:
     ]
     lines = [line for line in render_summary(facts).splitlines() if line.startswith("  damaged     : ")]
     assert lines[0].startswith(f"  damaged     : step 3 of worker_0: {index_key(3, 'worker_0')}: index entries without")
-    assert lines[1] == f"  damaged     : step 5 of worker_0: {event_key(5, 'worker_0')}: event file without an index: step 5 of worker_0 is missing"
+    assert lines[1] == (
+        f"  damaged     : step 5 of worker_0: {event_key(5, 'worker_0')}: "
+        "event file without an index: step 5 of worker_0 is missing"
+    )

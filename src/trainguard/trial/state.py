@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import bisect
 import logging
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from trainguard.errors import FormatError, ObjectNotFound, StorageError
 from trainguard.format.index import IndexEntry, StepIndex, parse_index
-from trainguard.format.layout import END_OF_TRAINING, EVENTS_PREFIX, INDEX_PREFIX, index_key, parse_index_key
+from trainguard.format.layout import (
+    END_OF_TRAINING,
+    EVENTS_PREFIX,
+    INDEX_PREFIX,
+    index_key,
+    parse_event_key,
+    parse_index_key,
+)
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 
@@ -26,9 +32,6 @@ REDUCTION_PREFIX = "smdebug/reductions/"
 
 logger = logging.getLogger("trainguard")
 
-
-# events/<S12>/<S12>_<worker>.tfevents (format.layout.event_key)
-_EVENT_RE = re.compile(r"^events/\d+/(\d+)_(.+)\.tfevents$")
 
 # Forget listed index keys behind the listing token once this many are remembered.
 _SEEN_PRUNE_AT = 4096
@@ -144,10 +147,10 @@ class RunState:
             return
         corrupt = set(self.corrupt_index_files)
         for key in keys:
-            match = _EVENT_RE.match(key)
-            if match is None:
+            parsed = parse_event_key(key)
+            if parsed is None:
                 continue
-            step, worker = int(match.group(1)), match.group(2)
+            step, worker = parsed
             record = self.steps.get(step)
             if record is not None and worker in record.workers:
                 continue
@@ -242,10 +245,10 @@ class RunState:
         for key, (step, worker) in self.unindexed_event_files.items():
             found.append(Damage(step, worker, key, f"event file without an index: step {step} of {worker} is missing"))
         for key, (step, worker, names) in self.unchecksummed_indexes.items():
-            shown = ", ".join(repr(name) for name in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-            found.append(
-                Damage(step, worker, key, f"index entries without the run's payload checksum (altered or damaged index): {shown}")
-            )
+            shown = ", ".join(repr(name) for name in names[:3])
+            shown += f" and {len(names) - 3} more" if len(names) > 3 else ""
+            problem = f"index entries without the run's payload checksum (altered or damaged index): {shown}"
+            found.append(Damage(step, worker, key, problem))
         return found
 
     def _note_missing_checksums(self, index: StepIndex) -> None:

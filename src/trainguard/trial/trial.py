@@ -40,8 +40,8 @@ from trainguard.format.layout import (
 )
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
-from trainguard.storage.capture_status import read_capture_status_aside, status_dir_from_environment
 from trainguard.storage.cache import MAX_SEPARATE_RANGES, WHOLE_OBJECT_FRACTION, read_ranges
+from trainguard.storage.capture_status import read_capture_status_aside, status_dir_from_environment
 from trainguard.trial.records import decode_record
 from trainguard.trial.state import REDUCTION_PREFIX as _REDUCTION_PREFIX
 from trainguard.trial.state import Damage, Location, RunState
