@@ -340,9 +340,19 @@ class JobService(JobLaunching):
                     self.set_rule_status(session, job, rule, "Stopping")
             session.commit()
         # Docker's stop blocks for the grace period: never on the request thread.
-        threading.Thread(target=self._launcher_stop, args=(name, None, grace), daemon=True).start()
+        threading.Thread(target=self._stop_after_launch, args=(name, grace), daemon=True).start()
         self.flush_notifications()
         return True
+
+    def _stop_after_launch(self, name: str, grace: float) -> None:
+        """The launcher's stop, once the job's launch (if still queued or running) has ended.
+
+        A stop that reached the launcher before the launch queue started the job would find
+        nothing to stop, and the processes started after it would run on with the job Stopping.
+        """
+        while name in self.starting:
+            time.sleep(0.05)
+        self._launcher_stop(name, None, grace)
 
     def _launcher_stop(self, name: str, roles: tuple[str, ...] | None, grace: float) -> None:
         try:

@@ -164,6 +164,16 @@ def test_an_ended_job_reports_its_training_seconds_and_refuses_a_stop(api) -> No
         client.stop_training_job(TrainingJobName="long-job")
 
 
+def test_a_job_stopped_before_its_launch_stops(api) -> None:
+    """StopTrainingJob right after CreateTrainingJob arrives before the launch queue starts the job:
+    the stop must still reach the processes once they are started."""
+    client = api.sagemaker()
+    client.create_training_job(**_request("stopped-at-once", ["sh", "-c", "exec sleep 60"], []))
+    client.stop_training_job(TrainingJobName="stopped-at-once")
+    wait_for(lambda: client.describe_training_job(TrainingJobName="stopped-at-once")["TrainingJobStatus"] == "Stopped",
+             45, "the job stopped before its launch to be Stopped")  # fmt: skip
+
+
 def test_errors_have_sagemaker_shapes(api) -> None:
     client = api.sagemaker()
     with pytest.raises(ClientError) as missing:
