@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import bisect
 import enum
-import json
 import logging
 import re
 import time
@@ -16,7 +15,6 @@ import numpy as np
 
 from trainguard.config.collections import Collection, CollectionManager
 from trainguard.errors import (
-    ChecksumMissing,
     FormatError,
     InvalidWorker,
     MissingCollectionFiles,
@@ -31,18 +29,13 @@ from trainguard.errors import (
     WaitTimeout,
 )
 from trainguard.format.index import declares_payload_checksums
-from trainguard.format.layout import (
-    CAPTURE_STOPPED_PREFIX,
-    COLLECTIONS_PREFIX,
-    END_OF_TRAINING,
-    is_collections_key,
-    parse_event_key,
-)
+from trainguard.format.layout import COLLECTIONS_PREFIX, END_OF_TRAINING, is_collections_key
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 from trainguard.storage.cache import MAX_SEPARATE_RANGES, WHOLE_OBJECT_FRACTION, read_ranges
-from trainguard.storage.capture_status import read_capture_status_aside, status_dir_from_environment
+from trainguard.storage.capture_status import status_dir_from_environment
 from trainguard.trial.records import decode_record
+from trainguard.trial.run_health import RunHealth
 from trainguard.trial.state import REDUCTION_PREFIX as _REDUCTION_PREFIX
 from trainguard.trial.state import Damage, Location, RunState
 from trainguard.trial.tensor import Tensor
@@ -58,8 +51,11 @@ class StepState(enum.Enum):
     NOT_YET_AVAILABLE = 2
 
 
-class Trial:
-    """A run's tensors by name, step, mode and worker. Create with :func:`create_trial`."""
+class Trial(RunHealth):
+    """A run's tensors by name, step, mode and worker. Create with :func:`create_trial`.
+
+    What is wrong with the run (damaged files, a capture that stopped early) comes from
+    :class:`~trainguard.trial.run_health.RunHealth`."""
 
     def __init__(
         self,
@@ -175,64 +171,6 @@ class Trial:
     def training_ended(self) -> bool:
         self.refresh()
         return self._state.training_ended
-
-    def capture_stopped(self) -> dict[str, dict[str, Any]]:
-        """Workers whose hook stopped capturing early (a full disk, a read-only file system, an
-        internal error), with step and reason.
-
-        A run listed here holds no steps after the given one for that worker. The record is in
-        the run (``capture_stopped/<worker>.json``, with the end marker) or, when the run
-        refused writes altogether, beside it (see :mod:`trainguard.storage.capture_status`).
-        """
-        # records the run refused (a read-only file system) were kept beside it by the hook
-        stopped = read_capture_status_aside(self.store.url, self._capture_status_dir)
-        for key in self.store.list(CAPTURE_STOPPED_PREFIX):
-            worker = key[len(CAPTURE_STOPPED_PREFIX) :].removesuffix(".json")
-            try:
-                stopped[worker] = json.loads(self.store.read(key))
-            except (ValueError, StorageError) as error:
-                stopped[worker] = {"reason": f"unreadable marker: {error}"}
-        return stopped
-
-    @property
-    def payload_checksums_required(self) -> bool:
-        """Whether the run's writer checksums every payload (its collections file says so, as
-        trainguard's hooks do): then an index entry without a checksum is damage."""
-        return self._state.checksums_required
-
-    def damage(self) -> list[Damage]:
-        """Everything found damaged in the run so far, by step: each with the file (relative to
-        the run), the step and worker whose data it held, and what is wrong.
-
-        Found by listing: unreadable (truncated, corrupt) index files, index entries without the
-        payload checksum the run promised (altered or damaged index: their values are refused on
-        read with :class:`~trainguard.errors.ChecksumMissing`), and, once training has ended,
-        event files without an index. Found by reading: event files an index names that do not
-        exist, and records that are corrupt or fail their checksum
-        (:class:`~trainguard.errors.FormatError` on read). Each was logged once as a warning;
-        a damaged step leaves the others readable.
-        """
-        self.refresh()
-        found = self._state.damage()
-        for key in self._missing_event_files:
-            step, worker = parse_event_key(key) or (None, None)
-            found.append(Damage(step, worker, key, "event file named by an index but missing"))
-        for key, problem in self._damaged_records.items():
-            step, worker = parse_event_key(key) or (None, None)
-            found.append(Damage(step, worker, key, problem))
-        return sorted(found, key=lambda item: (item.step is None, item.step or 0, item.key))
-
-    def damaged_steps(self) -> dict[int, list[str]]:
-        """Global steps whose data is damaged, each with ``"<file>: <problem>"`` (see :meth:`damage`)."""
-        steps: dict[int, list[str]] = {}
-        for item in self.damage():
-            if item.step is not None:
-                steps.setdefault(item.step, []).append(f"{item.key}: {item.problem}")
-        return steps
-
-    def unreadable_files(self) -> dict[str, str]:
-        """Damaged files of the run, each with why (keys relative to the run; see :meth:`damage`)."""
-        return {item.key: item.problem for item in sorted(self.damage(), key=lambda item: item.key)}
 
     @property
     def framework(self) -> str | None:
@@ -545,14 +483,6 @@ class Trial:
                     self._note_damaged_record(event_file, name, global_step, error)
                     raise
         return values
-
-    def _note_damaged_record(self, event_file: str, name: str, step: int, error: FormatError) -> None:
-        """Remember (and log once per file) a record that failed on read, for :meth:`damage`."""
-        if isinstance(error, ChecksumMissing):
-            return  # its index was reported when listed (RunState.unchecksummed_indexes)
-        if event_file not in self._damaged_records:
-            self._damaged_records[event_file] = f"record of {name!r} at byte {error.offset}: {error.problem}"
-            logger.warning("trainguard: step %d is damaged: %s", step, error)
 
     def _read_event_ranges(self, event_file: str, ranges: list[tuple[int, int]]) -> tuple[list[memoryview], int]:
         """The records at ``ranges`` as views of what was read, and the size of the buffer they
