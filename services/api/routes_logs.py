@@ -23,6 +23,7 @@ from typing import Any
 from trainguard.services.api.jobs import JobNotFound, JobService
 from trainguard.services.api.policy import Caller
 from trainguard.services.api.sagemaker import SageMakerError
+from trainguard.services.api.sagemaker_validation import JOB_NAME, unsafe_text
 
 __all__ = ["LOG_GROUP", "LOGS_OPERATIONS", "LOGS_TARGET_PREFIX"]
 
@@ -30,14 +31,18 @@ LOGS_TARGET_PREFIX = "Logs_20140328"
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 _PAGE_EVENTS = 10_000  # CloudWatch's own page limit
 _PAGE_BYTES = 1_048_576
+_MAX_NAME = 512  # CloudWatch's limit on log group and stream names
 
 
 def _string(body: dict[str, Any], member: str, *, required: bool = True) -> str | None:
     value = body.get(member)
     if value is None and not required:
         return None
-    if not isinstance(value, str) or not value:
-        raise SageMakerError("InvalidParameterException", f"{member} must be a non-empty string")
+    if not isinstance(value, str) or not value or len(value) > _MAX_NAME:
+        raise SageMakerError("InvalidParameterException", f"{member} must be a string of 1 to {_MAX_NAME} characters")
+    problem = unsafe_text(value)
+    if problem:
+        raise SageMakerError("InvalidParameterException", f"{member} must {problem}")
     return value
 
 
@@ -58,6 +63,8 @@ def _check_group(body: dict[str, Any]) -> None:
 
 
 def _job_start_ms(service: JobService, job_name: str, caller: Caller) -> tuple[int, dict[str, Any]] | None:
+    if not JOB_NAME.match(job_name):
+        return None  # no job has such a name: no stream
     try:
         description = service.describe_sagemaker(job_name, caller)
     except JobNotFound:

@@ -214,7 +214,8 @@ def test_list_with_a_bad_member_is_a_validation_exception_naming_it(client, memb
 
 def test_log_reads_with_tokens_this_server_never_handed_out_are_refused(client) -> None:
     """GetLogEvents (fit(logs=True)): a nextToken is 'f/<ASCII digits>'; '²' is a digit to
-    str.isdigit but not to int(), and 5,000 digits are over int()'s limit: both were 500s."""
+    str.isdigit but not to int(), and 5,000 digits are over int()'s limit: both were 500s, as was a
+    stream name with a lone surrogate (the database lookup)."""
     import time
 
     assert client.post("/v1/jobs", headers=AUTH, json=_spec()).status_code == 201
@@ -233,6 +234,14 @@ def test_log_reads_with_tokens_this_server_never_handed_out_are_refused(client) 
         response = client.post("/", content=json.dumps(body), headers={**AUTH, "X-Amz-Target": "Logs_20140328.GetLogEvents"})
         assert response.status_code == 400, (token, response.text)
         assert response.json()["__type"] == "InvalidParameterException"
+    # Names no database can look up (a lone surrogate, NUL, 10 kB) are refused, not a 500.
+    for operation, member in (("GetLogEvents", "logStreamName"), ("DescribeLogStreams", "logStreamNamePrefix")):
+        for name in ("\udfff tail", "job\x00", "x" * 10_000):
+            body = {"logGroupName": group, member: name}
+            response = client.post("/", content=json.dumps(body),
+                                   headers={**AUTH, "X-Amz-Target": f"Logs_20140328.{operation}"})  # fmt: skip
+            assert response.status_code == 400, (operation, name[:8], response.text)
+            assert member in response.json()["message"], response.text
 
 
 def test_describe_and_stop_of_bad_or_unknown_names(client) -> None:

@@ -1,8 +1,9 @@
 """A seeded fuzzer for the SageMaker JSON protocol: random types in every member, never a 5xx.
 
-Each request starts from a valid CreateTrainingJob (or List/Describe/Stop) request and replaces
-one to three members, at any depth, by a value of a random type: null, booleans, huge and
-negative integers, NaN/inf/1e308, strings with NUL bytes, lone surrogates or 10 kB, lists and
+Each request starts from a valid CreateTrainingJob (or List/Describe/Stop, or the CloudWatch Logs
+reads DescribeLogStreams/GetLogEvents) request and replaces one to three members, at any depth, by
+a value of a random type: null, booleans, huge and negative integers, NaN/inf/1e308, strings with
+NUL bytes, lone surrogates, line breaks, Unicode digits, catastrophic regexes or 10 kB, lists and
 maps. Every answer must be 2xx or 4xx with an awsJson error; afterwards every name whose creation
 was refused must be free (ResourceNotFound), and every job that was accepted must describe and have
 been launched (no row left Starting with nothing started).
@@ -42,7 +43,8 @@ def valid_create(name: str) -> dict[str, Any]:
         "OutputDataConfig": {"S3OutputPath": "s3://bkt/"},
         "ResourceConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
         "AlgorithmSpecification": {"TrainingImage": "img", "TrainingInputMode": "File",
-                                   "ContainerEntrypoint": HARMLESS[:1], "ContainerArguments": HARMLESS[1:]},
+                                   "ContainerEntrypoint": HARMLESS[:1], "ContainerArguments": HARMLESS[1:],
+                                   "MetricDefinitions": [{"Name": "loss", "Regex": "loss=([0-9.]+)"}]},
         "Environment": {"MODE": "fuzz"},
         "HyperParameters": {"lr": "0.1", "epochs": "1"},
         "StoppingCondition": {"MaxRuntimeInSeconds": 60},
@@ -67,7 +69,8 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
         lambda: rng.choice([0, -1, 1, 7, 2**31, 2**63, 2**70, -(2**70)]),
         lambda: rng.choice([0.5, -0.0, 1e308, -1e308, float("nan"), float("inf"), float("-inf")]),
         lambda: rng.choice(["", "x", "abc", "-5", "1e999", "python", ".x:Y", "os:system", "../../etc",
-                            "a\x00b", "\ud800", "\udfff tail", "é✓", "x" * 10_000, "s3://", "file:///etc/passwd"]),
+                            "a\x00b", "\ud800", "\udfff tail", "é✓", "x" * 10_000, "s3://", "file:///etc/passwd",
+                            "(a+)+$", r"(a)\1", "f/\u00b2", "\u00b2", "http://x/\r\nX: 1", "a" * 256]),
         lambda: [random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))] if depth < 3 else [],
         lambda: {rng.choice(["a", "", "\x00", "\ud800", "Key", "rule_to_invoke"]): random_value(rng, depth + 1)
                  for _ in range(rng.randint(0, 3))} if depth < 3 else {},
@@ -120,10 +123,15 @@ def _harmless(request: dict[str, Any]) -> dict[str, Any]:
     return request
 
 
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
 def call(client: TestClient, operation: str, body: Any) -> tuple[int, Any]:
+    """``operation``: a SageMaker one, or ``Logs_20140328.<Operation>`` (fit(logs=True)'s reads)."""
+    target = operation if "." in operation else f"SageMaker.{operation}"
     response = client.post(
         "/", content=json.dumps(body).encode(),
-        headers={**AUTH, "X-Amz-Target": f"SageMaker.{operation}", "Content-Type": "application/x-amz-json-1.1"},
+        headers={**AUTH, "X-Amz-Target": target, "Content-Type": "application/x-amz-json-1.1"},
     )  # fmt: skip
     try:
         return response.status_code, response.json()
@@ -151,14 +159,27 @@ def test_random_types_never_cause_a_server_error_or_a_ghost_job(client, seed) ->
     answers: dict[int, int] = {}
     for index in range(REQUESTS):
         operation = rng.choices(
-            ["CreateTrainingJob", "ListTrainingJobs", "DescribeTrainingJob", "StopTrainingJob"], [6, 2, 1, 1]
-        )[0]
+            ["CreateTrainingJob", "ListTrainingJobs", "DescribeTrainingJob", "StopTrainingJob",
+             "Logs_20140328.DescribeLogStreams", "Logs_20140328.GetLogEvents"], [6, 2, 1, 1, 1, 1],
+        )[0]  # fmt: skip
         name = f"fuzz-{seed}-{index}"
         if operation == "CreateTrainingJob":
             body = _harmless(mutate(rng, valid_create(name)))
         elif operation == "ListTrainingJobs":
             body = mutate(rng, {"MaxResults": 5, "SortBy": "Name", "SortOrder": "Ascending", "NameContains": "fuzz",
                                 "NextToken": "0", "CreationTimeAfter": 0, "StatusEquals": "InProgress"})  # fmt: skip
+        elif operation.startswith("Logs_"):
+            job = rng.choice(sorted(accepted)) if accepted else name
+            _, streams = call(client, "Logs_20140328.DescribeLogStreams",
+                              {"logGroupName": LOG_GROUP, "logStreamNamePrefix": f"{job}/"})  # fmt: skip
+            stream = ((streams.get("logStreams") or [{}])[0] if isinstance(streams, dict) else {}).get(
+                "logStreamName", f"{job}/algo-1-0"
+            )
+            if operation.endswith("DescribeLogStreams"):
+                body = mutate(rng, {"logGroupName": LOG_GROUP, "logStreamNamePrefix": f"{job}/", "limit": 5})
+            else:
+                body = mutate(rng, {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True,
+                                    "limit": 10, "startTime": 0, "nextToken": "f/0"})  # fmt: skip
         else:
             body = mutate(rng, {"TrainingJobName": rng.choice([*accepted, name]) if accepted else name})
         status, answer = call(client, operation, body)
