@@ -42,7 +42,12 @@ class PerKeySerialExecutor:
                 waiting.append((fn, args))
                 return
             self._queues[key] = deque()
-        self._pool.submit(self._drain, key, (fn, args))
+        try:
+            self._pool.submit(self._drain, key, (fn, args))
+        except RuntimeError:  # shut down: the key must not stay marked as running
+            with self._lock:
+                del self._queues[key]
+            raise
 
     def _drain(self, key: str, task: Task) -> None:
         while True:

@@ -115,10 +115,11 @@ def parse_allow_list(raw: str | Iterable[str]) -> tuple[tuple[IPNetwork, ...], f
 
 
 def _system_resolver(host: str, port: int) -> list[str]:
+    """The addresses of ``host``; OSError (socket.gaierror) when it does not resolve now."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as error:
-        raise OutboundRefused(f"cannot resolve {host!r}: {error}") from None
+    except UnicodeError as error:  # a label IDNA cannot encode: no retry will change that
+        raise OutboundRefused(f"{host[:80]!r} is not a valid host name: {error}") from None
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
@@ -162,7 +163,7 @@ class OutboundPolicy:
         for host, port in self.own_endpoints:
             try:
                 addresses = self.resolver(host, port)
-            except OutboundRefused:
+            except (OSError, OutboundRefused):
                 continue  # a service that does not resolve now cannot be reached through its name either
             for text in addresses:
                 own[(_normalise(ipaddress.ip_address(text.split("%")[0])), port)] = f"{host}:{port}"
@@ -170,6 +171,8 @@ class OutboundPolicy:
 
     def addresses_for(self, host: str, port: int) -> list[str]:
         """The resolved addresses of ``host`` a webhook may connect to; OutboundRefused if any is refused.
+
+        OSError when the name does not resolve now (a DNS fault the caller may retry).
 
         Every address a name resolves to must pass: a name with one public and one internal record
         is refused rather than left to which record the connection happens to use.

@@ -90,7 +90,10 @@ def post(
     within ``timeout`` seconds (all of the addresses tried, connect to response headers).
     """
     scheme, host, port, path = _target(url)
-    addresses = policy.addresses_for(host, port)
+    try:
+        addresses = policy.addresses_for(host, port)
+    except OSError as error:  # not OutboundRefused: a DNS fault, worth a retry
+        raise DeliveryError(f"POST {url[:200]}: cannot resolve {host!r}: {error}") from None
     deadline = time.monotonic() + timeout
     errors: list[str] = []
     for address in addresses:

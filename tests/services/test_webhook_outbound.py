@@ -252,3 +252,15 @@ def test_ordinary_actions_pass_the_creation_check() -> None:
                    {"name": "email", "endpoint": "on.call+ml@example.co.uk"}, {"name": "sms", "endpoint": "+15551234567"},
                    {"name": "stoptraining", "training_job_prefix": "exp-"}):  # fmt: skip
         check_action_fields(action)
+
+
+def test_a_name_that_does_not_resolve_now_is_retried_not_refused() -> None:
+    calls: list[str] = []
+
+    def resolver(host: str, port: int) -> list[str]:
+        calls.append(host)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    with pytest.raises(RuntimeError, match="failed after 2 attempt.*cannot resolve 'hooks.example.test'"):
+        _send("http://hooks.example.test/x", _context(OutboundPolicy(resolver=resolver)), retries=1)
+    assert calls == ["hooks.example.test"] * 2
