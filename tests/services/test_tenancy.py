@@ -143,33 +143,42 @@ def test_two_keys_neither_lists_describes_stops_nor_reads_the_logs_of_the_others
     status, native_list = _native(api, "alice", "GET", "/v1/jobs?status=InProgress")
     assert status == 200 and sorted(job["name"] for job in native_list["jobs"]) == sorted(names)
 
-    # Another tenant's job answers exactly as a job that does not exist.
-    for name in ("bob-sm", "bob-native"):
-        missing = _error(lambda: alice.describe_training_job(TrainingJobName="no-such-job"))
-        hidden = _error(lambda name=name: alice.describe_training_job(TrainingJobName=name))
-        assert hidden == {**missing, "Message": missing["Message"].replace("no-such-job", name)}
-        assert _error(lambda name=name: alice.stop_training_job(TrainingJobName=name))["Code"] == "ResourceNotFound"
-        missing_status, missing_body = _native(api, "alice", "GET", "/v1/jobs/no-such-job")
-        for path in (f"/v1/jobs/{name}", f"/v1/jobs/{name}/logs"):
-            status, body = _native(api, "alice", "GET", path)
+    # Another tenant's job answers exactly as a job that does not exist, both ways.
+    refusals = 0
+    for viewer, client, others in (("alice", alice, ("bob-sm", "bob-native")), ("bob", bob, ("alice-0", "alice-2"))):
+        missing = _error(lambda client=client: client.describe_training_job(TrainingJobName="no-such-job"))
+        missing_status, missing_body = _native(api, viewer, "GET", "/v1/jobs/no-such-job")
+        for name in others:
+            hidden = _error(lambda client=client, name=name: client.describe_training_job(TrainingJobName=name))
+            assert hidden == {**missing, "Message": missing["Message"].replace("no-such-job", name)}
+            stop = _error(lambda client=client, name=name: client.stop_training_job(TrainingJobName=name))
+            assert stop == {**missing, "Message": missing["Message"].replace("no-such-job", name)}
+            for path in (f"/v1/jobs/{name}", f"/v1/jobs/{name}/logs"):
+                status, body = _native(api, viewer, "GET", path)
+                assert (status, body) == (missing_status, {"detail": missing_body["detail"].replace("no-such-job", name)})
+            status, body = _native(api, viewer, "POST", f"/v1/jobs/{name}/stop")
             assert (status, body) == (missing_status, {"detail": missing_body["detail"].replace("no-such-job", name)})
-        assert _native(api, "alice", "POST", f"/v1/jobs/{name}/stop")[0] == 404
-    # Nor its logs: no stream through the Logs API, though bob reads his own.
+            refusals += 5
+    assert refusals == 20
+    # Nor its logs: no stream through the Logs API, though its owner reads it.
     logs_of = {key: _client(api, key, "logs") for key in ("alice", "bob")}
+    for owner, job, viewer in (("bob", "bob-sm", "alice"), ("alice", "alice-1", "bob")):
 
-    def bob_stream() -> str | None:
-        streams = logs_of["bob"].describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix="bob-sm/")
-        return (streams["logStreams"] or [{}])[0].get("logStreamName")
+        def own_stream(owner: str = owner, job: str = job) -> str | None:
+            streams = logs_of[owner].describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job}/")
+            return (streams["logStreams"] or [{}])[0].get("logStreamName")
 
-    stream = wait_for(bob_stream, 60, "bob's job to have a log stream")
-    wait_for(
-        lambda: "log-line-of-bob" in str(logs_of["bob"].get_log_events(logGroupName=LOG_GROUP, logStreamName=stream)),
-        60, "bob's job to log",
-    )  # fmt: skip
-    streams = logs_of["alice"].describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix="bob-sm/")
-    assert streams["logStreams"] == []
-    refused = _error(lambda: logs_of["alice"].get_log_events(logGroupName=LOG_GROUP, logStreamName=stream))
-    assert refused["Code"] == "ResourceNotFoundException"
+        stream = wait_for(own_stream, 60, f"{job} to have a log stream")
+        wait_for(
+            lambda owner=owner, stream=stream: f"log-line-of-{owner}" in str(
+                logs_of[owner].get_log_events(logGroupName=LOG_GROUP, logStreamName=stream)),
+            60, f"{job} to log",
+        )  # fmt: skip
+        streams = logs_of[viewer].describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job}/")
+        assert streams["logStreams"] == []
+        refused = _error(lambda viewer=viewer, stream=stream: logs_of[viewer].get_log_events(
+            logGroupName=LOG_GROUP, logStreamName=stream))  # fmt: skip
+        assert refused["Code"] == "ResourceNotFoundException"
     wait_for(lambda: "log-line-of-bob" in _native(api, "bob", "GET", "/v1/jobs/bob-native/logs")[1], 60,
              "bob's native job to log")  # fmt: skip
     # Keys never reach the runners' internal route, not even for their own jobs.
