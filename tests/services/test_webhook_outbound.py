@@ -264,3 +264,57 @@ def test_a_name_that_does_not_resolve_now_is_retried_not_refused() -> None:
     with pytest.raises(RuntimeError, match="failed after 2 attempt.*cannot resolve 'hooks.example.test'"):
         _send("http://hooks.example.test/x", _context(OutboundPolicy(resolver=resolver)), retries=1)
     assert calls == ["hooks.example.test"] * 2
+
+
+def _self_signed(tmp_path, name: str) -> tuple[str, str]:
+    """A certificate for ``name`` (and its key), self-signed, as PEM files."""
+    x509 = pytest.importorskip("cryptography.x509", reason="the TLS test makes its certificate with cryptography")
+    import datetime
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_path, key_path = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))  # fmt: skip
+    return str(cert_path), str(key_path)
+
+
+def test_https_goes_to_the_checked_address_with_the_name_in_sni_and_the_certificate_check(tmp_path) -> None:
+    import ssl
+
+    from trainguard.services.actions import pinned_http
+
+    cert, key = _self_signed(tmp_path, "hooks.example.test")
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(cert, key)
+    server_names: list[str | None] = []
+    server_context.sni_callback = lambda sock, name, context: server_names.append(name)
+    client_context = ssl.create_default_context(cafile=cert)
+    policy = _allow("127.0.0.1", resolver=lambda host, port: ["127.0.0.1"])
+    with RecordingHttpServer() as server:
+        server.server.socket = server_context.wrap_socket(server.server.socket, server_side=True)
+        url = f"https://hooks.example.test:{server.port}/hook"
+        result = pinned_http.post(url, b'{"detail": {}}', {"Content-Type": "application/json"}, policy=policy,
+                                  timeout=5.0, tls_context=client_context)  # fmt: skip
+        assert result.status == 204 and result.address == "127.0.0.1"
+        assert server.received[0]["headers"]["Host"] == f"hooks.example.test:{server.port}"
+        # The certificate is checked against the URL's name, not the address connected to.
+        other = _allow("127.0.0.1", resolver=lambda host, port: ["127.0.0.1"])
+        with pytest.raises(pinned_http.DeliveryError, match="CERTIFICATE_VERIFY_FAILED|certificate"):
+            pinned_http.post(f"https://other.example.test:{server.port}/hook", b"{}", {}, policy=other, timeout=5.0,
+                             tls_context=client_context)  # fmt: skip
+    assert server_names[0] == "hooks.example.test" and len(server.received) == 1
