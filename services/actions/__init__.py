@@ -8,6 +8,10 @@ value is a one-line description for the action log; an exception marks the run f
 
 Built-in: ``stoptraining``, ``webhook``, ``email`` (SMTP, else SNS), ``sms`` (SNS), ``sns``.
 Custom handlers: entry points in the group ``trainguard.actions`` (name = action name).
+
+Webhooks connect only where :mod:`.outbound_policy` allows (checked on the resolved address, the
+connection pinned to it: :mod:`.pinned_http`); action fields are checked at creation by
+:mod:`.validation`; stop actions run on their own path (:mod:`.dispatch`).
 """
 
 from __future__ import annotations
