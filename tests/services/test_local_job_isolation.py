@@ -32,6 +32,7 @@ from tests.services.conftest import (
     SAGEMAKER_SECRET,
     TOKEN,
     ApiServer,
+    s3_endpoint,  # noqa: F401  (a fixture, found by name)
     training_command,
     wait_for,
 )
@@ -46,10 +47,23 @@ CREDENTIALS_TOKEN = "credentials-file-token-0123456789"
 @pytest.fixture
 def isolated_api() -> Iterator[ApiServer]:
     with traversable_for_jobs():
-        yield from _isolated_api()
+        yield from _isolated_api({"AWS_SECRET_ACCESS_KEY": API_AWS_SECRET})
 
 
-def _isolated_api() -> Iterator[ApiServer]:
+@pytest.fixture
+def isolated_sagemaker_api(s3_endpoint: str) -> Iterator[ApiServer]:  # noqa: F811
+    from tests.s3_server import s3_client
+
+    client = s3_client(s3_endpoint)
+    try:
+        client.create_bucket(Bucket="bkt")
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    with traversable_for_jobs():
+        yield from _isolated_api({"S3_ENDPOINT_URL": s3_endpoint})
+
+
+def _isolated_api(extra_env: dict[str, str]) -> Iterator[ApiServer]:
     base = Path(tempfile.mkdtemp(prefix="tg-isolation-"))
     os.chmod(base, 0o711)  # the data dir's parent, as /var/lib is
     data_dir = base / "state"
@@ -65,7 +79,7 @@ def _isolated_api() -> Iterator[ApiServer]:
         {
             "TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE": str(keys_file),
             "TRAINGUARD_DATABASE_URL": f"sqlite:///{data_dir / 'trainguard.db'}",
-            "AWS_SECRET_ACCESS_KEY": API_AWS_SECRET,
+            **extra_env,
         },
     )
     server.log_path = base / "api.log"  # the test's, not the service's state
@@ -163,7 +177,9 @@ def test_a_working_dir_that_leaves_the_job_dir_is_refused_at_creation(api_factor
     assert status == 201, body
 
 
-def _signed(api: ApiServer, key_id: str, secret: str, method: str, path: str, body: object = None) -> tuple[int, object]:
+def _signed(
+    api: ApiServer, key_id: str, secret: str, method: str, path: str, body: object = None
+) -> tuple[int, object]:
     """A native API request signed with an access key (SigV4, service 'trainguard')."""
     import urllib.error
     import urllib.request
@@ -209,3 +225,38 @@ def test_revoking_the_submitting_key_revokes_what_its_job_holds(api_factory, tmp
     assert _signed(api, carol.key_id, carol.secret, "GET", "/v1/jobs/carols")[0] in (401, 403)
     assert api.request("POST", "/v1/jobs/carols/stop?grace_seconds=2", {})[0] == 202
     wait_for(lambda: api.job("carols")["status"] == "Stopped", 60, "the stop")
+
+
+@needs_root
+@pytest.mark.slow
+def test_a_sagemaker_job_runs_as_its_own_user_with_its_uploader_and_contract(
+    isolated_sagemaker_api: ApiServer,
+) -> None:
+    """The SDK's path, isolated: the contract runner, the uploader and the rule runner run as the
+    job's user and still do their work (debug output and model on S3, the rule's verdict)."""
+    from tests.s3_server import s3_client
+    from tests.services.test_sagemaker_endpoint import AWS_RULES_IMAGE, _request
+
+    api = isolated_sagemaker_api
+    client = api.sagemaker()
+    rules = [{"RuleConfigurationName": "LossBlowup", "RuleEvaluatorImage": AWS_RULES_IMAGE,
+              "RuleParameters": {"rule_to_invoke": CUSTOM_RULE, "threshold": "1000.0"}}]  # fmt: skip
+    client.create_training_job(**_request("isolated-sm", training_command("--steps", "6"), rules))
+
+    def finished() -> dict | None:
+        description = client.describe_training_job(TrainingJobName="isolated-sm")
+        statuses = description.get("DebugRuleEvaluationStatuses", [])
+        ended = description["TrainingJobStatus"] != "InProgress" and statuses[0]["RuleEvaluationStatus"] != "InProgress"
+        return description if ended else None
+
+    description = wait_for(finished, 180, "the job and its rule to finish")
+    assert description["TrainingJobStatus"] == "Completed", description.get("FailureReason")
+    assert description["DebugRuleEvaluationStatuses"][0]["RuleEvaluationStatus"] == "NoIssuesFound"
+    job_dir = api.data_dir / "jobs" / "isolated-sm"
+    owner = job_dir.stat().st_uid
+    assert owner != 0 and (job_dir / "debug-output").stat().st_uid == owner
+    pages = s3_client(api.environment["S3_ENDPOINT_URL"]).get_paginator("list_objects_v2")
+    listing = pages.paginate(Bucket="bkt", Prefix="isolated-sm/")
+    keys = {item["Key"] for page in listing for item in page.get("Contents", [])}
+    assert "isolated-sm/debug-output/training_job_end.ts" in keys, sorted(keys)
+    assert "isolated-sm/output/model.tar.gz" in keys, sorted(keys)
