@@ -48,7 +48,7 @@ log = logging.getLogger("trainguard.api")
 # What job lists and summaries read of a job (native list, ListTrainingJobs, the stop-all path).
 _SUMMARY_COLUMNS = (
     JobRow.name, JobRow.arn, JobRow.status, JobRow.secondary_status, JobRow.creation_time,
-    JobRow.last_modified_time, JobRow.training_end_time,
+    JobRow.last_modified_time, JobRow.training_end_time, JobRow.owner,
 )  # fmt: skip
 
 TERMINAL = ("Completed", "Failed", "Stopped")

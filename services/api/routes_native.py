@@ -70,6 +70,7 @@ def list_jobs(
         "jobs": [
             {
                 "name": job.name,
+                "owner": job.owner,
                 "status": job.status,
                 "secondary_status": job.secondary_status,
                 "creation_time": job.creation_time,

@@ -134,7 +134,8 @@ def test_two_keys_neither_lists_describes_stops_nor_reads_the_logs_of_the_others
 
     # The operator sees every job and who owns it; each key lists its own, page by page.
     status, listed = api.request("GET", "/v1/jobs")
-    assert sorted(job["name"] for job in listed["jobs"]) == ["alice-0", "alice-1", "alice-2", "bob-native", "bob-sm"]
+    owners = {job["name"]: job["owner"] for job in listed["jobs"]}
+    assert owners == {"alice-0": "alice", "alice-1": "alice", "alice-2": "alice", "bob-native": "bob", "bob-sm": "bob"}
     assert {name: api.job(name)["owner"] for name in ("alice-0", "bob-sm")} == {"alice-0": "alice", "bob-sm": "bob"}
     names, pages = _list_all(alice)
     assert (sorted(names), pages) == (["alice-0", "alice-1", "alice-2"], 3)
