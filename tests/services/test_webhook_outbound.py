@@ -64,7 +64,9 @@ def _allow(*entries: str, **kwargs: object) -> OutboundPolicy:
 @pytest.mark.parametrize(
     ("address", "reason"),
     [("127.0.0.1", "loopback"), ("127.9.9.9", "loopback"), ("::1", "loopback"), ("::ffff:127.0.0.1", "loopback"),
-     ("localhost", "loopback"), ("0.0.0.0", "unspecified"), ("::", "unspecified")],
+     ("localhost", "loopback"), ("0.0.0.0", "unspecified"), ("::", "unspecified"),
+     # other spellings of 127.0.0.1 the resolver (inet_aton) accepts
+     ("2130706433", "loopback"), ("0x7f000001", "loopback"), ("0177.0.0.1", "loopback"), ("127.1", "loopback")],
 )  # fmt: skip
 def test_loopback_and_unspecified_targets_are_refused_and_nothing_arrives(address: str, reason: str) -> None:
     with RecordingHttpServer(host="::") as server:
