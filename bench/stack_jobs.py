@@ -69,6 +69,8 @@ class JobResult:
                 f"uploader S3 errors {self.s3_errors} (full {self.full_refusals}), "
                 f"puts {summary.get('puts')}, bytes {summary.get('bytes')}, "
                 f"{self.seconds:.0f} s ({self.phases})")  # fmt: skip
+        if self.lost or self.differing:
+            text += f" missing/differing: {(self.lost + self.differing)[:5]}"
         if not self.ok and self.reason:
             text += f" ({self.reason[:300]})"
         return text

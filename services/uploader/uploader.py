@@ -37,11 +37,13 @@ class UploaderError(RuntimeError):
 
 def is_storage_full(error: BaseException | None) -> bool:
     """True when an S3 error says the endpoint (or the caller's quota) has no room left."""
-    while error is not None and getattr(error, "response", None) is None:
-        error = error.__context__  # S3UploadFailedError: the ClientError it was raised from
-    if error is None:
+    seen = 0
+    while error is not None and not isinstance(getattr(error, "response", None), dict) and seen < 5:
+        error, seen = error.__context__, seen + 1  # S3UploadFailedError: the ClientError it was raised from
+    response = getattr(error, "response", None)
+    if not isinstance(response, dict):
         return False
-    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")  # type: ignore[attr-defined]
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return status == _FULL_HTTP_STATUS or _error_code(error) in _FULL_CODES
 
 
@@ -401,6 +403,7 @@ class Uploader:
                     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
                         pass  # retried below like any S3 failure
                 full = is_storage_full(error)
+                self.stats.full_refusals += full
                 if time.monotonic() + delay > deadline:
                     if full:
                         raise UploaderError(
@@ -412,7 +415,6 @@ class Uploader:
                         f"(s3://{self.bucket}/{self.prefix}): {error}"
                     ) from error
                 if full:
-                    self.stats.full_refusals += 1
                     log.warning("S3 is full (%s): %s waits; retrying in %.1f s", error, what, delay)
                 else:
                     log.warning("S3 error on %s (%s); retrying in %.1f s", what, error, delay)

@@ -154,3 +154,38 @@ def test_s3_full_past_the_give_up_time_fails_saying_so_and_naming_the_files(full
     # The control API quotes this line as the job's failure reason.
     assert "S3 is full" in last and "StorageFull" in last and "not on S3" in last, last
     assert json.loads(out.strip().splitlines()[-1])["full_refusals"] >= 1
+
+
+def test_a_multipart_upload_refused_by_a_full_s3_is_retried_and_named(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """Files from 64 MiB go up in parts (boto3's upload_file), whose failure arrives wrapped in
+    S3UploadFailedError: still an S3 failure to retry, and still "S3 is full"."""
+    from tests.e2e.s3_endpoint_process import StackS3Endpoint
+    from tests.reliability.faults import mount_small_disk, unmount
+
+    for name, value in DUMMY_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    disk = tmp_path / "s3-data"
+    try:
+        mount_small_disk(disk, 96)
+    except OSError as error:
+        pytest.skip(f"needs a tmpfs for the S3 endpoint's data (root): {error}")
+    endpoint = None
+    try:
+        # 96 MiB with a 64 MiB reserve: a few parts fit, the 70 MiB file does not.
+        endpoint = StackS3Endpoint(disk, tmp_path / "s3.log", "--min-free-mb", "64")
+        endpoint.client().create_bucket(Bucket="runs")
+        run = tmp_path / "run"
+        (run / "tensorboard").mkdir(parents=True)
+        (run / "tensorboard" / "big.bin").write_bytes(os.urandom(70 << 20))
+        (run / END_OF_TRAINING).write_bytes(b"")
+        uploader = _uploader(run, "s3://runs/big/debug-output", endpoint.url, "--give-up-after", "3")
+        out, err = uploader.communicate(timeout=180)
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
+        unmount(disk)
+    assert uploader.returncode == 1, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert "S3 is full" in last and "tensorboard/big.bin" in last, last
+    assert json.loads(out.strip().splitlines()[-1])["full_refusals"] >= 1
