@@ -23,6 +23,7 @@ import pytest
 
 from tests.polling import wait_for
 from tests.s3_server import free_port
+from tests.services.job_users import needs_root, traversable_for_jobs
 
 pytest.importorskip("moto")
 pytest.importorskip("boto3")
@@ -217,3 +218,26 @@ def test_a_custom_rule_leaves_no_temporary_directory(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr  # the rule class is missing: its Error status
     assert "NoSuchClass" in result.stderr
     assert list(scratch.iterdir()) == []
+
+
+@needs_root
+def test_as_root_with_a_reachable_data_dir_jobs_are_isolated_and_tenants_allowed(tmp_path: Path) -> None:
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="tg-serve-"))
+    try:
+        os.chmod(base, 0o711)
+        keys_file = base / "keys"
+        keys_file.write_text("alice=AKIATGALICE000000001:alice-secret-0123456789abcdef\n"
+                             "bob=AKIATGBOB00000000001:bob-secret-0123456789abcdefgh\n")  # fmt: skip
+        keys_file.chmod(0o600)
+        with traversable_for_jobs():
+            server = Serve(base, {"TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE": str(keys_file)}, embedded_s3=False)
+            try:
+                server.wait_healthy()
+                assert "local jobs: isolated: each job runs as its own user" in server.output, server.output
+            finally:
+                server.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
