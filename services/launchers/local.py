@@ -269,21 +269,19 @@ class LocalLauncher:
         working_dir: Path,
         identity: JobIdentity | None,
     ) -> None:
-        job_environment_ = job_environment(
-            environment, workspace, identity, extra_names=self.environment_passthrough
-        )
+        scrubbed = job_environment(environment, workspace, identity, extra_names=self.environment_passthrough)
         identity_json = json.dumps({"uid": identity.uid, "gid": identity.gid}) if identity else ""
+        wrapper_argv = [str(directory), identity_json, str(working_dir), *command]
         with open(directory / "output.log", "ab") as log:
             try:
                 child = subprocess.Popen(
                     # -I -S: the wrapper needs no site-packages; skipping them halves its start-up
                     # (10 ms instead of 40 ms of CPU here), paid once per component of every job.
-                    [*self._nice_prefix(), self.python, "-I", "-S", "-c", _WRAPPER, str(directory), identity_json,
-                     str(working_dir), *command],  # fmt: skip
+                    [*self._nice_prefix(), self.python, "-I", "-S", "-c", _WRAPPER, *wrapper_argv],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=job_environment_,
+                    env=scrubbed,
                     cwd=directory,
                     # Its own process group, so stop() signals the whole tree; but not its own
                     # session: with the kernel's autogroup scheduling (on by default on desktop and
