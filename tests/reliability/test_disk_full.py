@@ -110,6 +110,11 @@ def _trainguard_run(out: Path, *training: str, rules: bool = False) -> subproces
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def _remount_read_only(directory: Path) -> subprocess.CompletedProcess[str] | None:
+    result = subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], capture_output=True, text=True)
+    return result if result.returncode == 0 or "busy" not in result.stderr else None
+
+
 def _trainguard_lines(output: str) -> list[str]:
     """What trainguard (not the training script, which prints 'step N loss ...') wrote."""
     return [line for line in output.splitlines() if not line.startswith("step ")]
@@ -151,7 +156,9 @@ def test_a_read_only_remount_is_told_in_the_summary_and_the_rules(tmp_path: Path
     process = _trainguard_run(run, *training_command("--steps", "600", "--step-seconds", "0.03"), rules=True)
     try:
         wait_for(lambda: len(list((run / "index").rglob("*.json"))) >= 20 or None, 120, "20 saved steps")
-        remount = subprocess.run(["mount", "-o", "remount,bind,ro", str(run)], capture_output=True, text=True)
+        # The kernel refuses (EBUSY) while a file of the mount is open for writing: the writer
+        # streams each step into a temp file, so retry until the remount falls between two.
+        remount = wait_for(lambda: _remount_read_only(run), 60, "a read-only remount", interval=0.02)
         assert remount.returncode == 0, remount.stderr
         saved_before = len(list((run / "index").rglob("*.json")))
         output, _ = process.communicate(timeout=300)
