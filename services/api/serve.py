@@ -121,9 +121,11 @@ def _embedded_endpoint(data_dir: Path) -> Iterator[str]:
     port = _free_port()
     log = os.fdopen(_open_private_log(data_dir / "embedded-s3.log"), "ab")  # closed below
     parent = os.getpid()
+    # Linux only (prctl); elsewhere the child is stopped by serve's own shutdown alone.
+    tie = (lambda: _die_with_parent(parent)) if sys.platform.startswith("linux") else None
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=log,
-        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=lambda: _die_with_parent(parent),
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=tie,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
