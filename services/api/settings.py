@@ -8,6 +8,7 @@ without one.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,10 +46,10 @@ ENVIRONMENT: dict[str, str] = {
     "TRAINGUARD_JOB_CPU_SHARES": "CPU weight (docker --cpu-shares, 2-262144) of docker-launcher job containers, below the services' 1024 (default 256)",
     "TRAINGUARD_JOB_NICENESS": "CPU niceness 0-19 of local-launcher job processes, below the API's (default 10)",
     "TRAINGUARD_JOB_UID_BASE": "local launcher as root: job N runs as uid/gid BASE+N, no groups (default 2100000000)",
-    "TRAINGUARD_JOB_ENV_PASSTHROUGH": "comma-separated variables local jobs inherit beyond PATH, PYTHONPATH, the locale "
-    "and GPU selection (never TRAINGUARD_*, AWS_*, S3_*)",
-    "TRAINGUARD_LOCAL_UNISOLATED_TENANTS": "1 = let more than one access key use a local launcher whose jobs run as the "
-    "service's own user (not root: no isolation between tenants)",
+    "TRAINGUARD_JOB_ENV_PASSTHROUGH": "comma-separated variables local jobs inherit beyond PATH, PYTHONPATH, "
+    "the locale and GPU selection (never TRAINGUARD_*, AWS_*, S3_*)",
+    "TRAINGUARD_LOCAL_UNISOLATED_TENANTS": "1 = let more than one access key use a local launcher whose jobs run as "
+    "the service's own user (not root: no isolation between tenants)",
     "TRAINGUARD_RULE_FINISH_TIMEOUT": "seconds rule runners may run on after training ended (default 600)",
     "TRAINGUARD_SAGEMAKER_ACCESS_KEYS": "SageMaker endpoint credentials, '[name=]AKID:SECRET,...' (SigV4-verified)",
     "TRAINGUARD_SAGEMAKER_ACCESS_KEYS_FILE": "file of '[name=]AKID:SECRET' lines (mode 0600; re-read when it changes)",
@@ -250,7 +251,11 @@ def secure_state(settings: Settings) -> None:
         settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as error:
         raise ConfigError(f"cannot create the data dir {settings.data_dir}: {error.strerror}") from None
-    paths: list[tuple[Path, int]] = [(settings.data_dir, 0o700)]
+    # Traversal by others (never listing) stays when it was there: the local launcher, as root,
+    # opens the data dir so its jobs' users reach their own directories in it, and running jobs
+    # must not lose them when the API restarts.
+    traversable = settings.data_dir.stat().st_mode & stat.S_IXOTH
+    paths: list[tuple[Path, int]] = [(settings.data_dir, 0o700 | traversable)]
     prefix = "sqlite:///"
     if settings.database_url.startswith(prefix):
         database = Path(settings.database_url[len(prefix):])

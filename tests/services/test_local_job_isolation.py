@@ -260,3 +260,20 @@ def test_a_sagemaker_job_runs_as_its_own_user_with_its_uploader_and_contract(
     keys = {item["Key"] for page in listing for item in page.get("Contents", [])}
     assert "isolated-sm/debug-output/training_job_end.ts" in keys, sorted(keys)
     assert "isolated-sm/output/model.tar.gz" in keys, sorted(keys)
+
+
+def test_an_api_restart_keeps_the_data_dir_traversable_for_running_jobs(tmp_path: Path) -> None:
+    """secure_state makes the data dir 0700 but keeps o+x where the launcher opened it: a restarted
+    API must not cut its running jobs off from their directories (they write to absolute paths)."""
+    from trainguard.services.api.settings import Settings, secure_state
+
+    umask = os.umask(0o022)
+    try:
+        for before, after in ((0o701, 0o701), (0o755, 0o701), (0o700, 0o700), (0o770, 0o700)):
+            data_dir = tmp_path / f"state-{before:o}"
+            data_dir.mkdir()
+            data_dir.chmod(before)
+            secure_state(Settings(api_token="x" * 16, database_url=f"sqlite:///{data_dir / 'db'}", data_dir=data_dir))
+            assert stat.S_IMODE(data_dir.stat().st_mode) == after, oct(before)
+    finally:
+        os.umask(umask)
