@@ -335,6 +335,8 @@ def check_rule_class(config: RuleConfig) -> None:
             rule_class(None, other_trials=others, **strings)
         except ConfigError as error:
             raise ValueError(f"parameters: {error}") from None
+        except RecursionError:  # Python's regex parser recurses once per nested group
+            raise ValueError("parameters: a value is nested too deeply to parse (a regex?)") from None
         except Exception:  # noqa: BLE001 - a rule that needs a trial to construct is checked at run time
             pass
 
@@ -453,6 +455,8 @@ class JobSpec(BaseModel):
             raise ValueError(str(error)) from None
         except (TypeError, AttributeError, KeyError, ValueError) as error:  # a member of the wrong type
             raise ValueError(f"malformed hook config: {type(error).__name__}: {error}") from None
+        except RecursionError:  # Python's regex parser recurses once per nested group
+            raise ValueError("an include_regex is nested too deeply to compile") from None
         return value
 
     @model_validator(mode="after")

@@ -157,6 +157,10 @@ CREATE_CASES = [
      "action_json"),
     ({"DebugRuleConfigurations": rule(action_json=json.dumps(
         [{"name": "email", "endpoint": "ops@example.com\r\nBcc: all@example.com"}]))}, "action_json"),
+    ({"DebugRuleConfigurations": [{"RuleConfigurationName": "FI", "RuleEvaluatorImage": "img",
+                                   "RuleParameters": {"rule_to_invoke": "FeatureImportanceOverweight",
+                                                      "tensor_regex": "(" * 2000 + ")" * 2000}}]},
+     "DebugRuleConfigurations[0]: parameters"),
     # Valid members whose container contract (one environment variable) exec could not take.
     ({"HyperParameters": {f"hp{i}": "x" * 2500 for i in range(60)}}, "HyperParameters"),
 ]  # fmt: skip
@@ -326,6 +330,13 @@ NATIVE_CASES = [
     (_spec(resources={"cpus": 0.001}), "body.resources.cpus"),
     (_spec(resources={"memory_mb": 1}), "body.resources.memory_mb"),
     (_spec(resources={"instance_count": 2}), "body.resources.instance_count"),
+    # Regexes nested deeper than Python's parser recurses (were 500s, or accepted and failing later).
+    (_spec(hook_config={"HookParameters": {"include_regex": "(" * 1000 + ")" * 1000}}), "body.hook_config"),
+    (_spec(hook_config={"CollectionConfigurations": [
+        {"CollectionName": "x", "CollectionParameters": {"include_regex": "(" * 1000 + ")" * 1000}}]}),
+     "body.hook_config"),
+    (_spec(rules=[{"rule": "FeatureImportanceOverweight", "parameters": {"tensor_regex": "(" * 1000 + ")" * 1000}}]),
+     "body.rules.0"),
 ]  # fmt: skip
 
 
