@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
+    "BLOCK_CHARS",
     "MAX_LOG_CHARS",
     "MAX_LOG_LINES",
     "SCAN_BUDGET_S",

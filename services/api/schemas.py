@@ -7,7 +7,6 @@ config by the same parser the training process uses, action names against the kn
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Annotated, Any, Literal
 
@@ -21,6 +20,13 @@ from trainguard.services.api.sagemaker_validation import (
     structure,
     unsafe_text,
 )
+from trainguard.services.api.spec_limits import (
+    MIN_CPUS,
+    MIN_MEMORY_MB,
+    check_command,
+    check_document_size,
+    check_environment,
+)
 
 __all__ = ["AlarmConfig", "JobSpec", "Resources", "RuleConfig", "StoppingCondition", "RUNNER_PARAMETERS"]
 
@@ -33,16 +39,6 @@ MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
 MAX_WEBHOOK_RETRIES = 10
 MAX_GRACE_SECONDS = 3600.0
 MAX_STEP = 2**62
-# What exec(2) takes: one argument or ``NAME=value`` string of at most 128 KiB (MAX_ARG_STRLEN),
-# all of them together within ARG_MAX (2 MiB here). The service adds its own variables (the hook
-# and profiler configs, a rule's parameters and actions as JSON): each document is bounded so
-# that the whole fits.
-MAX_EXEC_STRING_BYTES = 128 * 1024
-MAX_ENVIRONMENT_BYTES = 512 * 1024
-MAX_COMMAND_BYTES = 256 * 1024
-MAX_DOCUMENT_BYTES = 64 * 1024  # a hook or profiler config, a rule's parameters or actions, as JSON
-MIN_CPUS = 0.01  # the smallest CPU limit an engine grants (docker: --cpus 0.01)
-MIN_MEMORY_MB = 6  # the smallest memory limit docker accepts
 RULE_REFERENCE = (  # 'package.module:Class' (dotted identifiers), or a rule / entry-point name
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$|^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 )
@@ -53,18 +49,6 @@ COMPARISONS = (
     "LessThanThreshold",
     "LessThanOrEqualToThreshold",
 )
-
-
-def _exec_string(text: str, extra: int = 0) -> int:
-    """Bytes of ``text`` as exec(2) gets it (UTF-8 and its NUL), ``extra`` bytes beside it (``NAME=``)."""
-    return len(text.encode("utf-8", errors="surrogatepass")) + extra + 1
-
-
-def _document_size(value: Any, what: str) -> None:
-    """A document passed to a process as JSON text in one variable: bounded (MAX_DOCUMENT_BYTES)."""
-    size = len(json.dumps(value, default=str))
-    if size > MAX_DOCUMENT_BYTES:
-        raise ValueError(f"{what} is {size} bytes as JSON; at most {MAX_DOCUMENT_BYTES} bytes are passed to a job")
 
 
 def _shape(shape: Any, value: Any) -> None:
@@ -178,13 +162,12 @@ def _string_member(action: dict[str, Any], key: str, index: int, max_length: int
 
 def _validate_actions(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from trainguard.services.actions import action_names
-
     from trainguard.services.actions.validation import check_action_fields
 
     known = action_names()
     if len(actions) > 10:
         raise ValueError(f"at most 10 actions, got {len(actions)}")
-    _document_size(actions, "actions")
+    check_document_size(actions, "actions")
     for index, action in enumerate(actions):
         _safe_tree(action, f"action {index}")
         if not isinstance(action, dict):
@@ -292,7 +275,7 @@ class RuleConfig(BaseModel):
     @classmethod
     def _finite_parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
         _safe_tree(value)
-        _document_size(value, "parameters")
+        check_document_size(value, "parameters")
         start, end = _step(value, "start_step"), _step(value, "end_step")
         if start is not None and end is not None and end < start:
             raise ValueError(f"end_step={end} is before start_step={start}")
@@ -395,33 +378,13 @@ class JobSpec(BaseModel):
     @field_validator("command")
     @classmethod
     def _exec_command(cls, value: list[str]) -> list[str]:
-        for index, argument in enumerate(value):
-            if _exec_string(argument) > MAX_EXEC_STRING_BYTES:
-                raise ValueError(f"argument {index} is over {MAX_EXEC_STRING_BYTES} bytes (UTF-8), what exec(2) takes")
-        total = sum(_exec_string(argument) for argument in value)
-        if total > MAX_COMMAND_BYTES:
-            raise ValueError(f"the arguments take {total} bytes; at most {MAX_COMMAND_BYTES} together")
+        check_command(value)
         return value
 
     @field_validator("environment")
     @classmethod
     def _exec_environment(cls, value: dict[str, str]) -> dict[str, str]:
-        from trainguard.services.sagemaker_container.contract import CONTRACT_ENV
-
-        for key, item in value.items():
-            if key == CONTRACT_ENV and _exec_string(item, len(key) + 1) > MAX_EXEC_STRING_BYTES:
-                raise ValueError(  # what a SageMaker request makes of its members, passed as one variable
-                    f"HyperParameters: with the channels and settings, the job's SageMaker container contract is "
-                    f"{_exec_string(item)} bytes; at most {MAX_EXEC_STRING_BYTES} pass to a job (shorten the values)"
-                )
-            if _exec_string(item, len(key) + 1) > MAX_EXEC_STRING_BYTES:
-                raise ValueError(
-                    f"{key}: '{key}=value' is over {MAX_EXEC_STRING_BYTES} bytes (UTF-8), the most exec(2) takes for "
-                    "one variable"
-                )
-        total = sum(_exec_string(item, len(key) + 1) for key, item in value.items())
-        if total > MAX_ENVIRONMENT_BYTES:
-            raise ValueError(f"the variables take {total} bytes; at most {MAX_ENVIRONMENT_BYTES} together")
+        check_environment(value)
         return value
 
     @field_validator("profiler_config")
@@ -431,7 +394,7 @@ class JobSpec(BaseModel):
             return None
         _safe_tree(value)
         _shape(PROFILER_CONFIG, value)  # SageMaker's ProfilerConfig, as the training side reads it
-        _document_size(value, "profiler_config")
+        check_document_size(value, "profiler_config")
         return value
 
     @field_validator("hook_config")
@@ -441,7 +404,7 @@ class JobSpec(BaseModel):
             return None
         _safe_tree(value)
         _shape(_HOOK_LOCATIONS, value)  # S3OutputPath and LocalPath are read as strings by the planner
-        _document_size(value, "hook_config")
+        check_document_size(value, "hook_config")
         from trainguard.config.collections import compile_regex
         from trainguard.errors import ConfigError
         from trainguard.hooks.json_config import hook_kwargs_from_document

@@ -235,7 +235,8 @@ def test_log_reads_with_tokens_this_server_never_handed_out_are_refused(client) 
     assert response.status_code == 200, response.text
     for token in ("f/\u00b2", "f/" + "9" * 5000, "f/-1", "b/0", 7):
         body = {"logGroupName": group, "logStreamName": stream, "nextToken": token}
-        response = client.post("/", content=json.dumps(body), headers={**AUTH, "X-Amz-Target": "Logs_20140328.GetLogEvents"})
+        response = client.post("/", content=json.dumps(body),
+                               headers={**AUTH, "X-Amz-Target": "Logs_20140328.GetLogEvents"})  # fmt: skip
         assert response.status_code == 400, (token, response.text)
         assert response.json()["__type"] == "InvalidParameterException"
     # Names no database can look up (a lone surrogate, NUL, 10 kB) are refused, not a 500.

@@ -31,9 +31,9 @@ from trainguard.services.api.settings import Settings  # noqa: E402
 from trainguard.services.launchers.base import (  # noqa: E402
     ComponentSpec,
     JobLaunch,
-    LaunchRefused,
     LauncherError,
     LauncherSupport,
+    LaunchRefused,
     launcher_support,
 )
 
