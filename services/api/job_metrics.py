@@ -14,8 +14,8 @@ The regexes are the caller's and the log is the job's: neither may cost the API 
 * Only the log's tail is read (:data:`MAX_LOG_LINES` lines, at most :data:`MAX_LOG_CHARS`
   characters). It is scanned in blocks of at most :data:`BLOCK_CHARS` characters (cut at line
   breaks; a longer line is scanned in pieces of that size), newest block first, so one search is
-  bounded by a block. Each definition has its share of :data:`SCAN_BUDGET_S` and the whole scan
-  stops at it, with the latest values found so far.
+  bounded by a block. Each definition has an equal share of what is left of :data:`SCAN_BUDGET_S`
+  and the whole scan stops at it, with the latest values found so far.
 * Each line is its own text, as SageMaker matches a log line by line: ``^``/``$`` match at line
   ends and nothing matches across a line break (RE2's ``never_nl``).
 * A scan's result is kept per job and log content; a finished job's log is not read again.
@@ -171,18 +171,19 @@ def final_metric_data(
     """``[{"MetricName", "Value", "Timestamp"}]``: the last finite value each definition matched.
 
     ``text`` is the log (its tail). Each definition searches the blocks newest first and stops at
-    the first block where it has a value, or when its share of ``budget_s`` (or all of it) is spent.
+    the first block where it has a value, or when its share of what is left of ``budget_s`` is spent.
     """
     compiled = _compiled(definitions)
     blocks = _blocks_newest_first(text.replace("\r\n", "\n").replace("\r", "\n"))
     latest: dict[str, float] = {}
     overall = time.monotonic() + budget_s
-    share = budget_s / max(1, len(compiled))
     cut: list[str] = []
-    for name, pattern in compiled:
+    for position, (name, pattern) in enumerate(compiled):
         if name in latest:
             continue
-        deadline = min(overall, time.monotonic() + share)
+        # An equal share of what is left: time a quick definition did not use goes to the next ones.
+        now = time.monotonic()
+        deadline = now + max(0.0, overall - now) / (len(compiled) - position)
         value = None
         for block in blocks:
             value = _latest_in_block(pattern, block, deadline)
