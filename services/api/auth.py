@@ -144,8 +144,8 @@ def _authorization_fields(rest: str) -> dict[str, str]:
         name, separator, value = part.strip().partition("=")
         if not separator or name not in _AUTH_FIELDS:
             shown = name[:40] if separator else part.strip()[:40]
-            raise SigV4Error("IncompleteSignatureException",
-                             f"Authorization: unexpected field {shown!r}; expected {', '.join(_AUTH_FIELDS)}")  # fmt: skip
+            expected = ", ".join(_AUTH_FIELDS)
+            raise SigV4Error("IncompleteSignatureException", f"Authorization: unexpected field {shown!r}; expected {expected}")
         if name in fields:
             raise SigV4Error("IncompleteSignatureException", f"Authorization: {name}= is given more than once")
         fields[name] = value.strip()
@@ -243,7 +243,8 @@ def verify_sigv4(
         [ALGORITHM, amz_date, "/".join(scope[1:]),
          hashlib.sha256(canonical_request(method, raw_path, raw_query, headers, signed, body_hash).encode()).hexdigest()]
     )  # fmt: skip
-    expected = hmac.new(signing_key(key.secret, date, region, scoped_service), string_to_sign.encode(), hashlib.sha256).hexdigest()
+    key_bytes = signing_key(key.secret, date, region, scoped_service)
+    expected = hmac.new(key_bytes, string_to_sign.encode(), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected, signature):
         raise SigV4Error(
             "InvalidSignatureException",

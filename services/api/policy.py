@@ -221,9 +221,9 @@ class TenancyPolicy:
         return cls(path=path) if path else cls()
 
     def _reload(self) -> None:
-        import yaml
-
         import stat
+
+        import yaml
 
         assert self._path is not None
         info = self._path.stat()

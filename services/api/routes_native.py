@@ -7,7 +7,7 @@ and what the tenancy policy grants it); a job the caller may not see is a 404 li
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -34,13 +34,16 @@ def _job_name(name: str) -> str:
     return name
 
 
+# Who is asking: the operator (API token) or an access key (SigV4); computed once per request.
+CallerOf = Annotated[Caller, Depends(native_caller)]
+
 native_router = APIRouter(prefix="/v1")
 # On the router too: no route under /v1/jobs can be added without a verified caller (computed once per request).
 jobs_router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(native_caller)])
 
 
 @jobs_router.post("", status_code=201, summary="Create and start a training job (owned by the caller)")
-def create_job(spec: JobSpec, request: Request, caller: Caller = Depends(native_caller)) -> Any:
+def create_job(spec: JobSpec, request: Request, caller: CallerOf) -> Any:
     service = _service(request)
     try:
         return service.create(spec, owner=caller)
@@ -60,7 +63,7 @@ def create_job(spec: JobSpec, request: Request, caller: Caller = Depends(native_
 @jobs_router.get("", summary="List the training jobs the caller may see, newest first")
 def list_jobs(
     request: Request,
-    caller: Caller = Depends(native_caller),
+    caller: CallerOf,
     status: Literal["InProgress", "Completed", "Failed", "Stopping", "Stopped"] | None = Query(None),
     name_contains: str | None = Query(None, max_length=63, pattern=r"^[A-Za-z0-9\-]*$"),
 ) -> dict[str, Any]:
@@ -83,7 +86,7 @@ def list_jobs(
 
 
 @jobs_router.get("/{name}", summary="Describe a job: status, transitions, rule statuses with findings and fix hints")
-def describe_job(name: str, request: Request, caller: Caller = Depends(native_caller)) -> dict[str, Any]:
+def describe_job(name: str, request: Request, caller: CallerOf) -> dict[str, Any]:
     try:
         return _service(request).describe(_job_name(name), caller)
     except JobNotFound:
@@ -94,7 +97,7 @@ def describe_job(name: str, request: Request, caller: Caller = Depends(native_ca
 def stop_job(
     name: str,
     request: Request,
-    caller: Caller = Depends(native_caller),
+    caller: CallerOf,
     grace_seconds: float | None = Query(
         None, ge=0, le=MAX_GRACE_SECONDS, allow_inf_nan=False, description="default TRAINGUARD_STOP_GRACE_SECONDS (120)"
     ),
@@ -113,7 +116,7 @@ def stop_job(
 def job_logs(
     name: str,
     request: Request,
-    caller: Caller = Depends(native_caller),
+    caller: CallerOf,
     component: str = Query("training", description="training, uploader or rule:<RuleConfigurationName>"),
     tail: int | None = Query(None, ge=0, le=1_000_000),
 ) -> str:

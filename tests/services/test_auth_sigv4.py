@@ -290,7 +290,8 @@ def test_endpoint_verifies_boto3_signatures_and_refuses_forgeries(api) -> None:
 
 def test_state_is_private(api) -> None:
     mode = stat.S_IMODE(api.data_dir.stat().st_mode)
-    assert mode == 0o700, oct(mode)
+    # As root the local launcher lets its jobs' own users traverse the data dir (o+x), never list or read it.
+    assert mode == (0o701 if os.geteuid() == 0 else 0o700), oct(mode)
     database = api.data_dir / "trainguard.db"
     assert database.is_file()
     assert stat.S_IMODE(database.stat().st_mode) == 0o600
@@ -311,7 +312,8 @@ def test_secure_state_makes_existing_state_private(tmp_path: Path) -> None:
         assert os.umask(0o077) == 0o077  # what the API creates later is private too
     finally:
         os.umask(previous)
-    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    # Group and others lose everything but others' traversal (o+x, kept for the local launcher's job users).
+    assert stat.S_IMODE(data.stat().st_mode) == 0o701
     assert stat.S_IMODE((data / "trainguard.db").stat().st_mode) == 0o600
     assert stat.S_IMODE((data / "trainguard.db-journal").stat().st_mode) == 0o600
 

@@ -135,3 +135,44 @@ def test_server_refuses_to_start_without_a_token(tmp_path: Path) -> None:
     )
     assert finished.returncode == 2
     assert "TRAINGUARD_API_TOKEN is not set" in finished.stderr
+
+
+def test_access_keys_sign_native_requests_and_forgeries_are_refused(tmp_path: Path) -> None:
+    """A key signs native requests with SigV4 for 'trainguard'; anything else is 401/403 before a route runs."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    key_id, secret = "AKIDNATIVE000001", "native-secret-0123456789"
+    settings = Settings.from_env(
+        {"TRAINGUARD_API_TOKEN": TOKEN, "TRAINGUARD_DATA_DIR": str(tmp_path), "TRAINGUARD_LAUNCHER": "local",
+         "TRAINGUARD_SAGEMAKER_ACCESS_KEYS": f"carol={key_id}:{secret}"}
+    )  # fmt: skip
+
+    def signed(method: str, path: str, body: bytes = b"", *, service: str = "trainguard", key: str = secret) -> dict:
+        request = AWSRequest(method=method, url=f"http://testserver{path}", data=body, headers={"Host": "testserver"})
+        SigV4Auth(Credentials(key_id, key), service, "us-east-1").add_auth(request)
+        return dict(request.headers.items())
+
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/v1/jobs", headers=signed("GET", "/v1/jobs")).json() == {"jobs": []}
+        body = b'{"name": "carols-job", "command": ["true"]}'
+        headers = {**signed("POST", "/v1/jobs", body), "Content-Type": "application/json"}
+        created = client.post("/v1/jobs", content=body, headers=headers)
+        assert created.status_code == 201 and created.json()["owner"] == "carol", created.text
+        # The same signature over another body, another path, another query: refused.
+        assert client.post("/v1/jobs", content=body.replace(b"carols", b"other"), headers=headers).status_code == 403
+        assert client.get("/v1/jobs/carols-job", headers=signed("GET", "/v1/jobs")).status_code == 403
+        assert client.get("/v1/jobs?status=Failed", headers=signed("GET", "/v1/jobs")).status_code == 403
+        wrong_secret, wrong_service = signed("GET", "/v1/jobs", key="wrong-secret-0123456789"), signed(
+            "GET", "/v1/jobs", service="sagemaker"
+        )
+        for refused in (wrong_secret, wrong_service):
+            answer = client.get("/v1/jobs", headers=refused)
+            assert answer.status_code == 403 and "InvalidSignatureException" in answer.json()["detail"]
+        assert client.get("/v1/jobs", headers={"Authorization": f"Bearer {key_id}"}).status_code == 401
+        internal = "/v1/internal/jobs/carols-job/rules/x/status"
+        headers = {**signed("POST", internal, b"{}"), "Content-Type": "application/json"}
+        answer = client.post(internal, content=b"{}", headers=headers)
+        assert answer.status_code == 401  # runners' route: never an access key, not even the job owner's
+        assert client.post("/v1/jobs/carols-job/stop?grace_seconds=0", headers=AUTH).status_code == 202

@@ -149,16 +149,18 @@ def test_two_keys_neither_lists_describes_stops_nor_reads_the_logs_of_the_others
     for viewer, client, others in (("alice", alice, ("bob-sm", "bob-native")), ("bob", bob, ("alice-0", "alice-2"))):
         missing = _error(lambda client=client: client.describe_training_job(TrainingJobName="no-such-job"))
         missing_status, missing_body = _native(api, viewer, "GET", "/v1/jobs/no-such-job")
+
+        def as_missing(name: str, status: int = missing_status, body: dict = missing_body) -> tuple[int, dict]:
+            return status, {"detail": body["detail"].replace("no-such-job", name)}
+
         for name in others:
             hidden = _error(lambda client=client, name=name: client.describe_training_job(TrainingJobName=name))
             assert hidden == {**missing, "Message": missing["Message"].replace("no-such-job", name)}
             stop = _error(lambda client=client, name=name: client.stop_training_job(TrainingJobName=name))
             assert stop == {**missing, "Message": missing["Message"].replace("no-such-job", name)}
             for path in (f"/v1/jobs/{name}", f"/v1/jobs/{name}/logs"):
-                status, body = _native(api, viewer, "GET", path)
-                assert (status, body) == (missing_status, {"detail": missing_body["detail"].replace("no-such-job", name)})
-            status, body = _native(api, viewer, "POST", f"/v1/jobs/{name}/stop")
-            assert (status, body) == (missing_status, {"detail": missing_body["detail"].replace("no-such-job", name)})
+                assert _native(api, viewer, "GET", path) == as_missing(name)
+            assert _native(api, viewer, "POST", f"/v1/jobs/{name}/stop") == as_missing(name)
             refusals += 5
     assert refusals == 20
     # Nor its logs: no stream through the Logs API, though its owner reads it.
@@ -215,7 +217,8 @@ def test_the_operators_policy_grants_reading_and_stopping_other_keys_jobs(tenant
     assert auditor.describe_training_job(TrainingJobName="alice-job")["TrainingJobStatus"] == "InProgress"
     assert _native(api, "auditor", "GET", "/v1/jobs/alice-job")[0] == 200
     for name in ("bob-job", "operator-job"):
-        assert _error(lambda name=name: auditor.describe_training_job(TrainingJobName=name))["Code"] == "ResourceNotFound"
+        refused = _error(lambda name=name: auditor.describe_training_job(TrainingJobName=name))
+        assert refused["Code"] == "ResourceNotFound"
     assert _error(lambda: auditor.stop_training_job(TrainingJobName="alice-job"))["Code"] == "AccessDeniedException"
     assert _native(api, "auditor", "POST", "/v1/jobs/alice-job/stop")[0] == 403
     # stop: ['*'] -> every job, the operator's included (whoever may stop a job may see it).
@@ -361,7 +364,7 @@ def test_a_sqlite_database_from_before_tenancy_is_migrated_and_its_jobs_are_the_
 
 
 @pytest.mark.slow
-def test_a_postgres_database_from_before_tenancy_is_migrated(postgres_url: str) -> None:
+def test_a_postgres_database_from_before_tenancy_is_migrated(postgres_url: str) -> None:  # noqa: F811 - the fixture
     _database_without_owner(postgres_url)
     _check_migrated(postgres_url)
 
