@@ -39,6 +39,7 @@ __all__ = [
     "BLOCK_CHARS",
     "MAX_LOG_CHARS",
     "MAX_LOG_LINES",
+    "REFRESH_S",
     "SCAN_BUDGET_S",
     "MetricScanner",
     "final_metric_data",
@@ -55,6 +56,8 @@ BLOCK_CHARS = 64 * 1024
 # for its latest value: walking every match of a block costs far more than one search does.
 _PIECE_CHARS = 4 * 1024
 SCAN_BUDGET_S = 0.25
+# A running job's metrics are read again at most this often (clients poll describe every second or so).
+REFRESH_S = 2.0
 _CACHED_SCANS = 1024
 # RE2's default program budget: a pattern whose automaton would be larger is refused at creation.
 _RE2_MAX_MEM = 8 << 20
@@ -206,13 +209,20 @@ class MetricScanner:
     """Bounded, cached ``FinalMetricDataList`` of one service's jobs."""
 
     def __init__(
-        self, *, max_lines: int = MAX_LOG_LINES, max_chars: int = MAX_LOG_CHARS, budget_s: float = SCAN_BUDGET_S
+        self,
+        *,
+        max_lines: int = MAX_LOG_LINES,
+        max_chars: int = MAX_LOG_CHARS,
+        budget_s: float = SCAN_BUDGET_S,
+        refresh_s: float = REFRESH_S,
     ) -> None:
         self._max_lines = max_lines
         self._max_chars = max_chars
         self._budget_s = budget_s
+        self._refresh_s = refresh_s
         self._lock = threading.Lock()
-        self._scans: OrderedDict[tuple[str, ...], tuple[str, list[dict[str, Any]]]] = OrderedDict()
+        # key -> ("final" or the log's digest, metrics, when the log was read)
+        self._scans: OrderedDict[tuple[str, ...], tuple[str, list[dict[str, Any]], float]] = OrderedDict()
 
     def final_metric_data(
         self,
@@ -224,14 +234,15 @@ class MetricScanner:
         finished: bool,
         read_log: Callable[[int], str],
     ) -> list[dict[str, Any]]:
-        """The job's metrics; a finished job's log is scanned once, a running one's when it changed.
+        """The job's metrics; a finished job's log is scanned once, a running one's when it changed
+        (read again after ``refresh_s``).
 
         ``read_log(tail_lines)`` returns the training log's last lines (e.g. a launcher's ``logs``).
         """
         key = (job, repr(created), json.dumps(definitions, sort_keys=True, default=str))
         with self._lock:
             cached = self._scans.get(key)
-        if cached is not None and cached[0] == "final":
+        if cached is not None and (cached[0] == "final" or time.monotonic() - cached[2] < self._refresh_s):
             return _stamped(cached[1], timestamp)
         try:
             text = read_log(self._max_lines)
@@ -244,7 +255,7 @@ class MetricScanner:
         else:
             metrics = final_metric_data(definitions, text, timestamp, budget_s=self._budget_s)
         with self._lock:
-            self._scans[key] = ("final" if finished else digest, metrics)
+            self._scans[key] = ("final" if finished else digest, metrics, time.monotonic())
             self._scans.move_to_end(key)
             while len(self._scans) > _CACHED_SCANS:
                 self._scans.popitem(last=False)

@@ -97,7 +97,7 @@ def test_the_scanner_reads_a_bounded_tail_and_does_not_rescan_an_unchanged_log(m
         reads.append(tail)
         return log["text"]
 
-    scanner = MetricScanner(max_lines=50, max_chars=1000)
+    scanner = MetricScanner(max_lines=50, max_chars=1000, refresh_s=0)
     definitions = [{"Name": "loss", "Regex": r"loss=([0-9.]+)"}]
 
     def describe(finished: bool = False) -> list[dict]:
@@ -113,6 +113,13 @@ def test_the_scanner_reads_a_bounded_tail_and_does_not_rescan_an_unchanged_log(m
     reads.clear()
     assert describe(finished=True)[0]["Value"] == 2.5
     assert reads == [] and len(scans) == 2, "a finished job's log was read again"
+    # A running job's log is read again only after refresh_s.
+    polled = MetricScanner(refresh_s=60)
+    assert polled.final_metric_data("job", 1.0, definitions, 5.0, finished=False, read_log=read_log)
+    log["text"] += "loss=3.5\n"
+    reads.clear()
+    again = polled.final_metric_data("job", 1.0, definitions, 6.0, finished=False, read_log=read_log)
+    assert reads == [] and again == [{"MetricName": "loss", "Value": 2.5, "Timestamp": 6.0}]
 
 
 # -- the real API ---------------------------------------------------------------------------------------
