@@ -53,6 +53,7 @@ from trainguard.services.launchers.local_isolation import (
     job_environment,
     passthrough_names,
 )
+from trainguard.services.launchers.log_tail import read_log
 
 __all__ = ["LocalLauncher"]
 
@@ -409,11 +410,8 @@ class LocalLauncher:
         directory = self._component_dirs(job_name).get(role)
         if directory is None:
             return ""
-        text = (directory / "output.log").read_text(errors="replace") if (directory / "output.log").exists() else ""
-        if tail is not None:
-            lines = text.splitlines(keepends=True)
-            text = "".join(lines[-tail:]) if tail > 0 else ""
-        return text
+        # A tail is read from the end: a describe of a job with a huge log reads its tail only.
+        return read_log(directory / "output.log", tail)
 
     def jobs(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and self._component_dirs(p.name))
