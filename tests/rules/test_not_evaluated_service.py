@@ -13,7 +13,8 @@ def test_not_evaluated_is_error_with_details_in_the_api(api_factory) -> None:  #
     spec = {"name": "not-evaluated", "hook_config": HOOK_EVERY_STEP,
             "command": training_command("--steps", "8"),
             "rules": [{"rule": RULE, "name": "Unsaved"}]}  # fmt: skip
-    created = api.request("POST", "/v1/jobs", spec)
+    # Created by the key whose SageMaker client describes it below (a key sees its own jobs only).
+    created = api.signed_request("POST", "/v1/jobs", spec)
     assert created[0] == 201, created
     job = wait_for(
         lambda: (j := api.job("not-evaluated"))["rules"][0]["status"] not in ("InProgress",) and j, 120, "the rule to end"

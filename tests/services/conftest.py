@@ -115,6 +115,38 @@ class ApiServer:
         except ValueError:
             return status, raw.decode(errors="replace")
 
+    def signed_request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        key_id: str = SAGEMAKER_KEY_ID,
+        secret: str = SAGEMAKER_SECRET,
+    ) -> tuple[int, Any]:
+        """A native API request as the access key ``key_id`` (SigV4, service 'trainguard'), not the
+        operator: its jobs are the key's, the ones its SageMaker client (:meth:`sagemaker`) sees."""
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        data = json.dumps(body).encode() if body is not None else b""
+        headers = {"Host": self.url.removeprefix("http://"), "Content-Type": "application/json"}
+        signed = AWSRequest(method=method, url=self.url + path, data=data, headers=headers)
+        SigV4Auth(Credentials(key_id, secret), "trainguard", "us-east-1").add_auth(signed)
+        request = urllib.request.Request(
+            self.url + path, data=data or None, method=method, headers=dict(signed.headers)
+        )
+        try:
+            with self._opener.open(request, timeout=30) as response:
+                raw, status = response.read(), response.status
+        except urllib.error.HTTPError as error:
+            raw, status = error.read(), error.code
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, raw.decode(errors="replace")
+
     def job(self, name: str) -> dict[str, Any]:
         status, body = self.request("GET", f"/v1/jobs/{name}")
         assert status == 200, body
