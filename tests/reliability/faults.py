@@ -21,6 +21,7 @@ from tests.s3_server import DUMMY_CREDENTIALS, free_port
 
 __all__ = [
     "RestartableS3", "fill_disk", "local_run_files", "mount_small_disk", "s3_run_files", "unmount", "uploader_command",
+    "wait_for_capture",
 ]  # fmt: skip
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,6 +85,15 @@ def local_run_files(root: Path) -> dict[str, int]:
         for p in root.rglob("*")
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
     }
+
+
+def wait_for_capture(root: Path, files: int = 10, timeout: float = 300.0) -> None:
+    """Wait until training has written ``files`` files of its run in ``root``. A job starts PyTorch
+    at the jobs' niceness: on a loaded machine (load 20-30 on 2 cores) its first step came 60-95 s
+    after the job was created, which a test of the uploader must not count as upload latency."""
+    from tests.polling import wait_for
+
+    wait_for(lambda: root.is_dir() and len(local_run_files(root)) >= files, timeout, f"training to write {files} files")
 
 
 def s3_run_files(client, bucket: str, prefix: str) -> dict[str, int]:  # noqa: ANN001

@@ -28,6 +28,7 @@ from tests.reliability.faults import (
     s3_run_files,
     unmount,
     uploader_command,
+    wait_for_capture,
 )  # fmt: skip
 from tests.s3_server import DUMMY_CREDENTIALS
 from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, REPO, training_command
@@ -59,6 +60,7 @@ def test_full_training_disk_stops_capture_but_not_training_and_loses_nothing(api
         LocalLauncher(api.data_dir / "local").start(
             JobLaunch(job, (ComponentSpec("uploader", "", tuple(command), dict(DUMMY_CREDENTIALS)),))
         )
+        wait_for_capture(run)
         wait_for(lambda: len(s3_run_files(s3.client(), "runs", f"{job}/debug-output")) >= 10, 60, "uploads")
         assert fill_disk(run) > 0
         ended = wait_for(

@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from tests.polling import wait_for
-from tests.reliability.faults import RestartableS3, local_run_files, s3_run_files, uploader_command
+from tests.reliability.faults import (
+    RestartableS3,
+    local_run_files,
+    s3_run_files,
+    uploader_command,
+    wait_for_capture,
+)
 from tests.s3_server import DUMMY_CREDENTIALS, free_port
 from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, training_command
 from trainguard.format.layout import END_OF_TRAINING
@@ -53,6 +59,7 @@ def test_killed_uploader_is_restarted_and_every_file_reaches_s3(api_factory, tmp
                 "command": training_command("--steps", "300", "--step-seconds", "0.05")}  # fmt: skip
         assert api.request("POST", "/v1/jobs", spec)[0] == 201
         component = _add_uploader(api, "kill-uploader", s3.endpoint)
+        wait_for_capture(api.data_dir / "jobs" / "kill-uploader" / "debug-output")
         wait_for(lambda: len(s3_run_files(s3.client(), "runs", "kill-uploader/debug-output")) >= 10, 60, "uploads")
         os.kill(_command_pid(component), signal.SIGKILL)
         wait_for(lambda: "restarting uploader" in (component / "output.log").read_text(), 20, "the restart")
@@ -128,6 +135,7 @@ def test_uploader_told_to_finish_is_not_killed_by_the_stop_grace(api_factory, tm
                 "command": training_command("--steps", "100", "--step-seconds", "0.05")}  # fmt: skip
         assert api.request("POST", "/v1/jobs", spec)[0] == 201
         component = _add_uploader(api, "slow-finish", s3.endpoint)
+        wait_for_capture(api.data_dir / "jobs" / "slow-finish" / "debug-output")
         wait_for(lambda: len(s3_run_files(s3.client(), "runs", "slow-finish/debug-output")) >= 10, 60, "uploads")
         # Paused mid-run: the uploader cannot put the end marker, so it is still at work when
         # training has ended; the reconciler tells it to finish 5 s later, and its last pass waits
