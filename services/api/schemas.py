@@ -26,6 +26,7 @@ from trainguard.services.api.spec_limits import (
     check_command,
     check_document_size,
     check_environment,
+    nesting_problem,
 )
 
 __all__ = ["AlarmConfig", "JobSpec", "Resources", "RuleConfig", "StoppingCondition", "RUNNER_PARAMETERS"]
@@ -313,8 +314,11 @@ def check_rule_class(config: RuleConfig) -> None:
     # stand-ins; the paths are opened by the rule runner.
     others = [_Unopened(p) for p in str(config.parameters.get("other_trials") or "").split(",") if p.strip()]
     if isinstance(rule_class, type) and issubclass(rule_class, Rule):
+        strings = {k: str(v) if not isinstance(v, str) else v for k, v in parameters.items()}
+        for name, text in strings.items():
+            if nesting_problem(text):  # before a rule compiles it as a regex
+                raise ValueError(f"parameters: {name} {nesting_problem(text)}")
         try:
-            strings = {k: str(v) if not isinstance(v, str) else v for k, v in parameters.items()}
             rule_class(None, other_trials=others, **strings)
         except ConfigError as error:
             raise ValueError(f"parameters: {error}") from None
@@ -322,6 +326,19 @@ def check_rule_class(config: RuleConfig) -> None:
             raise ValueError("parameters: a value is nested too deeply to parse (a regex?)") from None
         except Exception:  # noqa: BLE001 - a rule that needs a trial to construct is checked at run time
             pass
+
+
+def _check_nesting(value: Any) -> None:
+    """ValueError naming the first string of a hook config nested too deeply to compile as a regex."""
+    if isinstance(value, str):
+        if nesting_problem(value):
+            raise ValueError(f"a value {nesting_problem(value)} (a regex compiled in the job)")
+    elif isinstance(value, dict):
+        for member in value.values():
+            _check_nesting(member)
+    elif isinstance(value, list):
+        for member in value:
+            _check_nesting(member)
 
 
 class AlarmConfig(BaseModel):
@@ -405,6 +422,7 @@ class JobSpec(BaseModel):
         _safe_tree(value)
         _shape(_HOOK_LOCATIONS, value)  # S3OutputPath and LocalPath are read as strings by the planner
         check_document_size(value, "hook_config")
+        _check_nesting(value)  # its regexes (HookParameters', collections') compile in the job
         from trainguard.config.collections import compile_regex
         from trainguard.errors import ConfigError
         from trainguard.hooks.json_config import hook_kwargs_from_document

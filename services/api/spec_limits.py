@@ -22,6 +22,7 @@ __all__ = [
     "check_command",
     "check_document_size",
     "check_environment",
+    "nesting_problem",
 ]
 
 MAX_EXEC_STRING_BYTES = 128 * 1024
@@ -30,6 +31,10 @@ MAX_COMMAND_BYTES = 256 * 1024
 MAX_DOCUMENT_BYTES = 64 * 1024  # a hook or profiler config, a rule's parameters or actions, as JSON
 MIN_CPUS = 0.01  # the smallest CPU limit an engine grants (docker: --cpus 0.01)
 MIN_MEMORY_MB = 6  # the smallest memory limit docker accepts
+# Python's regex parser recurses once per nested group: about 450 levels fail in a fresh process
+# (the job's hook, the rule runner), and fewer or more in the API depending on its stack and its
+# recursion limit (torch.compile raises it). A fixed bound gives one answer everywhere.
+MAX_NESTING = 100
 
 
 def _exec_bytes(text: str, extra: int = 0) -> int:
@@ -71,3 +76,21 @@ def check_environment(environment: Mapping[str, str]) -> None:
     total = sum(_exec_bytes(item, len(key) + 1) for key, item in environment.items())
     if total > MAX_ENVIRONMENT_BYTES:
         raise ValueError(f"the variables take {total} bytes; at most {MAX_ENVIRONMENT_BYTES} together")
+
+
+def nesting_problem(text: str) -> str:
+    """Why ``text`` (a regex, or any value a rule may compile as one) nests too deeply ("" when
+    it does not): more than :data:`MAX_NESTING` parentheses open at once (escaped ones aside)."""
+    depth = deepest = 0
+    escaped = False
+    for character in text:
+        if escaped:
+            escaped = False
+        elif character == "\\":
+            escaped = True
+        elif character == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif character == ")":
+            depth = max(0, depth - 1)
+    return f"nests {deepest} groups; at most {MAX_NESTING}" if deepest > MAX_NESTING else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -345,6 +346,22 @@ NATIVE_CASES = [
 def test_native_bad_spec_is_422_with_the_field_path(client, spec, location) -> None:
     errors = _native(client, spec)
     assert any(loc == location or loc.startswith(location + ".") for loc, _ in errors), errors
+    assert_no_job(client)
+
+
+def test_deep_regexes_are_refused_whatever_the_recursion_limit(client) -> None:
+    """torch.compile raises the recursion limit of the process that runs it (to 2000): a regex
+    nested 1000 deep then compiles in the API, yet fails in the job's fresh interpreter. The bound
+    is explicit, so the answer is the same in both."""
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous, 5000))
+    try:
+        for spec, location in NATIVE_CASES[-3:]:  # the three regexes nested 1000 deep
+            errors = _native(client, spec)
+            assert any(loc == location or loc.startswith(location + ".") for loc, _ in errors), errors
+            assert any("nests 1000 groups" in message for _, message in errors), errors
+    finally:
+        sys.setrecursionlimit(previous)
     assert_no_job(client)
 
 
