@@ -210,3 +210,23 @@ def test_the_summary_names_each_damaged_file_with_its_step(run: Path) -> None:
         f"  damaged     : step 5 of worker_0: {event_key(5, 'worker_0')}: "
         "event file without an index: step 5 of worker_0 is missing"
     )
+
+
+def test_an_index_that_lands_behind_the_listing_is_read_not_reported(run: Path) -> None:
+    """An endpoint emptied and filled again (the stack's S3 restarted, the uploader re-sending)
+    can put a step's index back after later steps were listed: at the end marker the reader
+    reads it, and the step is whole, not damage."""
+    late = run / index_key(2, "worker_0")
+    held = late.read_bytes()
+    late.unlink()
+    end_marker = run / "training_job_end.ts"
+    end_marker.unlink()
+    trial = create_trial(str(run))
+    trial.refresh()  # live: lists past step 2, whose index is not there yet
+    assert 2 not in trial.steps()
+    late.write_bytes(held)
+    end_marker.write_text("")
+    trial.refresh()
+    assert trial.damage() == []
+    assert 2 in trial.steps()
+    assert np.isfinite(trial.tensor(LOSS).value(2))

@@ -145,14 +145,18 @@ class RunState:
         except StorageError as error:
             logger.warning("trainguard: could not list %s/%s to check for missing index files: %s", self.store.url, EVENTS_PREFIX, error)
             return
+        unread = [parsed for parsed in map(parse_event_key, keys) if parsed is not None and not self._has(*parsed)]
+        if unread:
+            # An index that reached the store after the listing had moved past its key (an
+            # endpoint emptied and filled again out of order) is not damage: read it now.
+            self._read_missed_indexes({index_key(step, worker) for step, worker in unread})
         corrupt = set(self.corrupt_index_files)
         for key in keys:
             parsed = parse_event_key(key)
             if parsed is None:
                 continue
             step, worker = parsed
-            record = self.steps.get(step)
-            if record is not None and worker in record.workers:
+            if self._has(step, worker):
                 continue
             if index_key(step, worker) in corrupt:
                 continue  # already reported as unreadable
@@ -162,6 +166,29 @@ class RunState:
                 "are not readable (the writer stopped between the event file and its index, or the index was lost)",
                 self.store.url, key, index_key(step, worker), step, worker,
             )
+
+    def _has(self, step: int, worker: str) -> bool:
+        record = self.steps.get(step)
+        return record is not None and worker in record.workers
+
+    def _read_missed_indexes(self, wanted: set[str]) -> None:
+        try:
+            present = [key for key in self.store.list(INDEX_PREFIX) if key in wanted and key not in self._seen]
+        except StorageError as error:
+            logger.warning("trainguard: could not list %s/%s again for late index files: %s", self.store.url, INDEX_PREFIX, error)
+            return
+        for key in present:
+            parsed = parse_index_key(key)
+            if parsed is None:
+                continue
+            try:
+                index = parse_index(self.store.read(key), step=parsed.step, worker=parsed.worker, path=f"{self.store.url}/{key}")
+            except (FormatError, ObjectNotFound) as error:
+                logger.warning("trainguard: unreadable index file, its step is damaged: %s", error)
+                self.corrupt_index_files.append(key)
+                continue
+            self._seen.add(key)
+            self._add(index)
 
     def _read_new_indexes(self) -> int:
         self._relist = False
