@@ -10,15 +10,10 @@ PostgreSQL, and the rule actions' scope, on real databases and processes.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 from trainguard.services.api.policy import OPERATOR, Caller, PolicyError, TenancyPolicy, parse_tenancy_policy
 
@@ -47,27 +42,9 @@ def _client(api, key: str, service: str = "sagemaker"):  # noqa: ANN001, ANN202 
 
 
 def _native(api, key: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:  # noqa: ANN001
-    """A native API request signed by botocore with ``key`` (SigV4, service 'trainguard')."""
-    data = json.dumps(body).encode() if body is not None else b""
-    headers = {"Host": api.url.removeprefix("http://")}
-    if body is not None:
-        headers["Content-Type"] = "application/json"
-    request = AWSRequest(method=method, url=api.url + path, data=data, headers=headers)
+    """A native API request signed with ``key`` (SigV4, service 'trainguard')."""
     key_id, secret = KEYS[key]
-    SigV4Auth(Credentials(key_id, secret), "trainguard", "us-east-1").add_auth(request)
-    prepared = urllib.request.Request(
-        api.url + path, data=data if method != "GET" else None, method=method, headers=dict(request.headers.items())
-    )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(prepared, timeout=30) as response:
-            raw, status = response.read(), response.status
-    except urllib.error.HTTPError as error:
-        raw, status = error.read(), error.code
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode(errors="replace")
+    return api.signed_request(method, path, body, key_id=key_id, secret=secret)
 
 
 def _sagemaker_request(name: str, owner: str, command: list[str] = LONG) -> dict[str, Any]:
