@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from trainguard.errors import ConfigError, StepUnavailable, TensorUnavailable, TensorUnavailableForStep
 from trainguard.modes import ModeKeys
+from trainguard.rules.advice import advises_by_default
 from trainguard.rules.params import Param, parse_list
 
 __all__ = ["MissingTensor", "Rule", "RuleStatus", "StepResult"]
@@ -73,6 +74,9 @@ class StepResult:
     # it did evaluate. A rule whose only results are "not evaluated" ends with status Error and
     # details "RuleNotEvaluated: <reason>", never NoIssuesFound: silence must mean "checked".
     not_evaluated: str | None = None
+    # A property of the data or the initialisation, not a learning symptom (see
+    # trainguard.rules.advice): reported as advice, never certain, never an issue on its own.
+    advice: bool = False
 
     @property
     def evaluated(self) -> bool:
@@ -97,6 +101,7 @@ class StepResult:
             "certain": self.certain,
             "worker": self.worker,
             "not_evaluated": self.not_evaluated,
+            "advice": self.advice,
         }
 
 
@@ -127,6 +132,9 @@ class Rule:
     # The frameworks whose captures can hold this rule's data; None: any framework.
     frameworks: ClassVar[tuple[str, ...] | None] = None
     kind: ClassVar[str] = "debugger"
+    # Whether this rule's findings are advice (a property of the data or the initialisation, see
+    # trainguard.rules.advice); None: the central list ADVISING_RULES decides by the rule's name.
+    advises: ClassVar[bool | None] = None
 
     def __init__(self, base_trial: Any, *, action_json: Any = None, other_trials: Sequence[Any] = (), **parameters: Any):
         self.base_trial = base_trial
@@ -194,12 +202,26 @@ class Rule:
 
     # -- result builders -----------------------------------------------------------------------
     def issue(
-        self, step: int, message: str, *, fix_hint: str | None = None, certain: bool = False, **details: Any
+        self,
+        step: int,
+        message: str,
+        *,
+        fix_hint: str | None = None,
+        certain: bool = False,
+        advice: bool | None = None,
+        **details: Any,
     ) -> StepResult:
-        """A finding. ``certain=True`` only when it is sure enough to stop training (see ``stop_policy``)."""
+        """A finding. ``certain=True`` only when it is sure enough to stop training (see ``stop_policy``).
+
+        ``advice``: whether it describes the data or the initialisation rather than a learning
+        symptom; None lets the rule's ``advises`` / the central list decide. Advice is never certain.
+        """
+        if advice is None:
+            advice = advises_by_default(self.name(), message, details, certain=certain, declared=self.advises)
         return StepResult(
-            self.name(), step, True, message, fix_hint or self.hint_for(self.framework()), details, certain=certain
-        )
+            self.name(), step, True, message, fix_hint or self.hint_for(self.framework()), details,
+            certain=certain and not advice, advice=advice,
+        )  # fmt: skip
 
     def framework(self) -> str | None:
         """The run's framework ("pytorch", "keras", "xgboost"), or None when the trial does not say."""

@@ -19,27 +19,22 @@ kind ``NonFinite``, whichever rule reported it (ExplodingTensor, DeadRelu, a los
 
 Input: rule results as in ``rule-output/<name>.json`` (or :func:`trainguard.summary.
 rule_results_from_updates`); output: ``{"primary": [...], "consequences": [...], "other": [...],
-"not_evaluated": [...]}`` where a finding is ``{rule, step, worker, message, fix_hint, certain}``.
+"not_evaluated": [...]}`` where a finding is ``{rule, step, worker, message, fix_hint, certain, advice}``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from trainguard.rules.kinds import MISPREDICTION, NON_FINITE, finding_kind
 
 __all__ = [
     "CAUSAL_ORDER", "EXPLAINS", "NON_FINITE", "diagnose", "finding_kind", "names_workers", "render_diagnosis", "role_of",
 ]  # fmt: skip
 
-NON_FINITE = "NonFinite"
-# ClassImbalance's second finding, a class predicted wrong most of the time, is a symptom of a model
-# that does not learn (shuffled labels, a wrong loss), not the data imbalance the rule is named after.
-MISPREDICTION = "Misprediction"
-_MISPREDICTED = re.compile(r"\bis mispredicted\b")
 _NOT_EVALUATED_PREFIX = "RuleNotEvaluated:"
-_NON_FINITE_WORDS = re.compile(r"(\bnan\b|[-+]?\binf\b|\binfinit|non-?finite)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -169,22 +164,8 @@ CAUSAL_ORDER: tuple[str, ...] = (
 
 # Judged over windows of the loss: reported late, so a cause need not come before them.
 _LAGGING = frozenset({"LossNotDecreasing", "Underfitting", "Overfit", "Overtraining", MISPREDICTION})
-_FINDING_KEYS = ("rule", "step", "worker", "message", "fix_hint", "certain")
+_FINDING_KEYS = ("rule", "step", "worker", "message", "fix_hint", "certain", "advice")
 _WHY = {(edge.cause, edge.effect): edge.why for edge in EXPLAINS}
-
-
-def finding_kind(finding: Mapping[str, Any]) -> str:
-    """``NonFinite`` for a finding about NaN/inf values, else its rule's name."""
-    details = finding.get("details") or {}
-    flagged = isinstance(details, Mapping) and any(
-        details.get(key) for key in ("non_finite", "nonfinite", "nan", "inf")
-    )
-    message = str(finding.get("message") or "")
-    if flagged or _NON_FINITE_WORDS.search(message):
-        return NON_FINITE
-    if finding.get("rule") == "ClassImbalance" and _MISPREDICTED.search(message):
-        return MISPREDICTION
-    return str(finding.get("rule") or "")
 
 
 def _rank(kind: str) -> int:

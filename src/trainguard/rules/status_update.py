@@ -53,6 +53,7 @@ class StatusUpdate:
                 certain=bool(raw.get("certain", False)),
                 worker=raw.get("worker"),
                 not_evaluated=raw.get("not_evaluated"),
+                advice=bool(raw.get("advice", False)),
             )
         return cls(
             configuration_name=data["configuration_name"],
