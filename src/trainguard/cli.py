@@ -131,16 +131,25 @@ def _rule_specs(args: argparse.Namespace) -> list[Any]:
     return list(specs.values())
 
 
-def _configure_capture_for_rules(args: argparse.Namespace, specs: list[Any], environment: dict[str, str]) -> str:
+def _configure_capture_for_rules(args: argparse.Namespace, specs: list[Any], environment: dict[str, str]) -> str | None:
     """Write the hook config the rules need (their collections on top of the user's); returns
-    the temporary directory holding it."""
-    from trainguard.rules.defaults import hook_config_for_rules, rule_collections
-    from trainguard.rules.runner import validate_specs
+    the temporary directory holding it.
 
-    classes = validate_specs(specs)
-    document = hook_config_for_rules(
-        rule_collections(classes.values()), base_config=args.config, save_interval=args.save_interval
-    )
+    Without rules the capture is for judging later (``trainguard rules run RUN``): it saves what
+    the default rules read, unless ``--config`` says exactly what to save (then nothing is added).
+    """
+    from trainguard.rules.defaults import DEFAULT_RULE_COLLECTIONS, hook_config_for_rules
+
+    if specs:
+        from trainguard.rules.defaults import rule_collections
+        from trainguard.rules.runner import validate_specs
+
+        collections = rule_collections(validate_specs(specs).values())
+    elif args.config:
+        return None
+    else:
+        collections = list(DEFAULT_RULE_COLLECTIONS)  # no rule imported: numpy stays unloaded before the start
+    document = hook_config_for_rules(collections, base_config=args.config, save_interval=args.save_interval)
     directory = tempfile.mkdtemp(prefix="trainguard-run-")
     path = os.path.join(directory, "debughookconfig.json")
     with open(path, "w", encoding="utf-8") as file:
@@ -183,7 +192,7 @@ def _run(args: argparse.Namespace) -> int:
     out_dir = args.out or _default_out_dir()
     environment = _child_environment(args, out_dir)
     specs = _rule_specs(args)
-    config_dir = _configure_capture_for_rules(args, specs, environment) if specs else None
+    config_dir = _configure_capture_for_rules(args, specs, environment)
     from trainguard.format.layout import CAPTURE_STATUS_DIR_VARIABLE
 
     # A private directory where the hook keeps its capture_stopped record when the run refuses it

@@ -22,7 +22,9 @@ from typing import Any
 from trainguard.errors import ConfigError
 from trainguard.rules.spec import RuleSpec
 
-__all__ = ["DEFAULT_RULES", "default_rule_specs", "hook_config_for_rules", "rule_collections"]
+__all__ = [
+    "DEFAULT_RULES", "DEFAULT_RULE_COLLECTIONS", "default_rule_specs", "hook_config_for_rules", "rule_collections",
+]  # fmt: skip
 
 DEFAULT_RULES: tuple[str, ...] = (
     "ExplodingTensor",
@@ -41,6 +43,15 @@ DEFAULT_RULES: tuple[str, ...] = (
     "TreeDepth",
     "FeatureImportanceOverweight",
 )
+# What the rules of DEFAULT_RULES read: ``rule_collections`` of their classes, spelt out so that
+# ``trainguard run`` without --rules can save them without importing every rule (and numpy)
+# before the training starts; tests/hooks/test_capture_for_later.py checks the two agree.
+# Saved by every ``trainguard run`` without --config, so that ``trainguard rules run`` can
+# judge the run later (SaturatedActivation's tanh inputs, the data rules' model inputs and labels).
+DEFAULT_RULE_COLLECTIONS: tuple[str, ...] = (
+    "gradients", "losses", "relu_output", "tanh_input", "sigmoid_input", "weights", "relu_input",
+    "model_inputs", "labels", "predictions", "trees", "feature_importance",
+)  # fmt: skip
 # What zero-code capture saves when no config is given; kept when rules add their collections.
 BASE_COLLECTIONS: tuple[str, ...] = ("weights", "biases", "gradients", "losses", "outputs", "scalars", "default")
 
