@@ -1,0 +1,243 @@
+"""One run as the dashboard sees it, kept open between refreshes: its trial (incremental listing),
+its curves (a cursor), its rule results, stop record and status.
+
+Everything a page asks for goes through :meth:`LiveRun.refresh`, which does at most one round of
+work per ``min_interval`` whatever the number of pages polling, so ten open tabs cost what one does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from trainguard.errors import MissingCollectionFiles, StorageError, TrainguardError
+from trainguard.format.layout import END_OF_TRAINING, index_key
+from trainguard.storage import sidecar_root
+from trainguard.storage.base import Store
+from trainguard.trial import Trial
+from trainguard.ui.curves import RunCurves
+from trainguard.ui.discover import RunLocation, modified_at
+from trainguard.ui.findings import RuleState
+
+__all__ = ["EXIT_RECORD", "STOP_RECORD", "LiveRun"]
+
+logger = logging.getLogger("trainguard")
+
+STOP_RECORD = "trainguard-stop.json"
+EXIT_RECORD = "trainguard-exit.json"
+_PROFILER_EVERY_S = 15.0
+
+
+class LiveRun:
+    """A run followed live. Thread-safe: one refresh at a time, readers see the last one."""
+
+    def __init__(self, location: RunLocation, *, min_interval: float = 0.5, budget_s: float = 0.5) -> None:
+        self.location = location
+        self.min_interval = min_interval
+        self.budget_s = budget_s
+        self.curves = RunCurves()
+        self.rules = RuleState()
+        self.trial: Trial | None = None
+        self.trial_error = ""
+        self.stop: dict[str, Any] | None = None
+        self.exit: dict[str, Any] | None = None
+        self.ended = False
+        self.started_at: float | None = None
+        self.updated_at: float | None = None
+        self.steps = 0
+        self.last_step: int | None = None
+        self.workers: list[str] = []
+        self.damaged: list[dict[str, Any]] = []
+        self.capture_stopped: list[dict[str, Any]] = []
+        self.profiler: dict[str, Any] = {"charts": [], "notes": []}
+        self._profiled_at = -math.inf
+        self._refreshed_at = -math.inf
+        self._curves_read = False
+        self._lock = threading.Lock()
+        self._store: Store | None = None
+        self._sidecar: Store | None = None
+
+    # -- reading ---------------------------------------------------------------------------
+    def _stores(self) -> tuple[Store, Store]:
+        if self._store is None or self._sidecar is None:
+            self._store = self.location.open()
+            sidecar = sidecar_root(self.location.url)
+            self._sidecar = (
+                self._store if sidecar == self.location.url else RunLocation(sidecar, self.location.options).open()
+            )
+        return self._store, self._sidecar
+
+    def refresh(self, *, force: bool = False, curves: bool = True) -> None:
+        """Read what was written since the last refresh (at most once per ``min_interval``);
+        ``curves=False`` (the list page) reads the listing, rules and status but no values."""
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._refreshed_at < self.min_interval and (self._curves_read or not curves):
+                return
+            self._refreshed_at = now
+            self._curves_read = curves
+            try:
+                self._refresh(curves)
+            except TrainguardError as error:  # a store gone away: shown, tried again next time
+                self.trial_error = str(error)
+            except Exception as error:  # noqa: BLE001 - one unreadable run must not take the page down
+                logger.warning("trainguard ui: cannot read %s: %s", self.location.url, error)
+                self.trial_error = f"{type(error).__name__}: {error}"
+
+    def _refresh(self, curves: bool) -> None:
+        store, sidecar = self._stores()
+        if self.trial is None:
+            try:
+                self.trial = Trial(store, name=self.location.name, collection_wait_timeout=0)
+                self.trial_error = ""
+            except MissingCollectionFiles as error:
+                self.trial_error = str(error)
+        if self.trial is not None:
+            self.trial.refresh(force=True)
+            steps_before = self.steps
+            if curves:
+                self.curves.update(self.trial, budget_s=self.budget_s)
+            steps = self.trial.steps()
+            self.steps, self.last_step = len(steps), (steps[-1] if steps else None)
+            self.workers = self.trial.workers()
+            self.ended = self.trial.training_ended
+            if self.started_at is None and steps:
+                self.started_at = self._first_time(store, steps[0])
+            if self.steps != steps_before and steps:
+                self.updated_at = modified_at(store, index_key(steps[-1], self.workers[0])) or time.time()
+            self.damaged = [
+                {"step": item.step, "worker": item.worker, "file": item.key, "problem": item.problem}
+                for item in self.trial.damage()
+            ]
+            self.capture_stopped = [dict(record) for record in self.trial.capture_stopped()]
+        else:
+            self.ended = store.exists(END_OF_TRAINING)
+        self.rules.refresh(sidecar)
+        self.stop = _read_json(sidecar, STOP_RECORD) or self.stop
+        self.exit = _read_json(sidecar, EXIT_RECORD) or self.exit
+        if self.ended and self.updated_at is None:
+            self.updated_at = modified_at(store, END_OF_TRAINING)
+        if time.monotonic() - self._profiled_at > _PROFILER_EVERY_S:
+            self._profiled_at = time.monotonic()
+            self.profiler = _profiler(sidecar)
+
+    def _first_time(self, store: Store, step: int) -> float | None:
+        # the first step's index, not the collections file: hooks rewrite that one mid-run
+        for key in (index_key(step, self.workers[0]), "collections/000000000/worker_0_collections.json"):
+            stamp = modified_at(store, key)
+            if stamp is not None:
+                return stamp
+        return None
+
+    # -- what pages show -------------------------------------------------------------------
+    def status(self) -> tuple[str, str]:
+        """(status, one line): stopped (by a rule), failed, completed or running."""
+        if self.stop:
+            by = self.stop.get("configuration_name") or self.stop.get("rule")
+            return "stopped", f"stopped by {by} at step {self.stop.get('step')}"
+        code = (self.exit or {}).get("returncode")
+        if isinstance(code, int) and code != 0:
+            return "failed", f"training exited with status {code}"
+        if self.ended or self.exit:
+            return "completed", "training ended"
+        if self.trial is None and self.trial_error:
+            return "running", "waiting for the first saved step"
+        return "running", f"at step {self.last_step}" if self.last_step is not None else "starting"
+
+    def stop_view(self) -> dict[str, Any] | None:
+        if not self.stop:
+            return None
+        stop = self.stop
+        reported = stop.get("finding_reported_at")
+        gone = stop.get("stopped_at") or stop.get("signalled_at")
+        delay = gone - reported if isinstance(reported, (int, float)) and isinstance(gone, (int, float)) else None
+        return {
+            "by": stop.get("configuration_name") or stop.get("rule"),
+            "rule": stop.get("rule"),
+            "step": stop.get("step"),
+            "worker": stop.get("worker"),
+            "message": stop.get("message"),
+            "fix_hint": stop.get("fix_hint"),
+            "delay_s": round(delay, 3) if delay is not None else None,
+        }
+
+    def duration_s(self) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.updated_at if self.status()[0] != "running" else time.time()
+        return max(0.0, (end or time.time()) - self.started_at)
+
+    def histogram_tensors(self, limit: int = 200) -> list[dict[str, Any]]:
+        """Tensors with raw values (weights, gradients, outputs) and the steps they were saved at."""
+        if self.trial is None:
+            return []
+        found = []
+        for name in self.trial.tensor_names():
+            steps = sorted(self.trial._state.tensors.get(name, {}))
+            if len(steps) and name not in self.rules_losses():
+                found.append({"name": name, "steps": steps[-2000:]})
+            if len(found) >= limit:
+                break
+        return found
+
+    def rules_losses(self) -> set[str]:
+        trial = self.trial
+        if trial is None or "losses" not in trial.collections():
+            return set()
+        return set(trial.tensor_names(collection="losses"))
+
+    def histogram(self, name: str, step: int, worker: str | None = None, bins: int = 40) -> dict[str, Any]:
+        """Bin counts of one tensor at one step; NaN and inf counted apart (they have no bin)."""
+        if self.trial is None:
+            raise TrainguardError("the run has no tensors yet")
+        with self._lock:
+            value = self.trial.tensor_values([name], step, worker=worker)[name]
+        flat = np.asarray(value, dtype=np.float64).ravel()
+        finite = flat[np.isfinite(flat)]
+        counts, edges = np.histogram(finite, bins=bins) if finite.size else (np.zeros(0), np.zeros(0))
+        return {
+            "tensor": name, "step": step, "worker": worker, "size": int(flat.size),
+            "edges": edges.tolist(), "counts": counts.astype(int).tolist(),
+            "nan": int(np.isnan(flat).sum()),
+            "posinf": int(np.isposinf(flat).sum()),
+            "neginf": int(np.isneginf(flat).sum()),
+        }  # fmt: skip
+
+
+def _read_json(store: Store, key: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(store.read(key))
+    except (TrainguardError, StorageError, ValueError, OSError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _profiler(sidecar: Store) -> dict[str, Any]:
+    from trainguard.report.profiler_data import gather_profiler_sections
+
+    try:
+        sections = gather_profiler_sections(sidecar)
+    except TrainguardError as error:
+        return {"charts": [], "notes": [str(error)]}
+    charts = []
+    for chart in [*sections.system_charts, *sections.step_charts]:
+        charts.append(
+            {
+                "id": chart.chart_id,
+                "title": chart.title,
+                "x_label": chart.x_label,
+                "y_label": chart.y_label,
+                "log_y": chart.log_y,
+                "note": chart.note,
+                "kind": chart.kind,
+                "series": [{"label": s.label, "x": list(s.x), "y": list(s.y), "nonfinite": []} for s in chart.series],
+            }
+        )
+    notes = [text for texts in sections.notes.values() for text in texts]
+    return {"charts": charts, "notes": notes, "profiled": bool(charts)}
