@@ -251,6 +251,7 @@ def _supervise(
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, forward)
     returncode = _wait_for_training(child, out_dir, _teardown_warning_seconds(environment))
+    _record_exit(out_dir, returncode)
     rules = None
     if watch is not None:
         latest = watch.training_finished()
@@ -289,6 +290,19 @@ def _teardown_warning_seconds(environment: dict[str, str]) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise ConfigError(f"{TEARDOWN_WARNING_VARIABLE}={raw!r} must be a positive number of seconds")
     return seconds
+
+
+def _record_exit(out_dir: str, returncode: int) -> None:
+    """``trainguard-exit.json``: how training ended, so a dashboard can tell a failed run from one
+    that completed (the hook's end marker is written either way)."""
+    from trainguard.rules.progress import write_json_atomic
+    from trainguard.storage import is_remote
+
+    if not is_remote(out_dir):
+        try:
+            write_json_atomic(Path(out_dir) / "trainguard-exit.json", {"returncode": returncode, "ended_at": time.time()})
+        except OSError:
+            pass  # the run's directory is gone or read-only: the dashboard then shows "completed"
 
 
 def _wait_for_training(child: subprocess.Popen, out_dir: str, warn_after: float) -> int:
