@@ -300,7 +300,8 @@ def _record_exit(out_dir: str, returncode: int) -> None:
 
     if not is_remote(out_dir):
         try:
-            write_json_atomic(Path(out_dir) / "trainguard-exit.json", {"returncode": returncode, "ended_at": time.time()})
+            record = {"returncode": returncode, "ended_at": time.time()}
+            write_json_atomic(Path(out_dir) / "trainguard-exit.json", record)
         except OSError:
             pass  # the run's directory is gone or read-only: the dashboard then shows "completed"
 
