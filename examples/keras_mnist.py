@@ -68,7 +68,8 @@ def main() -> None:
     hook = tg.KerasHook(
         out_dir=args.out,
         save_config=tg.SaveConfig(save_interval=args.save_interval),
-        include_collections=["weights", "biases", "gradients", "losses", "metrics", "outputs"],
+        include_collections=["weights", "biases", "gradients", "losses", "metrics", "outputs", "relu_input",
+                             "relu_output", "tanh_input", "sigmoid_input", "model_inputs"],
     )
     with hook:
         model.fit(

@@ -4,6 +4,9 @@ Configuration comes from the environment that ``trainguard run`` sets (read when
 at import): ``TRAINGUARD_ZERO_CODE=1``, ``TRAINGUARD_OUT_DIR``, optional ``TRAINGUARD_CONFIG``
 (a DebugHookConfig JSON), ``TRAINGUARD_SAVE_INTERVAL``, ``TRAINGUARD_OVERHEAD_BUDGET`` and
 ``TRAINGUARD_OVERHEAD_MAX_INTERVAL``.
+
+PyTorch scripts are captured by ``hooks/zero_code.py`` once they import torch; Keras 3 scripts by
+``hooks/keras_zero_code.py`` once they import keras (its torch backend's layers are left to it).
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ DEFAULT_OVERHEAD_BUDGET = 0.01
 _DEFAULT_COLLECTIONS = ["weights", "biases", "gradients", "losses", "outputs", "scalars", "default"]
 _installed: list[Any] = []
 _profilers: list[Any] = []
+# Keras under zero-code capture: Keras 3 on the torch backend runs its layers as torch modules,
+# which PyTorch's zero-code hook must not take for the script's model (it cannot read their
+# meta-device parameters, and Keras's own steps are no torch optimizer steps): the Keras hook
+# captures them. "importing": Keras's import is under way (torch imported by it waits for it).
+_keras: dict[str, Any] = {"importing": False, "torch_waiting": False, "zero_code": None}
 
 
 def zero_code_hook_kwargs(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
@@ -85,6 +93,9 @@ def install_now() -> None:
     """Create the process's zero-code hook (torch must be importable)."""
     if _installed:
         return
+    if _keras["importing"]:
+        _keras["torch_waiting"] = True  # Keras imports torch: its backend decides (_arm_keras)
+        return
     from trainguard.hooks.zero_code import ZeroCodeHook
 
     _installed.append(ZeroCodeHook(**zero_code_hook_kwargs(os.environ)))
@@ -117,6 +128,61 @@ class _InstallAfterTorchImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+class _ArmAfterKerasImport(importlib.abc.MetaPathFinder):
+    """Runs :func:`_arm_keras` right after the script's own ``import keras`` completes."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "keras":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        original_exec = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            _keras["importing"] = True
+            try:
+                original_exec(module)
+            finally:
+                _keras["importing"] = False
+            try:
+                _arm_keras(module)
+            except Exception as error:  # noqa: BLE001 - fail open: the script must still run
+                from trainguard.hooks.fail_open import log_disabled
+
+                log_disabled("Keras zero-code capture", error)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _arm_keras(keras: ModuleType) -> None:
+    """Capture Keras through its hook (hooks/keras_zero_code.py); keep PyTorch's zero-code hook
+    off Keras's torch modules."""
+    backend = keras.backend.backend()
+    waiting, _keras["torch_waiting"] = _keras["torch_waiting"], False
+    if backend == "torch":
+        torch_hook = _installed[0] if _installed else None
+        if torch_hook is not None and (torch_hook._roots or torch_hook._writer is not None):
+            logger.warning(
+                "trainguard: PyTorch capture began before Keras was imported; Keras's fit is not captured "
+                "(pass trainguard.keras.KerasHook(...) in callbacks=[...] to capture it)"
+            )
+            return
+        if torch_hook is not None:
+            torch_hook.close()  # nothing captured yet: no file written, its hooks taken off
+        else:
+            _installed.append(None)  # torch's own import comes later or came with Keras: not installed
+    elif waiting:
+        install_now()  # torch came with Keras, but the models are JAX's: torch scripts still captured
+    from trainguard.hooks.keras_zero_code import KerasZeroCode
+
+    zero_code = KerasZeroCode(lambda: zero_code_hook_kwargs(os.environ), backend=backend)
+    if zero_code.arm():
+        _keras["zero_code"] = zero_code
+
+
 def _start_profiler() -> None:
     """TRAINGUARD_PROFILER=1: system metrics from now on, PyTorch step timings once torch is
     imported; under ``<TRAINGUARD_OUT_DIR>/profiler-output``. Fails open."""
@@ -142,6 +208,10 @@ def arm_from_environment() -> None:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
     _start_profiler()
+    if "keras" in sys.modules:
+        _arm_keras(sys.modules["keras"])
+    else:
+        sys.meta_path.insert(0, _ArmAfterKerasImport())
     if "torch" in sys.modules:
         install_now()
     else:

@@ -52,7 +52,9 @@ def test_a_run_captured_without_rules_is_judged_later(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     run = tmp_path / "run"
-    done = _trainguard("run", "--out", str(run), "--overhead-budget", "0", "--", sys.executable, str(script), cwd=tmp_path)
+    done = _trainguard(
+        "run", "--out", str(run), "--overhead-budget", "0", "--", sys.executable, str(script), cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     trial = create_trial(str(run))
     for collection in ("tanh_input", "relu_input", "model_inputs", "labels", "predictions"):
@@ -70,9 +72,13 @@ def test_an_explicit_config_is_kept_as_given(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     config = tmp_path / "hook.json"
-    config.write_text('{"HookParameters": {"save_interval": "10"}, "CollectionConfigurations": [{"CollectionName": "losses"}]}')
+    config.write_text(
+        '{"HookParameters": {"save_interval": "10"}, "CollectionConfigurations": [{"CollectionName": "losses"}]}'
+    )
     run = tmp_path / "run"
-    done = _trainguard("run", "--out", str(run), "--config", str(config), "--", sys.executable, str(script), cwd=tmp_path)
+    done = _trainguard(
+        "run", "--out", str(run), "--config", str(config), "--", sys.executable, str(script), cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     trial = create_trial(str(run))
     assert not trial.tensor_names(collection="tanh_input")

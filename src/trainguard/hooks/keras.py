@@ -1,6 +1,8 @@
 """The Keras 3 hook: a ``keras.callbacks.Callback`` that captures a model's tensors.
 
-Works with the torch and JAX backends (TensorFlow, untested: weights, losses, metrics only).
+Works with the torch and JAX backends. The TensorFlow backend is refused: the hook disables itself
+as it is created, with one log line (it could read weights and losses there but no gradients or
+layer outputs, and rules judging half a run point at the wrong cause).
 One step is one batch: TRAIN for ``fit`` batches, EVAL for ``evaluate`` and the validation
 batches of ``fit``, PREDICT for ``predict``. Global step numbers increase across modes.
 
@@ -55,6 +57,7 @@ from trainguard.hooks.keras_capture import (
     is_torch_tensor,
     jax_capture_variant,
 )
+from trainguard.hooks.keras_zero_code import SUPPORTED_BACKENDS, unsupported_backend_message
 from trainguard.modes import ModeKeys
 from trainguard.reductions import reduce_array
 
@@ -161,6 +164,8 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
         self._received_error: BaseException | None = None
         self._pending_scalars: dict[str, float] = {}
         self._warned: set[str] = set()
+        if BACKEND not in SUPPORTED_BACKENDS:
+            self.disable(unsupported_backend_message(BACKEND).removeprefix("trainguard: "))
 
     def _rank_and_world(self) -> tuple[int, int]:
         if BACKEND == "jax":
@@ -325,8 +330,6 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
                 self._warn_once("torch-compile", "layer inputs/outputs are not captured under jit_compile=True")
             return
         if BACKEND != "jax":
-            if wants_layers or (self.mode == ModeKeys.TRAIN and self._gradient_names):
-                self._warn_once("backend", f"gradients and layer tensors are not captured with the {BACKEND} backend")
             return
         wants_gradients = self.mode == ModeKeys.TRAIN and any(
             self._wanted_now(name) for name in self._gradient_names if name
