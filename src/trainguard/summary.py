@@ -115,7 +115,11 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
         return ""
     with_issues = [r for r in results if r.get("status") == "IssuesFound"]
     not_evaluated = [r for r in results if is_not_evaluated(r)]
+    # advice (a property of the data or the initialisation, trainguard.rules.advice) is counted
+    # apart: it is not an issue, and "0 found issues" must stay true of a run that only got advice
+    advised = [r for r in results if r.get("status") != "IssuesFound" and _advice(r)]
     head = f"  rules       : {len(results)} run, {len(with_issues)} found issues"
+    head += f", {len(advised)} gave advice" if advised else ""
     lines = [head + (f", {len(not_evaluated)} not evaluated" if not_evaluated else "")]
     diagnosis = diagnose(results)
     diagnosis["not_evaluated"] = []  # listed with their rule below
@@ -129,6 +133,11 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
             why = str(result.get("status_details")).strip()[len(_NOT_EVALUATED) :].strip()
             lines.append(f"    {name:<{width}}  not evaluated (Error): {why}")
             continue
+        advice = _advice(result)
+        if advice and len(advice) == len(fired):
+            lines.append(f"    {name:<{width}}  {status}, advice at step {advice[0].get('step')}: {advice[0].get('message')}")
+            continue
+        fired = [f for f in fired if not f.get("advice")]
         if not fired:
             details = str(result.get("status_details") or "").strip()
             lines.append(
@@ -145,14 +154,25 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
         if hint:
             lines.append(f"      fix: {hint}")
     if stopped:
-        delay = ""
-        if stopped.get("stopped_at") and stopped.get("finding_reported_at"):
-            delay = f", {float(stopped['stopped_at']) - float(stopped['finding_reported_at']):.1f} s after the finding"
-        lines.append(
-            f"  stopped     : training was stopped by {stopped.get('configuration_name')} "
-            f"at step {stopped.get('step')}{delay}"
-        )
+        lines.append(_stopped_line(stopped))
     return "\n".join(lines)
+
+
+def _advice(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [f for f in result.get("findings") or [] if f.get("fired") and f.get("advice")]
+
+
+def _stopped_line(stopped: Mapping[str, Any]) -> str:
+    """The stop names the diagnosis' primary finding; the certain finding that triggered it is
+    named after it when it is another one (``trainguard-stop.json``, see rules.autostop)."""
+    delay = ""
+    if stopped.get("stopped_at") and stopped.get("finding_reported_at"):
+        delay = f", {float(stopped['stopped_at']) - float(stopped['finding_reported_at']):.1f} s after the finding"
+    trigger = stopped.get("triggered_by") or {}
+    by = ""
+    if trigger and trigger.get("configuration_name") != stopped.get("configuration_name"):
+        by = f" (the diagnosis; triggered by {trigger.get('configuration_name')}'s certain finding)"
+    return f"  stopped     : training was stopped by {stopped.get('configuration_name')} at step {stopped.get('step')}{by}{delay}"
 
 
 def _finished(facts: Mapping[str, object]) -> str:

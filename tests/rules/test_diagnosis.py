@@ -42,10 +42,17 @@ def test_a_cause_must_come_first_for_tensor_symptoms() -> None:
         _result("ExplodingTensor", (50, "gradient/fc1.weight holds NaN")),
     ]
     diagnosis = diagnose(results)
-    assert [f["rule"] for f in diagnosis["primary"]] == ["DeadRelu"]
+    # the NaN is the earliest certain finding, so it leads; the dead ReLUs before it are not its
+    # consequence (a cause comes first), they are another problem
+    assert [f["rule"] for f in diagnosis["primary"]] == ["ExplodingTensor"]
     assert [f["rule"] for f in diagnosis["consequences"]] == [] and [f["rule"] for f in diagnosis["other"]] == [
-        "ExplodingTensor"
+        "DeadRelu"
     ]
+    # without a certain finding the earliest finding nothing explains leads
+    results[1] = _result("ExplodingTensor", (50, "gradient/fc1.weight grew 1e6 times"))
+    diagnosis = diagnose(results)
+    assert [f["rule"] for f in diagnosis["primary"]] == ["DeadRelu"]
+    assert [f["rule"] for f in diagnosis["other"]] == ["ExplodingTensor"]
 
 
 def test_vanishing_gradients_explain_unchanged_tensors_and_poor_init_explains_both() -> None:

@@ -8,8 +8,13 @@
 * the watch reads those lines on a thread; when a rule whose actions say ``stoptraining`` fires
   with a *certain* finding (``StepResult.certain``: non-finite values, a condition confirmed over
   its persistence window), it stops the training process group (uncertain findings are only
-  reported: a debugger that kills healthy runs gets uninstalled): SIGTERM, then SIGKILL after ``grace`` seconds, so the
-  script's own children (data-loader workers, ``torch.multiprocessing``) go too;
+  reported: a debugger that kills healthy runs gets uninstalled; advice never stops anything):
+  SIGTERM, then SIGKILL after ``grace`` seconds, so the script's own children (data-loader
+  workers, ``torch.multiprocessing``) go too;
+* the stop names the run's diagnosis at that moment (:mod:`trainguard.rules.diagnosis`): the
+  primary finding, the cause, whose fix comes first in ``trainguard-stop.json``, and the certain
+  finding that triggered the stop apart from it (a learning rate far too high is stopped when the
+  sigmoids it saturated are certain, but the fix is the learning rate, not "use ReLU");
 * when training ends, however it ends, the runner's stdin is closed: the runner evaluates what
   is left, runs each rule's ``finish()`` and exits with the final statuses.
 """
@@ -33,7 +38,7 @@ from trainguard.rules.actions import spec_actions, stops_training
 from trainguard.rules.runner import StatusUpdate
 from trainguard.rules.spec import RuleSpec
 
-__all__ = ["RuleWatch", "StopRecord", "stop_process_group"]
+__all__ = ["RuleWatch", "StopRecord", "stop_process_group", "stop_record"]
 
 logger = logging.getLogger("trainguard.rules")
 STOP_RECORD_FILE = "trainguard-stop.json"
@@ -208,6 +213,10 @@ class RuleWatch:
     def _on_finding(self, update: StatusUpdate) -> None:
         result = update.result
         assert result is not None
+        if result.advice:  # a property of the data or the initialisation: reported, never a stop
+            if self.echo is not None:
+                self.echo(f"trainguard: rule {update.configuration_name} advises at step {result.step}: {result.message}")
+            return
         if self.echo is not None:
             self.echo(
                 f"trainguard: rule {update.configuration_name} found an issue at step {result.step}: {result.message}"
@@ -226,26 +235,75 @@ class RuleWatch:
     def _stop_training(self, update: StatusUpdate) -> None:
         assert self._training is not None and update.result is not None
         detected = time.time()
+        trigger = _trigger(update)
+        primary = self._primary(update) or trigger
         if self.echo is not None:
+            cause = "" if primary is trigger else f"; diagnosis: {primary['rule']} ({primary['fix_hint']})"
             self.echo(
-                f"trainguard: stopping training: {update.configuration_name} fired at step {update.result.step} "
+                f"trainguard: stopping training: {update.configuration_name} fired at step {update.result.step}{cause} "
                 f"(SIGTERM, SIGKILL after {self.grace:g} s)"
             )
         signalled, gone = stop_process_group(self._training, self.grace)
-        self.stop_record = StopRecord(
-            configuration_name=update.configuration_name,
-            rule=update.rule,
-            step=update.result.step,
-            message=update.result.message,
-            fix_hint=update.result.fix_hint,
-            worker=update.result.worker,
-            certain=update.result.certain,
-            finding_reported_at=update.timestamp,
-            detected_at=detected,
-            signalled_at=signalled,
-            stopped_at=gone,
-        )
+        self.stop_record = stop_record(primary, trigger, update.timestamp, detected, signalled, gone)
         _write_stop_record(self.out_dir, self.stop_record)
+
+    def _primary(self, update: StatusUpdate) -> dict[str, Any] | None:
+        """The diagnosis' primary finding over what the runner reported so far (the trigger
+        included), or None when it cannot be told (a broken update: the trigger stands)."""
+        from trainguard.rules.diagnosis import diagnose
+        from trainguard.summary import rule_results_from_updates
+
+        try:
+            with self._lock:
+                results = rule_results_from_updates(dict(self.latest), list(self.findings))
+            primary = diagnose(results)["primary"]
+        except Exception:  # noqa: BLE001 - the stop must happen whatever the diagnosis does
+            logger.warning("trainguard: cannot diagnose the run at the stop; the stop names its trigger", exc_info=True)
+            return None
+        if not primary:
+            return None
+        found = dict(primary[0])
+        names = {u.rule: u.configuration_name for u in self.findings}  # a rule's configuration, for the record
+        found["configuration_name"] = names.get(str(found.get("rule")), found.get("rule"))
+        return found
+
+
+def _trigger(update: StatusUpdate) -> dict[str, Any]:
+    result = update.result
+    assert result is not None
+    return {
+        "configuration_name": update.configuration_name, "rule": update.rule, "step": result.step,
+        "message": result.message, "fix_hint": result.fix_hint, "worker": result.worker, "certain": result.certain,
+    }  # fmt: skip
+
+
+def stop_record(
+    primary: dict[str, Any], trigger: dict[str, Any], reported: float, detected: float, signalled: float, gone: float
+) -> StopRecord:
+    """The ``trainguard-stop.json`` record: the stop names the diagnosis' primary finding (its
+    rule, message and fix), not the finding that happened to trigger it, which is kept apart.
+
+    ``configuration_name``, ``rule``, ``message``, ``fix_hint``, ``worker``: the primary;
+    ``primary_step``: its step; ``step``: the step of the certain finding the stop acted on;
+    ``certain``: that finding's certainty (a stop acts only on certain findings);
+    ``primary_certain``: the primary's; ``triggered_by``: the triggering finding in full.
+    """
+    return StopRecord(
+        configuration_name=primary.get("configuration_name") or primary.get("rule"),
+        rule=primary.get("rule"),
+        step=trigger["step"],
+        primary_step=primary.get("step"),
+        message=primary.get("message"),
+        fix_hint=primary.get("fix_hint"),
+        worker=primary.get("worker"),
+        certain=trigger["certain"],
+        primary_certain=bool(primary.get("certain")),
+        triggered_by=dict(trigger),
+        finding_reported_at=reported,
+        detected_at=detected,
+        signalled_at=signalled,
+        stopped_at=gone,
+    )
 
 
 def _runner_environment() -> dict[str, str]:

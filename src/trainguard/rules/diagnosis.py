@@ -8,18 +8,34 @@ decreasing. Listing five findings side by side leaves the user to work out which
 * a finding is **explained** by another when the explanation graph below has an edge from the
   other's kind to its kind and the cause came first (same step or earlier; symptoms in the loss
   are judged over windows and lag behind, so their step does not have to be later);
-* the **primary** finding is the earliest finding nothing explains (ties: the one earlier in
-  ``CAUSAL_ORDER``, root causes before symptoms);
+* the **primary** finding is the best-supported cause of the earliest *certain* finding: among
+  the findings that explain it (directly or through others) and that nothing explains, the one
+  that explains most of the run's findings (ties: the earlier, then the one earlier in
+  ``CAUSAL_ORDER``, root causes before symptoms). A certain finding is what stops training, and
+  what stops training is often a consequence (saturated sigmoids after a learning rate far too
+  high): the stop and the first fix must name the cause. Without a certain finding, the primary is
+  the earliest finding nothing explains;
 * its **consequences** are the findings it explains, directly or through another consequence;
 * everything else is **other** (independent problems, or ones explained only by them);
 * rules that could not evaluate the run are listed as **not_evaluated**, never as "no issues".
+
+**Advice** (``advice: true`` findings, see :mod:`trainguard.rules.advice`: a property of the data
+or the initialisation) is never the primary finding. On a run without a learning symptom
+(``LEARNING_SYMPTOMS``) it is listed under **advice** and nothing more: unnormalised features,
+images in [0, 1] or imbalanced labels on a run that learns are not a fault. Once the run shows a
+learning symptom the advice is *promoted*: it is a finding and a candidate cause, listed under
+**possible_causes** (with ``explains`` and ``why``) when the graph lets it explain a finding, else
+under **other**. It still does not displace the primary: a data or initialisation property fires on
+healthy twins of a faulty run too, so it is weaker evidence than the symptom's own cause; the
+user reads it beside the primary ("possible cause"), not instead of it.
 
 A finding's kind is its rule's name, except that any finding about NaN or infinite values is of
 kind ``NonFinite``, whichever rule reported it (ExplodingTensor, DeadRelu, a loss rule...).
 
 Input: rule results as in ``rule-output/<name>.json`` (or :func:`trainguard.summary.
 rule_results_from_updates`); output: ``{"primary": [...], "consequences": [...], "other": [...],
-"not_evaluated": [...]}`` where a finding is ``{rule, step, worker, message, fix_hint, certain, advice}``.
+"possible_causes": [...], "advice": [...], "not_evaluated": [...]}`` where a finding is
+``{rule, step, worker, message, fix_hint, certain, advice}`` (promoted advice adds ``promoted: true``).
 """
 
 from __future__ import annotations
@@ -28,6 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainguard.rules.advice import LEARNING_SYMPTOMS
 from trainguard.rules.kinds import MISPREDICTION, NON_FINITE, finding_kind
 
 __all__ = [
@@ -80,6 +97,8 @@ EXPLAINS: tuple[Edge, ...] = (
         "DeadRelu": "updates far too large push pre-activations negative for good",
         "SaturatedActivation": "updates far too large pin tanh/sigmoid at their limits",
         "UnchangedTensor": "updates far too small leave the weights unchanged",
+        # through saturation the SaturatedActivation rule may not see (no tanh/sigmoid inputs saved)
+        "VanishingGradient": "updates far too large drive tanh/sigmoid into their flat regions, where gradients vanish",
         "LossNotDecreasing": "a learning rate far off makes the loss oscillate or stall",
         "Underfitting": "a learning rate far off keeps the model from fitting",
     }),  # fmt: skip
@@ -179,6 +198,8 @@ class _Entry:
     step: int
     finding: dict[str, Any]
     workers: list[str]
+    advice: bool = False
+    certain_step: int | None = None  # the earliest step of a certain finding of this entry
 
     def key(self) -> tuple[int, int, int, str]:
         return (self.step, _rank(self.kind), _rank(self.rule), self.rule)
@@ -210,24 +231,28 @@ def _why(cause: _Entry, effect: _Entry) -> str:
 
 
 def _entries(results: Iterable[Mapping[str, Any]]) -> list[_Entry]:
-    """The earliest finding per (rule, kind), across workers (the workers it was found on kept)."""
-    entries: dict[tuple[str, str], _Entry] = {}
+    """The earliest finding per (rule, kind, advice), across workers (the workers it was found on
+    kept), with the earliest step one of them was certain at."""
+    entries: dict[tuple[str, str, bool], _Entry] = {}
     for result in results:
         rule = str(result.get("rule") or result.get("configuration_name") or "")
         for finding in result.get("findings") or ():
             if not finding.get("fired", True):
                 continue
             kind = finding_kind({**finding, "rule": rule})
+            advice = bool(finding.get("advice"))
             step = int(finding.get("step", -1))
+            certain = bool(finding.get("certain")) and not advice
             worker = finding.get("worker")
-            entry = entries.get((rule, kind))
+            entry = entries.get((rule, kind, advice))
             if entry is None:
-                entries[(rule, kind)] = _Entry(kind, rule, step, dict(finding), [worker] if worker else [])
-                continue
+                entry = entries[(rule, kind, advice)] = _Entry(kind, rule, step, dict(finding), [], advice)
+            elif step < entry.step:
+                entry.step, entry.finding = step, dict(finding)
             if worker and worker not in entry.workers:
                 entry.workers.append(worker)
-            if step < entry.step:
-                entry.step, entry.finding = step, dict(finding)
+            if certain and (entry.certain_step is None or step < entry.certain_step):
+                entry.certain_step = step
     for entry in entries.values():
         entry.workers.sort()
     return sorted(entries.values(), key=_Entry.key)
@@ -248,37 +273,76 @@ def _not_evaluated(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]
     return found
 
 
+def _closure(start: _Entry, entries: Sequence[_Entry], forward: bool) -> list[_Entry]:
+    """What ``start`` explains (forward) or what explains it (backward), directly or not; in the
+    order found (breadth first), ``start`` left out."""
+    found: dict[int, _Entry] = {id(start): start}
+    order: list[_Entry] = []
+    frontier = [start]
+    while frontier:
+        current = frontier.pop(0)
+        for entry in entries:
+            linked = _explains(current, entry) if forward else _explains(entry, current)
+            if id(entry) not in found and linked:
+                found[id(entry)] = entry
+                order.append(entry)
+                frontier.append(entry)
+    return order
+
+
+def _primary(findings: Sequence[_Entry]) -> _Entry:
+    """The best-supported cause of the earliest certain finding (see the module docstring)."""
+    roots = [entry for entry in findings if not any(_explains(other, entry) for other in findings)]
+    certain = [entry for entry in findings if entry.certain_step is not None]
+    if not certain:
+        # a cycle of mutual explanations cannot happen (the earlier one wins), but never end without one
+        return min(roots or findings, key=_Entry.key)
+    anchor = min(certain, key=lambda entry: (entry.certain_step, *entry.key()[1:]))
+    causes = [entry for entry in [anchor, *_closure(anchor, findings, forward=False)] if entry in roots]
+    return min(causes or [anchor], key=lambda entry: (-len(_closure(entry, findings, forward=True)), entry.key()))
+
+
 def diagnose(results: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Rank the findings of a run's rule results; see the module docstring."""
     entries = _entries(results)
     diagnosis: dict[str, list[dict[str, Any]]] = {
-        "primary": [], "consequences": [], "other": [], "not_evaluated": _not_evaluated(results),
+        "primary": [], "consequences": [], "other": [], "possible_causes": [], "advice": [],
+        "not_evaluated": _not_evaluated(results),
     }  # fmt: skip
-    if not entries:
+    findings = [entry for entry in entries if not entry.advice]
+    advice = [entry for entry in entries if entry.advice]
+    if not any(entry.kind in LEARNING_SYMPTOMS for entry in findings):
+        diagnosis["advice"] = [entry.document() for entry in advice]
+        advice = []
+    if not findings:
         return diagnosis
-    roots = [entry for entry in entries if not any(_explains(other, entry) for other in entries)]
-    # a cycle of mutual explanations cannot happen (the earlier one wins), but never end without one
-    primary = min(roots or entries, key=_Entry.key)
+    primary = _primary(findings)
     diagnosis["primary"].append(primary.document())
     explained: dict[int, _Entry] = {id(primary): primary}
-    frontier = [primary]
-    while frontier:  # consequences of consequences, in the order found (breadth first)
-        cause = frontier.pop(0)
-        for entry in entries:
-            if id(entry) not in explained and _explains(cause, entry):
-                explained[id(entry)] = entry
-                frontier.append(entry)
-                diagnosis["consequences"].append(
-                    entry.document(explained_by=cause.rule, why=_why(cause, entry))
-                )
-    diagnosis["other"] = [entry.document() for entry in entries if id(entry) not in explained]
+    for entry in _closure(primary, findings, forward=True):  # consequences of consequences too
+        # the first explained finding that explains it: the one the breadth-first search reached it from
+        cause = next(c for c in explained.values() if _explains(c, entry))
+        explained[id(entry)] = entry
+        diagnosis["consequences"].append(entry.document(explained_by=cause.rule, why=_why(cause, entry)))
+    diagnosis["other"] = [entry.document() for entry in findings if id(entry) not in explained]
+    ranked = [primary, *(entry for entry in findings if entry is not primary)]  # explain the primary first
+    for entry in advice:
+        effect = next((other for other in ranked if _explains(entry, other)), None)
+        if effect is None:
+            diagnosis["other"].append(entry.document(promoted=True))
+        else:
+            diagnosis["possible_causes"].append(
+                entry.document(promoted=True, explains=effect.rule, why=_why(entry, effect))
+            )
     return diagnosis
 
 
 def role_of(diagnosis: Mapping[str, Any], rule: str) -> str:
-    """Where ``rule``'s findings stand: "primary", "consequence", "other", "not_evaluated" or ""."""
+    """Where ``rule``'s findings stand: "primary", "consequence", "possible_cause", "other", "advice",
+    "not_evaluated" or ""."""
     for role, section in (
-        ("primary", "primary"), ("consequence", "consequences"), ("other", "other"), ("not_evaluated", "not_evaluated")
+        ("primary", "primary"), ("consequence", "consequences"), ("possible_cause", "possible_causes"),
+        ("other", "other"), ("advice", "advice"), ("not_evaluated", "not_evaluated"),
     ):  # fmt: skip
         if any(item.get("rule") == rule for item in diagnosis.get(section) or ()):
             return role
@@ -298,7 +362,7 @@ def render_diagnosis(diagnosis: Mapping[str, Any], indent: str = "  ") -> list[s
     """Human lines: the primary finding and its fix first, then what it explains, the rest, and
     the rules that could not evaluate. Workers are named when the run's findings are not all on
     worker_0 (a single-process run has only that one)."""
-    sections = ("primary", "consequences", "other")
+    sections = ("primary", "consequences", "possible_causes", "other", "advice")
     show = names_workers(finding for section in sections for finding in diagnosis.get(section) or ())
 
     def _where(finding: Mapping[str, Any]) -> str:
@@ -315,8 +379,16 @@ def render_diagnosis(diagnosis: Mapping[str, Any], indent: str = "  ") -> list[s
         lines.append(
             f"{indent}  explains  : {finding.get('rule')} at {_where(finding)} ({finding.get('why')})"
         )
+    for finding in diagnosis.get("possible_causes") or ():
+        lines.append(
+            f"{indent}possible cause: {finding.get('rule')} at {_where(finding)} (advice, now that the run shows "
+            f"{finding.get('explains')}: {finding.get('why')}): {finding.get('message')}"
+        )
     for finding in diagnosis.get("other") or ():
         lines.append(f"{indent}also        : {finding.get('rule')} at {_where(finding)}: {finding.get('message')}")
+    for finding in diagnosis.get("advice") or ():
+        hint = f" ({finding.get('fix_hint')})" if finding.get("fix_hint") else ""
+        lines.append(f"{indent}advice      : {finding.get('rule')} at {_where(finding)}: {finding.get('message')}{hint}")
     for item in diagnosis.get("not_evaluated") or ():
         lines.append(f"{indent}not evaluated: {item.get('rule')}: {item.get('reason')}")
     return lines

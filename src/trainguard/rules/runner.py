@@ -73,7 +73,7 @@ from trainguard.rules.progress import (
     load_progress,
 )
 from trainguard.rules.read_cache import StepReadCache
-from trainguard.rules.runner_results import RunnerResults
+from trainguard.rules.runner_results import RunnerResults, issue_steps
 from trainguard.rules.runner_workers import RunnerWorkers
 from trainguard.rules.spec import RuleSpec
 from trainguard.rules.status_update import StatusUpdate
@@ -328,7 +328,7 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             if state.finished:
                 self._emit(spec.name, RuleStatus(state.status), state.status_details)
             else:
-                status = RuleStatus.ISSUES_FOUND if state.fired_steps else RuleStatus.IN_PROGRESS
+                status = RuleStatus.ISSUES_FOUND if issue_steps(state.findings) else RuleStatus.IN_PROGRESS
                 state.status = status.value
                 self._emit(spec.name, status, state.status_details if state.fired_steps else "")
         self.rules = {name: rule for name, rule in self.rules.items() if rule is not None}
@@ -508,8 +508,9 @@ class RuleRunner(RunnerResults, RunnerWorkers):
                 continue
             state.finished = True
             missing = "; ".join(_describe_missing(item) for item in state.missing)
-            if state.fired_steps:
-                self._set_status(name, RuleStatus.ISSUES_FOUND, self._first_fired_details(name))
+            final = self._final_details(name)
+            if final is not None and (final[0] == RuleStatus.ISSUES_FOUND or not (damaged or stopped_early)):
+                self._set_status(name, *final)  # advice on damaged or cut data is not "no issues"
             elif not state.evaluated:
                 why = state.not_evaluated or (f"missing data: {missing}" if missing else "")
                 why = why or "no evaluated step had the data this rule needs"
@@ -553,7 +554,7 @@ class RuleRunner(RunnerResults, RunnerWorkers):
         for name, state in self.progress.items():
             if state.finished or state.status in (RuleStatus.ERROR.value,):
                 continue
-            if state.fired_steps:
+            if issue_steps(state.findings):
                 self._set_status(name, RuleStatus.ISSUES_FOUND, self._first_fired_details(name))
             else:
                 step = state.last_evaluated_step

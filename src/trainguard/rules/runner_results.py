@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from trainguard.errors import StorageError
+from trainguard.rules.advice import advice_details
 from trainguard.rules.base import RuleStatus, StepResult
 from trainguard.rules.diagnosis import diagnose, finding_kind, role_of
 from trainguard.rules.progress import (
@@ -22,12 +23,17 @@ from trainguard.rules.progress import (
 )
 from trainguard.rules.status_update import StatusUpdate
 
-__all__ = ["OUTPUT_INTERVAL", "RunnerResults"]
+__all__ = ["OUTPUT_INTERVAL", "RunnerResults", "issue_steps"]
 
 logger = logging.getLogger("trainguard.rules")
 
 # Seconds between rewrites of a rule's rule-output file while only its last evaluated step moves.
 OUTPUT_INTERVAL = 1.0
+
+
+def issue_steps(findings: list[dict[str, Any]]) -> set[int]:
+    """The steps of the findings that are issues (fired and not advice)."""
+    return {int(f["step"]) for f in findings if f.get("fired") and not f.get("advice")}
 
 
 class RunnerResults:
@@ -70,6 +76,9 @@ class RunnerResults:
         if not state.add_finding(finding):
             return  # already recorded before a restart
         self._note_finding(name, finding)
+        if result.advice:
+            self._record_advice(name, result)
+            return
         details = result.condition_met_details()
         first = state.status != RuleStatus.ISSUES_FOUND.value
         if first:
@@ -83,9 +92,30 @@ class RunnerResults:
         # OUTPUT_INTERVAL): rewriting files of up to 1,000 findings on every step was quadratic.
         self._save(force=first or state.finished)
 
+    def _record_advice(self, name: str, result: StepResult) -> None:
+        """Advice is kept and reported, but it is no issue: the status stays what it was (InProgress,
+        or IssuesFound from a real finding) and ends NoIssuesFound with ``Advice: ...`` details."""
+        state = self.progress[name]
+        first = not issue_steps(state.findings) and not state.status_details.startswith("Advice:")
+        if first:
+            state.status_details = advice_details([result.to_dict()])
+        self._emit(name, RuleStatus(state.status), state.status_details, result)
+        self._save(force=first)
+
+    def _final_details(self, name: str) -> tuple[RuleStatus, str] | None:
+        """IssuesFound with the first real finding, or NoIssuesFound with the first advice; None
+        when the rule found neither."""
+        state = self.progress[name]
+        if issue_steps(state.findings):
+            return RuleStatus.ISSUES_FOUND, self._first_fired_details(name)
+        advice = sorted((f for f in state.findings if f.get("fired") and f.get("advice")), key=lambda f: f["step"])
+        if advice:
+            return RuleStatus.NO_ISSUES_FOUND, advice_details(advice)
+        return None
+
     def _first_fired_details(self, name: str) -> str:
         state = self.progress[name]
-        first = min(state.fired_steps)
+        first = min(issue_steps(state.findings))
         return (
             f"RuleEvaluationConditionMet: Evaluation of the rule {state.rule} at step {first} "
             "resulted in the condition being met\n"
@@ -186,7 +216,9 @@ class RunnerResults:
 
     def _note_finding(self, name: str, finding: dict[str, Any]) -> None:
         firsts = self._first_findings.setdefault(name, {})
-        key = (finding_kind({**finding, "rule": self.progress[name].rule}), finding.get("worker"))
+        # the first certain finding too: the diagnosis leads with the cause of the earliest certain one
+        kind = finding_kind({**finding, "rule": self.progress[name].rule})
+        key = (kind, finding.get("worker"), bool(finding.get("certain")), bool(finding.get("advice")))
         known = firsts.get(key)
         if known is None or int(finding.get("step", 0)) < int(known.get("step", 0)):
             firsts[key] = finding
