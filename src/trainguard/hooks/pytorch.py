@@ -45,6 +45,7 @@ from trainguard.hooks.torch_compiled import (
 from trainguard.hooks.torch_global_hooks import register_global_forward_pre_hook
 from trainguard.hooks.torch_io_sources import LeftOutOfCopies, ModuleIOSources
 from trainguard.hooks.torch_optimizer import OptimizerSteps
+from trainguard.hooks.torch_parameters import ParameterRoles
 from trainguard.hooks.torch_root_call import RootCall, RootDriving
 from trainguard.hooks.torch_saving import TorchTensorSaving
 from trainguard.hooks.torch_tensors import HostSnapshot
@@ -134,6 +135,8 @@ class TorchHook(
         self._typed_modules: weakref.WeakKeyDictionary[torch.nn.Module, None] = weakref.WeakKeyDictionary()
         self._roots: list[tuple[weakref.ref[torch.nn.Module], str]] = []
         self._hooked_parameters: set[int] = set()
+        # every trainable parameter that is not a bias is a weight, whatever its name
+        self._parameter_roles = ParameterRoles(self.collection_manager, self.add_membership)
         # Gradients are read as the optimizer steps, of the parameters whose .grad changed since
         # the saved step began (torch_optimizer.py); a run without an optimizer hooks them, only
         # while steps are saved. (parameter, "gradient/<name>", its hook for such runs)
@@ -245,6 +248,7 @@ class TorchHook(
             if child not in self._module_names:
                 self._module_names[child] = prefix + child_name if child_name else root_name
         self._roots.append((weakref.ref(module), root_name))
+        self._parameter_roles.add_model(root_name, module)
         for parameter_name, parameter in module.named_parameters():
             if parameter.requires_grad and id(parameter) not in self._hooked_parameters:
                 self._hooked_parameters.add(id(parameter))
