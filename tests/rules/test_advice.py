@@ -240,3 +240,18 @@ def test_the_stop_record_names_the_primary_and_the_trigger_apart() -> None:
     summary = render_rule_results([_result("WeightUpdateRatio", _finding("WeightUpdateRatio", 20, "x"))], record)
     assert ("training was stopped by WeightUpdateRatio at step 50 (the diagnosis; triggered by "
             "SaturatedActivation's certain finding), 0.5 s after the finding") in summary  # fmt: skip
+
+
+def test_rules_describe_and_list_say_which_rules_advise() -> None:
+    def cli(*args: str) -> str:
+        result = subprocess.run([sys.executable, "-m", "trainguard.cli", "rules", *args], cwd=REPO,
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    described = cli("describe", "NotNormalizedData")
+    assert "advice: yes" in described and "NoIssuesFound" in described and "learning symptom" in described
+    assert "LossNotDecreasing" in described.split("advice: yes", 1)[1]
+    assert "advice: no" in cli("describe", "ExplodingTensor")
+    listed = {item["name"]: item["advises"] for item in json.loads(cli("list", "--json"))}
+    assert {name for name, advises in listed.items() if advises} == set(ADVISING_RULES)

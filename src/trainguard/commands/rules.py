@@ -6,7 +6,7 @@
     trainguard rules describe NAME
 
 ``rules run`` exits 0 when every rule evaluated the run and none found an issue, 1 when one
-found an issue, 2 on an error (a rule that crashed, a run that did not appear, bad arguments),
+found an issue (advice is no issue: ``trainguard.rules.advice``), 2 on an error (a rule that crashed, a run that did not appear, bad arguments),
 and 4 when no rule found an issue but at least one could not evaluate the run (status Error,
 details ``RuleNotEvaluated: <why>``: its data is missing) unless ``--allow-not-evaluated``. In that
 order: 2 before 1 before 4. A damaged run (a truncated or missing index, an index entry without
@@ -293,6 +293,8 @@ def _parameter_rows(rule_class: type) -> list[tuple[str, str, str]]:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from trainguard.rules.advice import rule_advises
+
     classes = _rule_classes()
     if args.json:
         document = [
@@ -301,6 +303,7 @@ def _list(args: argparse.Namespace) -> int:
                 "kind": getattr(cls, "kind", "debugger"),
                 "description": cls.describe(),
                 "collections": list(getattr(cls, "collections", ())),
+                "advises": rule_advises(cls),
                 "parameters": {key: default for key, default, _ in _parameter_rows(cls)},
             }
             for name, cls in classes.items()
@@ -308,7 +311,8 @@ def _list(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=2))
         return 0
     for name, cls in classes.items():
-        print(f"{name}  [{getattr(cls, 'kind', 'debugger')}]  {cls.describe()}")
+        advises = " (advises)" if rule_advises(cls) else ""
+        print(f"{name}  [{getattr(cls, 'kind', 'debugger')}]{advises}  {cls.describe()}")
         params = ", ".join(f"{key}={default}" for key, default, _ in _parameter_rows(cls))
         if params:
             print(f"    parameters: {params}")
@@ -330,6 +334,7 @@ def _describe(args: argparse.Namespace) -> int:
         print(f"\ncollections it needs saved: {', '.join(cls.collections)}")
     print(f"\nstop policy: {getattr(cls, 'stop_policy', 'never stops training: findings are reported only')}")
     print("  (--stop-on-issue and the stoptraining action act only on certain findings; others are reported)")
+    _describe_advice(cls)
     _describe_semantics(cls)
     _describe_fix_hints(cls)
     rows = _parameter_rows(cls)
@@ -337,6 +342,20 @@ def _describe(args: argparse.Namespace) -> int:
     for key, default, text in rows:
         print(f"  {key} = {default}" + (f"  -- {text}" if text else ""))
     return 0
+
+
+def _describe_advice(cls: type) -> None:
+    from trainguard.rules.advice import ADVISING_RULES, LEARNING_SYMPTOMS, rule_advises
+
+    if not rule_advises(cls):
+        print("\nadvice: no; its findings are issues (IssuesFound)")
+        return
+    about = ADVISING_RULES.get(cls.name(), "a property of the data or the initialisation")
+    print(f"\nadvice: yes; its uncertain findings about {about} are advice:")
+    print("  a property of the data or the initialisation, not a learning symptom: the rule ends NoIssuesFound")
+    print("  (SageMaker StatusDetails 'Advice: ...'), raises no alarm, stops nothing, is never the primary finding")
+    print("  and does not make 'rules run' exit 1. It becomes a finding, a possible cause beside the primary,")
+    print("  when the run shows a learning symptom: " + ", ".join(sorted(LEARNING_SYMPTOMS)))
 
 
 def _describe_semantics(cls: type) -> None:

@@ -29,7 +29,9 @@ from typing import Any
 
 from trainguard.rules.kinds import MISPREDICTION, NON_FINITE, finding_kind
 
-__all__ = ["ADVICE_PREFIX", "ADVISING_RULES", "LEARNING_SYMPTOMS", "advice_details", "advises_by_default", "is_advice"]
+__all__ = [
+    "ADVICE_PREFIX", "ADVISING_RULES", "LEARNING_SYMPTOMS", "advice_details", "advises_by_default", "is_advice", "rule_advises",
+]  # fmt: skip
 
 # SageMaker's StatusDetails of a rule whose findings are all advice (its status stays NoIssuesFound).
 ADVICE_PREFIX = "Advice:"
@@ -71,6 +73,15 @@ def advises_by_default(
     if not declared:
         return False
     return finding_kind({"rule": rule, "message": message, "details": details or {}}) not in _NOT_ADVICE_KINDS
+
+
+def rule_advises(rule_class: type) -> bool:
+    """Whether a rule class's (uncertain) findings are advice: its ``advises``, else the list."""
+    declared = getattr(rule_class, "advises", None)
+    if declared is not None:
+        return bool(declared)
+    name = rule_class.name() if hasattr(rule_class, "name") else getattr(rule_class, "__name__", "")
+    return name in ADVISING_RULES
 
 
 def is_advice(finding: Mapping[str, Any]) -> bool:
