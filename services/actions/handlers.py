@@ -11,6 +11,7 @@ from typing import Any
 
 from trainguard.services.actions import pinned_http
 from trainguard.services.actions.context import ActionContext
+from trainguard.services.actions.stop_policy import finding_stops
 from trainguard.services.actions.validation import check_email_address, check_header, check_webhook_url
 
 __all__ = ["check_webhook_url", "email", "sms", "sns_publish", "stop_training", "webhook"]
@@ -42,8 +43,9 @@ def _message(event: Mapping[str, Any]) -> tuple[str, str]:
 def stop_training(event: Mapping[str, Any], action: Mapping[str, Any], context: ActionContext) -> str:
     """Stop the job: by exact name when the prefix is the job's name, else only a single match."""
     finding = (event.get("trainguard") or {}).get("finding") or {}
-    if finding.get("certain") is False:  # uncertain findings are reported, they never stop a job
-        return f"not stopped: {_rule_of(event)}'s finding at step {finding.get('step')} is not certain"
+    stops, why_not = finding_stops(finding)  # uncertain findings and advice are reported, they never stop
+    if not stops:
+        return f"not stopped: {_rule_of(event)}'s {why_not.removeprefix('the ')}"
     prefix = str(action.get("training_job_prefix") or context.job_name)
     grace = action.get("grace_seconds")
     cause = f"rule {_rule_of(event)} found issues (stoptraining action)"
@@ -58,6 +60,8 @@ def stop_training(event: Mapping[str, Any], action: Mapping[str, Any], context: 
             )
         target = matches[0]
     context.stop_job(target, float(grace) if grace not in (None, "") else None, cause)
+    if finding.get("step") is not None:
+        return f"stop requested for {target} ({_rule_of(event)}'s finding at step {finding['step']})"
     return f"stop requested for {target}"
 
 

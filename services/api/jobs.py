@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session, load_only, sessionmaker
 from trainguard.services.actions import ActionContext, build_event, get_handler
 from trainguard.services.actions.dispatch import ActionDispatcher
 from trainguard.services.actions.outbound_policy import OutboundPolicy
-from trainguard.services.alarms import AlarmSpec, AlarmState, evaluate_alarm
+from trainguard.services.actions.stop_policy import finding_at, is_stop_action, restop_actions
+from trainguard.services.alarms import AlarmSpec, AlarmState, breaches, evaluate_alarm
 from trainguard.services.api.db import (
     ActionRow,
     AlarmRow,
@@ -462,11 +463,13 @@ class JobService(JobLaunching):
             values = list(reversed(list(session.scalars(query))))
             state, reason = evaluate_alarm(spec, values)
             if state.value == alarm.state:
+                if state is AlarmState.ALARM and breaches(spec, value):
+                    self._stop_for_new_finding(session, job, alarm.name, spec, configuration, step)
                 continue
             alarm.state, alarm.state_reason, alarm.updated = state.value, reason, time.time()
             if state is AlarmState.ALARM and spec.actions:
                 rule = session.get(RuleRow, (job.name, configuration))
-                finding = (rule.findings or [None])[-1] if rule is not None else None
+                finding = finding_at(rule.findings, step) if rule is not None else None
                 extra = {"alarm": alarm.name, "rule": configuration, "reason": reason, "finding": finding}
                 # Recorded in the same transaction as the alarm's state: a crash cannot lose them.
                 for action in spec.actions:
@@ -476,6 +479,25 @@ class JobService(JobLaunching):
                             status="Pending", created=time.time(), action=dict(action), extra=extra,
                         )
                     )  # fmt: skip
+
+    def _stop_for_new_finding(
+        self, session: Session, job: JobRow, alarm_name: str, spec: AlarmSpec, configuration: str, step: Any
+    ) -> None:
+        """Every breaching finding is put to the alarm's stop actions, not only the one that made it
+        enter ALARM (actions/stop_policy.py): a certain finding after uncertain ones stops the job."""
+        rule = session.get(RuleRow, (job.name, configuration))
+        if rule is None or job.status != "InProgress" or not any(map(is_stop_action, spec.actions)):
+            return
+        earlier = session.scalars(
+            select(ActionRow.extra).where(ActionRow.job_name == job.name, ActionRow.alarm_name == alarm_name)
+        )
+        finding = finding_at(rule.findings, step)
+        stops = restop_actions(spec.actions, finding, [(extra or {}).get("finding") for extra in earlier])
+        reason = f"a finding at step {step} while the alarm stayed in ALARM"
+        for action in stops:
+            extra = {"alarm": alarm_name, "rule": configuration, "reason": reason, "finding": finding}
+            session.add(ActionRow(job_name=job.name, alarm_name=alarm_name, action_name=str(action.get("name")),
+                                  status="Pending", created=time.time(), action=action, extra=extra))  # fmt: skip
 
     def flush_notifications(self) -> None:
         """Run actions scheduled by committed alarm transitions; emit state-change events."""

@@ -148,8 +148,10 @@ class _Rule:
         return True
 
     def evaluated(self, result: Any) -> None:
-        """Every evaluated step: RuleIssuesFound 0/1 to CloudWatch and (batched) to the API's alarms."""
-        value = 1.0 if result.fired else 0.0
+        """Every evaluated step: RuleIssuesFound 0/1 to CloudWatch and (batched) to the API's alarms.
+
+        Advice (a property of the data or the initialisation) is no issue: it raises no alarm."""
+        value = 1.0 if result.fired and not getattr(result, "advice", False) else 0.0
         if self.metrics is not None:
             self.metrics.add("RuleIssuesFound", value, "Count")
             self.metrics.add("RuleLastEvaluatedStep", float(result.step))
