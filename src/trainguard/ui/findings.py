@@ -44,13 +44,15 @@ def arrange(results: list[dict[str, Any]]) -> dict[str, Any]:
 
     diagnosis = diagnose(results)
     ranked = {(item.get("rule"), item.get("step")) for section in _SECTIONS for item in diagnosis.get(section) or ()}
-    advice = [
-        {**{key: finding.get(key) for key in ("step", "worker", "message", "fix_hint")}, "rule": result.get("rule")}
-        for result in results
-        for finding in _fired(result)
-        if _is_advice(finding) and (result.get("rule"), finding.get("step")) not in ranked
-    ]
-    advice += [item for item in diagnosis.get("advice") or () if isinstance(item, dict) and item not in advice]
+    if "advice" in diagnosis:  # the diagnosis lists advice itself (and promotes it to possible causes)
+        advice = [item for item in diagnosis["advice"] if isinstance(item, dict)]
+    else:
+        advice = [
+            {**{key: finding.get(key) for key in ("step", "worker", "message", "fix_hint")}, "rule": result.get("rule")}
+            for result in results
+            for finding in _fired(result)
+            if _is_advice(finding) and (result.get("rule"), finding.get("step")) not in ranked
+        ]
     table = []
     counts = {"rules": len(results), "issues": 0, "advice": len(advice), "not_evaluated": 0}
     for result in sorted(results, key=lambda r: str(r.get("configuration_name") or r.get("rule"))):

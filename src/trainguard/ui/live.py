@@ -170,17 +170,25 @@ class LiveRun:
     def duration_s(self) -> float | None:
         if self.started_at is None:
             return None
-        end = self.updated_at if self.status()[0] != "running" else time.time()
-        return max(0.0, (end or time.time()) - self.started_at)
+        if self.status()[0] == "running":
+            end: float | None = time.time()
+        else:  # the moment training ended, as precisely as the run records it
+            stop, exit_record = self.stop or {}, self.exit or {}
+            end = exit_record.get("ended_at") or stop.get("stopped_at") or self.updated_at
+        return max(0.0, float(end or time.time()) - self.started_at)
 
     def histogram_tensors(self, limit: int = 200) -> list[dict[str, Any]]:
         """Tensors with raw values (weights, gradients, outputs) and the steps they were saved at."""
         if self.trial is None:
             return []
+        trial = self.trial
+        weights = set(trial.tensor_names(collection="weights")) if "weights" in trial.collections() else set()
+        losses = self.rules_losses()
         found = []
-        for name in self.trial.tensor_names():
-            steps = sorted(self.trial._state.tensors.get(name, {}))
-            if len(steps) and name not in self.rules_losses():
+        # weights first: the histogram users look for; then gradients and outputs
+        for name in sorted(trial.tensor_names(), key=lambda name: (name not in weights, name)):
+            steps = sorted(trial._state.tensors.get(name, {}))
+            if steps and name not in losses:
                 found.append({"name": name, "steps": steps[-2000:]})
             if len(found) >= limit:
                 break

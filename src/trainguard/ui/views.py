@@ -61,9 +61,10 @@ def run_detail(run: LiveRun) -> dict[str, Any]:
     """Everything the run page shows except the curves (which come with :func:`run_series`)."""
     arranged = run.rules.arranged
     stop = run.stop_view()
-    events = list(arranged["events"])
+    marks = list(arranged["events"])
     if stop and isinstance(stop.get("step"), int):
-        events.append({"step": stop["step"], "label": f"stopped by {stop['by']} (step {stop['step']})", "kind": "stop"})
+        marks.append({"step": stop["step"], "label": f"stopped by {stop['by']}", "kind": "stop"})
+    events = _merged(marks)
     return {
         **run_summary(run),
         "diagnosis": arranged["diagnosis"],
@@ -80,6 +81,23 @@ def run_detail(run: LiveRun) -> dict[str, Any]:
         "version": run.curves.version,
         "generated_at": time.time(),
     }
+
+
+def _merged(marks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per step (the stop's when there is one), its labels joined: several rules seeing
+    the same step would otherwise draw their labels over each other."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for mark in marks:
+        line = by_step.setdefault(mark["step"], {"step": mark["step"], "labels": [], "kind": "finding"})
+        label = mark["label"].replace(f" (step {mark['step']})", "")
+        if label not in line["labels"]:
+            line["labels"].append(label)
+        if mark["kind"] == "stop":
+            line["kind"] = "stop"
+    return [
+        {"step": step, "kind": line["kind"], "label": f"step {step}: " + ", ".join(line["labels"])}
+        for step, line in sorted(by_step.items())
+    ]
 
 
 def run_series(run: LiveRun, since: int | None = None) -> dict[str, Any]:

@@ -114,12 +114,29 @@
               ctx.lineTo(x, u.bbox.top + u.bbox.height);
               ctx.stroke();
               ctx.fillStyle = ctx.strokeStyle;
-              ctx.fillText(event.label, x + 3 * devicePixelRatio, u.bbox.top + 12 * devicePixelRatio);
+              // labels go left of a line in the right half, so they stay inside the plot
+              const right = x > u.bbox.left + u.bbox.width / 2;
+              ctx.textAlign = right ? "right" : "left";
+              ctx.fillText(event.label, x + (right ? -3 : 3) * devicePixelRatio, u.bbox.top + 12 * devicePixelRatio);
             }
             ctx.restore();
           },
         ],
       },
+    };
+  }
+
+  // The x range covers the data and every finding/stop line, with a margin so a line at the last
+  // step is not drawn on the plot's edge.
+  function xRange(events) {
+    return (u, min, max) => {
+      for (const event of events || []) {
+        if (min === null || event.step < min) min = event.step;
+        if (max === null || event.step > max) max = event.step;
+      }
+      if (min === null || max === null) return [0, 1];
+      const span = Math.max(1, max - min);
+      return [min - span * 0.02, max + span * 0.04];
     };
   }
 
@@ -185,7 +202,7 @@
       const opts = {
         width, height: this.options.height || 260,
         series,
-        scales: { x: { time: false }, y: { distr: chart.log_y ? 3 : 1 } },
+        scales: { x: { time: false, range: xRange(this.events) }, y: { distr: chart.log_y ? 3 : 1 } },
         axes: [{ label: chart.x_label || "global step" }, { label: chart.y_label || "", size: 70 }],
         legend: { live: true },
         cursor: { drag: { x: true, y: false } },

@@ -34,6 +34,11 @@
         parts.push(el("div", { class: "label" }, "It explains"),
           el("ul", { id: "explains" }, explains.map((c) => finding(c, c.why ? el("span", { class: "muted" }, " (" + c.why + ")") : null))));
       }
+      const causes = d.diagnosis.possible_causes || [];
+      if (causes.length) {
+        parts.push(el("div", { class: "label" }, "Possible causes (advice the symptom makes relevant)"),
+          el("ul", { id: "possible-causes" }, causes.map((c) => finding(c, c.fix_hint ? el("div", { class: "fix" }, "Fix: " + c.fix_hint) : null))));
+      }
       const other = d.diagnosis.other || [];
       if (other.length) {
         parts.push(el("div", { class: "label" }, "Other findings"),
