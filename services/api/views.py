@@ -17,6 +17,13 @@ def _fix_hint_of(rule: RuleRow) -> str:
     return rule.fix_hint
 
 
+def _advice_only(rule: RuleRow) -> bool:
+    """The rule's findings are all advice (trainguard.rules.advice): a property of the data or the
+    initialisation, reported with status NoIssuesFound (details ``Advice: ...``), not an issue."""
+    fired = [finding for finding in rule.findings or [] if finding.get("fired", True)]
+    return bool(fired) and all(finding.get("advice") for finding in fired)
+
+
 def native_description(
     job: JobRow,
     transitions: list[TransitionRow],
@@ -56,6 +63,7 @@ def native_description(
                 "status_details": r.status_details or None,
                 "last_evaluated_step": r.last_evaluated_step,
                 "findings": r.findings or [],
+                "advice": _advice_only(r),
                 "missing": r.missing or [],
                 "fix_hint": _fix_hint_of(r) or None,
                 "evaluation_job_arn": r.evaluation_job_arn,
