@@ -18,6 +18,7 @@ from trainguard.services.api.jobs import JobService
 from trainguard.services.api.reconciler import Reconciler
 from trainguard.services.api.routes_native import native_router
 from trainguard.services.api.routes_sagemaker import sagemaker_router
+from trainguard.services.api.routes_ui import mount_ui
 from trainguard.services.api.settings import Settings
 from trainguard.services.launchers.base import Launcher
 
@@ -132,6 +133,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
 
     app.include_router(native_router)
     app.include_router(sagemaker_router)
+    mount_ui(app)  # the dashboard at /ui/: its own login (browsers cannot sign), the native API's tenancy
     # Outermost: authentication from the headers and the body limit come before any route reads.
     app.add_middleware(RequestGuard, max_body_bytes=body_limit)
     return app

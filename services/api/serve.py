@@ -233,6 +233,11 @@ def _serve(args: argparse.Namespace) -> int:
                     environ.pop(variable, None)
                     os.environ.pop(variable, None)
         print(_banner(environ, credentials, generated_key, isolation), flush=True)
+        from trainguard.services.api.routes_ui import announce_login_token
+
+        url = f"http://{environ.get('TRAINGUARD_HOST') or '127.0.0.1'}:{environ.get('TRAINGUARD_PORT') or '8080'}"
+        print(f"  dashboard:   {url}/ui/ (log in with a key pair or the API token; one-time operator login, "
+              f"10 min: {url}/ui/login?once={announce_login_token()})", flush=True)  # fmt: skip
         return run_api(environ, args.log_level)
 
 

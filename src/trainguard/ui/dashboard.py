@@ -56,13 +56,17 @@ class Dashboard:
         source: RunSource,
         *,
         max_open: int = 64,
-        extra: Callable[[RunLocation], dict[str, Any]] | None = None,
+        extra: Callable[[LiveRun], dict[str, Any]] | None = None,
+        open_runs: OrderedDict[str, LiveRun] | None = None,
+        lock: threading.Lock | None = None,
     ) -> None:
         self.source = source
         self.max_open = max_open
-        self.extra = extra  # per-run additions (the service's job name, status, logs link)
-        self._open: OrderedDict[str, LiveRun] = OrderedDict()
-        self._lock = threading.Lock()
+        self.extra = extra  # per-run additions (the service's job: name, status, rule results)
+        # ``open_runs``/``lock``: shared by the per-caller dashboards of the service, so that two
+        # callers looking at one job read it once; what each may see is its source's business
+        self._open: OrderedDict[str, LiveRun] = open_runs if open_runs is not None else OrderedDict()
+        self._lock = lock or threading.Lock()
 
     def _run(self, location: RunLocation) -> LiveRun:
         with self._lock:
@@ -81,10 +85,10 @@ class Dashboard:
                 return self._run(location)
         return None
 
-    def _with_extra(self, run: LiveRun, document: dict[str, Any]) -> dict[str, Any]:
-        if self.extra is not None:
-            document.update(self.extra(run.location))
-        return document
+    def _with_extra(self, run: LiveRun, view: Callable[[LiveRun], dict[str, Any]]) -> dict[str, Any]:
+        """``view(run)`` with the source's additions; those are made first (they may set the rules)."""
+        extra = self.extra(run) if self.extra is not None else {}
+        return {**view(run), **extra}
 
     def list_runs(self, query: str = "") -> tuple[int, dict[str, Any]]:
         locations, problems = self.source.locations()
@@ -92,7 +96,7 @@ class Dashboard:
         for location in locations[: self.max_open]:
             run = self._run(location)
             run.refresh(curves=False)
-            rows.append(self._with_extra(run, run_summary(run)))
+            rows.append(self._with_extra(run, run_summary))
         if query:
             needle = query.lower()
             rows = [
@@ -107,7 +111,7 @@ class Dashboard:
         if run is None:
             return 404, {"error": f"no run {run_id}"}
         run.refresh()
-        return 200, self._with_extra(run, run_detail(run))
+        return 200, self._with_extra(run, run_detail)
 
     def series(self, run_id: str, since: int | None) -> tuple[int, dict[str, Any]]:
         run = self.find(run_id)

@@ -111,6 +111,12 @@ class RuleState:
     arranged: dict[str, Any] = field(default_factory=lambda: arrange([]))
     _raw: dict[str, bytes] = field(default_factory=dict)
 
+    def set_results(self, results: list[dict[str, Any]]) -> None:
+        """Results from elsewhere (the service's database, which rule runners report to)."""
+        if results != self.results:
+            self.results, self.problems = list(results), []
+            self.arranged = arrange(self.results)
+
     def refresh(self, store: Store) -> None:
         try:
             keys = [

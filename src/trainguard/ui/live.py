@@ -43,6 +43,8 @@ class LiveRun:
         self.budget_s = budget_s
         self.curves = RunCurves()
         self.rules = RuleState()
+        # False when the rule results come from elsewhere (the service's database) via rules.set_results
+        self.rules_from_store = True
         self.trial: Trial | None = None
         self.trial_error = ""
         self.stop: dict[str, Any] | None = None
@@ -118,7 +120,8 @@ class LiveRun:
             self.capture_stopped = [dict(record) for record in self.trial.capture_stopped()]
         else:
             self.ended = store.exists(END_OF_TRAINING)
-        self.rules.refresh(sidecar)
+        if self.rules_from_store:
+            self.rules.refresh(sidecar)
         self.stop = _read_json(sidecar, STOP_RECORD) or self.stop
         self.exit = _read_json(sidecar, EXIT_RECORD) or self.exit
         if self.ended and self.updated_at is None:

@@ -105,7 +105,7 @@
     if (!job) return;
     TG.replace(document.getElementById("job-facts"),
       el("span", {}, "job " + job.name), el("span", { id: "job-status", "data-status": job.status }, job.status),
-      job.status_details ? el("span", { class: "muted" }, job.status_details) : null);
+      job.status_details && job.status_details !== job.status ? el("span", { class: "muted" }, job.status_details) : null);
     const button = document.getElementById("stop-button");
     button.hidden = !(session.can_stop && job.can_stop);
   }
