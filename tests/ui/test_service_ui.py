@@ -159,3 +159,30 @@ def test_browser_logs_in_watches_the_job_train_and_stops_it(ui_api, browser, tmp
     wait(lambda d: d.find_element(By.CSS_SELECTOR, "#facts .badge").text == "stopped")
     assert "stopped from the dashboard by alice" in api.job("watched-job")["stop_cause"]
     save_screenshot(browser, tmp_path, "ui-service-stopped")
+
+
+def test_the_one_time_login_url_opens_one_operator_session(tmp_path: Path) -> None:
+    """``trainguard serve`` prints ``/ui/login?once=...``: it opens one session, once."""
+    from fastapi.testclient import TestClient
+    from trainguard.services.api.app import create_app
+    from trainguard.services.api.routes_ui import announce_login_token
+    from trainguard.services.api.settings import Settings
+
+    token = announce_login_token()
+    environ = {"TRAINGUARD_API_TOKEN": "ui-test-token-0123456789", "TRAINGUARD_DATA_DIR": str(tmp_path / "data"),
+               "TRAINGUARD_LAUNCHER": "local"}  # fmt: skip
+    app = create_app(Settings.from_env(environ))
+    with (
+        TestClient(app, base_url="http://127.0.0.1:8080") as first,
+        TestClient(app, base_url="http://127.0.0.1:8080") as second,
+    ):
+        assert first.get("/ui/api/session").status_code == 401
+        answer = first.get(f"/ui/login?once={token}", follow_redirects=False)
+        assert answer.status_code == 303 and answer.headers["location"] == "/ui/"
+        cookie = answer.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie and "path=/ui" in cookie
+        session = first.get("/ui/api/session").json()
+        assert session["user"] == "operator" and session["csrf"]
+        again = second.get(f"/ui/login?once={token}", follow_redirects=False)
+        assert again.headers["location"] == "/ui/login.html" and "set-cookie" not in again.headers
+        assert second.get("/ui/api/session").status_code == 401
