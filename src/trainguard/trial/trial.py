@@ -75,6 +75,7 @@ class Trial(RunHealth):
         self._last_refresh = 0.0
         self._framework: str | None = None
         self._independent_optimizers = 1
+        self._model_scopes: dict[str, list[str]] = {}
         self._checksums_declared = False
         self._capture_status_dir = status_dir_from_environment()
         self._collections, num_workers = self._load_collections(collection_wait_timeout)
@@ -115,6 +116,9 @@ class Trial(RunHealth):
                         optimizers = CollectionManager.meta_of(data).get("independent_optimizers", 1)
                         if isinstance(optimizers, int):
                             self._independent_optimizers = max(self._independent_optimizers, optimizers)
+                        scopes = CollectionManager.meta_of(data).get("model_scopes")
+                        if isinstance(scopes, dict):
+                            self._model_scopes.update(scopes)
                         # once declared, never taken back: a rewritten file must not lift the check
                         if declares_payload_checksums(CollectionManager.meta_of(data)):
                             self._checksums_declared = True
@@ -191,6 +195,13 @@ class Trial(RunHealth):
         other, whose losses need not fall."""
         self.refresh()
         return self._independent_optimizers
+
+    @property
+    def model_scopes(self) -> dict[str, list[str]]:
+        """Root model -> the first name components of its module tensors, when the run trained
+        several models ({} otherwise; see trainguard.hooks.torch_model_scopes)."""
+        self.refresh()
+        return dict(self._model_scopes)
 
     @property
     def last_complete_step(self) -> int | None:
