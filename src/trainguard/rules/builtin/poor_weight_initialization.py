@@ -40,9 +40,21 @@ value (identical units, not a vanished gradient), and the variance and gradient 
 only when they already hold at the first evaluated training step (poor initialisation shows at
 initialisation; a learning rate that blows up the activations later is not one).
 ``semantics="sagemaker"`` judges every analysed step on its own.
+
+Several models (a GAN's generator and discriminator, an actor and a critic: the hook's
+``model_scopes``): the variance ratio is taken within each model, never across two (their
+inputs and scales are unrelated). Calibrated semantics skip the ratio for a model with a
+normalisation layer (a 1-D weight: BatchNorm/LayerNorm/GroupNorm scale): what follows one has the
+normalisation's variance, not the initialisation's, so a ratio across its layers measures
+nothing (a DCGAN's N(0, 0.02) init puts 2,000× between its first layer and a batch-normalised
+one, and trains well). Zero variance is still judged there. The rule cannot tell a badly
+initialised layer before a normalisation layer from a healthy small one: it says nothing then.
 """
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import numpy as np
 
@@ -100,6 +112,43 @@ def _spread(array: np.ndarray) -> float:
         diff = b - a
         results.append(b - diff * (1 - g) if g >= 0.5 else a + diff * g)
     return float(results[1] - results[0])
+
+
+def module_head(name: str) -> str:
+    """The first component of a module tensor's name: ``main`` of ``main.2_input_0``, ``fc1`` of
+    ``fc1_input_0``."""
+    return re.sub(r"_(input|output)_\d+$", "", name).split(".", 1)[0]
+
+
+def model_heads(trial: Any) -> dict[str, str]:
+    """First name component -> the model it belongs to, for runs that trained several models
+    (the hook's ``model_scopes``; empty for one model, Keras and smdebug runs)."""
+    scopes = getattr(trial, "model_scopes", None) or {}
+    return {head: model for model, heads in scopes.items() for head in heads}
+
+
+def _normalised_models(values: dict[str, Any], heads: dict[str, str]) -> set[str | None]:
+    """The models (as :func:`model_heads` groups them) with a normalisation layer: a 1-D weight
+    gradient is a BatchNorm/LayerNorm/GroupNorm scale."""
+    models = set(heads.values())
+    found: set[str | None] = set()
+    for name, value in values.items():
+        # PyTorch's gradient/<model>_<parameter>, Keras's gradients/<layer>/gamma
+        if not (name.startswith(("gradient/", "gradients/")) and name.endswith(("weight", "gamma"))):
+            continue
+        if np.ndim(value) != 1:
+            continue
+        stem = name.split("/", 1)[1]
+        owners = [model for model in models if stem.startswith(f"{model}_")]
+        found.add(max(owners, key=len) if owners else None)
+    return found
+
+
+def _ratio(variances: dict[str, float]) -> tuple[float, str, str]:
+    """(max/min variance, the highest layer, the lowest): infinite when the lowest is zero."""
+    high = max(variances, key=lambda key: variances[key])
+    low = min(variances, key=lambda key: variances[key])
+    return (variances[high] / variances[low] if variances[low] > 0 else float("inf")), high, low
 
 
 class PoorWeightInitialization(TensorRule):
@@ -208,7 +257,7 @@ class PoorWeightInitialization(TensorRule):
         return self.no_issue(step, **details)
 
     def _variance(self, step: int, names: list[str], values: dict, details: dict) -> str | None:
-        variances = {}
+        variances: dict[str, float] = {}
         for name in names:
             array = as_float(values.get(name)) if name in values else None
             if array is None or array.size < 2:
@@ -220,12 +269,21 @@ class PoorWeightInitialization(TensorRule):
                 finite = bool(np.all(np.isfinite(array)))
             if finite:
                 variances[name] = float(np.var(array))
-        if len(variances) < 2:
+        # the layers of one model are compared, never a generator's with a discriminator's
+        models: dict[str | None, dict[str, float]] = {}
+        scopes = model_heads(self.base_trial)
+        for name, variance in variances.items():
+            models.setdefault(scopes.get(module_head(name)), {})[name] = variance
+        judged = [(_ratio(group), model, group) for model, group in models.items() if len(group) >= 2]
+        if not judged:
             return None
-        high = max(variances, key=lambda key: variances[key])
-        low = min(variances, key=lambda key: variances[key])
-        ratio = variances[high] / variances[low] if variances[low] > 0 else float("inf")
+        (ratio, high, low), model, variances = max(judged, key=lambda item: item[0][0])
         details.update(variance_ratio=ratio, variances=variances)
+        if len(models) > 1 and model is not None:
+            details.update(model=model)
+        normalised = self.semantics != SAGEMAKER and model in _normalised_models(values, scopes)
+        if normalised:
+            details.update(normalised=True)
         if variances[low] == 0:
             return (
                 f"activation input {low} has zero variance (every unit computes the same value) while "
@@ -234,7 +292,7 @@ class PoorWeightInitialization(TensorRule):
                 else f"every activation input has zero variance ({len(variances)} layers): the weights do not "
                 "break symmetry"
             )
-        if ratio > self.threshold:
+        if ratio > self.threshold and not normalised:
             return (
                 f"activation-input variance differs {fmt(ratio)}× across layers ({high}: {fmt(variances[high])}, "
                 f"{low}: {fmt(variances[low])}); threshold {fmt(self.threshold)}"
