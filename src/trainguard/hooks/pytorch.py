@@ -44,6 +44,7 @@ from trainguard.hooks.torch_compiled import (
 )
 from trainguard.hooks.torch_global_hooks import register_global_forward_pre_hook
 from trainguard.hooks.torch_io_sources import LeftOutOfCopies, ModuleIOSources
+from trainguard.hooks.torch_model_scopes import ModelScopes
 from trainguard.hooks.torch_optimizer import OptimizerSteps
 from trainguard.hooks.torch_parameters import ParameterRoles
 from trainguard.hooks.torch_root_call import RootCall, RootDriving
@@ -132,6 +133,7 @@ class TorchHook(
         self._init_root_driving()  # first: what follows imports Dynamo (torch_root_call.shims_safe)
         self._handles: list[Any] = []
         self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self._model_scopes = ModelScopes()  # which model a module tensor name belongs to
         self._typed_modules: weakref.WeakKeyDictionary[torch.nn.Module, None] = weakref.WeakKeyDictionary()
         self._roots: list[tuple[weakref.ref[torch.nn.Module], str]] = []
         self._hooked_parameters: set[int] = set()
@@ -222,7 +224,10 @@ class TorchHook(
         return super()._ensure_writer()
 
     def _run_facts(self) -> dict[str, object]:
-        return {"independent_optimizers": self._independent_optimizers} if self._independent_optimizers > 1 else {}
+        facts = self._model_scopes.facts()
+        if self._independent_optimizers > 1:
+            facts["independent_optimizers"] = self._independent_optimizers
+        return facts
 
     def _tensors_off_cpu(self) -> bool:
         for reference in self._registered_roots:
@@ -237,13 +242,12 @@ class TorchHook(
         """Name a root module and its children as smdebug does; return the root's name."""
         root_name = module._get_name()
         taken = {name for _, name in self._roots}
-        prefix = ""
         if root_name in taken:  # a second root of the same class: keep every name unique
             index = 1
             while f"{root_name}_{index}" in taken:
                 index += 1
             root_name = f"{root_name}_{index}"
-            prefix = root_name + "."
+        prefix = self._model_scopes.prefix(root_name, module)  # unique names across models too
         for child_name, child in module.named_modules():
             if child not in self._module_names:
                 self._module_names[child] = prefix + child_name if child_name else root_name
