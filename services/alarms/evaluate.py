@@ -82,7 +82,10 @@ def evaluate_alarm(spec: AlarmSpec, values: Sequence[float]) -> tuple[AlarmState
 
 
 def implicit_rule_alarm(configuration_name: str, actions: Sequence[Mapping[str, Any]]) -> AlarmSpec:
-    """SageMaker's rule actions as an alarm: fire on the first IssuesFound datapoint of the rule."""
+    """SageMaker's rule actions as an alarm: fire on the first IssuesFound datapoint of the rule.
+
+    Advice (``StepResult.advice``: a property of the data or the initialisation) is reported as a
+    RuleIssuesFound datapoint of 0 by the rule runner and the API, so it never sets this off."""
     return AlarmSpec(
         name=f"{configuration_name}-IssuesFound",
         metric_name="RuleIssuesFound",

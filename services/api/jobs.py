@@ -397,7 +397,7 @@ class JobService(JobLaunching):
                         job,
                         configuration,
                         "RuleIssuesFound",
-                        1.0 if result.get("fired") else 0.0,
+                        1.0 if result.get("fired") and not result.get("advice") else 0.0,  # advice raises no alarm
                         result.get("step"),
                     )
             for point in update.get("datapoints") or []:

@@ -487,6 +487,7 @@ class StepResultReport(_Open):
     certain: bool = False
     worker: _text(256) | None = None
     not_evaluated: _text(65536) | None = None
+    advice: bool = False  # a property of the data or the initialisation: no issue, no alarm
 
     @field_validator("details")
     @classmethod

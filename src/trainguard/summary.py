@@ -135,7 +135,8 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
             continue
         advice = _advice(result)
         if advice and len(advice) == len(fired):
-            lines.append(f"    {name:<{width}}  {status}, advice at step {advice[0].get('step')}: {advice[0].get('message')}")
+            first = advice[0]
+            lines.append(f"    {name:<{width}}  {status}, advice at step {first.get('step')}: {first.get('message')}")
             continue
         fired = [f for f in fired if not f.get("advice")]
         if not fired:
@@ -172,7 +173,8 @@ def _stopped_line(stopped: Mapping[str, Any]) -> str:
     by = ""
     if trigger and trigger.get("configuration_name") != stopped.get("configuration_name"):
         by = f" (the diagnosis; triggered by {trigger.get('configuration_name')}'s certain finding)"
-    return f"  stopped     : training was stopped by {stopped.get('configuration_name')} at step {stopped.get('step')}{by}{delay}"
+    name = stopped.get("configuration_name")
+    return f"  stopped     : training was stopped by {name} at step {stopped.get('step')}{by}{delay}"
 
 
 def _finished(facts: Mapping[str, object]) -> str:

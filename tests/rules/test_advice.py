@@ -132,7 +132,7 @@ def test_a_learning_symptom_promotes_advice_to_a_possible_cause_beside_the_prima
     results = [
         _result("NotNormalizedData", _finding("NotNormalizedData", 0, "input std 40", advice=True)),
         _result("PoorWeightInitialization", _finding("PoorWeightInitialization", 0, "variance ratio 1e3", advice=True)),
-        _result("SaturatedActivation", _finding("SaturatedActivation", 30, "90% of tanh nodes saturated", certain=True)),
+        _result("SaturatedActivation", _finding("SaturatedActivation", 30, "90% of tanh saturated", certain=True)),
     ]  # fmt: skip
     diagnosis = diagnose(results)
     # advice came first and explains the symptom, yet the symptom's own finding leads

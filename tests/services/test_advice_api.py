@@ -45,3 +45,39 @@ def test_advice_is_no_issues_found_with_advice_details_and_stops_nothing(api) ->
     # no alarm went off, so no action ran
     assert native["actions"] == [], native["actions"]
     assert all(alarm["state"] != "ALARM" for alarm in native["alarms"]), native["alarms"]
+
+
+def test_a_reported_advice_raises_no_alarm_and_an_issue_does(tmp_path) -> None:
+    import sys
+
+    pytest.importorskip("httpx", reason="TestClient needs httpx")
+    from fastapi.testclient import TestClient
+    from trainguard.services.api.app import create_app
+    from trainguard.services.api.settings import Settings
+
+    from tests.services.conftest import CUSTOM_RULE, TOKEN
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    settings = Settings.from_env(
+        {"TRAINGUARD_API_TOKEN": TOKEN, "TRAINGUARD_DATA_DIR": str(tmp_path), "TRAINGUARD_LAUNCHER": "local",
+         "TRAINGUARD_RULE_MODULES": "tests.services.rules_for_tests"}
+    )  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        rule = {"rule": CUSTOM_RULE, "name": "R", "actions": [{"name": "webhook", "url": "http://127.0.0.1:9/x"}]}
+        spec = {"name": "reported", "command": [sys.executable, "-c", "import time; time.sleep(60)"], "rules": [rule]}
+        assert client.post("/v1/jobs", headers=auth, json=spec).status_code == 201
+        route = "/v1/internal/jobs/reported/rules/R/status"
+        try:
+            finding = {"rule": "LossAboveThreshold", "step": 3, "fired": True, "message": "inputs not centred",
+                       "certain": False, "advice": True}  # fmt: skip
+            report = {"configuration_name": "R", "status": "InProgress", "result": finding}
+            assert client.post(route, headers=auth, json=report).status_code == 200
+            job = client.get("/v1/jobs/reported", headers=auth).json()
+            assert job["rules"][0]["findings"][0]["advice"] is True and job["rules"][0]["advice"] is True
+            assert [alarm["state"] for alarm in job["alarms"]] != ["ALARM"] and job["actions"] == []
+            issue = {**finding, "step": 4, "advice": False, "message": "loss 1e9"}
+            assert client.post(route, headers=auth, json={**report, "result": issue}).status_code == 200
+            job = client.get("/v1/jobs/reported", headers=auth).json()
+            assert [alarm["state"] for alarm in job["alarms"]] == ["ALARM"] and job["rules"][0]["advice"] is False
+        finally:
+            client.post("/v1/jobs/reported/stop?grace_seconds=0", headers=auth)

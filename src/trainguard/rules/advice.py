@@ -30,7 +30,8 @@ from typing import Any
 from trainguard.rules.kinds import MISPREDICTION, NON_FINITE, finding_kind
 
 __all__ = [
-    "ADVICE_PREFIX", "ADVISING_RULES", "LEARNING_SYMPTOMS", "advice_details", "advises_by_default", "is_advice", "rule_advises",
+    "ADVICE_PREFIX", "ADVISING_RULES", "LEARNING_SYMPTOMS", "advice_details", "advises_by_default", "is_advice",
+    "rule_advises",
 ]  # fmt: skip
 
 # SageMaker's StatusDetails of a rule whose findings are all advice (its status stays NoIssuesFound).
@@ -42,7 +43,7 @@ ADVISING_RULES: Mapping[str, str] = {
     "CheckInputImages": "the mean of the input images",
     "ClassImbalance": "the label frequencies (its 'class N is mispredicted' finding is a symptom, not advice)",
     "NLPSequenceRatio": "the share of padding/unknown tokens in the input sequences",
-    "PoorWeightInitialization": "the initial scale of the weights (a certain finding, e.g. identical weights, is an issue)",
+    "PoorWeightInitialization": "the initial scale of the weights (a certain finding, identical weights, is an issue)",
     "TreeDepth": "the depth of the boosted trees",
     "FeatureImportanceOverweight": "how the feature importance is spread over the features",
 }
@@ -60,7 +61,12 @@ _NOT_ADVICE_KINDS = frozenset({NON_FINITE, MISPREDICTION})
 
 
 def advises_by_default(
-    rule: str, message: str, details: Mapping[str, Any] | None = None, *, certain: bool = False, declared: bool | None = None
+    rule: str,
+    message: str,
+    details: Mapping[str, Any] | None = None,
+    *,
+    certain: bool = False,
+    declared: bool | None = None,
 ) -> bool:
     """Whether a finding of ``rule`` is advice when its rule does not say (see the module docstring).
 

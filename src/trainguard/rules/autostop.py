@@ -215,7 +215,8 @@ class RuleWatch:
         assert result is not None
         if result.advice:  # a property of the data or the initialisation: reported, never a stop
             if self.echo is not None:
-                self.echo(f"trainguard: rule {update.configuration_name} advises at step {result.step}: {result.message}")
+                name = update.configuration_name
+                self.echo(f"trainguard: rule {name} advises at step {result.step}: {result.message}")
             return
         if self.echo is not None:
             self.echo(

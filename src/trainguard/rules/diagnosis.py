@@ -388,7 +388,8 @@ def render_diagnosis(diagnosis: Mapping[str, Any], indent: str = "  ") -> list[s
         lines.append(f"{indent}also        : {finding.get('rule')} at {_where(finding)}: {finding.get('message')}")
     for finding in diagnosis.get("advice") or ():
         hint = f" ({finding.get('fix_hint')})" if finding.get("fix_hint") else ""
-        lines.append(f"{indent}advice      : {finding.get('rule')} at {_where(finding)}: {finding.get('message')}{hint}")
+        where = f"{finding.get('rule')} at {_where(finding)}"
+        lines.append(f"{indent}advice      : {where}: {finding.get('message')}{hint}")
     for item in diagnosis.get("not_evaluated") or ():
         lines.append(f"{indent}not evaluated: {item.get('rule')}: {item.get('reason')}")
     return lines
