@@ -255,3 +255,16 @@ def test_rules_describe_and_list_say_which_rules_advise() -> None:
     assert "advice: no" in cli("describe", "ExplodingTensor")
     listed = {item["name"]: item["advises"] for item in json.loads(cli("list", "--json"))}
     assert {name for name, advises in listed.items() if advises} == set(ADVISING_RULES)
+
+
+def test_rules_run_prints_advice_as_advice(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", _values({4, 6}))
+    command = [sys.executable, "-m", "trainguard.cli", "rules", "run", run, "--wait-timeout", "5", "--rule",
+               f"{HERE}:InputScale"]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"trainguard rules: {HERE}:InputScale: advice at step 4 on worker_0: max(w) = 5" in result.stdout
+    assert f"{HERE}:InputScale: also advises at step 6" in result.stdout
+    assert "advice      : InputScale at step 4" in result.stdout
+    assert "NoIssuesFound Advice: InputScale at step 4" in result.stdout
+    assert "IssuesFound" not in result.stdout.replace("NoIssuesFound", "")

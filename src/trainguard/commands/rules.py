@@ -145,6 +145,8 @@ def format_update(update: Any) -> str:
     if result is not None and result.fired:
         where = f" on {result.worker}" if result.worker else ""
         certainty = "" if result.certain else " (not certain)"
+        if result.advice:  # a property of the data or the initialisation: not an issue
+            head, certainty = f"trainguard rules: {update.configuration_name}: advice", ""
         text = f"{head} at step {result.step}{where}{certainty}: {result.message}"
         return text + (f"\n    fix: {result.fix_hint}" if result.fix_hint else "")
     details = (update.status_details or "").strip()
@@ -173,7 +175,8 @@ def run_rules(args: argparse.Namespace, out: TextIO | None = None) -> int:
         elif update.result is not None and update.result.fired and update.configuration_name in reported:
             # The first finding of a rule is shown in full; later ones take one line each.
             result = update.result
-            text = f"trainguard rules: {update.configuration_name}: also at step {result.step}: {result.message}"
+            also = "also advises" if result.advice else "also"
+            text = f"trainguard rules: {update.configuration_name}: {also} at step {result.step}: {result.message}"
         else:
             text = format_update(update)
             if update.result is not None and update.result.fired:
