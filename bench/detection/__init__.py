@@ -17,8 +17,9 @@ def all_cases() -> list[Case]:
     from bench.detection.healthy import healthy_cases
 
     from bench.detection.keras_cases import keras_cases
+    from bench.detection.others_cases import others_cases
 
-    cases = healthy_cases() + faulty_cases() + framework_cases() + keras_cases()
+    cases = healthy_cases() + faulty_cases() + framework_cases() + keras_cases() + others_cases()
     try:
         from bench.detection.xgboost_cases import xgboost_cases
     except ImportError:  # not written, or xgboost not installed

@@ -39,6 +39,8 @@ class FrameworkSpec:
     data_fault: str = "none"
     onset: int = 0
     zero_rows: float = 0.0
+    epochs: int = 0  # HF: a many-epoch run of `steps` steps per epoch, an evaluation pass after each epoch
+    eval_batches: int = 8  # batches per evaluation pass (epochs > 0)
 
 
 def _dataset(spec: FrameworkSpec, examples: int) -> list[tuple[Any, Any]]:
@@ -50,9 +52,10 @@ def _dataset(spec: FrameworkSpec, examples: int) -> list[tuple[Any, Any]]:
     return pairs[:examples]
 
 
-def _finish(out_dir: str, spec: FrameworkSpec, losses: list[float]) -> None:
-    metrics = {"spec": spec.__dict__, "losses": losses,
-               "nonfinite": any(not math.isfinite(v) for v in losses)}  # fmt: skip
+def _finish(out_dir: str, spec: FrameworkSpec, losses: list[float], val_losses: list[Any] | None = None,
+            unchanged: list[str] | None = None) -> None:  # fmt: skip
+    metrics = {"spec": spec.__dict__, "losses": losses, "val_losses": val_losses or [],
+               "nonfinite": any(not math.isfinite(v) for v in losses), "unchanged_parameters": unchanged or []}  # fmt: skip
     with open(os.path.join(out_dir, METRICS_FILE), "w", encoding="utf-8") as file:
         json.dump(metrics, file)
 
@@ -68,6 +71,7 @@ def train_hf(out_dir: str, spec: FrameworkSpec) -> str:
     config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=LENGTH, num_labels=spec.classes)  # fmt: skip
     model = BertForSequenceClassification(config)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
     loss_fn = torch.nn.CrossEntropyLoss()
     hook = tg.Hook(out_dir, save_config=tg.SaveConfig(save_interval=spec.save_interval),
                    include_collections=list(COLLECTIONS))  # fmt: skip
@@ -95,18 +99,28 @@ def train_hf(out_dir: str, spec: FrameworkSpec) -> str:
                 losses.append(float(loss.detach()))
             return (loss, outputs) if return_outputs else loss
 
+    if spec.epochs:  # Trainer's own epoch loop with an evaluation pass after every epoch
+        schedule: dict[str, Any] = {"num_train_epochs": spec.epochs, "eval_strategy": "epoch",
+                                    "per_device_eval_batch_size": spec.batch}  # fmt: skip
+        total = spec.steps * spec.epochs
+        evaluation = Examples(_dataset(FrameworkSpec(**{**spec.__dict__, "seed": spec.seed + 100}),
+                                       spec.eval_batches * spec.batch))  # fmt: skip
+    else:
+        schedule, total, evaluation = {"max_steps": spec.steps}, spec.steps, None
     arguments = TrainingArguments(
-        output_dir=os.path.join(out_dir, "hf"), max_steps=spec.steps, per_device_train_batch_size=spec.batch,
-        learning_rate=spec.lr, warmup_steps=spec.steps // 10, logging_strategy="no", save_strategy="no",
-        report_to=[], use_cpu=True, seed=spec.seed, dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=os.path.join(out_dir, "hf"), per_device_train_batch_size=spec.batch,
+        learning_rate=spec.lr, warmup_steps=total // 10, logging_strategy="no", save_strategy="no",
+        report_to=[], use_cpu=True, seed=spec.seed, dataloader_num_workers=0, disable_tqdm=True, **schedule,
     )  # fmt: skip
     examples = Examples(_dataset(spec, spec.steps * spec.batch))
-    trainer = HookedTrainer(model=model, args=arguments, train_dataset=examples)
+    trainer = HookedTrainer(model=model, args=arguments, train_dataset=examples, eval_dataset=evaluation)
     try:
         trainer.train()
     finally:
         hook.close()
-    _finish(out_dir, spec, losses)
+    val_losses = [(h.get("step", 0), h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h]
+    unchanged = [name for name, p in model.named_parameters() if torch.equal(before[name], p.detach())]
+    _finish(out_dir, spec, losses, val_losses, unchanged)
     return out_dir
 
 
@@ -185,6 +199,24 @@ def framework_cases() -> list[Case]:
             Case("fault-hf-trainer-lr-100", "frameworks", FAULTY, train_hf, F(lr=100.0),
                  ("ExplodingTensor", "WeightUpdateRatio", "LossNotDecreasing"), 0, "no_learning",
                  "HF Trainer at learning rate 100"),  # fmt: skip
+        ]
+        # many epochs, an evaluation pass of 8 batches after each, saved every 10 steps (the
+        # default interval): the saved EVAL steps fall at another batch of each pass
+        many = {"steps": 16, "save_interval": 10}
+        lr_high = ("ExplodingTensor", "WeightUpdateRatio", "LossNotDecreasing")
+        cases += [
+            Case("healthy-hf-trainer-5-epochs-eval", "hf_epochs", HEALTHY, train_hf, F(epochs=5, **many), (), 0,
+                 "learns", "HF Trainer, 5 epochs, evaluation every epoch"),  # fmt: skip
+            Case("healthy-hf-trainer-8-epochs-eval", "hf_epochs", HEALTHY, train_hf, F(epochs=8, seed=1, **many),
+                 (), 0, "learns", "HF Trainer, 8 epochs, evaluation every epoch"),  # fmt: skip
+            Case("fault-hf-trainer-5-epochs-lr-100", "hf_epochs", FAULTY, train_hf, F(epochs=5, lr=100.0, **many),
+                 lr_high, 0, "no_learning", "HF Trainer, 5 epochs with evaluation, learning rate 100"),  # fmt: skip
+            Case("fault-hf-trainer-8-epochs-lr-100", "hf_epochs", FAULTY, train_hf,
+                 F(epochs=8, lr=100.0, seed=1, **many), lr_high, 0, "no_learning",
+                 "HF Trainer, 8 epochs with evaluation, learning rate 100"),  # fmt: skip
+            Case("fault-hf-trainer-5-epochs-lr-0", "hf_epochs", FAULTY, train_hf, F(epochs=5, lr=0.0, **many),
+                 ("UnchangedTensor", "WeightUpdateRatio", "LossNotDecreasing"), 0, "frozen",
+                 "HF Trainer, 5 epochs with evaluation, learning rate 0"),  # fmt: skip
         ]
     if _importable("lightning"):
         cases += [

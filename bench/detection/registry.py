@@ -64,6 +64,8 @@ def verify(case: Case, metrics: dict[str, Any]) -> tuple[bool, str]:
     if unchanged:
         seen += f", {len(unchanged)}/{metrics.get('parameters')} parameters unchanged"
     symptom = case.symptom
+    if symptom in ("progress", "no_progress"):  # RL returns, GAN samples: see _progress
+        return _progress(symptom, metrics, seen)
     if symptom == "learns":
         return (not metrics.get("nonfinite") and (tail < 0.8 * head or tail < 0.02)), seen
     if symptom == "stable":  # fine-tuning from a trained model: the loss must not rise
@@ -91,6 +93,27 @@ def verify(case: Case, metrics: dict[str, Any]) -> tuple[bool, str]:
     if symptom == "by_construction":  # a property of the data itself (scale, padding, imbalance)
         return True, seen + " (fault is in the data by construction)"
     raise ValueError(f"unknown symptom {symptom!r}")
+
+
+def _progress(symptom: str, metrics: dict[str, Any], seen: str) -> tuple[bool, str]:
+    """Runs whose loss is not what improves when they learn (an agent's return-weighted
+    log-probabilities, a GAN's two players) record ``progress``: values that rise as the run
+    learns (episode returns; how much of the gap between samples and data has closed) and the
+    ``progress_goal`` the program states for "learned" (a random policy, an untrained generator
+    stay far below it). "progress": the last eighth's mean reaches the goal, its first eighth's
+    does not; "no_progress": the last eighth's mean stays below the goal, or values went
+    non-finite."""
+    values = [float(value) for value in metrics.get("progress") or []]
+    goal = metrics.get("progress_goal")
+    if not values or goal is None:
+        return False, seen + ", no progress recorded"
+    count = max(1, len(values) // 8)
+    head, tail = statistics.fmean(values[:count]), statistics.fmean(values[-count:])
+    seen += f", {metrics.get('progress_text') or 'progress'} {head:.3g} -> {tail:.3g} (goal {goal:g})"
+    finite = math.isfinite(tail) and not metrics.get("nonfinite")
+    if symptom == "progress":
+        return finite and tail >= goal > head, seen
+    return (not finite or tail < goal), seen
 
 
 def _chance_loss(metrics: dict[str, Any]) -> float | None:

@@ -8,6 +8,7 @@ re-run on every scoring (they change; the captured runs do not).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -72,8 +73,33 @@ class Verdict:
     error: str = ""
 
 
+# What decides a capture besides the case's own spec: the hook code and the collection/save
+# configuration. A change there (a new collection, a sentinel, another save schedule) must
+# re-capture, or the rules would be judged on what an older hook wrote.
+CAPTURE_SOURCES = ("hooks", "config", "pytorch.py", "keras.py", "xgboost.py", "modes.py")
+
+
+@functools.lru_cache(maxsize=1)
+def capture_source_hash() -> str:
+    """A hash of the trainguard sources that decide what a run captures (see ``CAPTURE_SOURCES``)."""
+    import trainguard
+
+    root = Path(trainguard.__file__).parent
+    digest = hashlib.sha1()
+    for name in CAPTURE_SOURCES:
+        path = root / name
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.exists() else []
+        for file in files:
+            digest.update(file.relative_to(root).as_posix().encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:10]
+
+
 def spec_key(case: Case) -> str:
-    text = json.dumps({"builder": case.builder.__qualname__, "spec": asdict(case.spec)}, sort_keys=True)
+    text = json.dumps(
+        {"builder": case.builder.__qualname__, "spec": asdict(case.spec), "capture": capture_source_hash()},
+        sort_keys=True,
+    )
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
