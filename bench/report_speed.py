@@ -5,8 +5,8 @@
 Trains a small MLP for ``--steps`` TRAIN steps (plus EVAL steps every 100) with the hook saving
 weights, biases, gradients, losses and ReLU outputs at every step, then times, in one process:
 
-* report: ``gather_report`` + ``render_html`` (batched reads per step, curves subsampled to 200
-  steps, histograms at 3 steps);
+* report: ``build_page`` (the dashboard's reader: every saved step read once, one batched read
+  per step, curves downsampled to min/max buckets, weight histograms at 3 steps);
 * naive: ``trial.tensor(name).value(step)`` for every tensor at every saved step (what a
   notebook plotting the same curves without batching or subsampling does).
 """
@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 import trainguard.pytorch as tg
-from trainguard.report import gather_report, render_html
+from trainguard.report import build_page
 from trainguard.trial import create_trial
 
 
@@ -78,11 +78,10 @@ def main() -> None:
         print(f"run: {len(create_trial(run).steps())} saved steps, {size / 2**20:.1f} MiB")
 
         started = time.perf_counter()
-        data = gather_report(run)
-        page = render_html(data)
+        page = build_page(str(run))
         report_s = time.perf_counter() - started
-        (folder / "report.html").write_text(page)
-        print(f"report: {report_s:.2f} s (gather {data.read_seconds:.2f} s), {len(page) / 1024:.0f} KiB of HTML")
+        (folder / "report.html").write_text(page.html)
+        print(f"report: {report_s:.2f} s (read {page.read_seconds:.2f} s), {len(page.html) / 1024:.0f} KiB of HTML")
 
         started = time.perf_counter()
         values = naive_read(run)

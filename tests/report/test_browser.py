@@ -1,5 +1,5 @@
-"""The report as a browser shows it: headless Chromium renders every plot, shows the findings and
-fetches nothing. A screenshot is kept in test-artifacts/report/ for people to look at.
+"""The report as a browser shows it: headless Chromium draws every chart (uPlot, inlined), shows
+the findings and fetches nothing. A screenshot is kept in test-artifacts/report/ for people to look at.
 
 Needs the Debian packages ``chromium`` and ``chromium-driver`` (CI installs them); skipped, with
 that reason, where they are not installed.
@@ -7,6 +7,8 @@ that reason, where they are not installed.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from pathlib import Path
 
@@ -15,7 +17,8 @@ import pytest
 from tests.report._browser import WebDriver, find_chromium, screenshot
 from tests.report._fixtures import OVERFIT_HINT, VANISHING_HINT
 from trainguard.cli import main
-from trainguard.report import gather_report
+from trainguard.modes import ModeKeys
+from trainguard.trial import create_trial
 
 BROWSER, DRIVER = find_chromium()
 pytestmark = pytest.mark.skipif(
@@ -24,19 +27,22 @@ pytestmark = pytest.mark.skipif(
 )
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "report"
 
-# For every chart: its box on screen, and per drawn series the number of points in its path.
+# For every chart: its box on screen, its canvas, the points the page drew and its legend's labels.
 _CHARTS_SCRIPT = """
-return Array.from(document.querySelectorAll('svg.chart')).map(svg => {
-    const box = svg.getBoundingClientRect();
-    const paths = Array.from(svg.querySelectorAll('path.series')).map(path => ({
-        label: path.dataset.label,
-        points: path.getAttribute('d').split('L').length,
-        length: path.getTotalLength(),
-        width: path.getBBox().width,
-    }));
-    return {id: svg.id, width: box.width, height: box.height, paths: paths};
+return Array.from(document.querySelectorAll('.chart')).map(card => {
+    const box = card.getBoundingClientRect();
+    const canvas = card.querySelector('canvas');
+    const labels = Array.from(card.querySelectorAll('.u-legend .u-series .u-label')).map(n => n.textContent);
+    return {id: card.id, width: box.width, height: box.height, canvas: canvas ? canvas.width : 0,
+            points: Number(card.dataset.points), nonfinite: Number(card.dataset.nonfinite), labels: labels.slice(1)};
 });
 """
+
+
+def _documents(page: Path) -> dict:
+    """The JSON the report inlines: the same documents the live dashboard serves."""
+    text = page.read_text(encoding="utf-8")
+    return json.loads(text.split('<script type="application/json" id="tg-data">', 1)[1].split("</script>", 1)[0])
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +54,15 @@ def rendered(full_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
         driver.open("about:blank")
         driver.requested_urls()  # drop what the browser's start page loaded
         driver.open(output.as_uri())
-        time.sleep(0.5)  # anything the page would fetch late (fonts, icons) is requested by now
+        time.sleep(1.0)  # the charts are drawn, and anything the page would fetch late is requested by now
         found = {
             "charts": driver.run_script(_CHARTS_SCRIPT),
             "text": driver.run_script("return document.body.innerText;"),
-            "finding_rows": driver.run_script(
-                "return Array.from(document.querySelectorAll('table.findings tbody tr')).map(r => "
+            "error": driver.run_script(
+                "const e = document.getElementById('error'); return e.hidden ? '' : e.textContent;"
+            ),
+            "rule_rows": driver.run_script(
+                "return Array.from(document.querySelectorAll('#rules-table tbody tr')).map(r => "
                 "Array.from(r.cells).map(c => c.innerText));"
             ),
             "csp": driver.run_script(
@@ -63,57 +72,57 @@ def rendered(full_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
             "urls": driver.requested_urls(),
         }
     found["output"] = output
-    found["data"] = gather_report(full_run)
+    found["documents"] = _documents(output)
+    found["trial"] = create_trial(str(full_run))
     return found
 
 
-def test_every_expected_chart_is_drawn_with_its_points(rendered: dict) -> None:
-    data = rendered["data"]
-    expected = (
-        data.tensors.scalar_charts + data.tensors.weight_norm_charts + data.tensors.bias_norm_charts
-        + data.tensors.gradient_norm_charts + data.tensors.histogram_charts + data.tensors.activation_charts
-        + data.profiler.system_charts + data.profiler.step_charts
-    )  # fmt: skip
-    assert len(expected) >= 15
+def test_every_chart_is_drawn_with_its_points(rendered: dict) -> None:
+    assert rendered["error"] == ""
+    documents = rendered["documents"]
+    series = next(value for key, value in documents.items() if key.endswith("/series"))
+    detail = next(value for key, value in documents.items() if key.startswith("api/runs/") and key.count("/") == 2)
+    expected = series["charts"] + detail["profiler"]["charts"]
+    assert len(expected) >= 10
     shown = {chart["id"]: chart for chart in rendered["charts"]}
-    assert sorted(shown) == sorted(chart.chart_id for chart in expected)
+    assert {chart["id"] for chart in expected} <= set(shown)
     for chart in expected:
-        on_screen = shown[chart.chart_id]
-        assert on_screen["width"] > 300 and on_screen["height"] > 100, chart.title
-        assert [path["label"] for path in on_screen["paths"]] == [series.label for series in chart.series], chart.title
-        for path, series in zip(on_screen["paths"], chart.series, strict=True):
-            # a histogram outline has 2 points per bin plus the two ends on the axis
-            want = 2 * len(series.y) + 2 if chart.kind == "histogram" else len(series.finite_points())
-            assert path["points"] == want, (chart.title, series.label)
-            if want > 1:
-                assert path["length"] > 50 and path["width"] > 10, (chart.title, series.label)
-    loss = shown["chart-crossentropyloss-output-0"]
-    assert {path["label"]: path["points"] for path in loss["paths"]} == {"EVAL": 6, "TRAIN": 15}
-    assert shown["chart-cpu-utilization"]["paths"][0]["points"] == 150
-    assert shown["chart-step-duration"]["paths"][0]["points"] >= 12
+        on_screen = shown[chart["id"]]
+        assert on_screen["width"] > 300 and on_screen["height"] > 150 and on_screen["canvas"] > 300, chart["title"]
+        finite = sum(sum(y is not None for y in line["y"]) for line in chart["series"])
+        assert on_screen["points"] == finite, chart["title"]
+        # legends carry whole names, every series
+        assert on_screen["labels"][: len(chart["series"])] == [line["label"] for line in chart["series"]]
+    loss = next(chart for chart in series["charts"] if chart["id"] == "chart-losses")
+    loss_tensor = rendered["trial"].tensor("CrossEntropyLoss_output_0")
+    assert {line["label"]: len(line["x"]) for line in loss["series"]} == {
+        f"CrossEntropyLoss_output_0 · {mode.name}": len(loss_tensor.steps(mode=mode))
+        for mode in (ModeKeys.EVAL, ModeKeys.TRAIN)
+    }
+    assert shown["chart-cpu-utilization"]["points"] == 150
+    assert shown["chart-step-duration"]["points"] >= 12
+    assert shown["chart-histogram"]["canvas"] > 300  # the weight histogram at the slider's step
 
 
 def test_findings_with_status_step_and_fix_hint_are_shown(rendered: dict) -> None:
-    rows = rendered["finding_rows"]
-    assert [(row[0], row[1], row[2]) for row in rows] == [
-        ("Overfit", "IssuesFound", "30"),
-        ("VanishingGradient", "IssuesFound", "4"),
-        ("VanishingGradient", "IssuesFound", "12"),
-    ]
-    # columns: rule, status, step, worker, what was found, how to fix
-    assert rows[0][5] == OVERFIT_HINT and rows[1][5] == VANISHING_HINT
     text = rendered["text"]
-    for expected in ("NoIssuesFound", "Error", "InsufficientInformation", "relu_output", "Steps per mode", "TRAIN: 15"):
-        assert expected in text
+    lower = text.lower()  # innerText follows the CSS (upper-case labels)
+    assert "primary finding" in lower and "vanishinggradient at step 4" in lower and VANISHING_HINT in text
+    assert "overfit at step 30" in lower and OVERFIT_HINT in text
+    rows = {row[0].split("\n")[0]: row for row in rendered["rule_rows"]}
+    assert rows["VanishingGradient"][1] == "IssuesFound" and rows["VanishingGradient"][2] == "2 from step 4"
+    assert rows["Overfit-eval"][1] == "IssuesFound" and rows["LossNotDecreasing"][1] == "NoIssuesFound"
+    assert rows["DeadRelu"][1] == "not evaluated" and "InsufficientInformation" in rows["DeadRelu"][4]
 
 
 def test_the_page_requests_nothing_but_itself(rendered: dict) -> None:
     urls = rendered["urls"]
     assert rendered["output"].as_uri() in urls  # the log works: it saw the page itself
     assert [url for url in urls if not url.startswith(("file://", "data:", "about:"))] == []
-    assert "default-src 'none'" in rendered["csp"]
+    csp = rendered["csp"]
+    assert "default-src 'none'" in csp and "unsafe-inline" not in csp and "script-src 'sha256-" in csp
     page = rendered["output"].read_text()
-    assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert not re.search(r"""(src|href)=["']?https?:""", page)
 
 
 def test_screenshot_shows_the_report(rendered: dict) -> None:
@@ -136,10 +145,9 @@ def test_a_run_without_rules_or_profiler_says_so_in_the_page(plain_run: Path, tm
         sections = driver.run_script(
             "return Object.fromEntries(Array.from(document.querySelectorAll('section')).map(s => [s.id, s.innerText]));"
         )
-        svg_ids = driver.run_script("return Array.from(document.querySelectorAll('svg.chart')).map(s => s.id);")
-    assert "No rule results" in sections["findings"]
-    assert "No system metrics to plot." in sections["system"]
-    assert "No step timings to plot." in sections["steps"]
-    assert "At global steps 0, 20." in sections["histograms"]
-    assert not any(identifier.startswith(("chart-cpu", "chart-step")) for identifier in svg_ids)
-    assert "chart-net-fc1-weight-distribution" in svg_ids
+        hidden = driver.run_script("return document.getElementById('profiler-section').hidden;")
+        steps = driver.run_script("return JSON.parse(document.getElementById('histogram-step').dataset.steps);")
+        tensor = driver.run_script("return document.getElementById('histogram-tensor').value;")
+    assert "No rule results" in sections["diagnosis"]
+    assert hidden  # no profiler data: no profiler section
+    assert tensor == "Net_fc1.weight" and steps == [0, 20]  # the weights first, at the steps asked for

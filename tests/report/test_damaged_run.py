@@ -53,7 +53,9 @@ def test_event_file_cut_mid_record_skips_its_step_with_a_warning(plain_run: Path
 
     page, warnings = _report(run, tmp_path, caplog)
 
-    skipped = [message for message in warnings if message.startswith(f"trainguard: report skips step {step}:")]
+    skipped = [
+        message for message in warnings if message.startswith(f"trainguard: step {step} is left out of the charts:")
+    ]
     assert len(skipped) == 1 and event_key(step, "worker_0") in skipped[0] and "file ends before" in skipped[0]
     assert f"Step {step} is left out of every chart" in page
     # every other step is shown exactly as in the intact run's report
@@ -84,8 +86,9 @@ def test_lost_index_is_named_in_the_report(plain_run: Path, tmp_path: Path, capl
     assert _loss_points(gather_report(run).tensors.scalar_charts) == _points_without(plain_run, step)
 
 
-def test_an_index_stripped_of_its_checksums_is_named_and_its_step_left_out(plain_run: Path, tmp_path: Path,
-                                                                          caplog) -> None:
+def test_an_index_stripped_of_its_checksums_is_named_and_its_step_left_out(
+    plain_run: Path, tmp_path: Path, caplog
+) -> None:
     """The hook's run promises a checksum for every payload: an index without them is damage, and
     the report neither charts its (possibly altered) values nor hides that it left them out."""
     import json
@@ -100,7 +103,7 @@ def test_an_index_stripped_of_its_checksums_is_named_and_its_step_left_out(plain
     page, warnings = _report(run, tmp_path, caplog)
 
     assert sum("have no crc32" in message and index_key(step, "worker_0") in message for message in warnings) == 1
-    assert f"{index_key(step, 'worker_0')}: index entries without the run&#x27;s payload checksum" in page
+    assert f"{index_key(step, 'worker_0')}: index entries without the run's payload checksum" in page
     assert _loss_points(gather_report(run).tensors.scalar_charts) == _points_without(plain_run, step)
 
 

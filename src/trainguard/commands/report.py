@@ -50,10 +50,9 @@ def _report(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"-o {args.output}: cannot write the report ({error.strerror or error}); choose another path"
         ) from None
-    fired = sum(len(outcome.fired) for outcome in data.rule_outcomes)
     print(
-        f"trainguard: wrote {args.output} ({len(data.rule_outcomes)} rule result(s), {fired} finding(s); "
-        f"read in {data.read_seconds:.2f} s)",
+        f"trainguard: wrote {args.output} ({data.rules} rule result(s), {data.findings} finding(s), "
+        f"{data.nonfinite_markers} NaN/inf marker(s); read in {data.read_seconds:.2f} s)",
         file=sys.stderr,
     )
     return 0
@@ -67,5 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--steps", help="global steps for the weight histograms, e.g. 0,50,100 (default first, middle, last)"
     )
     parser.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// runs (MinIO, moto ...)")
-    parser.add_argument("--max-points", type=int, default=200, help="most steps read per norm curve (default 200)")
+    parser.add_argument(
+        "--max-points", type=int, default=600,
+        help="most points drawn per curve (default 600; every saved step is read, min/max per bucket kept)",
+    )  # fmt: skip
     parser.set_defaults(func=_report)

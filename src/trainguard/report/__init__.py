@@ -3,10 +3,11 @@
 >>> from trainguard.report import write_report
 >>> write_report("runs/mnist", "report.html")
 
-Sections: overview, rule findings (``<run>/rule-output/*.json``), losses and metrics per mode,
-weight/bias/gradient norms per layer, weight histograms at chosen steps, activation zero
-fractions, system metrics and step times (``<run>/profiler-output``). A section without data
-says so. The page embeds everything (inline SVG and CSS) and fetches nothing.
+The file is the dashboard's run page (:mod:`trainguard.ui`) with its data and scripts inlined
+(:mod:`trainguard.report.page`): the diagnosis and its fix, the stop, advice, the rules table,
+curves with their NaN/inf markers and every worker, weight histograms at chosen steps, profiler
+charts. It fetches nothing. :func:`gather_report` returns the same run's charts as plain data
+(:class:`ReportData`), for programs.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from typing import Any
 
 from trainguard.errors import MissingCollectionFiles, TrialError
 from trainguard.report.findings import RuleOutcome, read_rule_outputs
-from trainguard.report.html import render_html
+from trainguard.report.page import ReportPage, build_page
 from trainguard.report.profiler_data import ProfilerSections, gather_profiler_sections
 from trainguard.report.tensors import TensorSections, gather_tensor_sections
 from trainguard.storage import is_remote, open_store, sidecar_root
 from trainguard.summary import format_bytes
 
-__all__ = ["ReportData", "gather_report", "render_html", "write_report"]
+__all__ = ["ReportData", "ReportPage", "build_page", "gather_report", "write_report"]
 
 
 @dataclass
@@ -119,12 +120,12 @@ def write_report(
     *,
     steps: Sequence[int] | None = None,
     endpoint_url: str | None = None,
-    max_points: int = 200,
-) -> ReportData:
-    """Gather the run at ``path`` and write its report to ``output`` (a local file)."""
-    data = gather_report(path, steps=steps, endpoint_url=endpoint_url, max_points=max_points)
+    max_points: int = 600,
+) -> ReportPage:
+    """Render the run at ``path`` (see :func:`build_page`) and write it to ``output`` (a local file)."""
+    page = build_page(os.fspath(path), steps=steps, endpoint_url=endpoint_url, max_points=max_points)
     target = Path(output)
     if target.parent != Path(""):
         target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_html(data), encoding="utf-8")
-    return data
+    target.write_text(page.html, encoding="utf-8")
+    return page

@@ -150,8 +150,10 @@ class RunCurves:
                 continue
             try:
                 values = trial.tensor_values(sorted(wanted), step, worker=worker)
-            except FormatError as error:
-                self.skipped.setdefault(step, str(error))
+            except FormatError as error:  # a damaged step costs that step, said once, not the run
+                if step not in self.skipped:
+                    self.skipped[step] = str(error)
+                    logger.warning("trainguard: step %d is left out of the charts: %s", step, error)
                 continue
             except TrainguardError as error:
                 logger.debug("trainguard ui: step %d of %s unreadable: %s", step, worker, error)

@@ -70,10 +70,16 @@ def arrange(results: list[dict[str, Any]]) -> dict[str, Any]:
                 "status": result.get("status"),
                 "status_details": result.get("status_details") or "",
                 "not_evaluated": reason,
+                "missing": [
+                    str(item.get("what") or item.get("collection") or item) if isinstance(item, dict) else str(item)
+                    for item in result.get("missing") or ()
+                ],
                 "last_evaluated_step": result.get("last_evaluated_step"),
                 "findings": len(issues),
                 "advice": len(fired) - len(issues),
                 "first_step": min((int(f.get("step", 0)) for f in issues), default=None),
+                # findings the runner left out of its file to bound its size
+                "dropped": int(result.get("dropped_findings") or 0),
             }
         )
     events = []

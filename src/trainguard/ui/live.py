@@ -117,7 +117,9 @@ class LiveRun:
                 {"step": item.step, "worker": item.worker, "file": item.key, "problem": item.problem}
                 for item in self.trial.damage()
             ]
-            self.capture_stopped = [dict(record) for record in self.trial.capture_stopped()]
+            self.capture_stopped = [
+                {"worker": worker, **record} for worker, record in sorted(self.trial.capture_stopped().items())
+            ]
         else:
             self.ended = store.exists(END_OF_TRAINING)
         if self.rules_from_store:

@@ -15,22 +15,23 @@ from typing import Any
 
 from trainguard.ui.live import LiveRun
 
-__all__ = ["dumps", "run_detail", "run_series", "run_summary"]
+__all__ = ["clean", "dumps", "run_detail", "run_series", "run_summary"]
 
 
-def _clean(value: Any) -> Any:
+def clean(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(key): _clean(item) for key, item in value.items()}
+        return {str(key): clean(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(item) for item in value]
+        return [clean(item) for item in value]
     return value
 
 
 def dumps(document: Any) -> bytes:
     """Strict JSON (no NaN/Infinity tokens, which browsers' JSON.parse refuses)."""
-    return json.dumps(_clean(document), allow_nan=False, separators=(",", ":")).encode()
+    return json.dumps(clean(document), allow_nan=False, separators=(",", ":")).encode()
 
 
 def run_summary(run: LiveRun) -> dict[str, Any]:

@@ -37,7 +37,7 @@
       else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
       else node.setAttribute(key, value === true ? "" : String(value));
     }
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined || child === false) continue;
       node.appendChild(typeof child === "string" || typeof child === "number" ? document.createTextNode(String(child)) : child);
     }
@@ -46,7 +46,7 @@
 
   TG.replace = function (node, ...children) {
     while (node.firstChild) node.removeChild(node.firstChild);
-    for (const child of children.flat()) if (child) node.appendChild(typeof child === "string" ? document.createTextNode(child) : child);
+    for (const child of children.flat(Infinity)) if (child) node.appendChild(typeof child === "string" ? document.createTextNode(child) : child);
     return node;
   };
 

@@ -75,9 +75,11 @@
     const rows = (d.rules_table || []).map((r) => el("tr", { "data-rule": r.configuration_name, "data-status": r.status },
       el("td", {}, r.configuration_name, r.rule !== r.configuration_name ? el("div", { class: "muted" }, r.rule) : null),
       el("td", {}, el("span", { class: "badge rule-" + r.status }, r.not_evaluated ? "not evaluated" : r.status)),
-      el("td", {}, r.findings ? r.findings + " from step " + r.first_step : "–", r.advice ? el("div", { class: "muted" }, r.advice + " advice") : null),
+      el("td", {}, r.findings ? r.findings + " from step " + r.first_step : "–", r.advice ? el("div", { class: "muted" }, r.advice + " advice") : null,
+        r.dropped ? el("div", { class: "muted" }, "+" + r.dropped + " more not kept by the runner") : null),
       el("td", {}, r.last_evaluated_step === null ? "–" : String(r.last_evaluated_step)),
-      el("td", { class: "details" }, r.not_evaluated || r.status_details || "")));
+      el("td", { class: "details" }, r.not_evaluated || r.status_details || "",
+        (r.missing || []).length ? el("div", { class: "muted" }, "missing: " + r.missing.join("; ")) : null)));
     TG.replace(document.querySelector("#rules-table tbody"), rows.length ? rows : [el("tr", {}, el("td", { colspan: 5, class: "muted" }, "no rule results"))]);
   }
 
@@ -92,10 +94,11 @@
       el("span", { class: "muted path" }, d.path),
       d.problem ? el("span", { class: "muted" }, d.problem) : null);
     const damage = d.damaged || [];
-    document.getElementById("damage-section").hidden = damage.length === 0 && !(d.capture_stopped || []).length;
-    TG.replace(document.getElementById("damage"),
+    const notes = d.notes || [];  // the report's sentences; the live page builds its own lines
+    document.getElementById("damage-section").hidden = damage.length === 0 && !(d.capture_stopped || []).length && !notes.length;
+    TG.replace(document.getElementById("damage"), notes.length ? notes.map((n) => el("li", {}, n)) : [
       damage.map((x) => el("li", {}, "step " + x.step + " of " + x.worker + ": " + x.file + ": " + x.problem)),
-      (d.capture_stopped || []).map((x) => el("li", {}, "capture stopped at step " + x.step + ": " + x.reason)));
+      (d.capture_stopped || []).map((x) => el("li", {}, "capture stopped early at step " + x.step + ": " + x.reason))]);
   }
 
   function renderJob(d) {
