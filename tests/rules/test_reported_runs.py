@@ -72,3 +72,24 @@ def test_tiny_hugging_face_trainer_is_not_stopped_and_its_lr_100_variant_is(tmp_
         assert outputs[rule]["status"] == "NoIssuesFound", outputs[rule]
     faulty = _run(tmp_path / "lr100", "hf_tiny_bert.py", "--steps", "300", "--lr", "100")
     _assert_stopped(faulty, tmp_path / "lr100", 300)
+
+
+@pytest.mark.slow
+def test_a_learning_rate_far_too_high_is_stopped_naming_the_learning_rate_not_a_consequence(tmp_path: Path) -> None:
+    # sigmoid MLP, SGD lr=100: the update ratios explode first (not certain yet), the sigmoids then
+    # saturate and their gradients vanish; the certain saturation triggers the stop, but the stop,
+    # its record and the first fix shown are the cause's
+    healthy = _run(tmp_path / "healthy", "sigmoid_mlp.py", "--steps", "300")
+    _assert_silent(healthy, tmp_path / "healthy")
+    faulty = _run(tmp_path / "lr100", "sigmoid_mlp.py", "--steps", "300", "--lr", "100")
+    record = _assert_stopped(faulty, tmp_path / "lr100", 300)
+    assert record["rule"] in ("WeightUpdateRatio", "ExplodingTensor"), record
+    assert "learning rate" in record["fix_hint"] and "ReLU" not in record["fix_hint"], record
+    trigger = record["triggered_by"]
+    assert trigger["certain"] is True and trigger["step"] == record["step"]
+    if trigger["rule"] != record["rule"]:
+        assert f"training was stopped by {record['configuration_name']} at step {record['step']} (the diagnosis; " \
+               f"triggered by {trigger['configuration_name']}'s certain finding)" in faulty.stdout  # fmt: skip
+    diagnosis = next(line for line in faulty.stdout.splitlines() if line.startswith("  diagnosis   : "))
+    fix = next(line for line in faulty.stdout.splitlines() if line.startswith("  fix         : "))
+    assert diagnosis.startswith(f"  diagnosis   : {record['rule']} at step ") and record["fix_hint"] in fix
