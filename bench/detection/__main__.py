@@ -57,7 +57,8 @@ def load_results(path: Path) -> list[CaseResult]:
         verdicts = {}
         for name, verdict in item.pop("verdicts").items():
             findings = {rule: Finding(**finding) for rule, finding in verdict.pop("findings").items()}
-            verdicts[name] = Verdict(findings=findings, **verdict)
+            advice = {rule: Finding(**finding) for rule, finding in verdict.pop("advice", {}).items()}
+            verdicts[name] = Verdict(findings=findings, advice=advice, **verdict)
         item["expected"] = tuple(item["expected"])
         results.append(CaseResult(verdicts=verdicts, **item))
     return results

@@ -56,13 +56,21 @@ class Finding:
     certain: bool = False
     worker: str | None = None
     fix_hint: str = ""
+    advice: bool = False  # a property of the data or the initialisation (trainguard.rules.advice)
+    promoted: bool = False  # advice the diagnosis made a finding (the run shows a learning symptom)
 
 
 @dataclass
 class Verdict:
-    """What one ``rules run`` said about one run."""
+    """What one ``rules run`` said about one run.
+
+    ``findings`` are issues: a rule's first non-advice finding, or its advice once the CLI's
+    diagnosis promoted it (the run shows a learning symptom). ``advice`` holds each rule's first
+    advice finding that stayed advice: it raises no alarm and is counted apart."""
 
     findings: dict[str, Finding] = field(default_factory=dict)  # first finding per rule
+    advice: dict[str, Finding] = field(default_factory=dict)  # first advice per rule, not promoted
+    possible_causes: list[dict[str, Any]] = field(default_factory=list)
     statuses: dict[str, str] = field(default_factory=dict)
     not_evaluated: dict[str, str] = field(default_factory=dict)
     primary: list[dict[str, Any]] = field(default_factory=list)
@@ -133,6 +141,7 @@ def run_rules(run: Path, rules: list[str], output_dir: Path) -> Verdict:
 
 def parse_output(stdout: str, exit_code: int = 0, stderr: str = "") -> Verdict:
     verdict = Verdict(exit_code=exit_code)
+    promoted_rules: set[Any] = set()
     for line in stdout.splitlines():
         line = line.strip()
         if not line.startswith("{"):
@@ -147,6 +156,8 @@ def parse_output(stdout: str, exit_code: int = 0, stderr: str = "") -> Verdict:
             verdict.primary = list(diagnosis.get("primary") or [])
             verdict.consequences = list(diagnosis.get("consequences") or [])
             verdict.other = list(diagnosis.get("other") or [])
+            verdict.possible_causes = list(diagnosis.get("possible_causes") or [])
+            promoted_rules = {item.get("rule") for item in verdict.possible_causes + verdict.other if item.get("promoted")}
             for item in diagnosis.get("not_evaluated") or []:
                 name = item.get("rule", "?") if isinstance(item, dict) else str(item)
                 verdict.not_evaluated.setdefault(name, str(item.get("message", "") if isinstance(item, dict) else ""))
@@ -162,15 +173,23 @@ def parse_output(stdout: str, exit_code: int = 0, stderr: str = "") -> Verdict:
         result = document.get("result") or {}
         if result.get("not_evaluated"):
             verdict.not_evaluated.setdefault(name, str(result["not_evaluated"]))
-        if result.get("fired") and name not in verdict.findings:
-            verdict.findings[name] = Finding(
+        advice = bool(result.get("advice"))
+        kept = verdict.advice if advice else verdict.findings
+        if result.get("fired") and name not in kept:
+            kept[name] = Finding(
                 rule=document.get("rule") or name,
                 step=int(result.get("step", document.get("step", 0)) or 0),
                 message=str(result.get("message", "")),
                 certain=bool(result.get("certain")),
                 worker=result.get("worker"),
                 fix_hint=str(result.get("fix_hint") or ""),
+                advice=advice,
             )
+    for name in [name for name in verdict.advice if name in promoted_rules]:  # advice made a finding
+        finding = verdict.advice.pop(name)
+        finding.promoted = True
+        if name not in verdict.findings or verdict.findings[name].step > finding.step:
+            verdict.findings[name] = finding
     if not verdict.statuses and not verdict.diagnosis_from_cli:
         verdict.error = (stderr or stdout).strip()[-600:] or f"no output (exit {exit_code})"
     if not verdict.diagnosis_from_cli:

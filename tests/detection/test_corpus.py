@@ -141,3 +141,87 @@ def test_faulty_run_gets_an_expected_primary_finding(cache, name):
         f"{name}: primary {primary}, expected one of {case.expected}; all findings: "
         f"{ {rule: f.step for rule, f in verdict.findings.items()} }"
     )
+
+
+def test_others_families_have_a_healthy_run_and_both_learning_rate_twins():
+    from bench.detection.others_cases import others_cases
+
+    cases = others_cases()
+    families: dict[str, list] = {}
+    for case in cases:
+        families.setdefault(case.family, []).append(case)
+    assert len(families) >= 14
+    for family, members in families.items():
+        healthy = [case for case in members if case.healthy]
+        assert len(healthy) == 1, family
+        base = healthy[0].spec
+        twins = {case.spec.lr for case in members if not case.healthy and case.spec.variant == base.variant}
+        assert {base.lr * 1e4, 0.0} <= twins, (family, twins)
+        for case in members:
+            if not case.healthy and case.spec.lr == 0.0:
+                assert case.symptom == "frozen" and "WeightUpdateRatio" in case.expected
+    held_out = sum(case.split == "holdout" for case in cases) / len(cases)
+    assert 0.12 <= held_out <= 0.38, held_out
+
+
+def test_hf_trainer_epoch_cases_evaluate_every_epoch():
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    names = {case.name: case for case in all_cases() if case.family == "hf_epochs"}
+    assert {"healthy-hf-trainer-5-epochs-eval", "healthy-hf-trainer-8-epochs-eval"} <= set(names)
+    assert all(case.spec.epochs in (5, 8) for case in names.values())
+
+
+def test_verify_progress_reads_the_programs_own_goal():
+    healthy = cases_by_name()["healthy-reinforce"]
+    fault = cases_by_name()["fault-reinforce-lr-x1e4"]
+    learned = {"losses": [0.1] * 16, "progress": [-1.0] * 8 + [1.0] * 8, "progress_goal": 0.5}
+    stuck = {"losses": [0.1] * 16, "progress": [-1.0, 0.2] * 8, "progress_goal": 0.5}
+    assert verify(healthy, learned)[0] and not verify(healthy, stuck)[0]
+    assert verify(fault, stuck)[0] and not verify(fault, learned)[0]
+    assert verify(fault, {**learned, "nonfinite": True})[0]  # non-finite values: the fault showed
+    assert not verify(healthy, {"losses": [0.1]})[0]  # no progress recorded: the label is not confirmed
+
+
+def test_parse_output_counts_advice_apart_unless_the_diagnosis_promotes_it():
+    lines = [
+        {"configuration_name": "NotNormalizedData", "rule": "NotNormalizedData", "status": "NoIssuesFound",
+         "result": {"step": 0, "fired": True, "message": "mean 127", "certain": False, "advice": True}},
+        {"configuration_name": "CheckInputImages", "rule": "CheckInputImages", "status": "NoIssuesFound",
+         "result": {"step": 2, "fired": True, "message": "mean 0.3", "certain": False, "advice": True}},
+        {"configuration_name": "LossNotDecreasing", "rule": "LossNotDecreasing", "status": "IssuesFound",
+         "result": {"step": 30, "fired": True, "message": "flat", "certain": True}},
+    ]  # fmt: skip
+    text = "\n".join(json.dumps(line) for line in lines)
+    quiet = parse_output(text + "\n" + json.dumps({"diagnosis": {"primary": [], "advice": [{"rule": "CheckInputImages"}]}}))
+    assert set(quiet.advice) == {"NotNormalizedData", "CheckInputImages"}
+    assert set(quiet.findings) == {"LossNotDecreasing"}
+    promoted = {"diagnosis": {"primary": [{"rule": "LossNotDecreasing", "step": 30}], "consequences": [],
+                              "other": [], "possible_causes": [{"rule": "NotNormalizedData", "promoted": True}]}}  # fmt: skip
+    verdict = parse_output(text + "\n" + json.dumps(promoted))
+    assert set(verdict.findings) == {"LossNotDecreasing", "NotNormalizedData"} and verdict.findings["NotNormalizedData"].promoted
+    assert set(verdict.advice) == {"CheckInputImages"}
+    fallback = parse_output(text)  # no CLI diagnosis: advice is never the primary
+    assert [p["rule"] for p in fallback.primary] == ["LossNotDecreasing"]
+
+
+def test_summary_counts_healthy_advice_apart_and_advice_as_the_right_answer_only_without_a_primary():
+    from bench.detection.report import summarise
+    from bench.detection.score import CaseResult, Finding, Verdict
+
+    def result(name, label, expected, verdict):  # type: ignore[no-untyped-def]
+        return CaseResult(name, "f", label, "calibration", expected, 0, 1, "", True, "", 0.0, 0.0, {"all": verdict})
+
+    advice = {"CheckInputImages": Finding("CheckInputImages", 3, "mean 127", advice=True)}
+    issue = Finding("LossNotDecreasing", 9, "flat", certain=True)
+    results = [
+        result("healthy-a", "healthy", (), Verdict(advice=dict(advice))),
+        result("fault-advised", "faulty", ("CheckInputImages",), Verdict(advice=dict(advice))),
+        result("fault-primary-elsewhere", "faulty", ("CheckInputImages",),
+               Verdict(findings={"LossNotDecreasing": issue}, advice=dict(advice), primary=[{"rule": "LossNotDecreasing"}])),
+    ]  # fmt: skip
+    summary = summarise(results, "all", "all")
+    assert summary.healthy_flagged == [] and [name for name, _ in summary.healthy_advice] == ["healthy-a"]
+    assert summary.right_by_advice == ["fault-advised"] and summary.right_primary == []
+    assert [name for name, _ in summary.wrong_primary] == ["fault-primary-elsewhere"]
+    assert summary.delays == [3.0]
