@@ -93,3 +93,25 @@ def test_a_learning_rate_far_too_high_is_stopped_naming_the_learning_rate_not_a_
     diagnosis = next(line for line in faulty.stdout.splitlines() if line.startswith("  diagnosis   : "))
     fix = next(line for line in faulty.stdout.splitlines() if line.startswith("  fix         : "))
     assert diagnosis.startswith(f"  diagnosis   : {record['rule']} at step ") and record["fix_hint"] in fix
+
+
+@pytest.mark.slow
+def test_images_in_unit_range_are_advice_on_the_healthy_twin_and_not_the_diagnosis_of_the_faulty_one(
+    tmp_path: Path,
+) -> None:
+    # ToTensor() alone (mean ~0.35): the data rules advise on both twins; the healthy one is no
+    # issue (exit 0, nothing stopped), the lr=1e4 one is stopped naming the learning rate
+    healthy = _run(tmp_path / "healthy", "unit_image_cnn.py")
+    assert healthy.returncode == 0, healthy.stdout[-3000:] + healthy.stderr[-3000:]
+    assert not (tmp_path / "healthy" / "trainguard-stop.json").exists()
+    outputs = _outputs(tmp_path / "healthy")
+    advised = {name for name, doc in outputs.items() if doc["findings"]}
+    assert advised and advised <= {"NotNormalizedData", "CheckInputImages"}, advised
+    assert all(f["advice"] for name in advised for f in outputs[name]["findings"])
+    assert {outputs[name]["status"] for name in advised} == {"NoIssuesFound"}
+    assert outputs[sorted(advised)[0]]["status_details"].startswith("Advice: ")
+    assert "0 found issues" in healthy.stdout and "gave advice" in healthy.stdout
+    assert "  diagnosis   :" not in healthy.stdout and "  advice      : " in healthy.stdout
+    faulty = _run(tmp_path / "lr1e4", "unit_image_cnn.py", "--lr", "1e4")
+    record = _assert_stopped(faulty, tmp_path / "lr1e4", 200)
+    assert record["rule"] not in advised and "learning rate" in record["fix_hint"], record
