@@ -3,6 +3,14 @@
 * ``max_l Var(x_l) / min_l Var(x_l) > threshold`` over the activation inputs x_l (one tensor per
   layer, ≥ 2 layers), or
 * ``min_g (p95(g) − p5(g)) < distribution_range`` over the gradient tensors g, or
+* (trainguard, calibrated semantics) a tanh/sigmoid layer starts saturated: more than
+  ``saturation_share`` (50 %) of its inputs lie where the activation's derivative is below
+  ``saturation_derivative`` (1 %) of its maximum (|x| > 2.99 for tanh, 5.99 for sigmoid) — weights
+  too large for the activation (N(0, 3²) puts 75-90 % there, Xavier 0 %) or inputs far from unit
+  scale; SaturatedActivation's per-node test misses it, since every node of such a layer still
+  crosses the linear region in a few per cent of the samples. Advice (the run may learn, slowly);
+  a learning symptom makes it a candidate cause. A layer that saturates during training (a
+  confident output sigmoid) is not a sign: it must hold at the first evaluated step; or
 * the training loss is stuck: its last ``patience`` saved values differ by less than
   ``loss_tolerance`` (trainguard, 0.1 %) of their mean — what a model whose output does not
   depend on its input (zero/constant init, every unit identical) produces.
@@ -10,7 +18,8 @@
 SageMaker ``rule_to_invoke``: ``PoorWeightInitialization``; parameters
 ``activation_inputs_regex`` (``".*relu_input"``), ``threshold`` (10.0), ``distribution_range``
 (0.001), ``patience`` (5), ``steps`` (10). Tensors: ``relu_input`` collection (the PyTorch hook's
-``nn.ReLU`` inputs) ∪ ``activation_inputs_regex``; ``gradients``; ``losses``.
+``nn.ReLU`` inputs) ∪ ``activation_inputs_regex``; ``tanh_input``/``sigmoid_input``; ``gradients``;
+``losses``.
 
 Calibration (documented defaults fire on healthy PyTorch runs, rules.md "Measured"):
 
@@ -72,6 +81,7 @@ from trainguard.rules.builtin._helpers import (
 )
 from trainguard.rules.builtin._parallel import map_tensors
 from trainguard.rules.builtin._persistence import TensorRule, is_key_bias, zero_input_weight
+from trainguard.rules.builtin.saturated_activation import activation_kind, flat_bound
 from trainguard.rules.params import SAGEMAKER, Param, semantics_param
 
 # calibrated: a gradient's units are identical when its 5-95 % spread is below this share of its
@@ -155,8 +165,8 @@ class PoorWeightInitialization(TensorRule):
     """Signs of a bad initialisation in the first training steps."""
 
     rule_name = "PoorWeightInitialization"
-    collections = ("relu_input", "gradients", "losses")
-    needs = "no ReLU inputs, gradients or losses were saved in the first training steps"
+    collections = ("relu_input", "tanh_input", "sigmoid_input", "gradients", "losses")
+    needs = "no ReLU/tanh/sigmoid inputs, gradients or losses were saved in the first training steps"
     stop_policy = (
         "stops training when zero variance or identical units (infinite variance ratio, zero gradient "
         "spread) are confirmed at confirm_steps consecutive steps; other findings and SageMaker semantics "
@@ -196,6 +206,20 @@ class PoorWeightInitialization(TensorRule):
     )
     loss_tolerance = Param(float, 1e-3, "relative spread below which the loss counts as stuck (trainguard)")
     min_gradient_size = Param(int, 16, "gradients with fewer elements are not judged (trainguard)")
+    saturation_derivative = Param(
+        float,
+        0.01,
+        "calibrated: a tanh/sigmoid input is in the flat region where the derivative is below this share of its "
+        "maximum (trainguard)",
+        check=lambda value: None if 0 < value < 1 else "must be between 0 and 1",
+    )
+    saturation_share = Param(
+        float,
+        0.5,
+        "calibrated: fire when more than this share of a tanh/sigmoid layer's inputs is in the flat region at "
+        "initialisation (trainguard)",
+        check=lambda value: None if 0 < value < 1 else "must be between 0 and 1",
+    )
     semantics = semantics_param()
     confirm_steps = Param(
         int,
@@ -225,28 +249,31 @@ class PoorWeightInitialization(TensorRule):
         if trial.mode_step(step) > self.steps and not (calibrated and 0 < self._streak < needed):
             return None
         activations = select(self, step, collections=["relu_input"], regex=self.activation_inputs_regex)
+        squashing = select(self, step, collections=["tanh_input", "sigmoid_input"]) if calibrated else []
         gradients = select(self, step, collections=["gradients"])
         losses = select(self, step, collections=["losses"])
-        if not (activations or gradients or losses):
+        if not (activations or squashing or gradients or losses):
             if trial.training_ended and step == trial.steps()[0]:
                 return self.missing(step, MissingTensor("ReLU inputs, gradients or losses", "relu_input"))
             return None
-        values = read_values(trial, activations + gradients + losses, step)
+        values = read_values(trial, list(dict.fromkeys(activations + squashing + gradients + losses)), step)
         details: dict[str, object] = {}
         # every condition runs every step: the loss history must not skip steps where another fired
         found = [
             self._variance(step, activations, values, details),
             self._gradients(step, gradients, values, details),
+            self._saturation(squashing, values, details),
             self._loss(step, losses, values, details),
         ]
         if calibrated:
             # poor initialisation shows at initialisation: when the first evaluated training step had
-            # no variance or gradient sign, later ones are training's doing (a learning rate that
-            # blows the activations up, ReLUs that die): ExplodingTensor's, DeadRelu's findings
+            # no variance, gradient or saturation sign, later ones are training's doing (a learning rate
+            # that blows the activations up, ReLUs that die, a confident sigmoid output): ExplodingTensor's,
+            # DeadRelu's findings
             if self._initial is None:
-                self._initial = bool(found[0] or found[1])
+                self._initial = bool(found[0] or found[1] or found[2])
             if not self._initial:
-                found = [None, None, found[2]]
+                found = [None, None, None, found[3]]
         problem = next((text for text in found if text), None)
         self._streak = self._streak + 1 if problem else 0
         if problem and self._streak >= needed:
@@ -296,6 +323,33 @@ class PoorWeightInitialization(TensorRule):
             return (
                 f"activation-input variance differs {fmt(ratio)}× across layers ({high}: {fmt(variances[high])}, "
                 f"{low}: {fmt(variances[low])}); threshold {fmt(self.threshold)}"
+            )
+        return None
+
+    def _saturation(self, names: list[str], values: dict, details: dict) -> str | None:
+        """Most of a tanh/sigmoid layer's inputs where the activation is flat: initial weights too
+        large for it (or unscaled inputs). SaturatedActivation's per-node test misses this: with
+        pre-activations of std 10-25, every node still crosses the linear region in some samples."""
+        worst: tuple[float, str, str, float] | None = None
+        for name in names:
+            array = as_float(values.get(name)) if name in values else None
+            if array is None or array.size < 2:
+                continue
+            kind = activation_kind(self.base_trial, name)
+            bound = flat_bound(kind, self.saturation_derivative)
+            with np.errstate(invalid="ignore"):
+                share = float(np.mean(np.abs(array) > bound))  # NaN is not saturation: ExplodingTensor's
+            if worst is None or share > worst[0]:
+                worst = (share, name, kind, bound)
+        if worst is None:
+            return None
+        share, name, kind, bound = worst
+        details.update(saturated_share=share, saturated_tensor=name)
+        if share > self.saturation_share:
+            return (
+                f"{fmt(100 * share)}% of {kind} input {name} lies where {kind} is flat (|x| > {fmt(bound)}: "
+                f"derivative below {fmt(100 * self.saturation_derivative)}% of its maximum) from the start; "
+                f"saturation_share {fmt(100 * self.saturation_share)}%: the initial weights are too large for {kind}"
             )
         return None
 

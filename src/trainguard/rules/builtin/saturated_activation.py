@@ -22,6 +22,9 @@ documented single-step condition.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, StepResult
@@ -36,6 +39,24 @@ from trainguard.rules.builtin._helpers import (
 )
 from trainguard.rules.builtin._persistence import PersistentRule
 from trainguard.rules.params import Param
+
+
+def activation_kind(trial: Any, name: str) -> str:
+    """The activation of a tanh/sigmoid input: "sigmoid" when in ``sigmoid_input`` or so named, else "tanh"."""
+    if "sigmoid" in name.lower():
+        return "sigmoid"
+    if "sigmoid_input" in trial.collections() and trial.collection("sigmoid_input").matches(name):
+        return "sigmoid"
+    return "tanh"
+
+
+def flat_bound(kind: str, derivative: float) -> float:
+    """The |x| beyond which the activation's derivative is below ``derivative`` times its maximum:
+    tanh' = 1 - tanh² (maximum 1), sigmoid' = σ(1 - σ) (maximum 1/4); since tanh(x) = 2σ(2x) - 1,
+    sigmoid's bound is twice tanh's. 0.01 gives 2.99 for tanh, 5.99 for sigmoid."""
+    root = math.sqrt(1.0 - derivative)
+    tanh_bound = math.atanh(root)
+    return 2.0 * tanh_bound if kind == "sigmoid" else tanh_bound
 
 
 def _percent(value: float) -> str | None:
@@ -98,11 +119,7 @@ class SaturatedActivation(PersistentRule):
         return 100.0 * float(np.mean(activity < self.threshold_inactivity))
 
     def _bounds(self, name: str) -> tuple[str, float, float]:
-        trial = self.base_trial
-        is_sigmoid = "sigmoid" in name.lower() or (
-            "sigmoid_input" in trial.collections() and trial.collection("sigmoid_input").matches(name)
-        )
-        if is_sigmoid:
+        if activation_kind(self.base_trial, name) == "sigmoid":
             return "sigmoid", self.threshold_sigmoid_min, self.threshold_sigmoid_max
         return "tanh", self.threshold_tanh_min, self.threshold_tanh_max
 
