@@ -28,6 +28,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from trainguard.hooks.base import BaseHook
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.quiet_run import CountsQuietSteps, EndsQuietRuns, QuietRun, UnsavedSteps
+from trainguard.hooks.sentinel import StepSentinel
 from trainguard.hooks.torch_activations import (
     _ACTIVATION_KINDS,
     ActivationCapture,
@@ -130,6 +131,8 @@ class TorchHook(
         # object for the hook's life: call shims hold it (quiet_run.py).
         self._quiet = QuietRun()
         super().__init__(*args, **kwargs)
+        # one gradient of every optimizer step, saved or not: a non-finite one gets its step saved (sentinel.py)
+        self._sentinel = StepSentinel(self, self._quiet)
         self._init_root_driving()  # first: what follows imports Dynamo (torch_root_call.shims_safe)
         self._handles: list[Any] = []
         self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
@@ -327,6 +330,7 @@ class TorchHook(
             self._unwatch()
             self._detach_module_hooks()
             self._detach_step_hooks()
+            self._sentinel.close()
         except Exception:  # noqa: BLE001 - already disabled: nothing may reach training
             logger.debug("trainguard: could not remove every hook after capture was disabled", exc_info=True)
 
@@ -412,6 +416,7 @@ class TorchHook(
                     steps = self.unsaved_steps_ahead(ModeKeys.TRAIN, self.mode_steps[ModeKeys.TRAIN])
                     self._quiet.begin(steps, self.include_collections)
                     if steps:
+                        self._sentinel.run_begins(self.step, self.mode_steps[ModeKeys.TRAIN], steps)
                         self._signal_ends_through_optimizer()
             if self._step_handles:
                 self._detach_step_hooks()
@@ -421,6 +426,7 @@ class TorchHook(
         self._quiet.pending = False
         super().end_step()
         self._step_snapshots.clear()
+        self._sentinel.step_ended()
 
     def _on_step_end(self) -> None:
         if self._optimizer_driven:
@@ -544,6 +550,7 @@ class TorchHook(
             self.saving_this_step = True
             self._quiet.end()  # this step ends on the general path, which writes it
             self._due = frozenset()
+            self._sentinel.step_ended(before=self.step)  # earlier unsaved steps are written first
             writer.begin_step(self.step, self.mode, self.mode_steps[self.mode])
         self.write_tensor(name, array, nbytes=array.nbytes)
 
@@ -558,5 +565,6 @@ class TorchHook(
         self._root_hooks.clear()
         self._wrapper_shims.clear()
         super().close()
+        self._sentinel.close()
         self._detach_step_hooks()
         self._detach_module_hooks()

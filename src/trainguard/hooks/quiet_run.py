@@ -58,12 +58,17 @@ class QuietRun:
     caches, about 0.4 % of the bench MLP's step in one process (bench/RESULTS.md, "Steps
     counted when read"). The steps the run has begun since they were last counted are
     ``counted_from - left``; :meth:`take` hands them over (TorchHook's ``step`` and
-    ``mode_steps`` take them whenever they are read)."""
+    ``mode_steps`` take them whenever they are read).
 
-    __slots__ = ("left", "pending", "collections", "count", "counted_from", "_counting")
+    ``removed``: the steps the run lost to :meth:`shorten` since it began, so that the step a
+    count of ``left`` stands for stays known: the run's ``steps - removed - left``-th step (0: the
+    step that began it), which the step sentinel reads (sentinel.py)."""
+
+    __slots__ = ("left", "pending", "collections", "count", "counted_from", "removed", "_counting")
 
     def __init__(self) -> None:
         self.left = 0
+        self.removed = 0
         self.pending = False
         self.collections: Sized = ()
         self.count = 0
@@ -76,6 +81,7 @@ class QuietRun:
         with self._counting:
             self.counted_from += steps - self.left  # steps begun and not yet taken stay to be taken
             self.left = steps
+            self.removed = 0
         self.collections = collections
         self.count = len(collections)
 
@@ -91,6 +97,7 @@ class QuietRun:
             left = self.left
             if left > steps:
                 self.counted_from -= left - steps
+                self.removed += left - steps
                 self.left = steps
 
     def take(self) -> int:

@@ -21,6 +21,7 @@ import functools
 import gc
 import itertools
 import logging
+import operator
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.quiet_run import QuietRun
+from trainguard.hooks.sentinel import StepSentinel
 from trainguard.modes import ModeKeys
 
 __all__ = ["OptimizerSteps"]
@@ -78,6 +80,7 @@ class OptimizerSteps:
     _optimizer_probed: bool
     _presumed_forwards: int | None
     _quiet: QuietRun  # the run of unsaved steps and the step-end signal (quiet_run.py)
+    _sentinel: StepSentinel  # sees one gradient per unsaved optimizer step (sentinel.py)
     _optimizer_parameters: dict[int, frozenset[int]]  # id(optimizer) -> ids of its parameters
     _independent_optimizers: int
     _created_optimizers: weakref.WeakSet[Any]  # optimizers seen being created, where that is watched
@@ -180,7 +183,13 @@ class OptimizerSteps:
             and self._presumed_forwards is None
             and id(optimizer) in self._optimizer_parameters
         ):
-            self._quiet.pending = True
+            quiet = self._quiet
+            quiet.pending = True
+            sentinel = self._sentinel
+            if sentinel.armed:  # what the C callables below append, written out (no call)
+                watched = sentinel.watched.get(id(optimizer))
+                if watched is not None:
+                    sentinel.entries.append((watched[0].grad, quiet.left, quiet.removed, watched[1]))
             return
         self._after_optimizer_step_general(optimizer, args, kwargs)
 
@@ -234,7 +243,21 @@ class OptimizerSteps:
         # forward went unseen (compiled code calling the model past its call shim): then the
         # post-hook comes back and is told of that step, and sees what it would have seen.
         quiet = self._quiet
-        ends = map(functools.partial(setattr, quiet, "pending"), itertools.repeat(True, quiet.left + 1))
+        flags: Iterator[bool] = itertools.repeat(True, quiet.left + 1)
+        watched = self._sentinel.watched.get(id(optimizer)) if self._sentinel.armed else None
+        if watched is not None:
+            # ...and each call appends (the watched .grad, left, removed, its name) to the
+            # sentinel's entries first, as the post-hook's usual path does (sentinel.py)
+            parameter, name = watched
+            entry = zip(
+                map(operator.attrgetter("grad"), itertools.repeat(parameter)),
+                map(operator.attrgetter("left"), itertools.repeat(quiet)),
+                map(operator.attrgetter("removed"), itertools.repeat(quiet)),
+                itertools.repeat(name),
+            )
+            appended = map(self._sentinel.entries.append, entry)
+            flags = itertools.islice(map(operator.is_, appended, itertools.repeat(None)), quiet.left + 1)
+        ends = map(functools.partial(setattr, quiet, "pending"), flags)
         self._end_signal = functools.partial(next, itertools.chain(ends, self._signals_overrun()))
         optimizer._optimizer_step_code = self._end_signal
         del hooks[self._post_handle.id]
@@ -284,6 +307,9 @@ class OptimizerSteps:
             self._independent_optimizers += 1
             self._collections_dirty = True  # rewritten before the next saved step's index
         self._optimizer_parameters[id(optimizer)] = parameters
+        names = {id(parameter): name for reference, name, _ in self._gradient_sources
+                 if (parameter := reference()) is not None}  # fmt: skip
+        self._sentinel.watch(optimizer, names)
         try:
             self._stepping_optimizers[id(optimizer)] = weakref.ref(optimizer)
         except TypeError:  # a class with __slots__ and no __weakref__: its steps keep the post-hook
