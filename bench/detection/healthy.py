@@ -64,8 +64,8 @@ def healthy_cases() -> list[Case]:
                                        validation=True, save_interval=5, steps=100), "CNN, save every 5"),  # fmt: skip
         _h("cnn-bn-sgdm", "cnn", S(task="images", model="cnn_bn", optimizer="sgd_momentum", lr=0.05), "CNN+BatchNorm"),
         _h("cnn-bn-adam", "cnn", S(task="images", model="cnn_bn", optimizer="adam", lr=0.003, seed=1), "CNN+BN Adam"),
-        _h("unit-images-cnn", "cnn", S(task="images", model="cnn", data_fault="unit_images", seed=1),
-           "CNN, images in [0,1] (ToTensor only, no mean subtraction)"),  # fmt: skip
+        _h("unit-images-cnn", "cnn", S(task="images", model="cnn", data_fault="unit_images", optimizer="adam",
+                                       lr=0.003, seed=1), "CNN, images in [0,1] (ToTensor only, no mean subtraction)"),  # fmt: skip
     ]
     # sequences
     cases += [

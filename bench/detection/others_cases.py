@@ -20,18 +20,18 @@ RISING_LOSS = ("LossNotDecreasing", "ExplodingTensor", "WeightUpdateRatio")
 
 
 def _family(family: str, builder: object, spec: OthersSpec, what: str, healthy_symptom: str = "learns",
-            high_symptom: str = "no_learning") -> list[Case]:  # fmt: skip
-    """The healthy run and its lr x1e4 and lr 0 twins."""
+            high_symptom: str | None = "no_learning") -> list[Case]:  # fmt: skip
+    """The healthy run and its lr x1e4 (unless ``high_symptom`` is None) and lr 0 twins."""
     name = family.replace("_", "-")
     high = OthersSpec(**{**spec.__dict__, "lr": spec.lr * 1e4})
     zero = OthersSpec(**{**spec.__dict__, "lr": 0.0})
-    return [
-        Case(f"healthy-{name}", family, HEALTHY, builder, spec, (), 0, healthy_symptom, what),  # type: ignore[arg-type]
-        Case(f"fault-{name}-lr-x1e4", family, FAULTY, builder, high, LR_HIGH, 0, high_symptom,  # type: ignore[arg-type]
-             f"{what}, learning rate {high.lr:g} (x1e4)"),  # fmt: skip
-        Case(f"fault-{name}-lr-0", family, FAULTY, builder, zero, NO_UPDATES, 0, "frozen",  # type: ignore[arg-type]
-             f"{what}, learning rate 0"),  # fmt: skip
-    ]
+    cases = [Case(f"healthy-{name}", family, HEALTHY, builder, spec, (), 0, healthy_symptom, what)]  # type: ignore[arg-type]
+    if high_symptom is not None:
+        cases.append(Case(f"fault-{name}-lr-x1e4", family, FAULTY, builder, high, LR_HIGH, 0, high_symptom,  # type: ignore[arg-type]
+                          f"{what}, learning rate {high.lr:g} (x1e4)"))  # fmt: skip
+    cases.append(Case(f"fault-{name}-lr-0", family, FAULTY, builder, zero, NO_UPDATES, 0, "frozen",  # type: ignore[arg-type]
+                      f"{what}, learning rate 0"))  # fmt: skip
+    return cases
 
 
 def _ddp_possible() -> bool:
@@ -70,10 +70,13 @@ def others_cases() -> list[Case]:
     )
     cases += _family("lbfgs_sine", train_lbfgs_sine, S("lbfgs", lr=0.8, steps=10, save_interval=5),
                      "LBFGS, LSTMCells on sine waves, 10 steps of a closure")  # fmt: skip
+    # No lr x1e4 twin for the agents: Adam at lr 100 (REINFORCE) and 300 (actor-critic) still
+    # learned this corridor (last returns 0.96 and 0.98: the saturated softmax lands on the
+    # right deterministic policy), so that run is not a fault here
     cases += _family("reinforce", train_reinforce, S("reinforce", lr=1e-2, steps=400, save_interval=10),
-                     "REINFORCE on an inline corridor world", "progress", "no_progress")  # fmt: skip
+                     "REINFORCE on an inline corridor world", "progress", None)  # fmt: skip
     cases += _family("actor_critic", train_actor_critic, S("actor_critic", lr=1e-2, steps=400, save_interval=10),
-                     "actor-critic on an inline corridor world", "progress", "no_progress")  # fmt: skip
+                     "actor-critic on an inline corridor world", "progress", None)  # fmt: skip
     cases += _family("gcn_kernel", train_gcn, S("gcn", lr=1e-2, steps=100, save_interval=5),
                      "graph convolution, bare nn.Parameter 'kernel', row-normalised features, val every epoch")
     cases += _family("forward_forward", train_forward_forward, S("forward_forward", lr=0.03, steps=120, save_interval=5),

@@ -156,7 +156,8 @@ def test_others_families_have_a_healthy_run_and_both_learning_rate_twins():
         assert len(healthy) == 1, family
         base = healthy[0].spec
         twins = {case.spec.lr for case in members if not case.healthy and case.spec.variant == base.variant}
-        assert {base.lr * 1e4, 0.0} <= twins, (family, twins)
+        # the agents' lr x1e4 runs still learned (others_cases.py says so): no such twin for them
+        assert ({0.0} if family in ("reinforce", "actor_critic") else {base.lr * 1e4, 0.0}) <= twins, (family, twins)
         for case in members:
             if not case.healthy and case.spec.lr == 0.0:
                 assert case.symptom == "frozen" and "WeightUpdateRatio" in case.expected
@@ -174,7 +175,7 @@ def test_hf_trainer_epoch_cases_evaluate_every_epoch():
 
 def test_verify_progress_reads_the_programs_own_goal():
     healthy = cases_by_name()["healthy-reinforce"]
-    fault = cases_by_name()["fault-reinforce-lr-x1e4"]
+    fault = cases_by_name()["fault-dcgan-lr-x1e4"]
     learned = {"losses": [0.1] * 16, "progress": [-1.0] * 8 + [1.0] * 8, "progress_goal": 0.5}
     stuck = {"losses": [0.1] * 16, "progress": [-1.0, 0.2] * 8, "progress_goal": 0.5}
     assert verify(healthy, learned)[0] and not verify(healthy, stuck)[0]
