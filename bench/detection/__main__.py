@@ -28,7 +28,10 @@ def _score(arguments: tuple) -> CaseResult:  # type: ignore[type-arg]
     return score_case(case, cache, rule_sets)
 
 
-def score_all(cases: list, cache: Path, jobs: int, rule_sets: dict[str, list[str]], quiet: bool = False) -> list:
+def score_all(cases: list, cache: Path, jobs: int, rule_sets: dict[str, list[str]], quiet: bool = False,
+              checkpoint: Path | None = None) -> list:  # fmt: skip
+    """Score ``cases`` in ``jobs`` processes; with ``checkpoint``, the results so far are written
+    there (as ``--json`` writes them) every few cases, so a run cut short still renders."""
     cache.mkdir(parents=True, exist_ok=True)
     work = [(case, cache, rule_sets) for case in cases]
     results: list[CaseResult] = []
@@ -38,6 +41,8 @@ def score_all(cases: list, cache: Path, jobs: int, rule_sets: dict[str, list[str
     with context.Pool(max(1, jobs), maxtasksperchild=8) as pool:
         for index, result in enumerate(pool.imap(_score, work), 1):
             results.append(result)
+            if checkpoint is not None and index % 5 == 0:
+                _write_json(checkpoint, results, rule_sets)
             if not quiet:
                 fired = ",".join(sorted(result.verdicts["all"].findings)) if "all" in result.verdicts else "-"
                 print(
@@ -47,6 +52,15 @@ def score_all(cases: list, cache: Path, jobs: int, rule_sets: dict[str, list[str
                     flush=True,
                 )
     return results
+
+
+def _write_json(path: Path, results: list, rule_sets: dict[str, list[str]], summaries: list | None = None) -> None:
+    if summaries is None:
+        summaries = [summarise(results, split, rule_set) for split in ("all",) for rule_set in rule_sets]
+    document = {"summaries": [as_json(summary) for summary in summaries], "cases": [asdict(result) for result in results]}
+    partial = path.with_name(path.name + ".part")
+    partial.write_text(json.dumps(document, indent=1, default=str), encoding="utf-8")
+    partial.replace(path)
 
 
 def load_results(path: Path) -> list[CaseResult]:
@@ -72,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="*", help="only these case names (or name prefixes)")
     parser.add_argument("--doc", type=Path, help="write the calibration document here")
     parser.add_argument("--json", type=Path, help="write summaries and per-case verdicts here")
-    parser.add_argument("--from-json", type=Path, help="re-render a scoring saved with --json (runs nothing)")
+    parser.add_argument("--from-json", type=Path, nargs="+",
+                        help="re-render scorings saved with --json (runs nothing; a case in several: the last)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
 
@@ -83,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         cases = [case for case in cases if any(case.name.startswith(prefix) for prefix in args.cases)]
     rule_sets = {"default": default_rules(), "all": debugger_rules()}
     if args.from_json:
-        results = load_results(args.from_json)
+        by_name = {result.name: result for path in args.from_json for result in load_results(path)}
+        results = [by_name[case.name] for case in cases if case.name in by_name]
         wanted = {case.name for case in cases}
         results = [result for result in results if result.name in wanted]
     else:
-        results = score_all(cases, args.cache, args.jobs, rule_sets, args.quiet)
+        results = score_all(cases, args.cache, args.jobs, rule_sets, args.quiet, args.json)
     splits = ["calibration", "holdout"] if args.split == "all" else [args.split]
     summaries = [summarise(results, split, rule_set) for split in splits for rule_set in rule_sets]
     if args.split == "all":
@@ -95,17 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     for summary in summaries:
         print(render(summary))
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "summaries": [as_json(summary) for summary in summaries],
-                    "cases": [asdict(result) for result in results],
-                },
-                indent=1,
-                default=str,
-            ),
-            encoding="utf-8",
-        )
+        _write_json(args.json, results, rule_sets, summaries)
     if args.doc:
         from bench.detection.document import write_document
 

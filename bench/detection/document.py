@@ -133,6 +133,10 @@ def write_document(
     lines.append(f"Every debugger rule: {', '.join(rule_sets['all'])}.\n")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines.append(f"## Current figures (rules of the working tree on commit {_commit()}, rendered {now})\n")
+    scored = {result.name for result in results}
+    missing = [case.name for case in cases if case.name not in scored]
+    lines.append(f"Scored: {len(scored)} of the {len(cases)} registered cases"
+                 + (f" (not scored: {', '.join(missing)})" if missing else "") + ".\n")  # fmt: skip
     for summary in summaries:
         lines.append(render(summary))
     lines.append("## Every case (every debugger rule)\n")

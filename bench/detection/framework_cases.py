@@ -53,8 +53,8 @@ def _dataset(spec: FrameworkSpec, examples: int) -> list[tuple[Any, Any]]:
 
 
 def _finish(out_dir: str, spec: FrameworkSpec, losses: list[float], val_losses: list[Any] | None = None,
-            unchanged: list[str] | None = None) -> None:  # fmt: skip
-    metrics = {"spec": spec.__dict__, "losses": losses, "val_losses": val_losses or [],
+            unchanged: list[str] | None = None, parameters: int | None = None) -> None:  # fmt: skip
+    metrics = {"spec": spec.__dict__, "losses": losses, "val_losses": val_losses or [], "parameters": parameters,
                "nonfinite": any(not math.isfinite(v) for v in losses), "unchanged_parameters": unchanged or []}  # fmt: skip
     with open(os.path.join(out_dir, METRICS_FILE), "w", encoding="utf-8") as file:
         json.dump(metrics, file)
@@ -120,7 +120,7 @@ def train_hf(out_dir: str, spec: FrameworkSpec) -> str:
         hook.close()
     val_losses = [(h.get("step", 0), h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h]
     unchanged = [name for name, p in model.named_parameters() if torch.equal(before[name], p.detach())]
-    _finish(out_dir, spec, losses, val_losses, unchanged)
+    _finish(out_dir, spec, losses, val_losses, unchanged, len(before))
     return out_dir
 
 
