@@ -268,3 +268,29 @@ def test_rules_run_prints_advice_as_advice(tmp_path: Path) -> None:
     assert "advice      : InputScale at step 4" in result.stdout
     assert "NoIssuesFound Advice: InputScale at step 4" in result.stdout
     assert "IssuesFound" not in result.stdout.replace("NoIssuesFound", "")
+
+
+def test_the_watch_never_stops_training_on_advice(tmp_path: Path) -> None:
+    from trainguard.rules.autostop import RuleWatch
+    from trainguard.rules.base import StepResult
+
+    lines: list[str] = []
+    watch = RuleWatch(str(tmp_path), [RuleSpec("NotNormalizedData", {}, "data", ({"name": "stoptraining"},))],
+                      echo=lines.append)  # fmt: skip
+    training = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], process_group=0)
+    try:
+        watch.attach(training)
+        advice = StepResult("NotNormalizedData", 3, True, "input std 40", advice=True)
+        watch._on_finding(StatusUpdate("data", "NotNormalizedData", RuleStatus.IN_PROGRESS, result=advice))
+        assert watch._stopper is None and training.poll() is None
+        assert lines == ["trainguard: rule data advises at step 3: input std 40"]
+        # the same finding as an issue, certain, does stop it (the watch is armed)
+        issue = StepResult("NotNormalizedData", 4, True, "input holds NaN", certain=True)
+        watch._on_finding(StatusUpdate("data", "NotNormalizedData", RuleStatus.ISSUES_FOUND, result=issue))
+        assert watch._stopper is not None
+        watch._stopper.join(timeout=60)
+        assert training.poll() is not None and watch.stop_record["triggered_by"]["step"] == 4
+    finally:
+        if training.poll() is None:
+            training.kill()
+        training.wait()
