@@ -32,13 +32,14 @@ def test_min_and_max_of_every_bucket_survive_and_memory_is_bounded() -> None:
     for x, y in zip(steps.tolist(), values.tolist(), strict=True):
         series.add(x, y)
     xs, ys = series.points()
-    assert len(xs) <= 1000 and len(series._buckets) <= 500
+    assert len(xs) <= 1001 and len(series._buckets) <= 500  # two per bucket, and the latest point
     width = series.width
     for bucket in range(0, steps.size // width):
         window = values[bucket * width : (bucket + 1) * width]
         chosen = [y for x, y in zip(xs, ys, strict=True) if bucket * width <= x < (bucket + 1) * width]
         assert min(chosen) == window.min() and max(chosen) == window.max()
     assert 50.0 in ys
+    assert (xs[-1], ys[-1]) == (99_999, values[-1])  # a live chart ends at the latest value
 
 
 def test_every_bucket_with_a_nonfinite_value_keeps_a_marker_of_its_kind() -> None:

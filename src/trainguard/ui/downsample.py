@@ -7,7 +7,8 @@ Non-finite values (NaN, +inf, -inf) are never averaged away: every bucket that h
 marker of each kind, drawn by the page at its step.
 
 Buckets are keyed by ``step // width``, so points may arrive in any order; when the bucket count
-passes ``max_buckets`` the width doubles and neighbouring buckets merge.
+passes ``max_buckets`` the width doubles and neighbouring buckets merge. The point with the
+highest step is always kept as well: a live chart must end at the latest value.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class BoundedSeries:
         self._buckets: dict[int, _Bucket] = {}
         self._nonfinite: dict[int, dict[str, float]] = {}  # bucket -> kind -> first step seen
         self.count = 0  # points added, finite or not
+        self._latest: tuple[float, float] | None = None  # the finite point with the highest step
 
     def add(self, x: float, y: float) -> None:
         self.count += 1
@@ -65,6 +67,8 @@ class BoundedSeries:
             kinds = self._nonfinite.setdefault(key, {})
             kinds[kind] = min(kinds.get(kind, x), x)
         else:
+            if self._latest is None or x >= self._latest[0]:
+                self._latest = (x, y)
             bucket = self._buckets.get(key)
             if bucket is None:
                 self._buckets[key] = _Bucket(x, y, x, y)
@@ -99,6 +103,9 @@ class BoundedSeries:
             for x, y in pairs:
                 xs.append(x)
                 ys.append(y)
+        if self._latest is not None and (not xs or xs[-1] < self._latest[0]):
+            xs.append(self._latest[0])
+            ys.append(self._latest[1])
         return xs, ys
 
     def markers(self) -> list[tuple[float, str]]:

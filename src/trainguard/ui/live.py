@@ -60,6 +60,9 @@ class LiveRun:
         self.profiler: dict[str, Any] = {"charts": [], "notes": []}
         self._profiled_at = -math.inf
         self._refreshed_at = -math.inf
+        # read a backlog on a thread between polls (the static report reads everything at once)
+        self.catch_up = budget_s != math.inf
+        self._catching_up: threading.Thread | None = None
         self._curves_read = False
         self._lock = threading.Lock()
         self._store: Store | None = None
@@ -91,6 +94,30 @@ class LiveRun:
             except Exception as error:  # noqa: BLE001 - one unreadable run must not take the page down
                 logger.warning("trainguard ui: cannot read %s: %s", self.location.url, error)
                 self.trial_error = f"{type(error).__name__}: {error}"
+            if curves and self.catch_up and self.trial is not None and self.curves.backlog(self.trial):
+                self._start_catching_up()
+
+    def _start_catching_up(self) -> None:
+        """Read a backlog (a long run opened late) in slices on a thread of its own, so it fills in
+        between the page's polls instead of only during them; one thread per run at most."""
+        if self._catching_up is not None and self._catching_up.is_alive():
+            return
+
+        def read_on() -> None:
+            while True:
+                with self._lock:
+                    trial = self.trial
+                    if trial is None or not self.curves.backlog(trial):
+                        return
+                    try:
+                        self.curves.update(trial, budget_s=self.budget_s)
+                    except Exception as error:  # noqa: BLE001 - the next refresh tries again
+                        logger.warning("trainguard ui: cannot read %s: %s", self.location.url, error)
+                        return
+                time.sleep(0.01)  # let the pages' requests take the lock between slices
+
+        self._catching_up = threading.Thread(target=read_on, name="trainguard-ui-catch-up", daemon=True)
+        self._catching_up.start()
 
     def _refresh(self, curves: bool) -> None:
         store, sidecar = self._stores()
@@ -104,7 +131,9 @@ class LiveRun:
             self.trial.refresh(force=True)
             steps_before = self.steps
             if curves:
-                self.curves.update(self.trial, budget_s=self.budget_s)
+                # the first answer comes quickly; the catch-up thread reads the rest
+                first = self.curves.cursor < 0
+                self.curves.update(self.trial, budget_s=min(self.budget_s, 0.2) if first else self.budget_s)
             steps = self.trial.steps()
             self.steps, self.last_step = len(steps), (steps[-1] if steps else None)
             self.workers = self.trial.workers()

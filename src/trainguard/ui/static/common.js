@@ -185,6 +185,8 @@
       this.note.textContent = chart.note || "";
       this.note.hidden = !chart.note;
       const shape = this.shape(chart) + "|" + eventsKey + "|" + (markers > 0);
+      // when this chart last drew (epoch ms): bench/ui_speed.py times a step from written to drawn
+      this.card.dataset.drawnAt = String(performance.timeOrigin + performance.now());
       if (this.plot && this.plotShape === shape) {
         this.plot.setData(data);
         return;

@@ -181,6 +181,7 @@
       charts.update(data.charts, events);
       version = data.version;
       document.body.dataset.version = String(version);
+      document.body.dataset.cursor = String(data.cursor);  // the last step read (bench/ui_speed.py)
     }
     document.getElementById("series-state").textContent = data.backlog ? "reading: " + data.backlog + " saved steps left" :
       (data.charts && !data.charts.length ? "no losses, metrics or tensors saved yet" : "");
