@@ -105,3 +105,14 @@ def test_zero_code_adds_one_hook_and_leaves_a_script_s_own_hook_alone(tmp_path: 
         assert create_trial(str(tmp_path / "zero")).steps(ModeKeys.TRAIN)
     finally:
         zero_code.disarm()
+
+
+def test_a_script_that_never_calls_fit_is_told_at_exit(tmp_path: Path, caplog) -> None:
+    zero_code = KerasZeroCode(lambda: {"out_dir": str(tmp_path / "zero")}, backend=keras.backend.backend())
+    assert zero_code.arm()
+    try:
+        with caplog.at_level(logging.WARNING, logger="trainguard"):
+            zero_code.report_unused()
+        assert any("no Model.fit/evaluate/predict ran" in record.getMessage() for record in caplog.records)
+    finally:
+        zero_code.disarm()

@@ -15,6 +15,7 @@ losses but no gradients or layer outputs, and the rules would judge the run from
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
 import logging
@@ -61,12 +62,23 @@ class KerasZeroCode:
             original = getattr(keras.Model, name)
             self._originals[name] = original
             setattr(keras.Model, name, self._wrap(original))
+        atexit.register(self.report_unused)
         return True
+
+    def report_unused(self) -> None:
+        """At exit: one line when Keras was imported but nothing went through fit/evaluate/predict
+        (a custom training loop, ``train_on_batch``), so that the run does not end silently empty."""
+        if self._originals and self.hook is None and not self._failed:
+            logger.warning(
+                "trainguard: Keras was imported but no Model.fit/evaluate/predict ran: nothing was captured "
+                "from Keras (a custom training loop needs trainguard.keras.KerasHook callbacks or hook calls)"
+            )
 
     def disarm(self) -> None:
         for name, original in self._originals.items():
             setattr(keras.Model, name, original)
         self._originals.clear()
+        atexit.unregister(self.report_unused)
 
     def _wrap(self, original: Any) -> Any:
         signature = inspect.signature(original)
