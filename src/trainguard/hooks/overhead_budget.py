@@ -12,6 +12,15 @@ ones (losses, scalars, metrics: a few numbers per step) still costs too much, th
 one save every ``max_light_interval`` steps. Both keep a regular subset of their configured steps;
 when the capture gets cheaper (a slower phase of training), the thinning is undone step by step.
 
+A floor under the thinning: the first ``light_floor`` configured TRAIN saves always keep the light
+collections, and the first ``heavy_floor`` the heavy ones, whatever saving costs, so that a short
+or fast run still holds what the default rules need to judge it at all. LossNotDecreasing compares
+windows of 8 saved losses and needs three of them to see a rise (two for a plateau): 24 losses;
+the windowed tensor rules (WeightUpdateRatio, ExplodingTensor, VanishingGradient, DeadRelu, ...)
+judge a window of 5 evaluations, WeightUpdateRatio each against the save 4 before: 6 saves of
+weights and gradients. The floor costs at most that many saves more than the thinning would keep,
+once per run, whatever its length; a run whose schedule has fewer configured saves keeps them all.
+
 How cost is measured, without timing every step: the hook marks the time at the begin of every
 saved step and of the last unsaved step before it (the adapters that skip unsaved steps mark
 that one). A span starting at a saved step, minus that many steps of plain training (the median
@@ -48,6 +57,10 @@ LIGHT_COLLECTIONS = SCALAR_COLLECTIONS | {"hyperparameters"}
 DEFAULT_WARMUP_SAVES = 20
 DEFAULT_MAX_INTERVAL = 500
 DEFAULT_MAX_LIGHT_INTERVAL = 100
+# The floor (see above): the default rules' needs at their default parameters
+# (tests/hooks/test_every_parameter_budget.py checks these against the rules' own defaults).
+DEFAULT_LIGHT_FLOOR = 24  # LossNotDecreasing: 3 x window
+DEFAULT_HEAVY_FLOOR = 6  # the persistence rules: window evaluations, plus the first reference
 DECIDE_EVERY = 16  # saves in one measuring window
 # ...but a window showing saving far over budget decides after this many saves, warm-up or not:
 # at 10 steps apart, a reference-CNN step saving its activations (~0.7 of a step each, 7 % of
@@ -98,6 +111,8 @@ class OverheadBudget:
         warmup_saves: int = DEFAULT_WARMUP_SAVES,
         max_interval: int = DEFAULT_MAX_INTERVAL,
         max_light_interval: int = DEFAULT_MAX_LIGHT_INTERVAL,
+        light_floor: int = DEFAULT_LIGHT_FLOOR,
+        heavy_floor: int = DEFAULT_HEAVY_FLOOR,
         clock: Callable[[], float] | None = None,
     ) -> None:
         if not 0.0 < fraction < 1.0:
@@ -109,6 +124,9 @@ class OverheadBudget:
         self._clock = clock if clock is not None else TrainingThreadClock()
         self.light_stride = 1  # keep every light_stride-th configured save
         self.heavy_stride = 1  # ...and the heavy collections at every heavy_stride-th of those
+        self.light_floor, self.heavy_floor = light_floor, heavy_floor
+        self.light_kept = 0  # configured saves kept with the light collections so far
+        self.heavy_kept = 0  # ...and with the heavy ones
         self.saves = 0
         self.last_share: float | None = None  # the capture's share of training time, last measured
         self._candidates = 0  # configured saves seen since the strides last changed
@@ -143,6 +161,12 @@ class OverheadBudget:
             kept = LIGHT
         else:
             kept = HEAVY
+        if kept == QUIET and self.light_kept < self.light_floor:
+            kept = LIGHT
+        if kept == LIGHT and self.heavy_kept < self.heavy_floor:
+            kept = HEAVY
+        self.light_kept += kept != QUIET
+        self.heavy_kept += kept == HEAVY
         self._decided = (mode_step, kept)
         return kept
 
