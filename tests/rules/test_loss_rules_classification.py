@@ -337,7 +337,8 @@ def test_stalled_training_counts_from_rule_start_when_no_step_appears(tmp_path):
 def test_class_imbalance_does_not_judge_a_vocabulary(tmp_path):
     """A language model's labels are its next tokens (batch x sequence length of its integer
     input): their frequencies follow Zipf's law (a healthy tiny transformer LM fired 'class 46
-    has 14x as many labels as class 2' at step 0). Per-sample labels of the same counts fire."""
+    has 14x as many labels as class 2' at step 0): next-token targets are not classes, the run is
+    not evaluated, and says why. Per-sample labels of the same counts fire."""
     rng = np.random.default_rng(0)
     vocabulary = 50
     zipf = 1.0 / np.arange(1, vocabulary + 1)
@@ -353,7 +354,8 @@ def test_class_imbalance_does_not_judge_a_vocabulary(tmp_path):
         sample_steps[step] = {**common, "LM_input_0": rng.normal(size=(labels.size, 4)).astype(np.float32)}
     tokens_run = write_run(tmp_path / "lm", token_steps, collections=LOSS_INPUTS)
     results = evaluate_rule(tokens_run, "ClassImbalance")
-    assert first_firing(results) is None and results[-1].details["token_level"] is True
+    assert first_firing(results) is None
+    assert results[-1].not_evaluated and "per-token targets over a vocabulary" in results[-1].not_evaluated
     samples_run = write_run(tmp_path / "samples", sample_steps, collections=LOSS_INPUTS)
     assert first_firing(evaluate_rule(samples_run, "ClassImbalance")) is not None
 

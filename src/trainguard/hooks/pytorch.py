@@ -43,6 +43,7 @@ from trainguard.hooks.torch_compiled import (
     in_compile_wrapper,
     is_compile_wrapper,
 )
+from trainguard.hooks.torch_data_identity import DataIdentity
 from trainguard.hooks.torch_global_hooks import register_global_forward_pre_hook
 from trainguard.hooks.torch_io_sources import LeftOutOfCopies, ModuleIOSources
 from trainguard.hooks.torch_model_scopes import ModelScopes
@@ -140,6 +141,8 @@ class TorchHook(
         self._typed_modules: weakref.WeakKeyDictionary[torch.nn.Module, None] = weakref.WeakKeyDictionary()
         self._roots: list[tuple[weakref.ref[torch.nn.Module], str]] = []
         self._hooked_parameters: set[int] = set()
+        # which root inputs are data, not the model's own outputs fed back (torch_data_identity.py)
+        self._data_identity = DataIdentity(self.collection_manager, self.add_membership)
         # every trainable parameter that is not a bias is a weight, whatever its name
         self._parameter_roles = ParameterRoles(self.collection_manager, self.add_membership)
         # Gradients are read as the optimizer steps, of the parameters whose .grad changed since
@@ -312,6 +315,8 @@ class TorchHook(
             self._general_root_pre_forward(module, args)
 
     def _root_pre_forward_general(self, module: torch.nn.Module, args: Any) -> None:
+        if self._data_identity.watching:
+            self._data_identity.next_root_call(self.module_name(module), _flatten_tensors(args))
         if self.enabled:
             self._root_step(module)
         elif not self._released:
@@ -473,6 +478,8 @@ class TorchHook(
         if module not in self._typed_modules:
             self._typed_modules[module] = None
             self._add_typed_memberships(module, name, flat_inputs)
+        if self._data_identity.is_root(module):
+            self._data_identity.saved_root_call(name, self.step, flat_inputs, outputs)
         saved = False
         for index, tensor in enumerate(flat_inputs):
             saved = self.save_torch_tensor(f"{name}_input_{index}", tensor) or saved
@@ -489,14 +496,17 @@ class TorchHook(
 
         Rules need to know which tensors are ReLU outputs or a loss's labels, and PyTorch's
         tensor names do not say it (``features.1_output_0``); the module's type does. The data
-        the model is fed (``model_inputs``: a root module's inputs, and integer inputs anywhere,
-        such as an embedding's token ids) is what the data rules read; ``inputs`` would also
-        save every layer's input, each a copy of the layer before's output.
+        the model is fed (``model_inputs``: a root module's inputs that are data, filed by
+        DataIdentity, and integer inputs anywhere, such as an embedding's token ids) is what the
+        data rules read; ``inputs`` would also save every layer's input, each a copy of the layer
+        before's output.
         """
-        root = any(reference() is module for reference, _ in self._roots)
-        for index, tensor in enumerate(flat_inputs):
-            if root or not (tensor.is_floating_point() or tensor.is_complex()):
-                self.add_membership(f"{name}_input_{index}", "model_inputs")
+        if any(reference() is module for reference, _ in self._roots):
+            self._data_identity.add_root(module)
+        else:
+            for index, tensor in enumerate(flat_inputs):
+                if not (tensor.is_floating_point() or tensor.is_complex()):
+                    self.add_membership(f"{name}_input_{index}", "model_inputs")
         kind = next((kind for types, kind in _ACTIVATION_KINDS if isinstance(module, types)), None)
         if kind is not None:
             self.add_membership(f"{name}_input_0", f"{kind}_input")

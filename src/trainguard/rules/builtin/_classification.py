@@ -15,6 +15,24 @@ Class ids from saved tensors (:func:`class_ids`):
   [0, 1]) are thresholded at 0, probabilities at 0.5;
 * everything else is rounded to integers. Negative labels (``ignore_index=-100``) and
   non-finite values are dropped, with their prediction.
+
+Targets that are not class labels (:func:`vocabulary_targets`): a language model's next tokens,
+and per-token targets over a vocabulary, are frequencies of words, not classes someone sampled;
+a rare successor word mispredicted 97 % of the time is no class imbalance. Such targets are
+
+* the model's token ids shifted by one position (next-token prediction: ``targets =
+  tokens[1:]``, batch-first or sequence-first, flattened or not, shifted outside the model or
+  inside it as Hugging Face models do), every label that is not ignored (< 0) equal; or
+* one target per input token with the scores over at least as many classes as the input's
+  largest token id + 1 (the output space covers the input's vocabulary: a masked language
+  model); a tagger's few tags for many-word inputs are classes; or, with no token ids seen,
+* targets with one sequence axis fed to cross-entropy with the class axis 1 (``N×V×T`` scores
+  for ``N×T`` targets, PyTorch's layout for per-position targets) over more classes than
+  ``VOCABULARY_MIN_CLASSES``; a segmentation's ``N×H×W`` targets have two spatial axes.
+
+A tagger over a vocabulary of fewer than its tag count, or a sequence labeller fed float
+features with many classes, cannot be told from these by shapes: the first is judged as
+classes, the second as per-token targets.
 """
 
 from __future__ import annotations
@@ -26,10 +44,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["class_ids", "default_start_step", "label_prediction_pairs", "regex_problem"]
+from trainguard.rules.builtin._data_inputs import data_inputs
+from trainguard.rules.builtin._losses import read_values
+
+__all__ = ["class_count", "class_ids", "default_start_step", "label_prediction_pairs", "per_token_reason",
+           "regex_problem", "token_inputs", "vocabulary_targets"]
 
 DEEP_LEARNING_WARMUP_STEPS = 100
 XGBOOST_WARMUP_ROUNDS = 10
+# With no token ids to compare, per-position targets over at least this many classes read as a
+# vocabulary (the third criterion of the module docstring): a sequence labeller's tag sets are
+# tens (BIO NER tags 9, Penn POS tags 45), word vocabularies thousands.
+VOCABULARY_MIN_CLASSES = 100
 
 
 def default_start_step(trial: Any) -> int:
@@ -155,3 +181,72 @@ def _integral(array: np.ndarray) -> bool:
 def _is_binary(array: np.ndarray) -> bool:
     finite = array[np.isfinite(array)]
     return finite.size > 0 and bool(np.all((finite == 0) | (finite == 1)))
+
+
+def class_count(labels: Any, predictions: Any) -> int | None:
+    """How many classes the predictions score: the size of their class axis (one axis more than
+    the labels: axis 1), 2 for one score per binary label; None when the shapes do not say."""
+    y, p = np.asarray(labels), np.asarray(predictions)
+    if p.ndim == y.ndim + 1 and p.ndim >= 2 and p.shape[0] == (y.shape[0] if y.ndim else 1):
+        return int(p.shape[1])
+    if p.ndim == 2 and y.ndim == 0:
+        return int(p.shape[1])
+    if p.shape == y.shape and _is_binary(y.astype(np.float64)) and not _integral(p.astype(np.float64)):
+        return 2
+    return None
+
+
+def vocabulary_targets(labels: Any, predictions: Any, tokens: Sequence[Any]) -> bool:
+    """Whether ``labels`` are next-token or per-token targets over a vocabulary, not class labels
+    (criteria: module docstring). ``tokens``: the model's integer data inputs at the same step."""
+    y = np.asarray(labels)
+    if y.dtype.kind not in "iu" and not (y.dtype.kind == "f" and y.size and _integral(y)):
+        return False
+    ids = [np.asarray(value) for value in tokens]
+    ids = [value for value in ids if value.dtype.kind in "iu" and value.ndim == 2 and value.size]
+    classes = class_count(labels, predictions)
+    for value in ids:
+        if _shifted(y, value):
+            return True
+        one_per_token = y.size in (value.size, value.shape[0] * (value.shape[1] - 1), (value.shape[0] - 1) * value.shape[1])
+        if one_per_token and y.size > value.shape[0] and classes is not None and classes > int(value.max()):
+            return True
+    if ids:
+        return False
+    p = np.asarray(predictions)
+    return y.ndim == 2 and p.ndim == 3 and p.shape[0] == y.shape[0] and p.shape[2] == y.shape[1] and (
+        p.shape[1] >= VOCABULARY_MIN_CLASSES
+    )
+
+
+def _shifted(labels: np.ndarray, tokens: np.ndarray) -> bool:
+    """Whether ``labels`` are ``tokens`` (B x T or T x B) shifted by one position along either axis,
+    wherever a label is not ignored (< 0): next-token targets."""
+    rows, columns = tokens.shape
+    candidates = []
+    if labels.size == tokens.size:
+        shaped = labels.reshape(rows, columns)
+        candidates += [(shaped[:, :-1], tokens[:, 1:]), (shaped[:-1], tokens[1:])]
+    if columns > 1 and labels.size == rows * (columns - 1):
+        candidates.append((labels.reshape(rows, columns - 1), tokens[:, 1:]))
+    if rows > 1 and labels.size == (rows - 1) * columns:
+        candidates.append((labels.reshape(rows - 1, columns), tokens[1:]))
+    for targets, following in candidates:
+        kept = targets >= 0
+        if kept.sum() >= 2 and np.array_equal(targets[kept], following[kept]):
+            return True
+    return False
+
+
+def token_inputs(trial: Any, step: int) -> list[np.ndarray]:
+    """The model's integer data inputs saved at ``step`` (token ids), for :func:`vocabulary_targets`."""
+    values = read_values(trial, data_inputs(trial, step), step).values()
+    return [array for array in map(np.asarray, values) if array.dtype.kind in "iu"]
+
+
+def per_token_reason(rule: str) -> str:
+    """Why a rule that judges class labels did not evaluate a run whose targets are all per-token."""
+    return (
+        "per-token targets over a vocabulary (a language model's next tokens): their frequencies are a "
+        f"vocabulary's, not classes; {rule} judges class labels"
+    )

@@ -6,8 +6,20 @@ SageMaker ``rule_to_invoke``: ``CheckInputImages``; parameters ``threshold_mean`
 ``threshold_samples`` (500), ``regex`` (``".*hybridsequential0_input_0"``, MXNet's name) and
 ``channel`` (1, NCHW), as documented. Tensors: ``regex`` ∪ the model's 4-D float inputs
 (``<root module>_input_N`` of the PyTorch hook, from the ``inputs`` collection), since the
-MXNet default name never occurs in PyTorch runs. The typical finding is images scaled to
-[0, 1] only (``ToTensor()`` without ``Normalize``): mean ≈ 0.3–0.5.
+MXNet default name never occurs in PyTorch runs; inputs the hook found not to be data (a
+generator's samples fed to a discriminator, a state fed back: ``_data_inputs``) are not images
+of the data set. The typical finding is images scaled to [0, 1] only (``ToTensor()`` without
+``Normalize``): mean ≈ 0.3–0.5. That is advice (trainguard.rules.advice), not a fault by itself:
+many healthy pipelines stop at [0, 1]; it becomes a finding when the run shows a learning symptom.
+
+Padding is not image content. A random crop with zero padding (CIFAR's ``RandomCrop(32,
+padding=4)``) before ``Normalize`` fills the borders with ``(0 - mean_c) / std_c``, which shifts a
+well-normalised channel's mean (measured: −0.31). So a channel is judged on the pixels outside its
+images' constant border rows and columns as well: it fires only when both means, with and without
+such borders, are beyond ``threshold_mean``. Images whose background is a constant border (MNIST's
+black margins) are judged on their whole area, as before, whenever that mean is within bounds.
+What cannot be told apart: a padded crop whose interior is centred but whose padding value is
+wrong, and a correct pipeline; both pass.
 """
 
 from __future__ import annotations
@@ -15,12 +27,12 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.builtin._data_inputs import data_inputs, derived_inputs
 from trainguard.rules.builtin._helpers import (
     ChannelStats,
     check_regexes,
     fmt,
     is_complete,
-    model_inputs,
     read_values,
     select,
 )
@@ -58,6 +70,7 @@ class CheckInputImages(Rule):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self._stats: dict[str, ChannelStats] = {}
+        self._inner: dict[str, ChannelStats] = {}  # the same, without constant border rows/columns
         self._seen: set[int] = set()  # a step is counted once, however often it is evaluated
 
     def validate(self) -> None:
@@ -67,7 +80,11 @@ class CheckInputImages(Rule):
         trial = self.base_trial
         if not is_complete(trial, step):
             return None
-        names = sorted(set(select(self, step, regex=self.regex)) | set(model_inputs(trial, step)))
+        derived = derived_inputs(trial)
+        names = sorted((set(select(self, step, regex=self.regex)) | set(data_inputs(trial, step))) - derived)
+        for name in derived & set(self._stats):
+            del self._stats[name]  # found not to be data after it was first read
+            self._inner.pop(name, None)
         if step in self._seen:
             names = []
         self._seen.add(step)
@@ -78,7 +95,9 @@ class CheckInputImages(Rule):
             axis = self.channel if self.channel >= 0 else array.ndim + self.channel
             if not 0 < axis < array.ndim:
                 continue
-            self._stats.setdefault(name, ChannelStats()).add(array.astype(np.float64), axis)
+            values = array.astype(np.float64)
+            if self._stats.setdefault(name, ChannelStats()).add(values, axis):
+                self._inner.setdefault(name, ChannelStats()).add(without_constant_borders(values, axis), axis)
         if not self._stats:
             if trial.training_ended and not names:
                 return self.missing(step, MissingTensor("input images (4-D model inputs)", "model_inputs"))
@@ -88,8 +107,14 @@ class CheckInputImages(Rule):
             return None
         for name, stats in sorted(judged.items()):
             means = stats.means()
-            worst = int(np.argmax(np.abs(means)))
-            if abs(means[worst]) > self.threshold_mean:
+            inner = self._inner.get(name)
+            # a channel off only through constant padding borders is not off (module docstring)
+            inner_means = means
+            if inner is not None and inner.count is not None and inner.count.shape == means.shape:
+                inner_means = np.where(inner.count > 0, inner.means(), means)  # all border: the whole image
+            off = np.minimum(np.abs(means), np.abs(inner_means))
+            worst = int(np.argmax(off))
+            if off[worst] > self.threshold_mean:
                 return self.issue(
                     step,
                     f"input images {name}: channel {worst} has mean {fmt(means[worst])} over {stats.samples} images "
@@ -97,6 +122,22 @@ class CheckInputImages(Rule):
                     tensor=name,
                     channel=worst,
                     means=means.tolist(),
+                    means_without_borders=inner_means.tolist(),
                     samples=stats.samples,
                 )
         return self.no_issue(step, tensors=sorted(judged))
+
+
+def without_constant_borders(images: np.ndarray, channel: int) -> np.ndarray:
+    """``images`` (N images, ``channel`` the colour axis, the two other axes spatial) with NaN in
+    place of each image's constant border: per image and channel, the rows (columns) from an edge
+    inwards whose pixels all hold one value, as padding leaves them. NaN is left out of the means."""
+    moved = np.moveaxis(images, channel, 1)  # N, C, H, W (a view)
+    rows = np.all(moved == moved[..., :, :1], axis=-1)  # N, C, H: a row of one value
+    columns = np.all(moved == moved[..., :1, :], axis=-2)  # N, C, W
+    border_rows = np.logical_and.accumulate(rows, axis=-1) | np.logical_and.accumulate(rows[..., ::-1], axis=-1)[..., ::-1]
+    border_columns = np.logical_and.accumulate(columns, axis=-1) | (
+        np.logical_and.accumulate(columns[..., ::-1], axis=-1)[..., ::-1]
+    )
+    padding = border_rows[..., :, None] | border_columns[..., None, :]
+    return np.moveaxis(np.where(padding, np.nan, moved), 1, channel)

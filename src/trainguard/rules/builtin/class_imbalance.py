@@ -37,6 +37,20 @@ last step of a run that ended (a model that learns its classes one after another
 learnable labels does, measured: class 8 of 10 97 % wrong at step 470 and learned soon after, is
 in the middle of learning, not failing a class). Doubling the step keeps the wait in proportion
 to the run instead of a number of steps tuned to one program.
+
+A target is a class label only where the loss and the label space say so: next-token and
+per-token targets over a vocabulary (``_classification.vocabulary_targets``: the targets are the
+input tokens shifted by one, or one per input token over an output space covering the input's
+vocabulary, or per-position targets over a vocabulary-sized class axis) are not judged at all; a
+run with only those is "not evaluated: per-token targets over a vocabulary".
+
+One class only: when every one of ``samples`` labels (or more) is the same class while the model
+scores two or more classes (a class axis of size >= 2, or one score per binary label), the data
+holds no other class to learn (a labelling or loading bug: "all labels one class"); reported as
+imbalance (infinite ratio).
+
+The imbalance and one-class findings describe the data: they are advice (trainguard.rules.advice);
+the misprediction finding is a symptom.
 """
 
 from __future__ import annotations
@@ -49,12 +63,16 @@ import numpy as np
 from trainguard.config.loss_kinds import has_class_targets, loss_kind_of_tensor
 from trainguard.rules.base import MissingTensor, Rule, StepResult
 from trainguard.rules.builtin._classification import (
+    class_count,
     class_ids,
     default_start_step,
     label_prediction_pairs,
+    per_token_reason,
     regex_problem,
+    token_inputs,
+    vocabulary_targets,
 )
-from trainguard.rules.builtin._helpers import model_inputs
+from trainguard.rules.builtin._data_inputs import data_inputs
 from trainguard.rules.builtin._losses import fmt, is_complete, read_values
 from trainguard.rules.params import Param
 
@@ -113,6 +131,8 @@ class ClassImbalance(Rule):
         self._at_last_step: tuple[int, dict[int, float], dict[str, Any]] | None = None
         self._not_classes = 0  # label tensors read that hold no class ids (regression targets)
         self._dense_labels: bool | None = None  # several labels per input sample
+        self._per_token = 0  # label tensors read that are per-token targets over a vocabulary
+        self._classes_scored = 0  # the most classes the predictions scored
 
     def finish(self) -> StepResult | None:
         if self._at_last_step is not None and self.base_trial.training_ended:
@@ -120,6 +140,8 @@ class ClassImbalance(Rule):
             self._at_last_step = None
             if step == self._tracked_up_to:  # still mispredicted when training ended
                 return self._misprediction_issue(step, bad, {**details, "at_end_of_training": True})
+        if not self._counts and self._per_token:
+            return self.not_evaluated(per_token_reason(self.name()))
         if not self._counts and self._not_classes:
             return self.not_evaluated(
                 "the labels are not class ids (non-integer targets: a regression loss?); ClassImbalance "
@@ -153,6 +175,8 @@ class ClassImbalance(Rule):
         if step not in self._seen:
             self._seen.add(step)
             self._add(step, pairs)
+        if not self._counts and self._per_token:
+            return None  # per-token targets over a vocabulary: not classes (finish() says so)
         total = sum(self._counts.values())
         details: dict[str, Any] = {"samples_seen": total, "class_counts": dict(sorted(self._counts.items()))}
         if total < self.samples:
@@ -164,6 +188,16 @@ class ClassImbalance(Rule):
         details["misprediction_rates"] = rates
         if self._dense_labels:
             details["token_level"] = True  # several labels per sample: a vocabulary, pixels
+        elif counts.size == 1 and self._classes_scored >= 2:
+            only = next(iter(self._counts))
+            return self.issue(
+                step,
+                f"every one of the {total} labels is class {only}, while the model scores {self._classes_scored} "
+                "classes: the data holds no other class (check the labels and how they are loaded)",
+                fix_hint=f"check the labels: all {total} are class {only} (a labelling or loading bug?); "
+                "a classifier needs examples of every class",
+                **{**details, "imbalance_ratio": float("inf")},
+            )
         elif ratio > self.threshold_imbalance:
             rare = min(self._counts, key=lambda c: self._counts[c])
             common = max(self._counts, key=lambda c: self._counts[c])
@@ -240,9 +274,14 @@ class ClassImbalance(Rule):
     def _add(self, step: int, pairs: list[tuple[str, str]]) -> None:
         names = sorted({name for pair in pairs for name in pair})
         values = read_values(self.base_trial, names, step)
+        tokens = token_inputs(self.base_trial, step)
         for label_name, prediction_name in pairs:
             if label_name not in values or prediction_name not in values:
                 continue
+            if vocabulary_targets(values[label_name], values[prediction_name], tokens):
+                self._per_token += 1
+                continue
+            self._classes_scored = max(self._classes_scored, class_count(values[label_name], values[prediction_name]) or 0)
             ids = class_ids(values[label_name], values[prediction_name], argmax=self.argmax)
             if ids is None:
                 self._not_classes += 1
@@ -262,7 +301,7 @@ class ClassImbalance(Rule):
         """Whether there are several labels per sample of the model's input (a language model's
         next tokens, a tagger's tags, a segmentation's pixels, a multi-label's indicators) rather
         than one; None while no model input is seen."""
-        names = model_inputs(self.base_trial, step)
+        names = data_inputs(self.base_trial, step)
         if not names:
             return None
         for value in read_values(self.base_trial, names, step).values():

@@ -30,6 +30,10 @@ Calibrated defaults:
   (S_i predictions) lies wholly below ``min_diag`` / above ``max_off_diag``. 15 right of 32
   predictions (47 %) is not "surely under 50 %" (its interval is 27-68 %); 200 of 500 is. The
   detection corpus' healthy runs were flagged by shares of 30-33 predictions just under 50 %.
+
+Next-token and per-token targets over a vocabulary are not classes (``_classification.vocabulary_targets``):
+a language model's "confusion" between two successor words is its task's ambiguity, and its matrix
+would be vocabulary × vocabulary. Such pairs are skipped; a run with only those is not evaluated.
 """
 
 from __future__ import annotations
@@ -45,7 +49,10 @@ from trainguard.rules.builtin._classification import (
     class_ids,
     default_start_step,
     label_prediction_pairs,
+    per_token_reason,
     regex_problem,
+    token_inputs,
+    vocabulary_targets,
 )
 from trainguard.rules.builtin._loss_stats import Z_99
 from trainguard.rules.builtin._losses import fmt, is_complete, read_values
@@ -113,6 +120,13 @@ class Confusion(Rule):
     def validate(self) -> None:
         self._window: deque[tuple[int, np.ndarray, np.ndarray]] = deque()
         self._seen: set[int] = set()
+        self._per_token = 0  # label tensors skipped as per-token targets over a vocabulary
+        self._judged = 0  # label tensors judged as classes
+
+    def finish(self) -> StepResult | None:
+        if self._per_token and not self._judged and self.base_trial.training_ended:
+            return self.not_evaluated(per_token_reason(self.name()))
+        return None
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial
@@ -146,8 +160,13 @@ class Confusion(Rule):
 
     def _add(self, step: int, pairs: list[tuple[str, str]]) -> None:
         values = read_values(self.base_trial, sorted({name for pair in pairs for name in pair}), step)
+        tokens = token_inputs(self.base_trial, step)
         for label_name, prediction_name in pairs:
             if label_name in values and prediction_name in values:
+                if vocabulary_targets(values[label_name], values[prediction_name], tokens):
+                    self._per_token += 1
+                    continue
+                self._judged += 1
                 ids = class_ids(values[label_name], values[prediction_name])
                 if ids is not None and ids[0].size:
                     self._window.append((step, ids[0], ids[1]))

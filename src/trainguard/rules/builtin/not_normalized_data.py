@@ -21,9 +21,25 @@ that turn all zero (or any one constant) mid-run hide behind the earlier batches
 last ``threshold_samples`` samples or more all held one and the same value fires too (a broken
 data pipeline, a mask applied to everything); a batch with some all-zero rows is not constant.
 
-Tensors: ``tensor_regex`` ∪ ``collection_names``; with neither, the model's inputs
-(``<root module>_input_N`` of the PyTorch hook, saved by the ``inputs`` collection). Integer
-and boolean inputs (token ids, indices) are not features and are skipped.
+Row-normalised inputs (every sample's features non-negative and summing to 1, or of unit L2
+norm; all-zero rows allowed): a graph network's ``D⁻¹X`` node features, term frequencies, L2-
+normalised embeddings. Their values are small because there are many features (measured: σ 0.006
+over 1,433 features), not because the data was squashed: the pooled-σ lower bound does not
+apply to them (the upper bounds cannot fire, every value is within [-1, 1]). An N×N input next
+to another input of N samples (a graph's normalised adjacency ``D^-½(A+I)D^-½``, an affinity or
+attention matrix) relates the samples to each other: it has no features to scale and is not judged.
+
+What cannot be told apart: an engineered feature of a regression on a larger scale (x⁴ of a
+standard normal x has mean 3 and σ ≈ 10) and a raw feature left unscaled at the same scale. Both
+are reported, as advice (trainguard.rules.advice): a property of the data, not a fault by
+itself; it becomes a finding, and a candidate cause, when the run shows a learning symptom (SGD
+diverging on that feature's scale). Features on scales thousands apart, raw 0-255 pixels,
+constant inputs are reported the same way, with the numbers that tell how far off they are.
+
+Tensors: ``tensor_regex`` ∪ ``collection_names``; with neither, the model's inputs that are data
+(``<root module>_input_N`` of the PyTorch hook, saved by the ``model_inputs`` collection, less
+those the hook found to be the model's own outputs fed back or tensors with autograd history:
+``_data_inputs``). Integer and boolean inputs (token ids, indices) are not features and are skipped.
 """
 
 from __future__ import annotations
@@ -31,13 +47,13 @@ from __future__ import annotations
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.builtin._data_inputs import data_inputs, derived_inputs
 from trainguard.rules.builtin._helpers import (
     ChannelStats,
     channel_axis,
     check_regexes,
     fmt,
     is_complete,
-    model_inputs,
     read_values,
     select,
 )
@@ -48,6 +64,9 @@ from trainguard.rules.params import Param
 # many standard errors.
 EARLY_MIN_SAMPLES = 16
 EARLY_Z = 4.0
+# How close to 1 a row's L1 sum or L2 norm must be to count as normalised (float32 sums of a few
+# thousand features are off by ~1e-6)
+UNIT_ROW_TOLERANCE = 1e-3
 
 
 class NotNormalizedData(Rule):
@@ -95,6 +114,7 @@ class NotNormalizedData(Rule):
         self._inputs_anywhere: bool | None = None
         # per tensor: (the one value its latest batches all held, how many samples in a row held it)
         self._constant: dict[str, tuple[float, int]] = {}
+        self._unit_rows: dict[str, bool] = {}  # per tensor: every sample so far a normalised row
 
     def validate(self) -> None:
         check_regexes(self, "tensor_regex")
@@ -102,7 +122,14 @@ class NotNormalizedData(Rule):
     def _names(self, step: int) -> list[str]:
         if self.collection_names or self.tensor_regex:
             return select(self, step, collections=self.collection_names, regex=self.tensor_regex)
-        return model_inputs(self.base_trial, step)
+        return data_inputs(self.base_trial, step)
+
+    def _forget_derived(self) -> None:
+        """Drop what was read of inputs the hook has since found not to be data (a state fed back
+        is found at the step after the first saved one, when that step's inputs were read)."""
+        for name in derived_inputs(self.base_trial) & set(self._stats):
+            for kept in (self._stats, self._binary, self._constant, self._unit_rows):
+                kept.pop(name, None)
 
     def accumulate(self, step: int) -> list[str] | None:
         """Add this step's batches; the names read, or None when the step is not ready."""
@@ -110,12 +137,16 @@ class NotNormalizedData(Rule):
         if not is_complete(trial, step):
             return None
         names = self._names(step)
+        if not (self.collection_names or self.tensor_regex):
+            self._forget_derived()
         if step in self._seen:
             return names
         self._seen.add(step)
-        for name, value in read_values(trial, names, step).items():
+        values = read_values(trial, names, step)
+        relations = _relations(values)
+        for name, value in values.items():
             array = np.asarray(value)
-            if array.dtype.kind not in "f" or array.ndim == 0:
+            if array.dtype.kind not in "f" or array.ndim == 0 or name in relations:
                 continue
             axis = channel_axis(array, self.channel)
             if not 0 <= axis < array.ndim:
@@ -123,6 +154,7 @@ class NotNormalizedData(Rule):
             self._track_constant(name, array, axis)
             if self._stats.setdefault(name, ChannelStats()).add(array.astype(np.float64), axis):
                 moved = np.moveaxis(array, axis, -1).reshape(-1, array.shape[axis])
+                self._unit_rows[name] = self._unit_rows.get(name, True) and _normalised_rows(moved)
                 binary = np.all((moved == 0) | (moved == 1), axis=0)
                 ones = np.any(moved == 1, axis=0)
                 seen = self._binary.get(name)
@@ -228,6 +260,8 @@ class NotNormalizedData(Rule):
                     channel=worst_std,
                     **details,
                 )
+            if self._unit_rows.get(name, False):
+                continue  # row-normalised: small values by construction (module docstring)
             if pooled * (1.0 + z / np.sqrt(2.0) / root) < 1.0 / self.threshold_std:
                 return self.issue(
                     step,
@@ -251,3 +285,30 @@ class NotNormalizedData(Rule):
                 last = steps[-1] if steps else None
             self._inputs_anywhere = last is not None and bool(self._names(last))
         return self._inputs_anywhere
+
+
+def _normalised_rows(rows: np.ndarray) -> bool:
+    """Whether every row (one sample's features) is all zero, or non-negative summing to 1, or of
+    unit L2 norm (rows with a non-finite value are not)."""
+    if rows.shape[1] < 2 or not np.all(np.isfinite(rows)):
+        return False
+    values = rows.astype(np.float64)
+    l1 = np.abs(values).sum(axis=1)
+    l2 = np.sqrt((values * values).sum(axis=1))
+    zero = l1 == 0
+    distribution = (values.min(axis=1) >= 0) & (np.abs(l1 - 1.0) <= UNIT_ROW_TOLERANCE)
+    unit = np.abs(l2 - 1.0) <= UNIT_ROW_TOLERANCE
+    return bool(np.all(zero | distribution | unit)) and not bool(np.all(zero))
+
+
+def _relations(values: dict[str, np.ndarray]) -> set[str]:
+    """Names of N×N inputs saved with another input of N samples (rows): relations between the
+    samples (an adjacency), not features of them."""
+    arrays = {name: np.asarray(value) for name, value in values.items()}
+    found = set()
+    for name, array in arrays.items():
+        if array.ndim == 2 and array.shape[0] == array.shape[1] and array.shape[0] > 1:
+            others = (other for key, other in arrays.items() if key != name and other.ndim >= 1)
+            if any(other.shape[0] == array.shape[0] and other.shape != array.shape for other in others):
+                found.add(name)
+    return found
