@@ -111,6 +111,7 @@ def page_times(driver, url: str, last_step: int, timeout: float = 600) -> dict[s
 
 def live_delays(driver, work: Path, steps: int = 60) -> list[float]:  # noqa: ANN001
     runs = work / "live"
+    shutil.rmtree(runs, ignore_errors=True)  # a run of an earlier invocation
     runs.mkdir()
     process, url = start_ui(runs)
     training = subprocess.Popen([sys.executable, "-m", "tests.ui._slow_train", str(runs / "live-run"), "--steps",

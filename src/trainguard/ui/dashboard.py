@@ -96,7 +96,8 @@ class Dashboard:
         for location in locations[: self.max_open]:
             run = self._run(location)
             run.refresh(curves=False)
-            rows.append(self._with_extra(run, run_summary))
+            with run.lock:
+                rows.append(self._with_extra(run, run_summary))
         if query:
             needle = query.lower()
             rows = [
@@ -111,14 +112,16 @@ class Dashboard:
         if run is None:
             return 404, {"error": f"no run {run_id}"}
         run.refresh()
-        return 200, self._with_extra(run, run_detail)
+        with run.lock:
+            return 200, self._with_extra(run, run_detail)
 
     def series(self, run_id: str, since: int | None) -> tuple[int, dict[str, Any]]:
         run = self.find(run_id)
         if run is None:
             return 404, {"error": f"no run {run_id}"}
         run.refresh()
-        return 200, run_series(run, since)
+        with run.lock:
+            return 200, run_series(run, since)
 
     def histogram(self, run_id: str, tensor: str, step: int, worker: str | None) -> tuple[int, dict[str, Any]]:
         run = self.find(run_id)

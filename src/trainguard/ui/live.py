@@ -64,7 +64,10 @@ class LiveRun:
         self.catch_up = budget_s != math.inf
         self._catching_up: threading.Thread | None = None
         self._curves_read = False
-        self._lock = threading.Lock()
+        # held while reading and while a page's document is built from this run (the catch-up
+        # thread adds points meanwhile); re-entrant: building a document calls into the run
+        self.lock = threading.RLock()
+        self._lock = self.lock
         self._store: Store | None = None
         self._sidecar: Store | None = None
 
