@@ -2,7 +2,7 @@
 discriminator with BatchNorm, the N(0, 0.02) initialisation, two Adam optimizers, BCELoss, the
 discriminator stepped on real then detached fake images), a VAE (reparameterisation, BCE
 reconstruction plus KL divergence) and a siamese network (one CNN applied to both images of a
-pair, their features concatenated into a same/different head, Adadelta with StepLR).
+pair, the L1 distance of the two embeddings into a same/different head, Adadelta with StepLR).
 
 A GAN's losses do not fall when it trains well (the two players trade places), so the DCGAN's
 label is checked on how close its samples come to the data (``progress``, see registry.verify).
@@ -184,14 +184,15 @@ def train_siamese(out_dir: str, spec: OthersSpec) -> str:
                 nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2), nn.Flatten(),
                 nn.Linear(16 * 3 * 3, 32),
             )  # fmt: skip
-            self.fc = nn.Sequential(nn.Linear(64, 16), nn.ReLU(inplace=True), nn.Linear(16, 1))
+            self.fc = nn.Sequential(nn.Linear(32, 16), nn.ReLU(inplace=True), nn.Linear(16, 1))
             self.sigmoid = nn.Sigmoid()
 
         def forward_once(self, x):  # type: ignore[no-untyped-def]
             return self.cnn(x)
 
         def forward(self, input1, input2):  # type: ignore[no-untyped-def]
-            output = torch.cat((self.forward_once(input1), self.forward_once(input2)), 1)
+            # the L1 distance of the two embeddings decides "same" (Koch et al.'s siamese head)
+            output = torch.abs(self.forward_once(input1) - self.forward_once(input2))
             return self.sigmoid(self.fc(output))
 
     def pairs(size: int) -> tuple[Any, Any, Any]:

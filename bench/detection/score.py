@@ -103,11 +103,21 @@ def capture_source_hash() -> str:
     return digest.hexdigest()[:10]
 
 
+@functools.lru_cache(maxsize=None)
+def _builder_source_hash(module: str) -> str:
+    """The builder's own module: a program edited under the same spec is trained again."""
+    import importlib
+
+    path = getattr(importlib.import_module(module), "__file__", None)
+    return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:10] if path else ""
+
+
 def spec_key(case: Case) -> str:
     text = json.dumps(
-        {"builder": case.builder.__qualname__, "spec": asdict(case.spec), "capture": capture_source_hash()},
+        {"builder": case.builder.__qualname__, "spec": asdict(case.spec), "capture": capture_source_hash(),
+         "program": _builder_source_hash(case.builder.__module__)},
         sort_keys=True,
-    )
+    )  # fmt: skip
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
