@@ -40,23 +40,27 @@ def _hook(path, interval=5):
     return tg.Hook(str(path), save_config=tg.SaveConfig(save_interval=interval), include_collections=COLLECTIONS)
 
 
-def test_a_recurrent_state_fed_back_detached_is_not_data_and_the_tokens_are(tmp_path):
+def _train_recurrent(path, next_state):
+    """12 steps of ``Recurrent`` saved every 5th, its state for each call ``next_state(last state)``."""
     torch.manual_seed(0)
     model = Recurrent()
-    hook = _hook(tmp_path / "run")
+    hook = _hook(path)
     hook.register_module(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     hidden = (torch.zeros(1, 4, 8), torch.zeros(1, 4, 8))
     for _ in range(12):
-        tokens = torch.randint(0, 20, (6, 4))
-        hidden = tuple(h.detach() for h in hidden)  # the classic example's repackage_hidden
-        output, hidden = model(tokens, hidden)
+        output, hidden = model(torch.randint(0, 20, (6, 4)), next_state(hidden))
         loss = nn.functional.cross_entropy(output.view(-1, 20), torch.randint(0, 20, (24,)))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     hook.close()
-    members, trial = _members(tmp_path / "run")
+    return _members(path)
+
+
+def test_a_recurrent_state_fed_back_detached_is_not_data_and_the_tokens_are(tmp_path):
+    # the classic example's repackage_hidden
+    members, trial = _train_recurrent(tmp_path / "run", lambda hidden: tuple(h.detach() for h in hidden))
     # the tokens, at the root and at the embedding (integer inputs anywhere are data)
     assert members["model_inputs"] == ["Recurrent_input_0", "embedding_input_0"]
     assert members["derived_inputs"] == ["Recurrent_input_1", "Recurrent_input_2"]
@@ -66,19 +70,8 @@ def test_a_recurrent_state_fed_back_detached_is_not_data_and_the_tokens_are(tmp_
 
 
 def test_a_model_fed_a_new_state_each_step_keeps_it_as_data(tmp_path):
-    """The same model, its second input a fresh tensor at every call (not its output): data."""
-    torch.manual_seed(0)
-    model = Recurrent()
-    hook = _hook(tmp_path / "run")
-    hook.register_module(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(12):
-        output, _ = model(torch.randint(0, 20, (6, 4)), (torch.randn(1, 4, 8), torch.randn(1, 4, 8)))
-        optimizer.zero_grad()
-        output.sum().backward()
-        optimizer.step()
-    hook.close()
-    members, _ = _members(tmp_path / "run")
+    """The same model, its state a fresh tensor at every call (not its output): data."""
+    members, _ = _train_recurrent(tmp_path / "run", lambda hidden: (torch.randn(1, 4, 8), torch.randn(1, 4, 8)))
     assert members["model_inputs"] == ["Recurrent_input_0", "Recurrent_input_1", "Recurrent_input_2", "embedding_input_0"]
     assert members["derived_inputs"] == []
 
@@ -210,3 +203,20 @@ def test_zero_code_a_layer_whose_forward_is_called_directly_feeds_no_data(tmp_pa
     members, trial = _members(out)
     assert members["model_inputs"] == [] and members["derived_inputs"] == ["ReLU_input_0"]
     assert "ReLU_input_0" not in trial.tensor_names()
+
+
+def test_a_failure_while_checking_a_root_call_never_reaches_training():
+    """The check runs in the root's pre-forward, outside the hook's fail-open capture: a tensor
+    whose storage cannot be read leaves the input undecided and training untouched."""
+    from trainguard.config.collections import CollectionManager
+    from trainguard.hooks.torch_data_identity import DataIdentity
+
+    class NoStorage(torch.Tensor):
+        def untyped_storage(self):
+            raise TypeError("this tensor type has no storage")
+
+    identity = DataIdentity(CollectionManager.pytorch_defaults(), lambda name, collection: None)
+    identity.saved_root_call("Net", 0, [torch.randn(3)], [torch.randn(3)])
+    assert identity.watching
+    identity.next_root_call("Net", [torch.randn(3).as_subclass(NoStorage)])
+    assert not identity.watching and identity.derived() == frozenset()

@@ -26,11 +26,14 @@ forward): it leaves the ``model_inputs`` collection and joins ``derived_inputs``
 rules skip (rules/builtin/_data_inputs.py). So a discriminator fed both real images and generated
 ones under one name is not judged as data at all: the two cannot be told apart by name. Keyword
 arguments of the root call are not seen (PyTorch's pre-hooks get positional ones only), as for
-every root input.
+every root input. History from an input leaf counts as history too: an adversarial example
+built from a batch that requires grad without ``detach()``, or a physics-informed net's points
+concatenated from leaves that require grad, is not judged as data (silence, not a false finding).
 """
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +41,8 @@ from typing import Any
 import torch
 
 __all__ = ["DERIVED_INPUTS", "DataIdentity"]
+
+logger = logging.getLogger("trainguard")
 
 # The collection of root inputs found not to be data (see the module docstring).
 DERIVED_INPUTS = "derived_inputs"
@@ -109,10 +114,13 @@ class DataIdentity:
         calls, which are not tracked."""
         if not self._outputs:
             return
-        for index, tensor in enumerate(inputs):
-            tensor_name = f"{name}_input_{index}"
-            if tensor_name not in self._derived and self._made_by_model(tensor):
-                self._mark_derived(tensor_name)
+        try:
+            for index, tensor in enumerate(inputs):
+                tensor_name = f"{name}_input_{index}"
+                if tensor_name not in self._derived and self._made_by_model(tensor):
+                    self._mark_derived(tensor_name)
+        except Exception:  # noqa: BLE001 - called in the root's pre-forward: nothing may reach training
+            logger.debug("trainguard: could not tell whether a root input is fed back", exc_info=True)
         self._outputs.clear()
 
     def _made_by_model(self, tensor: torch.Tensor) -> bool:
