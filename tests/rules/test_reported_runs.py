@@ -115,3 +115,20 @@ def test_images_in_unit_range_are_advice_on_the_healthy_twin_and_not_the_diagnos
     faulty = _run(tmp_path / "lr1e4", "unit_image_cnn.py", "--lr", "1e4")
     record = _assert_stopped(faulty, tmp_path / "lr1e4", 200)
     assert record["rule"] not in advised and "learning rate" in record["fix_hint"], record
+
+
+@pytest.mark.slow
+def test_unscaled_inputs_are_advice_and_not_the_diagnosis_of_sgd_on_unscaled_targets(tmp_path: Path) -> None:
+    # raw feature scales of 10-100 in both programs: the data advice is all the healthy one gets; the
+    # bug report's program (targets of order 1e4, plain SGD) overflows and is stopped naming that,
+    # while the data advice is promoted to a finding beside it (it was the primary before)
+    healthy = _run(tmp_path / "healthy", "bug_reports.py", "--bug", "none")
+    assert healthy.returncode == 0, healthy.stdout[-3000:] + healthy.stderr[-3000:]
+    assert "0 found issues, 1 gave advice" in healthy.stdout and "  diagnosis   :" not in healthy.stdout
+    assert _outputs(tmp_path / "healthy")["NotNormalizedData"]["status"] == "NoIssuesFound"
+    faulty = _run(tmp_path / "targets", "bug_reports.py", "--bug", "unscaled_targets")
+    record = _assert_stopped(faulty, tmp_path / "targets", 300)
+    assert record["rule"] != "NotNormalizedData" and "learning rate" in record["fix_hint"], record
+    diagnosis = _outputs(tmp_path / "targets")["NotNormalizedData"]["diagnosis"]
+    assert diagnosis["primary"][0]["rule"] == record["rule"] and diagnosis["advice"] == []
+    assert diagnosis["this_rule"] in ("possible_cause", "other")
