@@ -11,6 +11,18 @@ saved losses of each selected loss tensor, evaluated every ``num_steps`` mode st
   ``increase_threshold_percent`` % above mean(A). Ranks make one outlier batch count as one
   value; asking it of two windows in a row makes a transient bump (a hard batch streak, a
   warm-up wobble) silent. Certain when every value of B and C is above every value of A;
+* risen above its start (certain): with S the run's first saved loss (the loss before training
+  changed anything) and B, C as above, every loss of B and C is above S, and their median is
+  above S by more than ``increase_threshold_percent`` % and by more than the noise allows: the
+  one-sided z-test of S as one draw against the median of B ∪ C, at level ``alpha``, with the
+  noise of one value measured in B ∪ C itself (``robust_sd``: second differences, so neither a
+  trend nor an outlier inflates it). This is a loss that rose at once and stayed up (a tanh RNN
+  language model at a far too high learning rate: 6.3 at step 0, 10-20 ever after), which the
+  window comparison cannot see: its reference window is already up. A healthy run is below its
+  first loss within its first two windows (its first loss would have to be a draw more than
+  ``alpha``-unlikely for the median to clear the margin); a loss that is not minimised towards
+  a floor (a policy-gradient surrogate with unnormalised returns, which grows as returns grow)
+  rises on a healthy run too, and the rule cannot tell that apart from a divergence;
 * not learning (a verdict on the whole run, given when training ended): with F the first
   ``window`` saved losses of the run and R up to the last 2 x ``window`` after them, the loss
   fell from mean(F) to mean(R) by less than ``min_progress_percent`` % with 99.5 % confidence
@@ -70,12 +82,13 @@ O(window log window) whatever the length of the run.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from typing import Any
 
 from trainguard.modes import ModeKeys
 from trainguard.rules.base import Rule, StepResult
-from trainguard.rules.builtin._loss_stats import decrease_upper_bound, mann_whitney_p, mean
+from trainguard.rules.builtin._loss_stats import decrease_upper_bound, mann_whitney_p, mean, robust_sd
 from trainguard.rules.builtin._losses import LossHistory, fmt, is_complete, parse_mode
 from trainguard.rules.params import SAGEMAKER, Param, semantics_param
 
@@ -144,8 +157,9 @@ class LossNotDecreasing(Rule):
     fix_hint = _PLATEAU_HINT
     fix_hints = _PLATEAU_HINTS
     stop_policy = (
-        "stops training on a NaN/inf loss, or on a rise confirmed over two windows in which every "
-        "loss is above every loss of the window before; a flat loss is reported only"
+        "stops training on a NaN/inf loss, on a rise confirmed over two windows in which every "
+        "loss is above every loss of the window before, or on two windows of losses all above the "
+        "run's first loss beyond their noise; a flat loss is reported only"
     )
 
     collection_names = Param(list, None, "collections holding the losses to check", optional=True)
@@ -265,7 +279,7 @@ class LossNotDecreasing(Rule):
         losses = {name: {k: v for k, v in facts.items() if k != "message"} for name, facts in evaluated.items()}
         if not fired:
             return self.no_issue(step, mode=shown, losses=losses)
-        diverging = [item for item in fired if item[1]["kind"] in ("non-finite", "diverging")]
+        diverging = [item for item in fired if item[1]["kind"] in ("non-finite", "diverging", "risen")]
         name, facts = (diverging or fired)[0]
         framework = self.framework()
         hints = _DIVERGING_HINTS if diverging else _PLATEAU_HINTS
@@ -294,7 +308,28 @@ class LossNotDecreasing(Rule):
                     + ("; every loss of them is above every loss before" if certain else ""),
                 )
                 return facts
+        if len(values) >= 2 * width and series.count > 2 * width:
+            self._judge_start(name, series, values[-2 * width:], mode_step, facts)
         return facts
+
+    def _judge_start(
+        self, name: str, series: _Series, recent: list[float], mode_step: int, facts: dict[str, Any]
+    ) -> None:
+        """The "risen above its start" check (module docstring): ``recent`` is B ∪ C."""
+        start = series.first[0]
+        level = statistics.median(recent)
+        noise = robust_sd(recent)
+        # the start is one draw, the median of n draws has a standard error of sqrt(pi / 2n) draws
+        margin = statistics.NormalDist().inv_cdf(1 - self.alpha) * noise * math.sqrt(1 + math.pi / (2 * len(recent)))
+        rise = 100.0 * (level - start) / (abs(start) or 1.0)
+        facts.update(start=start, start_rise_percent=rise)
+        if min(recent) > start and level - start > margin and rise > self.increase_threshold_percent:
+            facts.update(
+                kind="risen", fired=True, certain=True,
+                message=f"{name}: loss rose above its start and stayed there: every one of the last {len(recent)} "
+                f"saved losses (to step {mode_step}) is above the first, {fmt(start)}; their median {fmt(level)} is "
+                f"{fmt(rise)} % higher, beyond their noise ({fmt(noise)} per value, margin {fmt(margin)})",
+            )
 
     def _competing(self) -> bool:
         return getattr(self.base_trial, "independent_optimizers", 1) > 1
