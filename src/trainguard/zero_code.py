@@ -16,6 +16,7 @@ import importlib.machinery
 import logging
 import os
 import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -101,11 +102,16 @@ def install_now() -> None:
     _installed.append(ZeroCodeHook(**zero_code_hook_kwargs(os.environ)))
 
 
-class _InstallAfterTorchImport(importlib.abc.MetaPathFinder):
-    """Runs :func:`install_now` right after the script's own ``import torch`` completes."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` right after the script's own ``import <name>`` completes (fail open:
+    an error is one log line naming ``what``); ``flag``, when given, is set in ``_keras`` while the
+    import runs."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], None], what: str, flag: str | None = None) -> None:
+        self._name, self._then, self._what, self._flag = name, then, what, flag
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "torch":
+        if fullname != self._name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
@@ -114,47 +120,28 @@ class _InstallAfterTorchImport(importlib.abc.MetaPathFinder):
         original_exec = spec.loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
-            original_exec(module)
-            for profiler in _profilers:
-                profiler.attach_framework()  # fail-open inside
-            try:
-                install_now()
-            except Exception as error:  # noqa: BLE001 - fail open: the script must still run
-                from trainguard.hooks.fail_open import log_disabled
-
-                log_disabled("zero-code capture", error)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
-class _ArmAfterKerasImport(importlib.abc.MetaPathFinder):
-    """Runs :func:`_arm_keras` right after the script's own ``import keras`` completes."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "keras":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        original_exec = spec.loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            _keras["importing"] = True
+            if self._flag:
+                _keras[self._flag] = True
             try:
                 original_exec(module)
             finally:
-                _keras["importing"] = False
+                if self._flag:
+                    _keras[self._flag] = False
             try:
-                _arm_keras(module)
+                self._then(module)
             except Exception as error:  # noqa: BLE001 - fail open: the script must still run
                 from trainguard.hooks.fail_open import log_disabled
 
-                log_disabled("Keras zero-code capture", error)
+                log_disabled(self._what, error)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
+
+
+def _after_torch_import(torch: ModuleType) -> None:
+    for profiler in _profilers:
+        profiler.attach_framework()  # fail-open inside
+    install_now()
 
 
 def _arm_keras(keras: ModuleType) -> None:
@@ -211,8 +198,8 @@ def arm_from_environment() -> None:
     if "keras" in sys.modules:
         _arm_keras(sys.modules["keras"])
     else:
-        sys.meta_path.insert(0, _ArmAfterKerasImport())
+        sys.meta_path.insert(0, _AfterImport("keras", _arm_keras, "Keras zero-code capture", flag="importing"))
     if "torch" in sys.modules:
         install_now()
     else:
-        sys.meta_path.insert(0, _InstallAfterTorchImport())
+        sys.meta_path.insert(0, _AfterImport("torch", _after_torch_import, "zero-code capture"))
