@@ -72,7 +72,7 @@ def test_a_recurrent_state_fed_back_detached_is_not_data_and_the_tokens_are(tmp_
 def test_a_model_fed_a_new_state_each_step_keeps_it_as_data(tmp_path):
     """The same model, its state a fresh tensor at every call (not its output): data."""
     members, _ = _train_recurrent(tmp_path / "run", lambda hidden: (torch.randn(1, 4, 8), torch.randn(1, 4, 8)))
-    assert members["model_inputs"] == ["Recurrent_input_0", "Recurrent_input_1", "Recurrent_input_2", "embedding_input_0"]
+    assert members["model_inputs"] == [*(f"Recurrent_input_{index}" for index in range(3)), "embedding_input_0"]
     assert members["derived_inputs"] == []
 
 

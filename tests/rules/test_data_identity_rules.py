@@ -228,7 +228,7 @@ def test_class_rules_do_not_judge_next_token_targets_and_say_so(tmp_path):
         assert first_firing(results) is None, (rule, _findings(results)[:1])
         assert results[-1].not_evaluated and "per-token targets over a vocabulary" in results[-1].not_evaluated
     # the same labels with one model input per label (a classifier's samples) are classes: fires
-    for step, tensors in steps.items():
+    for tensors in steps.values():
         tensors["LM_input_0"] = rng.normal(size=(tensors["CrossEntropyLoss_input_1"].size, 3)).astype(np.float32)
     samples = write_run(tmp_path / "samples", steps, collections=LOSS_INPUTS)
     found = _findings(evaluate_rule(samples, "ClassImbalance"))

@@ -136,4 +136,3 @@ class DataIdentity:
             self._collections.get(MODEL_INPUTS).tensor_names.discard(tensor_name)
         # (also what makes the hook rewrite its collections file and forget its plans for the name)
         self._add_membership(tensor_name, DERIVED_INPUTS)
-

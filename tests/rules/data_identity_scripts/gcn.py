@@ -60,7 +60,7 @@ class GCN(nn.Module):
 
 model = GCN()
 optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
-for epoch in range(args.epochs):
+for _ in range(args.epochs):
     model.train()
     optimizer.zero_grad()
     output = model(features, adjacency)

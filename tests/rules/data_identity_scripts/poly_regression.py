@@ -32,7 +32,7 @@ def get_batch(batch_size=32):
 
 fc = torch.nn.Linear(width, 1)
 optimizer = torch.optim.SGD(fc.parameters(), lr=0.1)
-for step in range(args.steps):
+for _ in range(args.steps):
     batch_x, batch_y = get_batch()
     loss = F.smooth_l1_loss(fc(batch_x), batch_y)
     optimizer.zero_grad()

@@ -208,8 +208,9 @@ def vocabulary_targets(labels: Any, predictions: Any, tokens: Sequence[Any]) -> 
     for value in ids:
         if _shifted(y, value):
             return True
-        one_per_token = y.size in (value.size, value.shape[0] * (value.shape[1] - 1), (value.shape[0] - 1) * value.shape[1])
-        if one_per_token and y.size > value.shape[0] and classes is not None and classes > int(value.max()):
+        rows, columns = value.shape
+        one_per_token = y.size in (value.size, rows * (columns - 1), (rows - 1) * columns)
+        if one_per_token and y.size > rows and classes is not None and classes > int(value.max()):
             return True
     if ids:
         return False

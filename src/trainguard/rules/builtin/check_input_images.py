@@ -135,9 +135,11 @@ def without_constant_borders(images: np.ndarray, channel: int) -> np.ndarray:
     moved = np.moveaxis(images, channel, 1)  # N, C, H, W (a view)
     rows = np.all(moved == moved[..., :, :1], axis=-1)  # N, C, H: a row of one value
     columns = np.all(moved == moved[..., :1, :], axis=-2)  # N, C, W
-    border_rows = np.logical_and.accumulate(rows, axis=-1) | np.logical_and.accumulate(rows[..., ::-1], axis=-1)[..., ::-1]
-    border_columns = np.logical_and.accumulate(columns, axis=-1) | (
-        np.logical_and.accumulate(columns[..., ::-1], axis=-1)[..., ::-1]
-    )
+    border_rows, border_columns = _from_either_edge(rows), _from_either_edge(columns)
     padding = border_rows[..., :, None] | border_columns[..., None, :]
     return np.moveaxis(np.where(padding, np.nan, moved), 1, channel)
+
+
+def _from_either_edge(flags: np.ndarray) -> np.ndarray:
+    """The positions along the last axis reached from the first or the last one through flags all set."""
+    return np.logical_and.accumulate(flags, axis=-1) | np.logical_and.accumulate(flags[..., ::-1], axis=-1)[..., ::-1]

@@ -281,7 +281,8 @@ class ClassImbalance(Rule):
             if vocabulary_targets(values[label_name], values[prediction_name], tokens):
                 self._per_token += 1
                 continue
-            self._classes_scored = max(self._classes_scored, class_count(values[label_name], values[prediction_name]) or 0)
+            scored = class_count(values[label_name], values[prediction_name]) or 0
+            self._classes_scored = max(self._classes_scored, scored)
             ids = class_ids(values[label_name], values[prediction_name], argmax=self.argmax)
             if ids is None:
                 self._not_classes += 1

@@ -59,7 +59,6 @@ from trainguard.rules.builtin._helpers import (
 )
 from trainguard.rules.params import Param
 
-
 # Early judgement (before threshold_samples): at least this many samples, bounds held by this
 # many standard errors.
 EARLY_MIN_SAMPLES = 16
