@@ -87,3 +87,10 @@ def test_frozen_parameters_are_not_weights_of_the_model(tmp_path):
     model, _ = _train(tmp_path / "run", steps=2)
     trial = create_trial(str(tmp_path / "run"))
     assert not model.frozen.requires_grad and "Odd_frozen" not in trial.tensor_names()
+
+
+def test_a_weights_collection_defined_anew_holds_only_what_it_names(tmp_path):
+    defaults = [c for c in tg.CollectionManager.pytorch_defaults() if c.name != "weights"]
+    manager = tg.CollectionManager([tg.Collection("weights", include_regex=[r"^Odd_head\.weight$"]), *defaults])
+    _train(tmp_path / "run", steps=2, collection_manager=manager, include_collections=["weights"])
+    assert set(create_trial(str(tmp_path / "run")).tensor_names()) == {"Odd_head.weight"}

@@ -327,6 +327,7 @@ def test_configured_steps_the_budget_thins_take_the_quiet_path(run_dir, monkeypa
     budget = hook._budget
     assert budget is not None
     budget.warmup_saves = 10**6  # no decision: the strides below stay
+    budget.light_floor = budget.heavy_floor = 0  # ...from the first save on
     budget.light_stride, budget.heavy_stride = 5, 2
     general: list[int] = []
     general_path = hook._general_root_pre_forward
@@ -347,7 +348,7 @@ def test_configured_steps_the_budget_thins_take_the_quiet_path(run_dir, monkeypa
 def test_a_configured_step_asked_ahead_gets_the_same_answer_again():
     """Steps asked ahead and thinned, asked again after a run of quiet steps was cut short (a
     mode change), stay thinned and do not shift which later steps are kept."""
-    budget = OverheadBudget(0.5)
+    budget = OverheadBudget(0.5, light_floor=0, heavy_floor=0)  # the stride from the first save on
     budget.light_stride = 3
     assert [budget.keep(step) for step in (0, 2, 4, 6)] == [HEAVY, QUIET, QUIET, HEAVY]
     assert budget.keep(2) == QUIET and budget.keep(4) == QUIET and budget.keep(6) == HEAVY

@@ -18,7 +18,11 @@ parameter on the root ``GCN_kernel``, a ``ParameterList`` entry ``Net_filters.0`
 compare updates with a weight's norm therefore must not assume a weight starts far from zero.
 
 The set is resolved once per registered model, when it is registered, not per step. A parameter
-added to a model after that (a module attached later) keeps smdebug's name-based membership only.
+added to a model after that (a module attached later) keeps smdebug's name-based membership only,
+and so does every parameter when ``weights`` was defined without smdebug's regex (a collection the
+user made anew says itself what it holds; configured regexes added to smdebug's keep this).
+Parameters that only an optimizer holds (a bare tensor not in any registered model) are not
+captured.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-from trainguard.config.collections import CollectionManager
+from trainguard.config.collections import DEFAULT_PYTORCH_COLLECTIONS, CollectionManager
 
 __all__ = ["ParameterRoles", "parameter_tensor_name"]
 
@@ -55,6 +59,8 @@ class ParameterRoles:
         if "weights" not in self._collections:
             return []
         weights = self._collections.get("weights")
+        if not set(DEFAULT_PYTORCH_COLLECTIONS["weights"]) <= set(weights.include_regex):
+            return []  # a weights collection defined anew (not smdebug's, extended): it says what it holds
         biases = self._collections.get("biases") if "biases" in self._collections else None
         added: list[str] = []
         for parameter_name, parameter in module.named_parameters():
