@@ -3,8 +3,9 @@
 
 SageMaker ``rule_to_invoke``: ``WeightUpdateRatio``; parameters ``num_steps`` (None),
 ``large_threshold`` (10.0), ``small_threshold`` (1e-8), ``epsilon`` (1e-9), as documented.
-Tensors: the ``weights`` collection (PyTorch ``*.weight``; biases are excluded because a
-zero-initialised bias makes any first update "infinitely" large). Only TRAIN steps are used
+Tensors: the ``weights`` collection (PyTorch: ``*.weight`` and every other trainable parameter
+not named a bias, docs/format.md; biases are excluded because a zero-initialised bias makes any
+first update "infinitely" large). Only TRAIN steps are used
 when the run has any (weights do not move during evaluation), else every step. W_prev is the
 tensor's previous saved step in that mode; with ``num_steps`` it is the earliest saved step
 whose mode step is ≥ s − num_steps (the window must hold at least one earlier step).
@@ -20,6 +21,18 @@ is certain. Weights that get no gradient by construction are never "too small": 
 step (all-zero inputs). A weight that was all zero at the reference step is not judged (no scale:
 LoRA's zero-initialised B, zero-init residual branches). ``semantics="sagemaker"``: the previous
 saved step, single-step condition.
+
+A too-large ratio while the training loss fell is learning, not a learning rate too high: a weight
+initialised far below the scale it converges to (a regression from a small init fitting
+coefficients of about 5: the first window's update is hundreds of times the initial norm) moves
+many times its own norm while the loss falls fast. So a finite too-large ratio counts only where
+the loss did not fall over the same span: the fall is the rank test of ``_loss_progress`` (every
+training loss saved after the reference step, up to the last three, below every one of the last
+three saved at or before it). Where no loss was saved, the ratio is judged alone, as before. What
+this cannot tell apart: a learning rate too high whose loss still falls over most compared spans
+(that regression at 100 times its learning rate: loss 22 -> 4-50, weights oscillating at their
+scale, ratios below 4 once grown) is not reported here; the loss rules and ExplodingTensor judge
+that run. Non-finite updates and too-small ratios are unaffected.
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ from trainguard.rules.builtin._helpers import (
     select,
     training_mode,
 )
+from trainguard.rules.builtin._loss_progress import LossProgress
 from trainguard.rules.builtin._parallel import map_tensors
 from trainguard.rules.builtin._persistence import PersistentRule
 from trainguard.rules.params import Param
@@ -100,6 +114,7 @@ class WeightUpdateRatio(PersistentRule):
         super().__init__(*args, **kwargs)
         # name -> (step, values, their L2 norm): the current step is the next step's previous one
         self._cache: dict[str, tuple[int, np.ndarray, float]] = {}
+        self._progress = LossProgress(self.base_trial)
 
     def validate(self) -> None:
         from trainguard.errors import ConfigError
@@ -185,6 +200,8 @@ class WeightUpdateRatio(PersistentRule):
         small = {name: r for name, r in ratios.items() if r < self.small_threshold}
         certain = False
         if not self.single_step:
+            if large:
+                large = self._unless_learning(large, previous_steps, step, mode)
             if small:
                 without = self._without_gradient(list(small), step, mode, previous_steps)
                 small = {name: r for name, r in small.items() if name not in without}
@@ -236,6 +253,23 @@ class WeightUpdateRatio(PersistentRule):
                 ratios=ratios,
             )
         return self.no_issue(step, min_ratio=min(ratios.values()), max_ratio=max(ratios.values()))
+
+    def _unless_learning(
+        self, large: dict[str, float], previous_steps: dict[str, int | None], step: int, mode: ModeKeys
+    ) -> dict[str, float]:
+        """The too-large ratios that count: non-finite ones, and finite ones over a span in which
+        the training loss did not fall (see the module's docstring)."""
+        fell: dict[int, bool | None] = {}
+        kept = {}
+        for name, ratio in large.items():
+            reference = previous_steps[name]
+            if ratio != float("inf") and reference is not None:
+                if reference not in fell:
+                    fell[reference] = self._progress.fell(reference, step, mode)
+                if fell[reference]:
+                    continue
+            kept[name] = ratio
+        return kept
 
     def _without_gradient(
         self, names: list[str], step: int, mode: ModeKeys, previous_steps: dict[str, int | None]
