@@ -238,19 +238,26 @@ def test_class_rules_do_not_judge_next_token_targets_and_say_so(tmp_path):
 # -- ClassImbalance: one class only ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["multiclass", "binary"])
-def test_class_imbalance_reports_labels_that_are_all_one_class(tmp_path, kind):
+def test_class_imbalance_reports_labels_that_are_all_one_class(tmp_path):
     rng = np.random.default_rng(9)
     steps = {}
     for step in range(0, 200, 10):
-        if kind == "multiclass":
-            labels, scores = np.zeros(64, dtype=np.int64), rng.normal(size=(64, 4)).astype(np.float32)
-        else:
-            labels, scores = np.ones(64, dtype=np.float32), rng.normal(size=64).astype(np.float32)
+        labels, scores = np.zeros(64, dtype=np.int64), rng.normal(size=(64, 4)).astype(np.float32)
         steps[step] = {"CrossEntropyLoss_input_0": scores, "CrossEntropyLoss_input_1": labels}
     found = _findings(evaluate_rule(write_run(tmp_path / "run", steps, collections=LOSS_INPUTS), "ClassImbalance"))
     assert found and "every one of the" in found[0].message and found[0].advice
     assert found[0].details["imbalance_ratio"] == float("inf")
+
+
+def test_class_imbalance_leaves_a_discriminators_constant_binary_targets_alone(tmp_path):
+    """A GAN's discriminator: one score per sample, targets all 1 (real) or all 0 (generated) by
+    design (the healthy GAN of test_healthy_families)."""
+    rng = np.random.default_rng(10)
+    steps = {s: {"BCELoss_input_0": rng.random(64).astype(np.float32), "BCELoss_input_1": np.ones(64, dtype=np.float32)}
+             for s in range(0, 200, 10)}  # fmt: skip
+    collections = {"predictions": ["BCELoss_input_0"], "labels": ["BCELoss_input_1"]}
+    run = write_run(tmp_path / "run", steps, collections=collections)
+    assert first_firing(evaluate_rule(run, "ClassImbalance")) is None
 
 
 def test_class_imbalance_is_silent_on_a_regression_target_that_is_constant(tmp_path):

@@ -185,14 +185,12 @@ def _is_binary(array: np.ndarray) -> bool:
 
 def class_count(labels: Any, predictions: Any) -> int | None:
     """How many classes the predictions score: the size of their class axis (one axis more than
-    the labels: axis 1), 2 for one score per binary label; None when the shapes do not say."""
+    the labels: axis 1); None when there is none (one score per binary label, regression)."""
     y, p = np.asarray(labels), np.asarray(predictions)
     if p.ndim == y.ndim + 1 and p.ndim >= 2 and p.shape[0] == (y.shape[0] if y.ndim else 1):
         return int(p.shape[1])
     if p.ndim == 2 and y.ndim == 0:
         return int(p.shape[1])
-    if p.shape == y.shape and _is_binary(y.astype(np.float64)) and not _integral(p.astype(np.float64)):
-        return 2
     return None
 
 

@@ -45,9 +45,11 @@ vocabulary, or per-position targets over a vocabulary-sized class axis) are not 
 run with only those is "not evaluated: per-token targets over a vocabulary".
 
 One class only: when every one of ``samples`` labels (or more) is the same class while the model
-scores two or more classes (a class axis of size >= 2, or one score per binary label), the data
-holds no other class to learn (a labelling or loading bug: "all labels one class"); reported as
-imbalance (infinite ratio).
+scores two or more classes on a class axis (``N×C`` logits, C >= 2), the data holds no other class
+to learn (a labelling or loading bug: "all labels one class"); reported as imbalance (infinite
+ratio). One score per binary label is not judged so: a GAN's discriminator is trained on all-1
+targets for real samples and all-0 ones for generated samples, by design, and the two cannot be
+told from a binary classifier whose labels were all loaded as 1.
 
 The imbalance and one-class findings describe the data: they are advice (trainguard.rules.advice);
 the misprediction finding is a symptom.
