@@ -12,6 +12,7 @@ Screenshots land in each test's tmp dir (and in $TRAINGUARD_UI_SCREENSHOTS when 
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -46,25 +47,57 @@ def _open_run(driver, server, name: str) -> None:  # noqa: ANN001
     _wait(driver, lambda d: d.find_element(By.ID, "name").text == name)
 
 
+_FACTS_SCRIPT = """
+const text = (selector) => { const n = document.querySelector(selector); return n ? n.innerText : null; };
+return {
+    status: text('#facts .badge'), primary: text('#primary-rule'), message: text('#primary-message'),
+    fix: text('#primary-fix'), stop: text('#stop-line'), reading: text('#series-state'),
+    rules: Array.from(document.querySelectorAll('#rules-table tbody tr')).map(r => r.dataset.status),
+    charts: Object.fromEntries(Array.from(document.querySelectorAll('#charts .chart')).map(
+        c => [c.id, [c.dataset.points, c.dataset.nonfinite]])),
+    nonfinite_text: Array.from(document.querySelectorAll('#charts .nonfinite')).map(n => n.innerText.trim())
+        .filter(Boolean).sort().join(' '),
+};
+"""
+
+
 def _page_facts(driver) -> dict[str, object]:  # noqa: ANN001
-    """What the exploding run's page shows, to compare a local and an s3:// rendering."""
-    _wait(driver, lambda d: d.find_elements(By.ID, "primary-rule") and d.find_elements(By.ID, "stop-line"))
-    _wait(driver, lambda d: (_chart(d, "chart-losses") or {}).get("nonfinite", "0") != "0")
-    return {
-        "status": driver.find_element(By.CSS_SELECTOR, "#facts .badge").text,
-        "primary": driver.find_element(By.ID, "primary-rule").text,
-        "message": driver.find_element(By.ID, "primary-message").text,
-        "fix": driver.find_element(By.ID, "primary-fix").text,
-        "stop": driver.find_element(By.ID, "stop-line").text,
-        "rules": [
-            row.get_attribute("data-status") for row in driver.find_elements(By.CSS_SELECTOR, "#rules-table tbody tr")
-        ],
-        "charts": {
-            chart.get_attribute("id"): (chart.get_attribute("data-points"), chart.get_attribute("data-nonfinite"))
-            for chart in driver.find_elements(By.CSS_SELECTOR, "#charts .chart")
-        },
-        "nonfinite_text": driver.find_element(By.CSS_SELECTOR, "#chart-losses .nonfinite").text,
-    }
+    """What the exploding run's page shows once it has read the whole run (one snapshot, taken in
+    the page: its tables are redrawn as it polls), to compare a local and an s3:// rendering."""
+
+    def complete(d):  # noqa: ANN001, ANN202
+        facts = d.execute_script(_FACTS_SCRIPT)
+        done = (
+            facts["primary"]
+            and facts["stop"]
+            and facts["reading"] == ""
+            and d.execute_script("return document.body.dataset.cursor !== undefined")
+        )
+        return facts if done and sum(int(n or 0) for _, n in facts["charts"].values()) else None
+
+    facts = _wait(driver, complete)
+    facts.pop("reading")
+    return facts
+
+
+def _nonfinite_tensors(run: Path) -> list[tuple[str, int]]:
+    """(tensor, first step) of each loss, weight or gradient holding NaN/inf, read with the trial."""
+    import numpy as np
+
+    from trainguard.trial import create_trial
+
+    trial = create_trial(str(run))
+    drawn = set()
+    for collection in ("losses", "weights", "gradients"):
+        if collection in trial.collections():
+            drawn.update(trial.tensor_names(collection=collection))
+    found: dict[str, int] = {}
+    for step in trial.steps():
+        names = [name for name in trial.tensor_names(step=step) if name in drawn]
+        for name, value in trial.tensor_values(names, step).items():
+            if name not in found and not np.all(np.isfinite(value)):
+                found[name] = step
+    return sorted(found.items())
 
 
 def test_live_run_listed_running_and_its_loss_chart_grows(browser, live_training, tmp_path: Path) -> None:
@@ -108,9 +141,13 @@ def test_exploding_run_shows_nonfinite_markers_primary_fix_and_stop(
     assert "lower the learning rate" in facts["fix"]
     assert facts["stop"].startswith("Training was stopped by ExplodingTensor at step ")
     assert "s after the finding" in facts["stop"]
-    assert "nan at step" in facts["nonfinite_text"] or "inf at step" in facts["nonfinite_text"]
-    assert int(facts["charts"]["chart-losses"][1]) >= 1
-    assert int(facts["charts"]["chart-weight-norms"][1]) >= 1  # the weights went NaN too
+    # every tensor the run holds NaN/inf in (the trial is the oracle) is marked on its chart
+    broken = _nonfinite_tensors(exploding_run)
+    assert broken, "the exploding run must hold non-finite values"
+    for name, step in broken:  # a series is named "<tensor>[ · <mode>][ · <worker>]"
+        marker = re.compile(rf"{re.escape(name)}( · [\w-]+)* (nan|\+inf|-inf) at step {step}\b")
+        assert marker.search(facts["nonfinite_text"]), (name, step, facts["nonfinite_text"])
+    assert sum(int(nonfinite) for _, nonfinite in facts["charts"].values()) >= len({name for name, _ in broken})
 
 
 def test_s3_run_renders_the_same_as_local(
