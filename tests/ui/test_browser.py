@@ -215,3 +215,24 @@ def test_trainguard_ui_command_prints_a_loopback_url(exploding_run: Path) -> Non
     finally:
         process.terminate()
         process.wait(30)
+
+
+def test_compare_overlays_the_runs_with_their_names(browser, exploding_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(exploding_run, runs / "first")
+    shutil.copytree(exploding_run, runs / "second")
+    server = serve_paths([str(runs)])
+    try:
+        ids = ",".join(row["id"] for row in server.dashboard.list_runs()[1]["runs"])
+        browser.get(server.url + f"compare.html?ids={ids}")
+        labels = _wait(browser, lambda d: d.execute_script(
+            "const c = document.getElementById('compare-chart-losses');"
+            "return c ? Array.from(c.querySelectorAll('.u-legend .u-label')).map(n => n.textContent) : null;"
+        ))  # fmt: skip
+    finally:
+        server.close()
+    losses = [label for label in labels if "Loss" in label]
+    assert sorted(label.split(" · ")[0] for label in losses) == ["first", "second"]
+    assert len({label.split(" · ", 1)[1] for label in losses}) == 1  # the same series, once per run
