@@ -355,7 +355,7 @@ class BaseHook(SaveSchedule):
     def _rendered_collections(self) -> bytes:
         framework = self.framework if self.framework != "generic" else None
         # every writer writes through StepFile, which checksums each payload into the index
-        facts = {**PAYLOAD_CHECKSUMS_META, **self._run_facts()}
+        facts = {**PAYLOAD_CHECKSUMS_META, **self._schedule_facts(), **self._run_facts()}
         return self.collection_manager.render(self._num_workers, framework, facts)
 
     def _run_facts(self) -> dict[str, object]:

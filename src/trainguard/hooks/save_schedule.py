@@ -3,6 +3,10 @@
 A mixin of :class:`~trainguard.hooks.base.BaseHook` (kept apart so that the hook's module stays
 about its lifecycle); it reads the hook's ``save_config``, ``include_collections``,
 ``collection_manager`` and ``_budget``, and caches in ``_schedules`` and ``_groups``.
+
+EVAL steps also save the ``losses`` collection at the first steps of every validation pass,
+whatever the schedule (bounded: :mod:`trainguard.hooks.eval_passes`, an object the schedule holds),
+so that the rules compare whole passes, not one batch of each.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from trainguard.config.collections import Collection
 from trainguard.config.save_config import SaveConfig
+from trainguard.hooks.eval_passes import EvalPassSaves
 from trainguard.hooks.overhead_budget import LIGHT, LIGHT_COLLECTIONS, QUIET
 from trainguard.modes import ModeKeys
 
@@ -32,6 +37,27 @@ class SaveSchedule:
     _schedules: dict[str, tuple[SaveConfig, SaveConfig]]
     _groups: list[tuple[SaveConfig, tuple[str, ...]]] | None
     _groups_for: int
+    step: int
+    # created at the first EVAL step (or by the hook's owner, to set another bound)
+    eval_pass_saves: EvalPassSaves | None = None
+
+    def _eval_passes(self) -> EvalPassSaves:
+        saves = self.eval_pass_saves
+        if saves is None:
+            # An EVAL schedule the user chose for itself (SaveConfig(mode_save_configs={EVAL: ...}),
+            # DebugHookConfig's eval.* keys) is kept exactly: save_steps alone means those steps.
+            saves = self.eval_pass_saves = EvalPassSaves(0 if self._eval_schedule_chosen() else None)
+        return saves
+
+    def _eval_schedule_chosen(self) -> bool:
+        """Whether the losses' schedule has an EVAL entry of its own (not the one every mode shares)."""
+        manager = self.collection_manager
+        config = self._schedule_of(manager.get("losses")) if "losses" in manager else self.save_config
+        return config.get_save_config(ModeKeys.EVAL) is not config.get_save_config(ModeKeys.GLOBAL)
+
+    def _schedule_facts(self) -> dict[str, object]:
+        """For the collections file's ``_meta``: how EVAL passes are saved (rules read it)."""
+        return self._eval_passes().facts(self.include_collections)
 
     def _schedule_of(self, collection: Collection) -> SaveConfig:
         """The collection's schedule with the hook's filling its gaps; merged once, not per step."""
@@ -66,6 +92,10 @@ class SaveSchedule:
                 if due is None:
                     due = set()
                 due.update(names)
+        if mode is ModeKeys.EVAL:
+            in_pass = self._eval_passes().due(self.step, mode_step, self.include_collections)
+            if in_pass:
+                due = set(in_pass) if due is None else due | in_pass
         if due is None:
             return NOTHING_DUE
         if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
@@ -91,6 +121,8 @@ class SaveSchedule:
         too (most of them, once it thins): the budget is asked about them now, in order, up to
         the first one it keeps. Its answers cannot change before then: it only changes its mind
         when a saved step begins."""
+        if mode is ModeKeys.EVAL and self._eval_passes().limit:
+            return 0  # a new pass (saved from its first step) may begin at any EVAL step
         groups = self._schedule_groups()
         budget = self._budget if mode is ModeKeys.TRAIN else None
         step = mode_step

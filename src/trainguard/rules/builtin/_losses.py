@@ -5,9 +5,10 @@ Losses are scalar tensors: collection ``losses`` in PyTorch runs (``CrossEntropy
 is not a single number (``reduction='none'``) counts as its mean. Values are read once and
 cached: a live rule evaluates every step and looks back at earlier ones.
 
-Evaluation "blocks": a validation pass saves a run of consecutive EVAL steps between TRAIN
-steps. Overfit and Overtraining compare per *block* (one value per validation pass, the mean
-of its losses), so their patience counts validation passes, not batches.
+Validation passes: Overfit and Overtraining compare one value per validation *pass* (the mean of
+its losses, only for passes saved whole or the same first batches of each: ``_eval_passes``), so
+their patience counts validation passes, not batches. :meth:`LossHistory.entries` hands them the
+saved loss steps in order, with their modes and mode steps.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import bisect
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from trainguard.modes import ModeKeys
 # one implementation for every rule: re-exported for the loss/classification/XGBoost rules
 from trainguard.rules.builtin._helpers import is_complete, read_values, saved_at
 
-__all__ = ["Block", "LossHistory", "fmt", "is_complete", "metric_role", "parse_mode", "read_values"]
+__all__ = ["LossHistory", "fmt", "is_complete", "metric_role", "parse_mode", "read_values"]
 
 
 def fmt(value: float | None) -> str:
@@ -72,22 +72,6 @@ def metric_role(name: str) -> ModeKeys | None:
     return None
 
 
-@dataclass
-class Block:
-    """A run of consecutive saved steps of one mode (a validation pass, or the training between)."""
-
-    mode: ModeKeys
-    steps: list[int]  # global steps, ascending
-
-    @property
-    def first(self) -> int:
-        return self.steps[0]
-
-    @property
-    def last(self) -> int:
-        return self.steps[-1]
-
-
 class LossHistory:
     """The loss tensors of a run and their values, cached, for complete steps only.
 
@@ -121,8 +105,7 @@ class LossHistory:
         self._by_mode: dict[ModeKeys, list[int]] = {}
         self._mode_steps: dict[ModeKeys, list[int]] = {}  # the mode step of each of _by_mode's steps
         self._mode_names: dict[ModeKeys, set[str]] = {}
-        # TRAIN/EVAL blocks in order; the last one may still grow
-        self._blocks: list[Block] = []
+        self._entry_mode_steps: list[int] = []  # the mode step of each of _steps
         self._scanned_upto = -1
         self._scanned_version: Any = None
         self._names: list[str] = []
@@ -185,17 +168,14 @@ class LossHistory:
         self._scanned_upto = last
 
     def _append(self, step: int, mode: ModeKeys | None) -> None:
+        mode_step = _mode_step_of(self.trial, step)
         self._steps.append(step)
         self._modes.append(mode)
+        self._entry_mode_steps.append(mode_step)
         if mode is not None:
             self._by_mode.setdefault(mode, []).append(step)
-            self._mode_steps.setdefault(mode, []).append(_mode_step_of(self.trial, step))
+            self._mode_steps.setdefault(mode, []).append(mode_step)
             self._mode_names.setdefault(mode, set()).update(self._values.get(step, {}))
-        if mode in (ModeKeys.TRAIN, ModeKeys.EVAL):
-            if self._blocks and self._blocks[-1].mode == mode:
-                self._blocks[-1].steps.append(step)
-            else:
-                self._blocks.append(Block(mode, [step]))
 
     def loss_steps(self, mode: ModeKeys, upto: int | None = None, *, after: int | None = None) -> list[int]:
         """Complete global steps of ``mode`` (any mode for GLOBAL) with some loss, in
@@ -205,6 +185,14 @@ class LossHistory:
         low = 0 if after is None else bisect.bisect_right(steps, after)
         high = len(steps) if upto is None else bisect.bisect_right(steps, upto)
         return steps[low:high]
+
+    def last_loss_steps(self, mode: ModeKeys, upto: int, count: int) -> list[int]:
+        """The last ``count`` complete global steps of ``mode`` with some loss at or before
+        ``upto``; O(log n + count)."""
+        self._scan()
+        steps = self._by_mode.get(mode, [])
+        high = bisect.bisect_right(steps, upto)
+        return steps[max(0, high - count) : high]
 
     def before_mode_step(self, mode: ModeKeys, mode_step: int, name: str) -> tuple[int, int] | None:
         """(mode step, global step) of the last step of ``mode`` at or before ``mode_step`` where
@@ -229,18 +217,11 @@ class LossHistory:
         self._scan()
         return set(self._by_mode)
 
-    def blocks(self, upto: int | None = None, *, start: int = 0) -> list[Block]:
-        """TRAIN and EVAL blocks (PREDICT is ignored) from block index ``start``, up to global ``upto``
-        (the last one cut at ``upto``). Rules keep ``start`` to read only new blocks."""
+    def entries(self, start: int = 0) -> list[tuple[int, ModeKeys | None, int]]:
+        """(global step, mode, mode step) of every complete step with some loss, in order, from
+        entry index ``start`` (rules keep it to read only new steps)."""
         self._scan()
-        found: list[Block] = []
-        for block in self._blocks[start:]:
-            if upto is not None and block.first > upto:
-                break
-            if upto is not None and block.last > upto:
-                block = Block(block.mode, block.steps[: bisect.bisect_right(block.steps, upto)])
-            found.append(block)
-        return found
+        return list(zip(self._steps[start:], self._modes[start:], self._entry_mode_steps[start:], strict=True))
 
     def mode_names(self, mode: ModeKeys) -> set[str]:
         """Loss names saved at some step of ``mode``."""

@@ -1,16 +1,22 @@
 """Overfit: the validation loss rose while the training loss kept falling, and the gap is wide.
 
-Saved loss steps form alternating TRAIN and EVAL *blocks* (an EVAL block is one validation pass).
-For each finished EVAL block B starting at or after ``start_step``:
+Saved EVAL loss steps form validation *passes* (consecutive EVAL steps: no step of another mode
+between). Passes are compared only when they hold the same batches: each saved whole, or each
+the same first ``n`` batches (trainguard's hook saves the losses of the first 64 steps of every
+pass); one batch of each pass (every 10th EVAL step of 8-batch passes is a different batch each
+time) is never compared with another, and a run with validation passes none of which is
+comparable ends "not evaluated", saying why (``_eval_passes`` has the definitions). For each
+comparable pass P starting at or after ``start_step``:
 
-    L_eval  = mean loss over the steps of B
-    L_train = mean of the last ``train_window`` TRAIN losses saved before B
+    L_eval  = mean loss over the compared steps of P
+    L_train = mean of the last ``train_window`` TRAIN losses saved before P
     r       = (L_eval - L_train) / |L_train|
 
-Only loss tensors saved in both modes are compared (their per-step mean). An EVAL block is
-finished when a TRAIN step follows it, or at the end of training (``finish``). Passes with a
-non-finite training loss are skipped; a zero training loss (a memorised training set) is an
-unbounded gap under calibrated semantics, skipped under SageMaker's.
+Only loss tensors saved in both modes are compared (their per-step mean). A pass is judged when
+a later step tells it is finished (the next TRAIN step, or the next pass), or at the end of
+training (``finish``). Passes with a non-finite training loss are skipped; a zero training loss
+(a memorised training set) is an unbounded gap under calibrated semantics, skipped under
+SageMaker's.
 
 Calibrated semantics (the default). A gap alone is not overfitting: a healthy model's validation
 loss is commonly 10-50 % above its training loss (a small validation set, dropout off in EVAL)
@@ -37,12 +43,12 @@ the passes' values); the cost per step does not grow with the run.
 from __future__ import annotations
 
 import math
-from collections import deque
 
 from trainguard.modes import ModeKeys
 from trainguard.rules.base import Rule, StepResult
+from trainguard.rules.builtin._eval_passes import EvalPass, ValidationPasses
 from trainguard.rules.builtin._loss_stats import BestTracker
-from trainguard.rules.builtin._losses import Block, LossHistory, fmt, is_complete
+from trainguard.rules.builtin._losses import LossHistory, fmt, is_complete
 from trainguard.rules.params import SAGEMAKER, Param, semantics_param
 
 
@@ -87,8 +93,9 @@ class Overfit(Rule):
         self._history = LossHistory(self, tensor_regex=self.tensor_regex, use_losses_collection=True)
         self._streak = 0
         self._last_step = -1
-        self._block_index = 0  # the first block not judged yet
-        self._train_steps: deque[int] = deque(maxlen=self.train_window)  # last TRAIN loss steps seen
+        self._passes = ValidationPasses(self._history)
+        self._compared = 0  # passes compared (judged with a training loss before them)
+        self._comparable_seen = False
         self._validation = BestTracker()
         self._train_at_pass: list[float] = []  # L_train at each pass the tracker holds
 
@@ -113,32 +120,31 @@ class Overfit(Rule):
             return self.not_evaluated(
                 "needs losses of both TRAIN and EVAL steps (run validation under hook.set_mode(modes.EVAL))",
                 self._last_step)
-        if result is None and not self._validation.values:
+        if result is None and not self._validation.values and not self._compared:
+            if self._passes.seen_any() and not self._comparable_seen:
+                return self.not_evaluated(self._passes.reason(), self._last_step)
             return self.not_evaluated("no validation pass had a training loss before it to compare with",
                                       self._last_step)
         return result
 
     def _judge(self, step: int, *, include_open_block: bool) -> StepResult | None:
         history = self._history
-        blocks = history.blocks(upto=None if include_open_block else step, start=self._block_index)
-        if not blocks:
+        passes = self._passes.new(None if include_open_block else step, final=include_open_block)
+        if not passes:
             return None
         common = history.mode_names(ModeKeys.TRAIN) & history.mode_names(ModeKeys.EVAL)
         judged: list[dict[str, float | int]] = []
         fired: dict[str, float | int] | None = None
-        for offset, block in enumerate(blocks):
-            closed = offset + 1 < len(blocks) or include_open_block
-            if not closed:
-                break
-            self._block_index += 1
-            if block.mode == ModeKeys.TRAIN:
-                self._train_steps.extend(block.steps[-self.train_window:])
+        for validation_pass in passes:
+            if not validation_pass.kind:
+                continue  # not comparable (why: EvalPass.why_not; said when no pass was)
+            self._comparable_seen = True
+            if validation_pass.first < self.start_step or not common:
                 continue
-            if block.first < self.start_step or not common:
-                continue
-            facts = self._ratio(block, common)
+            facts = self._ratio(validation_pass, common)
             if facts is None:
                 continue
+            self._compared += 1
             facts = self._judge_pass(facts)
             judged.append(facts)
             if facts["fired"]:
@@ -183,9 +189,11 @@ class Overfit(Rule):
             facts.update(risen)
         return facts
 
-    def _ratio(self, block: Block, names: set[str]) -> dict[str, float | int] | None:
-        train = self._history.mean(self._train_steps, names)
-        evaluation = self._history.mean(block.steps, names)
+    def _ratio(self, validation_pass: EvalPass, names: set[str]) -> dict[str, float | int] | None:
+        history = self._history
+        train_steps = history.last_loss_steps(ModeKeys.TRAIN, validation_pass.first, self.train_window)
+        train = history.mean(train_steps, names)
+        evaluation = history.mean(validation_pass.compared, names)
         if train is None or evaluation is None or not math.isfinite(train) or not math.isfinite(evaluation):
             return None
         if train == 0:
@@ -194,5 +202,6 @@ class Overfit(Rule):
             ratio = math.inf  # a memorised training set (CrossEntropy underflows to 0): the gap is unbounded
         else:
             ratio = (evaluation - train) / abs(train)
-        return {"eval_first_step": block.first, "eval_last_step": block.last, "eval_loss": evaluation,
-                "train_loss": train, "ratio": ratio}
+        return {"eval_first_step": validation_pass.first, "eval_last_step": validation_pass.last,
+                "eval_steps": len(validation_pass.compared), "eval_loss": evaluation, "train_loss": train,
+                "ratio": ratio}

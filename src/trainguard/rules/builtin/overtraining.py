@@ -1,9 +1,12 @@
 """Overtraining: the validation loss rose above its best and stayed there: training longer hurts.
 
-Calibrated semantics (the default). One value per validation pass (a block of consecutive saved
-EVAL steps, judged once a TRAIN step follows it or training ends: the mean of its losses; in
+Calibrated semantics (the default). One value per validation pass (consecutive saved EVAL steps,
+judged once a later step says the pass is finished, or training ends: the mean of its losses; in
 XGBoost runs the ``validation-*``/``eval-*``/``test-*`` metrics where lower is better, one pass per
-saved round). With ``noise`` the pass-to-pass spread of the validation loss (1.4826 x median
+saved round). Passes are compared only when they hold the same batches (each saved whole, or the
+same first ``n`` batches of each, as trainguard's hook saves them): one batch of each pass (every
+10th EVAL step of 8-batch passes) is never compared with another, and a run whose validation
+passes are none of them comparable ends "not evaluated", saying why (``_eval_passes``). With ``noise`` the pass-to-pass spread of the validation loss (1.4826 x median
 |second difference| / sqrt 6 over the last 64 passes: a steady trend is not noise):
 
     fire when the best pass is at least patience_validation passes old and every one of the
@@ -24,8 +27,7 @@ Formula. Two series, each tracking its best value ``best`` (the first value star
 * training: one value per saved TRAIN loss step, the mean of the last ``smoothing`` saved TRAIN
   losses (mini-batch losses are noisy; one lucky batch would otherwise set an optimum that
   the next hundred batches cannot beat);
-* validation: one value per validation pass (a block of consecutive saved EVAL steps, judged
-  once a TRAIN step follows it or training ends), the mean of its losses.
+* validation: one value per comparable validation pass (as above), the mean of its losses.
 
 A value v is a new optimum when ``v < best - delta * |best|``. The rule fires when the
 validation series had no new optimum for ``patience_validation`` passes, or, in a run without
@@ -57,6 +59,7 @@ from collections import deque
 
 from trainguard.modes import ModeKeys
 from trainguard.rules.base import Rule, StepResult
+from trainguard.rules.builtin._eval_passes import ValidationPasses
 from trainguard.rules.builtin._loss_stats import BestTracker
 from trainguard.rules.builtin._losses import LossHistory, fmt, is_complete
 from trainguard.rules.params import SAGEMAKER, Param, semantics_param
@@ -121,7 +124,7 @@ class Overtraining(Rule):
         self._recent: deque[float] = deque(maxlen=self.smoothing)
         self._train_upto = -1
         self._last_step = -1
-        self._block_index = 0  # the first block not judged yet
+        self._eval_passes = ValidationPasses(self._history)
         self._rounds_upto = -1  # XGBoost: last saved round judged
         self._passes = BestTracker()
         self._judged_any = False
@@ -140,6 +143,8 @@ class Overtraining(Rule):
         if result is None and not self._judged_any:
             if self.semantics == SAGEMAKER:
                 return self.not_evaluated("no saved loss to judge", self._last_step)
+            if self._eval_passes.seen_any():
+                return self.not_evaluated(self._eval_passes.reason(), self._last_step)
             return self.not_evaluated(
                 "no validation losses: Overtraining judges the validation loss (run validation under "
                 "hook.set_mode(modes.EVAL), or give XGBoost an evaluation set); a flat training loss alone is "
@@ -230,20 +235,16 @@ class Overtraining(Rule):
     def _add_validation_passes(self, step: int, final: bool, tracker: BestTracker | None = None) -> bool:
         history = self._history
         progressed = False
-        blocks = history.blocks(upto=None if final else step, start=self._block_index)
-        for offset, block in enumerate(blocks):
-            if offset + 1 == len(blocks) and not final:
-                break  # the last block may still be growing (a validation pass still running)
-            self._block_index += 1
-            if block.mode != ModeKeys.EVAL:
-                continue
-            value = history.mean(block.steps)
+        for validation_pass in self._eval_passes.new(None if final else step, final=final):
+            if not validation_pass.kind:
+                continue  # not comparable (EvalPass.why_not; said when no pass was)
+            value = history.mean(validation_pass.compared)
             if value is None or not math.isfinite(value):
                 continue
             if tracker is not None:
-                tracker.add(value, block.last)
+                tracker.add(value, validation_pass.last)
             else:
-                self._validation.add(value, block.last, self.delta)
+                self._validation.add(value, validation_pass.last, self.delta)
             progressed = True
         return progressed
 
