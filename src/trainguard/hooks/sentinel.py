@@ -127,6 +127,13 @@ class StepSentinel:
             self.close()
 
     def _check(self, batch: list[tuple[Any, int, int, str]], before: int | None) -> None:
+        try:  # the usual run: one gradient tensor of one shape per step, all finite
+            with torch.no_grad():
+                if bool(torch.isfinite(torch.stack([entry[0] for entry in batch])).all()):
+                    self._failing = False
+                    return
+        except (TypeError, RuntimeError):  # a step without a gradient, several shapes: one by one
+            pass
         gradients, where = [], []
         for gradient, left, removed, name in batch:
             # (one shape: with several optimizers, the first one's parameter is judged)
