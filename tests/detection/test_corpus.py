@@ -158,8 +158,7 @@ def test_others_families_have_a_healthy_run_and_both_learning_rate_twins():
         assert len(healthy) == 1, family
         base = healthy[0].spec
         twins = {case.spec.lr for case in members if not case.healthy and case.spec.variant == base.variant}
-        # the agents' lr x1e4 runs still learned (others_cases.py says so): no such twin for them
-        assert ({0.0} if family in ("reinforce", "actor_critic") else {base.lr * 1e4, 0.0}) <= twins, (family, twins)
+        assert {base.lr * 1e4, 0.0} <= twins, (family, twins)
         for case in members:
             if not case.healthy and case.spec.lr == 0.0:
                 assert case.symptom == "frozen" and "WeightUpdateRatio" in case.expected
