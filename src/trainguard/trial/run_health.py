@@ -19,9 +19,22 @@ from trainguard.trial.state import Damage, RunState
 if TYPE_CHECKING:
     from trainguard.storage.base import Store
 
-__all__ = ["RunHealth"]
+__all__ = ["RunHealth", "read_capture_stopped"]
 
 logger = logging.getLogger("trainguard")
+
+
+def read_capture_stopped(store: Store, status_dir: Path | None) -> dict[str, dict[str, Any]]:
+    """Worker -> capture-stopped record of the run in ``store`` (see :meth:`RunHealth.capture_stopped`)."""
+    # records the run refused (a read-only file system) were kept beside it by the hook
+    stopped = read_capture_status_aside(store.url, status_dir)
+    for key in store.list(CAPTURE_STOPPED_PREFIX):
+        worker = key[len(CAPTURE_STOPPED_PREFIX) :].removesuffix(".json")
+        try:
+            stopped[worker] = json.loads(store.read(key))
+        except (ValueError, StorageError) as error:
+            stopped[worker] = {"reason": f"unreadable marker: {error}"}
+    return stopped
 
 
 class RunHealth:
@@ -47,15 +60,7 @@ class RunHealth:
         the run (``capture_stopped/<worker>.json``, with the end marker) or, when the run
         refused writes altogether, beside it (see :mod:`trainguard.storage.capture_status`).
         """
-        # records the run refused (a read-only file system) were kept beside it by the hook
-        stopped = read_capture_status_aside(self.store.url, self._capture_status_dir)
-        for key in self.store.list(CAPTURE_STOPPED_PREFIX):
-            worker = key[len(CAPTURE_STOPPED_PREFIX) :].removesuffix(".json")
-            try:
-                stopped[worker] = json.loads(self.store.read(key))
-            except (ValueError, StorageError) as error:
-                stopped[worker] = {"reason": f"unreadable marker: {error}"}
-        return stopped
+        return read_capture_stopped(self.store, self._capture_status_dir)
 
     @property
     def payload_checksums_required(self) -> bool:
