@@ -11,6 +11,8 @@ and the delay from a step written by the hook to its point drawn in the browser.
   from navigation start to the DOM ready, to the loss chart first drawn, and to every curve drawn
   up to the last step (the server reads a long run in 0.5 s slices, so the page is usable while
   the rest fills in); the ui process's RSS (VmRSS, VmHWM) then;
+* data layer alone (no browser, in this process): the time the dashboard's ``LiveRun`` takes to
+  read every step of each run, and the memory it keeps afterwards (tracemalloc);
 * live: a training writing one step every 0.5 s under a running ``trainguard ui``: for each step,
   the time its point was drawn (the chart's ``data-drawn-at``) minus its index file's mtime.
 """
@@ -109,6 +111,31 @@ def page_times(driver, url: str, last_step: int, timeout: float = 600) -> dict[s
             "loss_points": int(chart["points"])}  # fmt: skip
 
 
+def data_layer(run: Path) -> tuple[float, float]:
+    """(seconds to read every step, MiB kept afterwards) of the dashboard's data layer."""
+    import gc
+    import tracemalloc
+
+    from trainguard.ui.discover import discover_runs
+    from trainguard.ui.live import LiveRun
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        started = time.monotonic()
+        live = LiveRun(discover_runs([str(run)])[0][0], budget_s=float("inf"))
+        while True:
+            live.refresh(force=True)
+            if live.last_step is not None and live.curves.cursor >= live.last_step:
+                break
+        elapsed = time.monotonic() - started
+        gc.collect()
+        return elapsed, (tracemalloc.get_traced_memory()[0] - before) / 2**20
+    finally:
+        tracemalloc.stop()
+
+
 def live_delays(driver, work: Path, steps: int = 60) -> list[float]:  # noqa: ANN001
     runs = work / "live"
     shutil.rmtree(runs, ignore_errors=True)  # a run of an earlier invocation
@@ -146,6 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--work", help="keep the runs here (default: a temporary folder)")
     parser.add_argument("--source", help="a 1,000-step run to use instead of training one")
+    parser.add_argument("--data-only", action="store_true", help="the data layer alone, no browser")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="tg-ui-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -157,6 +185,13 @@ def main() -> None:
     large = work / "run-10k"
     if not large.exists():
         print(f"run-10k: {replicate(small, large, 10)} steps")
+    for name, run in (("1k", small), ("10k", large)):
+        seconds, kept = data_layer(run)
+        print(f"{name} data layer: every step read in {seconds:.2f} s, {kept:.2f} MiB kept after", flush=True)
+    if args.data_only:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     driver = browser()
     try:
         for name, run in (("1k", small), ("10k", large)):

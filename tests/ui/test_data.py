@@ -86,12 +86,10 @@ def test_curves_equal_the_trial_values_and_each_step_is_read_once(small_run: Pat
 
     run = LiveRun(discover_runs([str(small_run)])[0][0], budget_s=1e9)
     run.refresh(force=True)
-    trial = run.trial
+    listing = run.listing
     calls: list[int] = []
-    original = trial.tensor_values
-    monkeypatch.setattr(
-        trial, "tensor_values", lambda names, step, **kw: calls.append(step) or original(names, step, **kw)
-    )
+    original = listing._read_step
+    monkeypatch.setattr(listing, "_read_step", lambda step, *args: calls.append(step) or original(step, *args))
     run.refresh(force=True)
     assert calls == [], "a refresh with no new step must read no value"
 
@@ -131,11 +129,11 @@ def test_a_live_run_is_read_incrementally(small_run: Path, tmp_path: Path) -> No
     copy_steps(steps[:half])
     run = LiveRun(discover_runs([str(live)])[0][0], budget_s=1e9)
     run.refresh(force=True)
-    assert run.curves.cursor == max(s for s in steps[:half] if s in run.trial.steps())
+    assert run.curves.cursor == steps[half - 1] == run.last_step
     assert run.status()[0] == "running"
     read: list[int] = []
-    original = run.trial.tensor_values
-    run.trial.tensor_values = lambda names, step, **kw: read.append(step) or original(names, step, **kw)
+    original = run.listing._read_step
+    run.listing._read_step = lambda step, *args: read.append(step) or original(step, *args)
     copy_steps(steps[half:])
     shutil.copy(small_run / "training_job_end.ts", live / "training_job_end.ts")
     run.refresh(force=True)

@@ -1,8 +1,9 @@
 """The curves of one run, read incrementally: a cursor per run, each step read once.
 
-``RunCurves.update(trial)`` reads only the complete steps after its cursor (within a time
+``RunCurves.update(listing)`` reads only the complete steps after its cursor (within a time
 budget, so a first look at a long finished run comes back quickly and fills in over the next
-refreshes), one ``tensor_values`` call per (step, worker), and adds each value to a
+refreshes), through :class:`~trainguard.ui.listing.RunListing` (whole index and event files,
+each step once, then forgotten), and adds each value to a
 :class:`~trainguard.ui.downsample.BoundedSeries`. Memory is bounded by the number of series and
 their bucket cap, not by the run's length. What is drawn:
 
@@ -21,16 +22,13 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainguard.errors import FormatError, TrainguardError
-from trainguard.modes import ModeKeys
-from trainguard.trial import Trial
 from trainguard.ui.downsample import BoundedSeries
+from trainguard.ui.listing import RunListing
 
 __all__ = ["CHART_GROUPS", "RunCurves"]
 
@@ -85,8 +83,8 @@ class RunCurves:
     _previous_bytes: int = 0
     _workers: int = 1
 
-    def _role(self, trial: Trial, name: str) -> str:
-        collections = trial.collections()
+    def _role(self, listing: RunListing, name: str) -> str:
+        collections = listing.collections
         if id(collections) != self._roles_of:  # the hook added tensors to a collection mid-run
             self._roles, self._roles_of = {}, id(collections)
         role = self._roles.get(name)
@@ -107,60 +105,36 @@ class RunCurves:
         line.series.add(float(step), value)
         self.version += 1
 
-    def update(self, trial: Trial, *, budget_s: float = 0.5) -> int:
-        """Read the complete steps after the cursor, for at most about ``budget_s``; return how many."""
-        started = time.monotonic()
-        steps = trial.steps()
-        self._workers = max(1, len(trial.workers()))
-        position = _first_after(steps, self.cursor)
-        done = 0
-        for step in steps[position:]:
-            self._read_step(trial, step)
-            self.cursor = step
-            done += 1
-            if time.monotonic() - started > budget_s:
-                break
-        return done
+    def update(self, listing: RunListing, *, budget_s: float = 0.5) -> int:
+        """Read the complete steps after the cursor, for at most about ``budget_s``; return how many
+        (step, worker) pairs were read."""
+        self._workers = max(1, len(listing.workers))
 
-    def backlog(self, trial: Trial) -> int:
-        steps = trial.steps()
-        return len(steps) - _first_after(steps, self.cursor)
+        def wanted(name: str) -> bool:
+            base = name
+            if name.startswith(REDUCTION_PREFIX):
+                reduction, _, base = name[len(REDUCTION_PREFIX) :].partition("/")
+                if reduction not in ("l2", "zero_fraction"):
+                    return False
+            return bool(self._role(listing, base))
 
-    def _read_step(self, trial: Trial, step: int) -> None:
-        record = trial._state.steps.get(step)  # the listing's own index: which names each worker saved here
-        if record is None:
-            return
-        try:
-            mode = trial.mode(step).name
-        except TrainguardError:
-            mode = ModeKeys.GLOBAL.name
-        for worker, index in sorted(record.workers.items()):
-            wanted: dict[str, tuple[str, str]] = {}  # saved name -> (role, base name)
-            for entry in index.tensors:
-                name = entry.tensor_name
-                base, reduction = name, ""
-                if name.startswith(REDUCTION_PREFIX):
-                    reduction, _, base = name[len(REDUCTION_PREFIX) :].partition("/")
-                    if reduction not in ("l2", "zero_fraction"):
-                        continue
-                role = self._role(trial, base)
-                if role:
-                    wanted[name] = (role, base)
-            if not wanted:
+        read = listing.read(wanted, budget_s=budget_s)
+        for item in read:
+            self.cursor = max(self.cursor, item.step)
+            if item.error:
+                if item.step not in self.skipped:
+                    self.skipped[item.step] = item.error
+                    logger.warning("trainguard: step %d is left out of the charts: %s", item.step, item.error)
                 continue
-            try:
-                values = trial.tensor_values(sorted(wanted), step, worker=worker)
-            except FormatError as error:  # a damaged step costs that step, said once, not the run
-                if step not in self.skipped:
-                    self.skipped[step] = str(error)
-                    logger.warning("trainguard: step %d is left out of the charts: %s", step, error)
-                continue
-            except TrainguardError as error:
-                logger.debug("trainguard ui: step %d of %s unreadable: %s", step, worker, error)
-                continue
-            for name, value in values.items():
-                role, base = wanted[name]
-                self._record(role, base, name != base, mode, worker, step, value)
+            for name, value in item.values.items():
+                base = name[len(REDUCTION_PREFIX) :].partition("/")[2] if name.startswith(REDUCTION_PREFIX) else name
+                self._record(self._role(listing, base), base, name != base, item.mode, item.worker, item.step, value)
+        if listing.last_step is not None and not listing.backlog():
+            self.cursor = max(self.cursor, listing.last_step)  # steps with nothing to draw count as read
+        return len(read)
+
+    def backlog(self, listing: RunListing) -> int:
+        return listing.backlog()
 
     def _label(self, name: str, mode: str | None, worker: str) -> str:
         parts = [name]
@@ -245,12 +219,6 @@ class RunCurves:
         return best
 
 
-def _first_after(steps: list[int], cursor: int) -> int:
-    import bisect
-
-    return bisect.bisect_right(steps, cursor)
-
-
 def _mean(array: np.ndarray) -> float:
     if array.size == 0:
         return math.nan
@@ -259,8 +227,9 @@ def _mean(array: np.ndarray) -> float:
 
 
 def _l2(array: np.ndarray) -> float:
-    with np.errstate(all="ignore"):
-        return float(np.linalg.norm(array.astype(np.float64, copy=False).ravel()))
+    flat = array.astype(np.float64, copy=False).ravel()
+    with np.errstate(all="ignore"):  # what np.linalg.norm computes for a real vector, without its checks
+        return math.sqrt(float(np.dot(flat, flat)))
 
 
 def _share(mask: np.ndarray, array: np.ndarray) -> float:

@@ -1,5 +1,6 @@
-"""One run as the dashboard sees it, kept open between refreshes: its trial (incremental listing),
-its curves (a cursor), its rule results, stop record and status.
+"""One run as the dashboard sees it, kept open between refreshes: its listing (incremental and
+bounded: :mod:`trainguard.ui.listing`), its curves (a cursor), its rule results, stop record and
+status.
 
 Everything a page asks for goes through :meth:`LiveRun.refresh`, which does at most one round of
 work per ``min_interval`` whatever the number of pages polling, so ten open tabs cost what one does.
@@ -20,10 +21,10 @@ from trainguard.errors import MissingCollectionFiles, StorageError, TrainguardEr
 from trainguard.format.layout import END_OF_TRAINING, index_key
 from trainguard.storage import sidecar_root
 from trainguard.storage.base import Store
-from trainguard.trial import Trial
-from trainguard.ui.curves import RunCurves
+from trainguard.ui.curves import REDUCTION_PREFIX, RunCurves
 from trainguard.ui.discover import RunLocation, modified_at
 from trainguard.ui.findings import RuleState
+from trainguard.ui.listing import RunListing
 
 __all__ = ["EXIT_RECORD", "STOP_RECORD", "LiveRun"]
 
@@ -45,7 +46,7 @@ class LiveRun:
         self.rules = RuleState()
         # False when the rule results come from elsewhere (the service's database) via rules.set_results
         self.rules_from_store = True
-        self.trial: Trial | None = None
+        self.listing: RunListing | None = None
         self.trial_error = ""
         self.stop: dict[str, Any] | None = None
         self.exit: dict[str, Any] | None = None
@@ -97,7 +98,7 @@ class LiveRun:
             except Exception as error:  # noqa: BLE001 - one unreadable run must not take the page down
                 logger.warning("trainguard ui: cannot read %s: %s", self.location.url, error)
                 self.trial_error = f"{type(error).__name__}: {error}"
-            if curves and self.catch_up and self.trial is not None and self.curves.backlog(self.trial):
+            if curves and self.catch_up and self.listing is not None and self.listing.backlog():
                 self._start_catching_up()
 
     def _start_catching_up(self) -> None:
@@ -109,11 +110,11 @@ class LiveRun:
         def read_on() -> None:
             while True:
                 with self._lock:
-                    trial = self.trial
-                    if trial is None or not self.curves.backlog(trial):
+                    listing = self.listing
+                    if listing is None or not listing.backlog():
                         return
                     try:
-                        self.curves.update(trial, budget_s=self.budget_s)
+                        self.curves.update(listing, budget_s=self.budget_s)
                     except Exception as error:  # noqa: BLE001 - the next refresh tries again
                         logger.warning("trainguard ui: cannot read %s: %s", self.location.url, error)
                         return
@@ -122,35 +123,39 @@ class LiveRun:
         self._catching_up = threading.Thread(target=read_on, name="trainguard-ui-catch-up", daemon=True)
         self._catching_up.start()
 
+    @property
+    def trial(self) -> RunListing | None:
+        """The run's listing; None until its collections file is there (the report asks)."""
+        return self.listing
+
     def _refresh(self, curves: bool) -> None:
         store, sidecar = self._stores()
-        if self.trial is None:
+        if self.listing is None:
             try:
-                self.trial = Trial(store, name=self.location.name, collection_wait_timeout=0)
+                self.listing = RunListing(store)
                 self.trial_error = ""
             except MissingCollectionFiles as error:
                 self.trial_error = str(error)
-        if self.trial is not None:
-            self.trial.refresh(force=True)
+        listing = self.listing
+        if listing is not None:
             steps_before = self.steps
+            listing.refresh()
             if curves:
-                # the first answer comes quickly; the catch-up thread reads the rest
-                first = self.curves.cursor < 0
-                self.curves.update(self.trial, budget_s=min(self.budget_s, 0.2) if first else self.budget_s)
-            steps = self.trial.steps()
-            self.steps, self.last_step = len(steps), (steps[-1] if steps else None)
-            self.workers = self.trial.workers()
-            self.ended = self.trial.training_ended
-            if self.started_at is None and steps:
-                self.started_at = self._first_time(store, steps[0])
-            if self.steps != steps_before and steps:
-                self.updated_at = modified_at(store, index_key(steps[-1], self.workers[0])) or time.time()
-            self.damaged = [
-                {"step": item.step, "worker": item.worker, "file": item.key, "problem": item.problem}
-                for item in self.trial.damage()
-            ]
+                # the first answer comes quickly; the catch-up thread reads the rest (a static
+                # report, without that thread, reads everything now)
+                first = self.curves.cursor < 0 and self.catch_up
+                self.curves.update(listing, budget_s=min(self.budget_s, 0.2) if first else self.budget_s)
+            self.steps, self.last_step = listing.steps, listing.last_step
+            self.workers = sorted(listing.workers)
+            self.ended = listing.training_ended
+            if self.started_at is None and listing.first_step is not None:
+                self.started_at = self._first_time(store, listing.first_step)
+            last_key = listing.last_key()
+            if self.steps != steps_before and last_key is not None:
+                self.updated_at = modified_at(store, last_key) or time.time()
+            self.damaged = listing.damage()
             self.capture_stopped = [
-                {"worker": worker, **record} for worker, record in sorted(self.trial.capture_stopped().items())
+                {"worker": worker, **record} for worker, record in sorted(listing.capture_stopped().items())
             ]
         else:
             self.ended = store.exists(END_OF_TRAINING)
@@ -215,34 +220,34 @@ class LiveRun:
         return max(0.0, float(end or time.time()) - self.started_at)
 
     def histogram_tensors(self, limit: int = 200) -> list[dict[str, Any]]:
-        """Tensors with raw values (weights, gradients, outputs) and the steps they were saved at."""
-        if self.trial is None:
+        """Tensors with raw values (weights, gradients, outputs) and the recent steps they were saved at."""
+        listing = self.listing
+        if listing is None:
             return []
-        trial = self.trial
-        weights = set(trial.tensor_names(collection="weights")) if "weights" in trial.collections() else set()
+        collections = listing.collections
+        weights = collections["weights"] if "weights" in collections else None
         losses = self.rules_losses()
-        found = []
+        saved = listing.recent_steps()
         # weights first: the histogram users look for; then gradients and outputs
-        for name in sorted(trial.tensor_names(), key=lambda name: (name not in weights, name)):
-            steps = sorted(trial._state.tensors.get(name, {}))
-            if steps and name not in losses:
-                found.append({"name": name, "steps": steps[-2000:]})
-            if len(found) >= limit:
-                break
-        return found
+        names = sorted(
+            (name for name in saved if name not in losses and not name.startswith(REDUCTION_PREFIX)),
+            key=lambda name: (weights is None or not weights.matches(name), name),
+        )
+        return [{"name": name, "steps": saved[name]} for name in names[:limit]]
 
     def rules_losses(self) -> set[str]:
-        trial = self.trial
-        if trial is None or "losses" not in trial.collections():
+        listing = self.listing
+        if listing is None or "losses" not in listing.collections:
             return set()
-        return set(trial.tensor_names(collection="losses"))
+        losses = listing.collections["losses"]
+        return {name for name in listing.recent_steps() if losses.matches(name)}
 
     def histogram(self, name: str, step: int, worker: str | None = None, bins: int = 40) -> dict[str, Any]:
         """Bin counts of one tensor at one step; NaN and inf counted apart (they have no bin)."""
-        if self.trial is None:
+        if self.listing is None:
             raise TrainguardError("the run has no tensors yet")
         with self._lock:
-            value = self.trial.tensor_values([name], step, worker=worker)[name]
+            value = self.listing.value(name, step, worker=worker)
         flat = np.asarray(value, dtype=np.float64).ravel()
         finite = flat[np.isfinite(flat)]
         counts, edges = np.histogram(finite, bins=bins) if finite.size else (np.zeros(0), np.zeros(0))

@@ -54,7 +54,7 @@ def run_summary(run: LiveRun) -> dict[str, Any]:
         "rules": arranged["counts"],
         "primary": arranged["primary_line"],
         "latest_loss": {"label": loss[0], "step": loss[1], "value": loss[2]} if loss else None,
-        "problem": run.trial_error if run.trial is None else "",
+        "problem": run.trial_error if run.listing is None else "",
     }
 
 
@@ -104,7 +104,7 @@ def _merged(marks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run_series(run: LiveRun, since: int | None = None) -> dict[str, Any]:
     """The run's curves, or only ``{"version", "unchanged": true}`` when nothing was added since."""
     version = run.curves.version
-    backlog = run.curves.backlog(run.trial) if run.trial is not None else 0
+    backlog = run.listing.backlog() if run.listing is not None else 0
     if since is not None and since == version:
         return {"version": version, "unchanged": True, "backlog": backlog}
     return {
