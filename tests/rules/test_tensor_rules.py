@@ -321,3 +321,18 @@ def test_parameters_parse_from_sagemaker_strings(tmp_path):
         create_rule(trial, "VanishingGradient:treshold=1")
     with pytest.raises(ConfigError, match="regular expression|regex"):
         create_rule(trial, RuleSpec("ExplodingTensor", {"tensor_regex": "(unclosed"}))
+
+
+def test_exploding_tensor_reads_an_input_of_zeros_and_minus_inf_as_an_attention_mask(tmp_path):
+    # a causal mask as nn.Transformer.generate_square_subsequent_mask builds it: 0 on and below the diagonal
+    mask = np.triu(np.full((4, 4), -np.inf), k=1)
+    mask[np.tril_indices(4)] = 0.0
+    log_of_saturated_softmax = mask.copy()  # the same values as a layer output are a real overflow
+    steps = {
+        0: {"Net_input_0": np.ones((2, 4)), "Net_input_1": mask, "net.weight": np.ones(3)},
+        1: {"Net_input_0": np.ones((2, 4)), "Net_input_1": mask, "attn_output_0": log_of_saturated_softmax},
+        2: {"Net_input_0": np.ones((2, 4)), "Net_input_1": np.where(mask == 0, 0.5, -np.inf), "net.weight": np.ones(3)},
+    }
+    path = write_run(tmp_path / "run", steps, collections={"model_inputs": ["Net_input_0", "Net_input_1"]})
+    # step 1: the layer output is reported; step 2: an input with -inf beside non-zero values is data, reported
+    assert fired_steps(evaluate_rule(path, sagemaker("ExplodingTensor"))) == [1, 2]

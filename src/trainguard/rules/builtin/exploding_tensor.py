@@ -8,6 +8,13 @@ so are XGBoost's tree dumps (``trees/*``: NaN split values mark leaves) unless s
 Non-finite values never heal, so this finding is immediate and certain under both semantics:
 it is the one tensor-state condition that needs no persistence window. It is also the primary
 finding of a run whose NaNs make other rules fire (dead ReLUs, huge update ratios).
+
+One exception, by construction rather than by threshold: a model *input* whose values are all
+``0`` or ``-inf`` is an additive attention mask (``nn.Transformer.generate_square_subsequent_mask``,
+a padding mask built with ``masked_fill(..., -inf)``): ``-inf`` is how such masks say "never attend",
+and no data the loader feeds holds exactly those two values. Only the input collections
+(``model_inputs``, ``derived_inputs``) get this reading; a layer output of zeros and ``-inf`` (a
+``log`` of a saturated softmax) is still reported.
 """
 
 from __future__ import annotations
@@ -19,6 +26,15 @@ from trainguard.rules.builtin._helpers import all_finite, check_regexes, is_comp
 from trainguard.rules.builtin._parallel import map_tensors
 from trainguard.rules.builtin._persistence import TensorRule
 from trainguard.rules.params import Param
+
+
+_INPUT_COLLECTIONS = ("model_inputs", "derived_inputs")
+
+
+def is_additive_mask(array: np.ndarray) -> bool:
+    """Whether every value is exactly 0 or -inf, with at least one -inf (an additive attention mask)."""
+    negative_inf = np.isneginf(array)
+    return bool(negative_inf.any()) and not np.count_nonzero(array[~negative_inf])
 
 
 class ExplodingTensor(TensorRule):
@@ -74,8 +90,9 @@ class ExplodingTensor(TensorRule):
         floats = {name: array for name, array in values.items() if array.dtype.kind in "fc" and array.size}
         # one pass per tensor, on two cores; the verdicts are shared with the other rules
         finite = map_tensors(lambda name, array: all_finite(trial, step, name, array), floats)
+        inputs = self._input_names() if not all(finite.values()) else set()
         for name, array in floats.items():
-            if finite[name]:
+            if finite[name] or (name in inputs and is_additive_mask(array)):
                 continue
             nan = int(np.count_nonzero(np.isnan(array)))
             inf = 0 if self.only_nan else int(np.count_nonzero(np.isinf(array)))
@@ -98,3 +115,13 @@ class ExplodingTensor(TensorRule):
             tensor=first,
             tensors=bad,
         )
+
+    def _input_names(self) -> set[str]:
+        trial = self.base_trial
+        present = set(trial.collections())
+        return {
+            name
+            for collection in _INPUT_COLLECTIONS
+            if collection in present
+            for name in trial.tensor_names(collection=collection)
+        }
