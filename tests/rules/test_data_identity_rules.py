@@ -267,3 +267,28 @@ def test_class_imbalance_is_silent_on_a_regression_target_that_is_constant(tmp_p
                  "CrossEntropyLoss_input_1": np.full(64, 3, dtype=np.int64)} for s in range(0, 200, 10)}  # fmt: skip
     results = evaluate_rule(write_run(tmp_path / "run", steps, collections=LOSS_INPUTS), "ClassImbalance")
     assert first_firing(results) is None
+
+
+def test_class_imbalance_does_not_read_a_discriminators_real_and_fake_batches_as_classes(tmp_path):
+    """A GAN's discriminator scores a batch of real samples (targets all 1) and one of generated
+    samples (targets all 0) each step; the generator fooling it makes class 1 look "mispredicted
+    100 %" (the detection corpus' healthy DCGAN). Batch-constant targets name a batch's source."""
+    rng = np.random.default_rng(11)
+    steps = {}
+    for step in range(0, 400, 10):
+        real, fake = rng.uniform(0.1, 0.4, 64), rng.uniform(0.1, 0.4, 64)  # fooled: real scored "fake"
+        steps[step] = {
+            "BCELoss_input_0": real.astype(np.float32), "BCELoss_input_1": np.ones(64, dtype=np.float32),
+            "BCELoss_1_input_0": fake.astype(np.float32), "BCELoss_1_input_1": np.zeros(64, dtype=np.float32),
+        }  # fmt: skip
+    collections = {"predictions": ["BCELoss_input_0", "BCELoss_1_input_0"], "labels": ["BCELoss_input_1", "BCELoss_1_input_1"]}
+    results = evaluate_rule(write_run(tmp_path / "gan", steps, collections=collections), "ClassImbalance")
+    assert first_firing(results) is None, _findings(results)[:1]
+    assert results[-1].not_evaluated and "each batch's source" in results[-1].not_evaluated
+    # the same scores with each batch's labels mixed (a binary classifier) are judged: class 1 mispredicted
+    for tensors in steps.values():
+        mixed = np.r_[np.ones(32), np.zeros(32)].astype(np.float32)
+        tensors["BCELoss_input_1"], tensors["BCELoss_1_input_1"] = mixed, mixed
+        tensors["BCELoss_input_0"] = np.r_[rng.uniform(0.1, 0.4, 32), rng.uniform(0.1, 0.4, 32)].astype(np.float32)
+    found = _findings(evaluate_rule(write_run(tmp_path / "classifier", steps, collections=collections), "ClassImbalance"))
+    assert any("class 1 is mispredicted" in result.message for result in found), found[:1]
