@@ -12,7 +12,7 @@ and the delay from a step written by the hook to its point drawn in the browser.
   up to the last step (the server reads a long run in 0.5 s slices, so the page is usable while
   the rest fills in); the ui process's RSS (VmRSS, VmHWM) then;
 * data layer alone (no browser, in this process): the time the dashboard's ``LiveRun`` takes to
-  read every step of each run, and the memory it keeps afterwards (tracemalloc);
+  read every step of each run, and the memory of the objects it holds afterwards;
 * live: a training writing one step every 0.5 s under a running ``trainguard ui``: for each step,
   the time its point was drawn (the chart's ``data-drawn-at``) minus its index file's mtime.
 """
@@ -112,28 +112,21 @@ def page_times(driver, url: str, last_step: int, timeout: float = 600) -> dict[s
 
 
 def data_layer(run: Path) -> tuple[float, float]:
-    """(seconds to read every step, MiB kept afterwards) of the dashboard's data layer."""
-    import gc
-    import tracemalloc
-
+    """(seconds to read every step, MiB of the objects the run holds afterwards) of the
+    dashboard's data layer; the memory is counted as tests/ui/test_long_runs.py does (no
+    tracemalloc: it would slow the reading it times)."""
+    sys.path.insert(0, str(REPO))
+    from tests.ui.test_long_runs import kept_bytes
     from trainguard.ui.discover import discover_runs
     from trainguard.ui.live import LiveRun
 
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        started = time.monotonic()
-        live = LiveRun(discover_runs([str(run)])[0][0], budget_s=float("inf"))
-        while True:
-            live.refresh(force=True)
-            if live.last_step is not None and live.curves.cursor >= live.last_step:
-                break
-        elapsed = time.monotonic() - started
-        gc.collect()
-        return elapsed, (tracemalloc.get_traced_memory()[0] - before) / 2**20
-    finally:
-        tracemalloc.stop()
+    started = time.monotonic()
+    live = LiveRun(discover_runs([str(run)])[0][0], budget_s=float("inf"))
+    while True:
+        live.refresh(force=True)
+        if live.last_step is not None and live.curves.cursor >= live.last_step:
+            break
+    return time.monotonic() - started, kept_bytes(live) / 2**20
 
 
 def live_delays(driver, work: Path, steps: int = 60) -> list[float]:  # noqa: ANN001
@@ -187,7 +180,7 @@ def main() -> None:
         print(f"run-10k: {replicate(small, large, 10)} steps")
     for name, run in (("1k", small), ("10k", large)):
         seconds, kept = data_layer(run)
-        print(f"{name} data layer: every step read in {seconds:.2f} s, {kept:.2f} MiB kept after", flush=True)
+        print(f"{name} data layer: every step read in {seconds:.2f} s, the run then holds {kept:.2f} MiB", flush=True)
     if args.data_only:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)

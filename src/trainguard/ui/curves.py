@@ -118,8 +118,9 @@ class RunCurves:
                     return False
             return bool(self._role(listing, base))
 
-        read = listing.read(wanted, budget_s=budget_s)
-        for item in read:
+        read = 0
+        for item in listing.read(wanted, budget_s=budget_s):
+            read += 1
             self.cursor = max(self.cursor, item.step)
             if item.error:
                 if item.step not in self.skipped:
@@ -131,7 +132,7 @@ class RunCurves:
                 self._record(self._role(listing, base), base, name != base, item.mode, item.worker, item.step, value)
         if listing.last_step is not None and not listing.backlog():
             self.cursor = max(self.cursor, listing.last_step)  # steps with nothing to draw count as read
-        return len(read)
+        return read
 
     def backlog(self, listing: RunListing) -> int:
         return listing.backlog()

@@ -25,7 +25,7 @@ import struct
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -265,11 +265,11 @@ class RunListing:
         return index_key(self.last_step, min(self.workers))
 
     # -- reading ---------------------------------------------------------------------------
-    def read(self, select: Callable[[str], bool], budget_s: float = 0.5) -> list[StepValues]:
+    def read(self, select: Callable[[str], bool], budget_s: float = 0.5) -> Iterator[StepValues]:
         """The values ``select`` wants of the complete steps not read yet, oldest first, for
-        about ``budget_s``; each step is handed out once."""
+        about ``budget_s``; each step is handed out once. A generator, batch by batch: the caller
+        is done with a batch's values before the next is read."""
         started = time.monotonic()
-        found: list[StepValues] = []
         while self._ready and time.monotonic() - started <= budget_s:
             steps = [self._ready.popleft() for _ in range(min(self.batch, len(self._ready)))]
             jobs = [(step, worker, key) for step, workers in steps for worker, key in sorted(workers.items())]
@@ -279,13 +279,11 @@ class RunListing:
             else:
                 results = [self._read_step(*job, select) for job in jobs]
             names_of: dict[int, set[str]] = {}
-            for (step, _, _), (values, names) in zip(jobs, results, strict=True):
+            for (step, _, _), (_, names) in zip(jobs, results, strict=True):
                 names_of.setdefault(step, set()).update(names)
-                if values is not None:
-                    found.append(values)
             for step, names in names_of.items():
                 self._remember(step, frozenset(names))
-        return found
+            yield from (values for values, _ in results if values is not None)
 
     def _read_step(
         self, step: int, worker: str, key: str, select: Callable[[str], bool]
