@@ -281,7 +281,9 @@ def test_class_imbalance_does_not_read_a_discriminators_real_and_fake_batches_as
             "BCELoss_input_0": real.astype(np.float32), "BCELoss_input_1": np.ones(64, dtype=np.float32),
             "BCELoss_1_input_0": fake.astype(np.float32), "BCELoss_1_input_1": np.zeros(64, dtype=np.float32),
         }  # fmt: skip
-    collections = {"predictions": ["BCELoss_input_0", "BCELoss_1_input_0"], "labels": ["BCELoss_input_1", "BCELoss_1_input_1"]}
+    collections = {
+        "predictions": ["BCELoss_input_0", "BCELoss_1_input_0"], "labels": ["BCELoss_input_1", "BCELoss_1_input_1"],
+    }  # fmt: skip
     results = evaluate_rule(write_run(tmp_path / "gan", steps, collections=collections), "ClassImbalance")
     assert first_firing(results) is None, _findings(results)[:1]
     assert results[-1].not_evaluated and "each batch's source" in results[-1].not_evaluated
@@ -290,5 +292,6 @@ def test_class_imbalance_does_not_read_a_discriminators_real_and_fake_batches_as
         mixed = np.r_[np.ones(32), np.zeros(32)].astype(np.float32)
         tensors["BCELoss_input_1"], tensors["BCELoss_1_input_1"] = mixed, mixed
         tensors["BCELoss_input_0"] = np.r_[rng.uniform(0.1, 0.4, 32), rng.uniform(0.1, 0.4, 32)].astype(np.float32)
-    found = _findings(evaluate_rule(write_run(tmp_path / "classifier", steps, collections=collections), "ClassImbalance"))
+    classifier = write_run(tmp_path / "classifier", steps, collections=collections)
+    found = _findings(evaluate_rule(classifier, "ClassImbalance"))
     assert any("class 1 is mispredicted" in result.message for result in found), found[:1]
