@@ -332,6 +332,7 @@ def test_exploding_tensor_reads_an_input_of_zeros_and_minus_inf_as_an_attention_
         0: {"Net_input_0": np.ones((2, 4)), "Net_input_1": mask, "net.weight": np.ones(3)},
         1: {"Net_input_0": np.ones((2, 4)), "Net_input_1": mask, "attn_output_0": log_of_saturated_softmax},
         2: {"Net_input_0": np.ones((2, 4)), "Net_input_1": np.where(mask == 0, 0.5, -np.inf), "net.weight": np.ones(3)},
+        3: {"Net_input_0": np.ones((2, 4)), "encoder_input_1": mask, "net.weight": np.ones(3)},  # passed on to a layer
     }
     path = write_run(tmp_path / "run", steps, collections={"model_inputs": ["Net_input_0", "Net_input_1"]})
     # step 1: the layer output is reported; step 2: an input with -inf beside non-zero values is data, reported

@@ -9,15 +9,18 @@ Non-finite values never heal, so this finding is immediate and certain under bot
 it is the one tensor-state condition that needs no persistence window. It is also the primary
 finding of a run whose NaNs make other rules fire (dead ReLUs, huge update ratios).
 
-One exception, by construction rather than by threshold: a model *input* whose values are all
-``0`` or ``-inf`` is an additive attention mask (``nn.Transformer.generate_square_subsequent_mask``,
-a padding mask built with ``masked_fill(..., -inf)``): ``-inf`` is how such masks say "never attend",
-and no data the loader feeds holds exactly those two values. Only the input collections
-(``model_inputs``, ``derived_inputs``) get this reading; a layer output of zeros and ``-inf`` (a
-``log`` of a saturated softmax) is still reported.
+One exception, by construction rather than by threshold: an *input* (of the model, in the
+collections ``model_inputs``/``derived_inputs``, or of a layer, ``<module>_input_<n>``) whose values
+are all ``0`` or ``-inf`` is an additive attention mask (``nn.Transformer.generate_square_subsequent_mask``
+passed to the model and on to its encoder, a padding mask built with ``masked_fill(..., -inf)``):
+``-inf`` is how such masks say "never attend", and no data holds exactly those two values. A layer
+*output* of zeros and ``-inf`` (a ``log`` of a saturated softmax) is still reported; where such a
+tensor is then fed on as an input, the loss it produces still shows the overflow.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -29,6 +32,7 @@ from trainguard.rules.params import Param
 
 
 _INPUT_COLLECTIONS = ("model_inputs", "derived_inputs")
+_LAYER_INPUT = re.compile(r"_input_\d+$")
 
 
 def is_additive_mask(array: np.ndarray) -> bool:
@@ -92,7 +96,7 @@ class ExplodingTensor(TensorRule):
         finite = map_tensors(lambda name, array: all_finite(trial, step, name, array), floats)
         inputs = self._input_names() if not all(finite.values()) else set()
         for name, array in floats.items():
-            if finite[name] or (name in inputs and is_additive_mask(array)):
+            if finite[name] or ((name in inputs or _LAYER_INPUT.search(name)) and is_additive_mask(array)):
                 continue
             nan = int(np.count_nonzero(np.isnan(array)))
             inf = 0 if self.only_nan else int(np.count_nonzero(np.isinf(array)))
