@@ -87,16 +87,23 @@ def reference(w1, b1, w2, b2, x, y):
 SAVED = {0: (ModeKeys.TRAIN, 0), 2: (ModeKeys.TRAIN, 2), 4: (ModeKeys.EVAL, 0), 6: (ModeKeys.TRAIN, 4),
          8: (ModeKeys.TRAIN, 6), 10: (ModeKeys.EVAL, 2), 12: (ModeKeys.EVAL, 4), 14: (ModeKeys.PREDICT, 0)}  # fmt: skip
 TRAIN_STEPS = [step for step, (mode, _) in SAVED.items() if mode == ModeKeys.TRAIN]
+# Validation passes are judged whole (hooks/eval_passes.py): the losses of every EVAL step of a
+# pass are saved too, so the unsaved EVAL steps 5, 11 and 13 hold the losses and nothing else.
+EVAL_PASS_LOSS_STEPS = {5: (ModeKeys.EVAL, 1), 11: (ModeKeys.EVAL, 3), 13: (ModeKeys.EVAL, 5)}
 WEIGHTS = ["hidden/kernel", "hidden/bias", "head/kernel", "head/bias"]
 
 
 def test_steps_modes_and_end_marker(full_run):
     trial, record, out = full_run
     assert record["leftovers"] == 0
-    assert trial.steps() == sorted(SAVED)
-    for step, (mode, mode_step) in SAVED.items():
+    assert trial.steps() == sorted({**SAVED, **EVAL_PASS_LOSS_STEPS})
+    for step, (mode, mode_step) in {**SAVED, **EVAL_PASS_LOSS_STEPS}.items():
         assert (trial.mode(step), trial.mode_step(step)) == (mode, mode_step)
-    assert trial.steps(mode=ModeKeys.EVAL) == [0, 2, 4]
+    assert trial.steps(mode=ModeKeys.EVAL) == [0, 1, 2, 3, 4, 5]
+    losses = set(trial.tensor_names(collection="losses"))
+    for step in EVAL_PASS_LOSS_STEPS:
+        saved = {name for name in trial.tensor_names() if step in trial.tensor(name).steps()}
+        assert saved and saved <= losses, (step, saved - losses)
     assert (out / "training_job_end.ts").exists()
 
 

@@ -55,10 +55,13 @@ def test_rules_find_the_exploding_keras_run_and_stay_silent_on_the_healthy_one(t
 
 def test_not_normalized_data_reads_the_keras_models_inputs(tmp_path):
     """The Keras hook files the model's own inputs in model_inputs (what `trainguard run --rules`
-    asks for); the rule finds them although Keras's parameter names do not carry the model's."""
+    asks for); the rule finds them although Keras's parameter names do not carry the model's. A
+    property of the data is advice (rules/advice.py): NoIssuesFound with details 'Advice: ...'."""
     unnormalized = _run(tmp_path, "unnormalized", ["NotNormalizedData"])["NotNormalizedData"]
-    assert unnormalized.status.value == "IssuesFound", unnormalized.status_details
+    assert unnormalized.status.value == "NoIssuesFound", unnormalized.status_details
+    assert unnormalized.status_details.startswith("Advice: NotNormalizedData"), unnormalized.status_details
     healthy = _run(tmp_path, "healthy", ["NotNormalizedData"])["NotNormalizedData"]
     assert healthy.status.value == "NoIssuesFound", healthy.status_details
+    assert not healthy.status_details.startswith("Advice"), healthy.status_details
     trial = create_trial(str(tmp_path / "healthy"))
     assert trial.tensor_names(collection="model_inputs") == ["sequential_input_0"]
