@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.services.uploader.state import UploadState
-from trainguard.format.layout import END_OF_TRAINING, event_key, is_collections_key, parse_index_key
+from trainguard.format.layout import (
+    END_OF_TRAINING,
+    RUN_EXIT_RECORD,
+    event_key,
+    is_collections_key,
+    parse_index_key,
+)
 
 __all__ = ["UploadStats", "Uploader", "UploaderError", "is_storage_full", "parse_s3_url"]
 
@@ -189,6 +195,9 @@ class Uploader:
     def _scan(self, final: bool) -> bool:
         if time.monotonic() >= self._next_verify:
             self._verify_remote()
+        # Read before the listing: a final record read here is the one the listing sees (it is
+        # replaced by a rename), so it goes up before the end marker.
+        command_running = _command_still_running(self.source / RUN_EXIT_RECORD)
         files = self._list()
         if self._unverified is None:
             self._unverified = {key for key in files if key not in self.state}
@@ -216,6 +225,8 @@ class Uploader:
                 waiting += 1  # its event file is not up yet (written after this round's listing)
         if waiting or (end_marker is None and not final):
             return False
+        if not final and command_running:
+            return False  # `trainguard run` writes how training ended after the hook's end marker
         # Everything is up: check that S3 really holds it before the end marker says so.
         if self._verify_remote(required=True):
             return False  # something vanished: the next round sends it again
@@ -424,6 +435,15 @@ class Uploader:
 
 def _error_code(error: Any) -> str:
     return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def _command_still_running(record: Path) -> bool:
+    """True while ``trainguard run``'s exit record says its command has not exited yet."""
+    try:
+        content = json.loads(record.read_bytes())
+    except (OSError, ValueError):
+        return False  # gone or half-written by another writer: not a reason to hold the end back
+    return isinstance(content, dict) and "returncode" in content and content["returncode"] is None
 
 
 def _stat(item: _LocalFile | None) -> tuple[int, int]:

@@ -229,8 +229,18 @@ def _supervise(
             out_dir, specs, grace=args.stop_grace, echo=lambda line: print(line, file=sys.stderr, flush=True)
         )
         watch.start()
+    _record_exit(out_dir, None)
     # Own process group: stopping it reaches the script's children (data-loader workers) too.
-    child = subprocess.Popen(command, env=environment, process_group=0)
+    try:
+        child = subprocess.Popen(command, env=environment, process_group=0)
+    except OSError as error:
+        # The shell's statuses: 127 not found, 126 found but not runnable.
+        returncode = 127 if isinstance(error, FileNotFoundError) else 126
+        _record_exit(out_dir, returncode)
+        if watch is not None:
+            watch.training_finished(timeout=30)
+        print(f"trainguard: cannot run {command[0]!r}: {error.strerror or error}", file=sys.stderr, flush=True)
+        return returncode
     if watch is not None:
         watch.attach(child)
     # The summary printed when training ends reads the run with the trial (numpy, the codecs):
@@ -292,16 +302,21 @@ def _teardown_warning_seconds(environment: dict[str, str]) -> float:
     return seconds
 
 
-def _record_exit(out_dir: str, returncode: int) -> None:
+def _record_exit(out_dir: str, returncode: int | None) -> None:
     """``trainguard-exit.json``: how training ended, so a dashboard can tell a failed run from one
-    that completed (the hook's end marker is written either way)."""
+    that completed (the hook's end marker is written either way). ``None`` when the command
+    starts: an uploader following the directory then waits for the final record."""
+    from trainguard.format.layout import RUN_EXIT_RECORD
     from trainguard.rules.progress import write_json_atomic
     from trainguard.storage import is_remote
 
     if not is_remote(out_dir):
+        now = time.time()
+        record = {"returncode": None, "started_at": now} if returncode is None else {
+            "returncode": returncode, "ended_at": now
+        }
         try:
-            record = {"returncode": returncode, "ended_at": time.time()}
-            write_json_atomic(Path(out_dir) / "trainguard-exit.json", record)
+            write_json_atomic(Path(out_dir) / RUN_EXIT_RECORD, record)
         except OSError:
             pass  # the run's directory is gone or read-only: the dashboard then shows "completed"
 

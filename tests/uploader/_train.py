@@ -12,6 +12,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("out_dir")
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--step-sleep", type=float, default=0.05)
+parser.add_argument("--linger", type=float, default=0.0, help="seconds to stay after the hook's close")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -31,3 +32,4 @@ for _ in range(args.steps):
     optimizer.step()
     time.sleep(args.step_sleep)
 hook.close()
+time.sleep(args.linger)

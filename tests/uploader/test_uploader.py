@@ -116,6 +116,35 @@ def test_follows_a_live_training_run(s3_endpoint, s3_bucket, tmp_path):  # noqa:
     assert again.returncode == 0 and json.loads(out.strip().splitlines()[-1])["puts"] == 0
 
 
+def test_under_trainguard_run_the_exit_record_goes_up_before_the_end_marker(s3_endpoint, s3_bucket, tmp_path):  # noqa: ANN001, F811
+    # `trainguard run` says how its command ended after the hook's end marker (written at the
+    # hook's close, here 3 s before the process exits): the S3 copy must hold that record too.
+    source = tmp_path / "run"
+    prefix = "jobs/exit-record/tensors"
+    training = subprocess.Popen(
+        [sys.executable, "-m", "trainguard.cli", "run", "--out", str(source), "--",
+         sys.executable, str(TRAIN), str(source), "--steps", "5", "--step-sleep", "0.01", "--linger", "3"],
+        cwd=REPO,
+    )  # fmt: skip
+    uploader = _start_uploader(source, f"s3://{s3_bucket}/{prefix}", s3_endpoint, tmp_path / "state.json")
+    try:
+        deadline = time.monotonic() + 120
+        while not (source / END_OF_TRAINING).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (source / END_OF_TRAINING).exists()
+        time.sleep(1.0)
+        assert uploader.poll() is None, "the uploader ended while the command was still running"
+        assert training.wait(timeout=60) == 0
+        out, _ = uploader.communicate(timeout=60)
+    finally:
+        training.kill()
+        uploader.kill()
+    assert uploader.returncode == 0, out
+    on_s3 = _s3_files(s3_endpoint, s3_bucket, prefix)
+    assert on_s3 == _local_files(source)
+    assert json.loads(on_s3["trainguard-exit.json"])["returncode"] == 0
+
+
 def test_kill_9_mid_run_then_restart_loses_nothing_and_puts_each_file_once(s3_endpoint, s3_bucket, tmp_path):  # noqa: ANN001, F811
     source = tmp_path / "run"
     prefix = "jobs/killed/tensors"

@@ -22,6 +22,7 @@ __all__ = [
     "CAPTURE_STATUS_DIR_VARIABLE",
     "CAPTURE_STOPPED_PREFIX",
     "END_OF_TRAINING",
+    "RUN_EXIT_RECORD",
     "EVENTS_PREFIX",
     "INDEX_PREFIX",
     "IndexKey",
@@ -37,6 +38,11 @@ __all__ = [
 ]
 
 END_OF_TRAINING = "training_job_end.ts"
+# trainguard only: how the command under ``trainguard run`` ended. Written with ``"returncode": null``
+# when the command starts and again once it has exited, which is after the hook's end marker (the
+# marker is written at the interpreter's exit): an uploader that sees null holds the end marker back
+# until the final record is there, so the copy on S3 says how training ended too.
+RUN_EXIT_RECORD = "trainguard-exit.json"
 # trainguard only (smdebug readers ignore it): why a worker stopped capturing before the end.
 CAPTURE_STOPPED_PREFIX = "capture_stopped/"
 # Where the capture_stopped record of a run goes when the run itself refuses it (its file system

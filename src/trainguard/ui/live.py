@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from trainguard.errors import MissingCollectionFiles, StorageError, TrainguardError
-from trainguard.format.layout import END_OF_TRAINING, index_key
+from trainguard.format.layout import END_OF_TRAINING, RUN_EXIT_RECORD, index_key
 from trainguard.storage import sidecar_root
 from trainguard.storage.base import Store
 from trainguard.ui.curves import REDUCTION_PREFIX, RunCurves
@@ -31,7 +31,7 @@ __all__ = ["EXIT_RECORD", "STOP_RECORD", "LiveRun"]
 logger = logging.getLogger("trainguard")
 
 STOP_RECORD = "trainguard-stop.json"
-EXIT_RECORD = "trainguard-exit.json"
+EXIT_RECORD = RUN_EXIT_RECORD
 _PROFILER_EVERY_S = 15.0
 
 
@@ -186,7 +186,7 @@ class LiveRun:
         code = (self.exit or {}).get("returncode")
         if isinstance(code, int) and code != 0:
             return "failed", f"training exited with status {code}"
-        if self.ended or self.exit:
+        if self.ended or code is not None:
             return "completed", "training ended"
         if self.trial is None and self.trial_error:
             return "running", "waiting for the first saved step"
