@@ -307,9 +307,9 @@ def test_stalled_training_fires_after_threshold_seconds_without_a_new_step(tmp_p
     assert rule.check_idle(now + 122).fired
     # a new step resets the clock (written by a second writer session into the same live run)
     from trainguard.format.layout import worker_name
-    from trainguard.hooks.writer import StepWriter
     from trainguard.modes import ModeKeys
     from trainguard.storage import open_store
+    from trainguard.writer.thread import StepWriter
 
     writer = StepWriter(open_store(live), worker_name(0))
     writer.begin_step(1, ModeKeys.TRAIN, 1)
@@ -385,3 +385,32 @@ def test_class_imbalance_says_a_regression_or_distillation_run_is_not_classifica
     run = write_run(tmp_path / "ce", {s: {"CrossEntropyLoss_output_0": 0.5} for s in range(3)})
     result = evaluate_rule(run, "ClassImbalance")[-1]
     assert result.missing and "save the collection 'labels'" in result.message
+
+
+def test_confusion_does_not_read_a_discriminators_real_and_fake_batches_as_classes(tmp_path):
+    """A GAN's discriminator scores a batch of real samples (targets all 1) and one of generated
+    samples (targets all 0) each step; once the generator fools it, "the predictions of class 1 are
+    class 0" (the detection corpus' healthy DCGAN under every rule). Batch-constant targets name a
+    batch's source, not a class: not evaluated. The same scores with mixed labels are judged."""
+    rng = np.random.default_rng(12)
+    steps = {}
+    for step in range(0, 400, 5):
+        real, fake = rng.uniform(0.1, 0.45, 64), rng.uniform(0.4, 0.6, 64)  # real mostly scored "fake"
+        steps[step] = {
+            "BCELoss_input_0": real.astype(np.float32), "BCELoss_input_1": np.ones(64, dtype=np.float32),
+            "BCELoss_1_input_0": fake.astype(np.float32), "BCELoss_1_input_1": np.zeros(64, dtype=np.float32),
+        }  # fmt: skip
+    collections = {"predictions": ["BCELoss_input_0", "BCELoss_1_input_0"],
+                   "labels": ["BCELoss_input_1", "BCELoss_1_input_1"]}  # fmt: skip
+    results = evaluate_rule(write_run(tmp_path / "gan", steps, collections=collections), "Confusion")
+    assert first_firing(results) is None, [r.message for r in results if r.fired][:1]
+    assert results[-1].not_evaluated and "each batch's source" in results[-1].not_evaluated
+    # a binary classifier with the same scores, each batch's labels mixed: class 0's predictions are class 1s
+    for tensors in steps.values():
+        mixed = np.r_[np.ones(32), np.zeros(32)].astype(np.float32)
+        tensors["BCELoss_input_1"], tensors["BCELoss_1_input_1"] = mixed, mixed
+        scores = np.r_[rng.uniform(0.1, 0.45, 32), rng.uniform(0.4, 0.6, 32)].astype(np.float32)
+        tensors["BCELoss_input_0"] = tensors["BCELoss_1_input_0"] = scores
+    results = evaluate_rule(write_run(tmp_path / "classifier", steps, collections=collections), "Confusion")
+    fired = [result for result in results if result.fired]
+    assert fired and "of class 0 are class 1" in fired[0].message, fired[:1]

@@ -51,7 +51,7 @@ ratio). One score per binary label is not judged so: a GAN's discriminator is tr
 targets for real samples and all-0 ones for generated samples, by design, and the two cannot be
 told from a binary classifier whose labels were all loaded as 1.
 
-Batch-source targets: when every label tensor read (each of at least ``_SOURCE_BATCH`` labels)
+Batch-source targets (``_batch_source``): when every label tensor read (each of at least 8 labels)
 holds a single value while different tensors hold different values, the targets name where each
 batch came from (real or generated samples for a GAN's discriminator, source or target domain),
 not a class of each example: the rule says "not evaluated" instead of reporting the generator
@@ -71,6 +71,7 @@ import numpy as np
 
 from trainguard.config.loss_kinds import has_class_targets, loss_kind_of_tensor
 from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.builtin._batch_source import BatchSourceTargets
 from trainguard.rules.builtin._classification import (
     class_count,
     class_ids,
@@ -91,11 +92,6 @@ _REWEIGHT_HINT = (
     "torch.utils.data.WeightedRandomSampler; or over-/under-sample the data set"
 )
 
-
-# Batch-source targets need this many labels per tensor (batch size 1 is always "constant") and
-# this many tensors read before the rule stops judging classes.
-_SOURCE_BATCH = 8
-_SOURCE_READS = 4
 
 class ClassImbalance(Rule):
     """Rare classes, or a class the model keeps getting wrong."""
@@ -147,9 +143,7 @@ class ClassImbalance(Rule):
         self._dense_labels: bool | None = None  # several labels per input sample
         self._per_token = 0  # label tensors read that are per-token targets over a vocabulary
         self._classes_scored = 0  # the most classes the predictions scored
-        # label tensors of >= _SOURCE_BATCH labels read, and how many of them held one value only
-        self._sized_reads = 0
-        self._constant_reads = 0
+        self._sources = BatchSourceTargets()
 
     def finish(self) -> StepResult | None:
         if self._at_last_step is not None and self.base_trial.training_ended:
@@ -203,12 +197,8 @@ class ClassImbalance(Rule):
         details["imbalance_ratio"] = ratio
         rates = self._misprediction_rates()
         details["misprediction_rates"] = rates
-        if counts.size >= 2 and self._batch_source_targets():
-            return self.not_evaluated(
-                f"each of the {self._sized_reads} label tensors read holds one value only, different ones "
-                "different values: the targets name each batch's source (real or generated samples of a GAN, "
-                "a domain), not classes of its examples", step,
-            )  # fmt: skip
+        if counts.size >= 2 and self._sources.holds():
+            return self.not_evaluated(self._sources.reason(), step)
         if self._dense_labels:
             details["token_level"] = True  # several labels per sample: a vocabulary, pixels
         elif counts.size == 1 and self._classes_scored >= 2:
@@ -266,9 +256,6 @@ class ClassImbalance(Rule):
         self._at_last_step = (step, bad, details) if bad and not lasting else None
         return lasting
 
-    def _batch_source_targets(self) -> bool:
-        return self._sized_reads >= _SOURCE_READS and self._constant_reads == self._sized_reads
-
     def _others_learned(self, bad: dict[int, float], judged: dict[int, float]) -> bool:
         """Whether the mispredicted classes ``bad`` are a class-specific failure: at most half of
         the ``judged`` classes, and the model right on the others at least
@@ -314,9 +301,7 @@ class ClassImbalance(Rule):
                 self._not_classes += 1
                 continue
             y, predicted = ids
-            if y.size >= _SOURCE_BATCH:
-                self._sized_reads += 1
-                self._constant_reads += int(bool(np.all(y == y.flat[0])))
+            self._sources.add(y)
             if self._dense_labels is None:
                 self._dense_labels = self._several_labels_per_sample(step, values[label_name])
             for cls, count in zip(*np.unique(y, return_counts=True), strict=False):

@@ -34,6 +34,13 @@ Calibrated defaults:
 Next-token and per-token targets over a vocabulary are not classes (``_classification.vocabulary_targets``):
 a language model's "confusion" between two successor words is its task's ambiguity, and its matrix
 would be vocabulary × vocabulary. Such pairs are skipped; a run with only those is not evaluated.
+
+Batch-source targets (``_batch_source``, as in ClassImbalance): when every label tensor read holds
+one value and different tensors different values (a GAN discriminator's real and generated
+batches, a domain classifier's source and target batches), the labels say where a batch came from,
+not a class of each example; the generator fooling the discriminator would read as "the
+predictions of class 1 are class 0". Such runs are not evaluated. A classifier whose loader is
+sorted by class (unshuffled) cannot be told apart from the labels alone and is not judged either.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.builtin._batch_source import BatchSourceTargets
 from trainguard.rules.builtin._classification import (
     class_ids,
     default_start_step,
@@ -122,6 +130,7 @@ class Confusion(Rule):
         self._seen: set[int] = set()
         self._per_token = 0  # label tensors skipped as per-token targets over a vocabulary
         self._judged = 0  # label tensors judged as classes
+        self._sources = BatchSourceTargets()
 
     def finish(self) -> StepResult | None:
         if self._per_token and not self._judged and self.base_trial.training_ended:
@@ -150,6 +159,10 @@ class Confusion(Rule):
             self._add(step, pairs)
         if not self._window:
             return None
+        if self._sources.holds():
+            return self.not_evaluated(self._sources.reason(), step)
+        if self._sources.pending():
+            return None  # a GAN's first real and fake batches: wait for the verdict
         y = np.concatenate([item[1] for item in self._window])
         predicted = np.concatenate([item[2] for item in self._window])
         size = self.category_no or int(max(y.max(initial=0), predicted.max(initial=0))) + 1
@@ -169,6 +182,7 @@ class Confusion(Rule):
                 self._judged += 1
                 ids = class_ids(values[label_name], values[prediction_name])
                 if ids is not None and ids[0].size:
+                    self._sources.add(ids[0])
                     self._window.append((step, ids[0], ids[1]))
         # keep whole steps: drop the oldest while the rest still holds `samples` labels
         total = sum(item[1].size for item in self._window)
