@@ -1,0 +1,48 @@
+"""docs/environment.md names every TRAINGUARD_* variable the library and the services read, and
+no variable they no longer read: the page is checked against the code instead of kept by hand."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "environment.md"
+# A whole name: a prefix that code completes at run time (f"TRAINGUARD_SMTP_{key}") is no
+# variable of its own, and its completions are on the page one by one.
+NAME = re.compile(r"\bTRAINGUARD_[A-Z0-9_]*[A-Z0-9](?![A-Za-z0-9_{])")
+
+
+def names_in_code(*roots: Path) -> dict[str, str]:
+    """Each TRAINGUARD_* name in the .py files under roots, with the first file naming it."""
+    found: dict[str, str] = {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            for name in NAME.findall(path.read_text(encoding="utf-8")):
+                found.setdefault(name, str(path.relative_to(ROOT)))
+    return found
+
+
+def names_on_page(text: str) -> set[str]:
+    return set(NAME.findall(text))
+
+
+def test_every_variable_read_in_src_and_services_is_documented() -> None:
+    code = names_in_code(ROOT / "src", ROOT / "services")
+    assert len(code) > 50  # the scan sees the settings table, not an empty tree
+    missing = sorted(f"{name} ({where})" for name, where in code.items() if name not in names_on_page(PAGE.read_text()))
+    assert not missing, f"add to docs/environment.md: {', '.join(missing)}"
+
+
+def test_every_documented_variable_is_still_read() -> None:
+    code = names_in_code(ROOT / "src", ROOT / "services")
+    stale = sorted(names_on_page(PAGE.read_text()) - set(code))
+    assert not stale, f"docs/environment.md lists variables nothing reads any more: {', '.join(stale)}"
+
+
+def test_the_scan_tells_a_new_variable_from_a_prefix(tmp_path: Path) -> None:
+    source = tmp_path / "mod.py"
+    source.write_text('os.environ.get("TRAINGUARD_NEW_KNOB")\nenv[f"TRAINGUARD_SMTP_{key.upper()}"]\n')
+    found = {name for name in NAME.findall(source.read_text())}
+    assert found == {"TRAINGUARD_NEW_KNOB"}
+    assert "TRAINGUARD_NEW_KNOB" not in names_on_page(PAGE.read_text())
