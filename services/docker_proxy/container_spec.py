@@ -5,8 +5,8 @@ any spelling, is refused rather than passed on. Every container must:
 * carry the label ``trainguard.job``;
 * drop every capability (``CapDrop: [ALL]``, no ``CapAdd``) and set ``no-new-privileges``;
 * run as a non-zero numeric uid (:mod:`.users`), its ``User`` or else its image's;
-* mount only tmpfs, anonymous volumes, labelled ``local`` volumes without driver options (the
-  server inspects each), or host paths under the configured bind roots (none by default).
+* mount only tmpfs, anonymous volumes, ``local`` volumes without driver options labelled with the
+  container's own ``trainguard.job`` (the server inspects each), or host paths under the configured bind roots (none by default).
 Nothing else is accepted: no privileged mode, devices, host namespaces, sysctls, runtimes, volume
 drivers or driver options, port bindings, log drivers, extra groups.
 """
@@ -63,6 +63,11 @@ class ContainerPlan:
     image: str
     user: str | None  # canonical uid[:gid] (as given where root is allowed); None: judge the image's USER
     volumes: tuple[str, ...]  # named volumes mounted: each must be trainguard's, local, without options
+
+    @property
+    def job(self) -> str:
+        """The job the container is labelled with (required by the judge)."""
+        return str((self.body.get("Labels") or {}).get(JOB_LABEL, ""))
 
     def forwarded_body(self, user: str) -> bytes:
         """The body with the judged user written in, so the engine cannot fall back to another one."""

@@ -190,8 +190,13 @@ class DockerProxy(http.server.ThreadingHTTPServer):
             if info is None:
                 raise Refused(f"volume {name!r} does not exist: create it first (POST /volumes/create with "
                               f"the label {JOB_LABEL})")  # fmt: skip
-            if not (info.get("Labels") or {}).get(JOB_LABEL):
+            volume_job = (info.get("Labels") or {}).get(JOB_LABEL)
+            if not volume_job:
                 raise Refused(f"volume {name!r} is not one of trainguard's (no {JOB_LABEL} label)")
+            if volume_job != plan.job:
+                # One job's container never sees another job's tensors (tenants apart).
+                raise Refused(f"volume {name!r} belongs to job {volume_job!r}, not to this container's "
+                              f"job {plan.job!r}")  # fmt: skip
             if info.get("Driver") != "local" or info.get("Options"):
                 raise Refused(f"volume {name!r} has driver {info.get('Driver')!r} with options "
                               f"{info.get('Options')!r}: only local volumes without options are mounted")  # fmt: skip

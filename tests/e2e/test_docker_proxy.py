@@ -201,6 +201,25 @@ def test_other_containers_and_operations_are_out_of_reach(engine, proxy_url, pro
         outsider.remove(force=True)
 
 
+def test_a_container_mounts_only_its_own_jobs_volumes(engine, proxy_url) -> None:  # noqa: ANN001
+    victim = f"tgproxy-victim-{uuid.uuid4().hex[:6]}"
+    volume = engine.volumes.create(name=f"tgproxy-{uuid.uuid4().hex[:6]}", driver="local", labels={JOB_LABEL: victim})
+    try:
+        containers = _containers(engine)
+        for host_config in ({"Binds": [f"{volume.name}:/stolen"]},
+                            {"Mounts": [{"Type": "volume", "Source": volume.name, "Target": "/stolen"}]}):
+            status, answer = _raw(proxy_url, "POST", "/v1.41/containers/create", _spec(**host_config))
+            assert status == 403 and victim in str(answer), (host_config, status, answer)
+        assert _containers(engine) == containers
+        # The volume's own job may mount it.
+        own = {**_spec(Binds=[f"{volume.name}:/tensors"]), "Labels": {JOB_LABEL: victim}}
+        status, answer = _raw(proxy_url, "POST", "/v1.41/containers/create", own)
+        assert status == 201, answer
+        engine.containers.get(answer["Id"]).remove(force=True)
+    finally:
+        volume.remove(force=True)
+
+
 def test_root_containers_are_refused(engine, proxy_url) -> None:  # noqa: ANN001
     for user in ("", "root", "0", "0:0", "root:root"):
         spec = _spec()
