@@ -43,6 +43,10 @@ RULE_ROLE_PREFIX = "rule:"
 LOCAL_PLAN_LAUNCHERS = ("local", "ray")
 CONTAINER_TENSORS = "/opt/ml/output/tensors"
 _PASSED_AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# Processes of the local plan also see this machine's files: the CA bundle the service trusts for
+# its S3 endpoint (a private CA) is the one they must trust. A container has its own file system,
+# where that path means nothing, so the Docker plan does not get it.
+_LOCAL_PLAN_AWS_VARIABLES = (*_PASSED_AWS_VARIABLES, "AWS_CA_BUNDLE")
 # The grace of the stop that tells an uploader training is over (see the reconciler, which uses it).
 UPLOADER_FINISH_GRACE_S = 660.0
 
@@ -210,7 +214,7 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
             uploader = [sys.executable, "-m", "trainguard.services.uploader", "--source", base_trial, "--dest", s3_copy]
             if settings.s3_endpoint_url:
                 uploader += ["--endpoint-url", settings.s3_endpoint_url]
-            aws = {key: os.environ[key] for key in _PASSED_AWS_VARIABLES if os.environ.get(key)}
+            aws = {key: os.environ[key] for key in _LOCAL_PLAN_AWS_VARIABLES if os.environ.get(key)}
             components.append(
                 ComponentSpec(
                     role="uploader",
@@ -223,7 +227,7 @@ def plan_job(spec: JobSpec, settings: Settings, launcher: str, runner_token: str
                 )
             )
         rules_read = s3_copy if s3_copy and launcher == "ray" else base_trial
-        rule_aws = {key: os.environ[key] for key in _PASSED_AWS_VARIABLES if os.environ.get(key)} if s3_copy else {}
+        rule_aws = {key: os.environ[key] for key in _LOCAL_PLAN_AWS_VARIABLES if os.environ.get(key)} if s3_copy else {}
         for rule in spec.rules:
             components.append(
                 ComponentSpec(

@@ -83,3 +83,17 @@ def test_local_plan_runs_the_command_under_trainguard_run(tmp_path: Path) -> Non
     assert json.loads(config.read_text())["LocalPath"] == tensors
     assert rule.environment["BASE_TRIAL"] == tensors
     assert rule.environment["RULE_OUTPUT_DIR"] == str(tmp_path / "jobs" / "plan-me")
+
+
+def test_a_private_ca_bundle_reaches_the_local_plans_s3_clients_not_containers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The service trusts its S3 endpoint through a private CA: the local uploader and rule runners
+    # (same machine, same files) must trust it too; a container's file system lacks that path.
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    _, uploader, rule = plan_job(SPEC, _settings(tmp_path), "local", "runner-token").components
+    assert uploader.environment["AWS_CA_BUNDLE"] == str(bundle) == rule.environment["AWS_CA_BUNDLE"]
+    docker = plan_job(SPEC, _settings(tmp_path, S3_ENDPOINT_URL="https://s3:5000"), "docker", "t")
+    assert all("AWS_CA_BUNDLE" not in component.environment for component in docker.components)
