@@ -103,8 +103,14 @@ def _judged_live(args: argparse.Namespace) -> bool:
 
 
 def _rule_specs(args: argparse.Namespace) -> list[Any]:
-    """The rules of ``--rules`` (``default`` = the default set); with ``--stop-on-issue`` each
-    gets the stoptraining action. Later configurations of the same name replace earlier ones."""
+    """The rules of ``--rules`` (``default`` = the default set, with the profiler rules under
+    ``--profile``); with ``--stop-on-issue`` each gets the stoptraining action.
+
+    ``NAME:name=CONFIG,...`` names a configuration, so that one rule can run twice with different
+    parameters (``StepOutlier:name=fast,stddev=3 --rules StepOutlier:name=slow,stddev=6``); two
+    configurations given explicitly under one name are an error. A configuration of the default
+    set is replaced by a later one of its name (``--rules default --rules ExplodingTensor:...``).
+    """
     args.named_rules = set()
     if not _judged_live(args):
         return []  # before the imports: rule machinery is not loaded for a run without rules
@@ -119,7 +125,20 @@ def _rule_specs(args: argparse.Namespace) -> list[Any]:
     for value in values:
         for spec in parse_rule_list(value):
             from_default_set = spec.rule.lower() == "default" and not spec.parameters
-            for one in default_rule_specs() if from_default_set else [spec]:
+            if from_default_set:
+                chosen = default_rule_specs()
+                if args.profile or args.profile_interval_ms is not None:
+                    from trainguard.rules.profiler_defaults import default_profiler_rule_specs
+
+                    chosen += default_profiler_rule_specs()
+            else:
+                chosen = [_configuration(spec)]
+            for one in chosen:
+                if not from_default_set and one.name in named:
+                    raise ConfigError(
+                        f"--rules: two configurations are named {one.name!r}; give each its own name "
+                        f"({one.rule}:name=NAME,...)"
+                    )
                 specs.pop(one.name, None)
                 specs[one.name] = one
                 if not from_default_set:
@@ -129,6 +148,18 @@ def _rule_specs(args: argparse.Namespace) -> list[Any]:
         stop = ({"name": "stoptraining"},)
         specs = {name: dataclasses.replace(spec, actions=tuple(spec.actions) + stop) for name, spec in specs.items()}
     return list(specs.values())
+
+
+def _configuration(spec: Any) -> Any:
+    """``name=`` of ``--rules NAME:name=CONFIG,...`` is the configuration's name (SageMaker's
+    RuleConfigurationName), not a rule parameter."""
+    parameters = dict(spec.parameters)
+    name = parameters.pop("name", None)
+    if name is None:
+        return spec
+    if not str(name).strip():
+        raise ConfigError(f"--rules {spec.rule}:name= needs a configuration name")
+    return dataclasses.replace(spec, parameters=parameters, configuration_name=str(name).strip())
 
 
 def _configure_capture_for_rules(args: argparse.Namespace, specs: list[Any], environment: dict[str, str]) -> str | None:
@@ -144,7 +175,10 @@ def _configure_capture_for_rules(args: argparse.Namespace, specs: list[Any], env
         from trainguard.rules.defaults import rule_collections
         from trainguard.rules.runner import validate_specs
 
-        collections = rule_collections(validate_specs(specs).values())
+        classes = validate_specs(specs).values()
+        collections = rule_collections(classes)
+        if any(getattr(cls, "kind", "debugger") == "profiler" for cls in classes):
+            environment.setdefault("TRAINGUARD_PROFILER", "1")  # a profiler rule named: its data is recorded
     elif args.config:
         return None
     else:

@@ -32,6 +32,7 @@ from trainguard.rules.params import Param
 
 __all__ = ["GpuIdleSnapshotRule", "ProfilerRule", "SeriesStore", "SnapshotGrouper", "parse_mode", "percent", "positive"]
 
+_GPU_DIMENSIONS = frozenset({L.GPU_UTILIZATION, L.GPU_MEMORY_UTILIZATION})
 SNAPSHOT_SPAN_S = 0.020  # records within 20 ms of a snapshot's first belong to it (SageMaker's)
 
 
@@ -88,6 +89,9 @@ class ProfilerRule(Rule):
     collections: ClassVar[tuple[str, ...]] = ()
     uses_system: ClassVar[bool] = True
     uses_steps: ClassVar[bool] = False
+    # Judges GPUs only: a run whose profiler data holds no GPU metric (a CPU-only machine) ends
+    # "not evaluated" saying so, never NoIssuesFound.
+    needs_gpu: ClassVar[bool] = False
 
     scan_interval_us = Param(
         int, 1_000_000, "least time between two scans of new profiler data while training runs (µs)",
@@ -102,6 +106,7 @@ class ProfilerRule(Rule):
         self.last_step = -1
         self.first_timestamp: float | None = None  # earliest profiler data seen (epoch s)
         self.last_timestamp: float | None = None  # latest
+        self.saw_gpu = False  # any GPU metric among the system records read
 
     # -- what subclasses implement -------------------------------------------------------------
     def on_system_metrics(self, records: Sequence[SystemMetric]) -> None:
@@ -134,6 +139,12 @@ class ProfilerRule(Rule):
         self.scan(force=True)
         self.on_finish()
         result = self.assess(None, final=True)
+        if result is None and self.needs_gpu and self.first_timestamp is not None and not self.saw_gpu:
+            return self.not_evaluated(
+                "no GPU metrics in the profiler data (no GPU on this machine, or none the profiler can read): "
+                f"{self.name()} judges GPUs only",
+                self.last_step,
+            )
         if result is None and self.first_timestamp is None:
             return self.no_issue(
                 self.last_step,
@@ -176,6 +187,7 @@ class ProfilerRule(Rule):
             self.first_timestamp = low if self.first_timestamp is None else min(self.first_timestamp, low)
             self.last_timestamp = high if self.last_timestamp is None else max(self.last_timestamp, high)
         if records:
+            self.saw_gpu = self.saw_gpu or any(r.dimension in _GPU_DIMENSIONS for r in records)
             self.on_system_metrics(records)
         if steps:
             self.on_steps(steps)

@@ -14,6 +14,14 @@ once more than ``patience`` steps were seen:
   the message adds SageMaker's worker verdict (too few workers → raise ``num_workers``);
 * **too many workers**: ``w > cores · max_threshold / 100`` (SageMaker's condition).
 
+**Stopping training.** A slow-data finding is *certain* (``--stop-on-issue`` and the
+stoptraining action act on it) once the stall is confirmed: at least ``2 · patience`` TRAIN steps
+seen and the median share above ``data_threshold`` over the whole run *and* over each of its two
+latest windows of ``patience`` steps. A median ignores single slow batches (a cold cache, one
+slow read), and two disjoint windows show the stall lasts; it does not tell a loop that waits for
+a slow filesystem for a while and then recovers from one that never will, so the stop waits for
+the second window. Too many workers is never certain: the CPUs are oversubscribed, training goes on.
+
 Step timings come from trainguard's framework profiler (``data`` is NaN in SageMaker's own
 timelines, where only the worker condition can be evaluated).
 """
@@ -51,6 +59,11 @@ class Dataloader(ProfilerRule):
     patience = Param(int, 10, "TRAIN steps per process needed before deciding", check=positive)
     data_threshold = Param(
         float, 50.0, "fire when the median step waits for data over this % of its time", check=positive
+    )
+
+    stop_policy = (
+        "stops training when the input stall is confirmed: the median step waits for data over "
+        "data_threshold over the run and over each of its last two windows of patience steps"
     )
 
     def __init__(self, base_trial: Any, **kwargs: Any) -> None:
@@ -98,10 +111,24 @@ class Dataloader(ProfilerRule):
                         f"; it uses {median_workers:g} workers, fewer than min_threshold "
                         f"{self.min_threshold:g}% of {cores} cores"
                     )
+                confirmed = self._confirmed(usable)
+                entry["confirmed"] = confirmed
                 return self.issue(
                     self.last_step,
                     f"{node} rank {rank}: the median TRAIN step spends {share:.0f}% of its time waiting for data "
                     f"(data_threshold {self.data_threshold:g}%){advice}",
+                    certain=confirmed,
                     stats=stats,
                 )
         return self.no_issue(self.last_step, stats=stats)
+
+    def _confirmed(self, usable: Sequence[StepTiming]) -> bool:
+        """The stall holds in each of the last two disjoint windows of ``patience`` steps."""
+        window = self.patience
+        if len(usable) < 2 * window:
+            return False
+        for part in (usable[-window:], usable[-2 * window : -window]):
+            shares = [s.data / s.duration for s in part if s.duration > 0 and not math.isnan(s.data)]
+            if len(shares) < window or float(np.median(shares)) * 100 <= self.data_threshold:
+                return False
+        return True

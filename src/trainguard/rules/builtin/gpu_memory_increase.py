@@ -45,6 +45,7 @@ class GPUMemoryIncrease(ProfilerRule):
     """The mean GPU memory use of the latest window jumped by more than ``increase`` points."""
 
     rule_name = "GPUMemoryIncrease"
+    needs_gpu = True
     fix_hint = (
         "Look for tensors kept across steps (appending losses without .item()/.detach(), caches, "
         "growing lists of outputs) and for growing batch or sequence sizes; torch.cuda.memory_summary() "

@@ -43,6 +43,7 @@ class LoadBalancing(ProfilerRule):
     """The utilization distributions of two GPUs differ by more than ``threshold``."""
 
     rule_name = "LoadBalancing"
+    needs_gpu = True
     fix_hint = (
         "Balance the work across GPUs: use DistributedDataParallel (one process per GPU) instead of "
         "DataParallel, shard data evenly (DistributedSampler, drop_last), and balance pipeline stages."

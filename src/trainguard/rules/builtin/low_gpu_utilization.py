@@ -38,6 +38,7 @@ class LowGPUUtilization(ProfilerRule):
     """A GPU is under-used (low p95) or fluctuates (high p95, low p5)."""
 
     rule_name = "LowGPUUtilization"
+    needs_gpu = True
     fix_hint = (
         "Under-used GPU: increase the batch size, feed data faster (DataLoader num_workers, "
         "pin_memory), or use a smaller instance. Fluctuating GPU: look for blocking work between "

@@ -4,6 +4,12 @@ Formula (SageMaker's), per process timeline (host and rank) and step type (``Ste
 ``EVAL``, ...; only ``mode`` when given), once more than 100 steps were seen: with ``d`` the step
 durations so far, fire when ``count(d > mean(d) + stddev · std(d)) > n_outliers`` (population
 standard deviation). Step durations come from the framework profiler (``StepTiming.duration``).
+
+A run whose every timeline holds 100 steps or fewer is *not evaluated* ("N steps, needs more
+than 100"), never NoIssuesFound: too few steps for a mean and a spread says nothing about
+outliers. While training runs such a timeline gives no result yet; the verdict comes at the end.
+A StepOutlier finding never stops training (``certain`` is never set): slow steps are a cost,
+and a few of them (checkpoints, evaluation) are part of healthy training.
 """
 
 from __future__ import annotations
@@ -68,11 +74,13 @@ class StepOutlier(ProfilerRule):
             return None
         stats: dict[str, Any] = {}
         finding = None
+        evaluated = False
         for node, rank, mode in keys:
             durations = self.durations.get((node, rank, mode))
             if len(durations) <= MIN_STEPS:
                 stats[f"{node}/{rank}/{mode}"] = {"steps": int(len(durations))}
                 continue
+            evaluated = True
             mean, std = float(np.mean(durations)), float(np.std(durations))
             limit = mean + self.stddev * std
             outliers = int(np.count_nonzero(durations > limit))
@@ -82,6 +90,11 @@ class StepOutlier(ProfilerRule):
             }  # fmt: skip
             if outliers > self.n_outliers and finding is None:
                 finding = (node, rank, mode, outliers, len(durations), mean, limit)
+        if not evaluated:
+            if not final:
+                return None
+            most = max(entry["steps"] for entry in stats.values())
+            return self.not_evaluated(f"{most} steps, needs more than {MIN_STEPS}", self.last_step)
         if finding:
             node, rank, mode, outliers, count, mean, limit = finding
             return self.issue(
