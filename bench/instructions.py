@@ -1,12 +1,12 @@
 """Instructions the training process executes in its loop, with and without trainguard, counted
 by valgrind's callgrind: a figure this shared VM's drift cannot move.
 
-Wall-clock ratios on this machine spread by +-15 % between identical processes (bench/RESULTS.md),
-more than the few per cent issue 15 bounds. Callgrind counts every instruction a process executes
+Wall-clock ratios on this machine spread between identical processes by more than the few per
+cent issue 15 bounds (bench/RESULTS.md). Callgrind counts every instruction a process executes
 (Ir); the stack scripts of bench/stacks/ switch the count on at the start of their timed loop and
 off at its end (``BENCH_CALLGRIND_TOGGLE``, a small helper library compiled here with the
 system's C compiler against valgrind's headers), so imports, start-up and warm-up are not in it.
-Repeated runs of one variant agree to about 0.01 %. What the count leaves out: cycles per
+Repeated runs of one variant agree (bench/RESULTS.md). What the count leaves out: cycles per
 instruction (cache misses, branch mispredictions: interpreter code runs at a lower rate than BLAS
 kernels, so an instruction ratio understates a Python-heavy cost somewhat) and other processes:
 the writer process and the rule runner are not the training process; their instructions are

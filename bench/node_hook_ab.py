@@ -5,8 +5,8 @@ forward has run, so the graph that holds each parameter's AccumulateGrad node is
 next forward looks the node up: every step shares one node per parameter for the whole run. A
 Python hook put on that node and removed again leaves PyTorch's wrapper for Python hooks on it,
 which takes the GIL and wraps the gradient at every later backward although it calls nothing.
-trainguard hooked those nodes on saved steps until 2026-11-29 (now it compares ``.grad`` with its
-state when the saved step began: hooks/torch_optimizer.py).
+This is why trainguard does not hook those nodes in a run an optimizer drives: it compares
+``.grad`` with its state when the saved step began (hooks/torch_optimizer.py).
 
 Blocks of steps of the bench MLP (bench/stacks/mlp.py's model, batch 64, Adam, one torch thread)
 alternate between fresh nodes (the loss dropped before the block's first forward, so the next

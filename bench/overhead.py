@@ -2,7 +2,7 @@
 
     python bench/overhead.py                 # full run (3 rounds; about 15-20 min on 2 cores)
     python bench/overhead.py --quick         # smoke run: 1 round, few steps
-    python bench/overhead.py --markdown      # also print a markdown table for bench/RESULTS.md
+    python bench/overhead.py --markdown      # also print a markdown table (record figures: bench/results_table.py)
     python bench/overhead.py --impls smdebug # one side only (e.g. before trainguard's hook exists)
 
 Each measurement is a fresh process running bench/_overhead_worker.py: trainguard workers use this

@@ -4,7 +4,7 @@
     python bench/profiler_overhead.py --quick      # smoke run: 2 rounds x 50 steps
     python bench/profiler_overhead.py --rounds 60 --steps 40    # more, shorter rounds (noisier machines)
 
-The table it prints is markdown, ready for bench/RESULTS.md.
+The table it prints is markdown; record its figures with bench/results_table.py.
 
 The model is bench/overhead.py's reference CNN (108,618 parameters), batch 64 of synthetic
 28x28 images pre-generated once (no data loading in the timing), SGD. Configurations:

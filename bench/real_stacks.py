@@ -42,8 +42,8 @@ from time_slices import run_in_turns  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STACKS: dict[str, tuple[str, list[str], int]] = {
-    # name: (module, extra arguments, steps for a >= 30 s loop on a quiet machine: the plain loops
-    # ran 32.8 s, 35.8 s, 34.3 s, 31.6 s and 41.8 s with these on 2026-11-29)
+    # name: (module, extra arguments, steps for a >= 30 s plain loop on a quiet machine; the loop
+    # times measured are in the notes of bench/RESULTS.md's real-stacks rows)
     "mlp": ("bench.stacks.mlp", [], 87500),
     "compiled_mlp": ("bench.stacks.mlp", ["--compile"], 75000),
     "cnn": ("bench.stacks.cnn", [], 2800),
@@ -68,7 +68,7 @@ OPTION_VARIANTS = {
     # fixed from the start: the default run's steady state without its timing-driven decisions
     "trainguard_budget_caps": ["--config", str(Path(__file__).resolve().parent / "budget_caps.json")],
 }
-# ...and `--rules` with its rule runner at normal priority, as before it ran as batch work at nice 5
+# ...and `--rules` with its rule runner at normal priority instead of as batch work (nice 5)
 ENV_VARIANTS = {
     "trainguard_rules_nice0": ("TRAINGUARD_RULES_NICE=0", ["--rules"]),
     "trainguard_si1000_thread": ("TRAINGUARD_WRITER=thread", ["--save-interval", "1000"]),
@@ -79,10 +79,11 @@ IMPORT_ONLY = "no_hook_trainguard_imported"
 # ...and the script as a child of a waiting parent, nothing of trainguard: what timing a process
 # tree (trainguard run -> training) in turns against a single process adds by itself
 TREE_ONLY = "parent_and_plain_child"
-# Plain processes whose allocation history is moved (--layout-controls): identical processes agree
-# here within ~2 %, but one that merely allocates a little more before its model (as a hooked one
-# does) lands its tensors elsewhere and runs up to +-5-10 % apart (bench/RESULTS.md). These are
-# plain python, not in the baseline; they show how far a different layout alone moves the ratio.
+# Plain processes whose allocation history is moved (--layout-controls): one that merely allocates
+# a little more before its model (as a hooked one does) lands its tensors elsewhere and runs apart
+# from identical ones by more than the overheads to measure (bench/RESULTS.md, "What the clock
+# resolves"). These are plain python, not in the baseline; they show how far a different layout
+# alone moves the ratio.
 LAYOUT_CONTROL_PREFIX = "layout_control_"
 LAYOUT_SHIFT_MAX = 200_000  # bytes allocated first, at most
 ENVIRONMENT_PAD_MAX = 4096  # bytes of environment added, at most (the stack's alignment, page offset)
@@ -95,9 +96,9 @@ _LOOP = re.compile(r"BENCH_LOOP_SECONDS=([0-9.]+)")
 _LOOP_USAGE = re.compile(r"BENCH_LOOP_USAGE=user ([0-9.]+) sys ([0-9.]+) minflt ([0-9]+)")
 
 
-# Identical processes differ here by up to +-10 % (heap and code layout, which no seed fixes;
-# bench/RESULTS.md), a single plain process per repetition carries all of that into every ratio:
-# --plain-copies runs several, and each repetition's baseline is their mean.
+# Identical processes differ here by more than the overheads to measure (heap and code layout,
+# which no seed fixes; bench/RESULTS.md), so a single plain process per repetition would carry all
+# of that into every ratio: --plain-copies runs several, and each repetition's baseline is their mean.
 PLAIN_COPY_PREFIX = "plain_"
 
 BASELINE_SUFFIX = "@base"  # a variant run with the trainguard of --baseline-tree
@@ -205,9 +206,9 @@ def _environment(hash_seed: int | None = None) -> dict[str, str]:
     path = [str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH")]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
     if hash_seed is not None:
-        # Python's string hashing lays out every dict; a random seed per process moved identical
-        # processes +-5-13 % apart here (bench/time_slices.py). One seed for all variants of a
-        # repetition, another for the next: the variants differ by what they run, not by luck.
+        # Python's string hashing lays out every dict, so a random seed per process moves identical
+        # processes apart (bench/RESULTS.md). One seed for all variants of a repetition, another
+        # for the next: the variants differ by what they run, not by luck.
         environment["PYTHONHASHSEED"] = str(hash_seed)
     return environment
 
@@ -236,8 +237,8 @@ def run_in_turns_once(
 
 def _loop_faults(text: str) -> dict[str, float]:
     """The loop's kernel seconds and minor page faults in the training process: glibc returns
-    freed heap to the kernel and faults it back in, which on the CNN cost a plain process up to
-    1.8 M faults and 2.7 s of kernel time in a 1,000-step loop (bench/RESULTS.md)."""
+    freed heap to the kernel and faults it back in, which costs a plain CNN process more than the
+    hook costs a hooked one (bench/RESULTS.md)."""
     match = _LOOP_USAGE.search(text)
     return {"loop_sys_s": float(match.group(2)), "loop_minflt": int(match.group(3))} if match else {}
 
@@ -427,8 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixed-malloc", action="store_true",
                         help="every process with glibc's heap trimming off and its mmap threshold fixed: the "
                         "hook's own cost without the allocator's luck (plain CNN processes otherwise fault their "
-                        "freed activations back in, up to 1.8 M page faults a 1,000-step loop, and a hooked "
-                        "process, whose allocations keep the heap from shrinking, runs 0.82x of them)")  # fmt: skip
+                        "freed activations back in, and a hooked process, whose allocations keep the heap from "
+                        "shrinking, runs faster than they do)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the runs and the table here")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(ALL_VARIANTS),
                         help="plain is always run (ratios are against it)")  # fmt: skip

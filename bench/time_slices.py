@@ -1,7 +1,7 @@
 """Run the variants of a benchmark at the same time, taking turns: drift then hits them alike.
 
-This machine's speed drifts by +-25 % within minutes (other tenants of the host), so two runs
-of the same command back to back differ by more than the 2-10 % overheads to measure. Here every
+This machine's speed drifts within minutes (other tenants of the host), so two runs of the same
+command back to back differ by more than the overheads to measure (bench/RESULTS.md). Here every
 variant's command is started at once, but only one variant's whole process tree runs at any
 moment: the others are stopped (SIGSTOP to every process of their trees), and the turn passes
 every ``slice_seconds``. Each variant's time is the sum of its turns that fall within its own

@@ -11,9 +11,9 @@ block leaving them as it found them (the hook then sees nothing; it resumes coun
 are back). Drift hits both alike; low quantiles of the per-block step times are what a step costs
 when the core is the run's own.
 
-An earlier version created a fresh hook for each block: that timed the transient after a hook is
-created (class attributes it sets, ``Optimizer.__init__``'s wrapper, make Python re-specialise the
-optimizer's code for a few hundred steps) and drove the root with a pre-hook, not its call shim.
+One hook serves every block: a fresh hook per block would time the transient after a hook is
+created (class attributes it sets and ``Optimizer.__init__``'s wrapper make Python re-specialise
+the optimizer's code for a few hundred steps), not the unsaved step.
 
     python bench/unsaved_hook_ab.py --rounds 300 --block 50
 """
