@@ -6,6 +6,10 @@ trainguard run [--out DIR] [--config hook.json] [--save-interval N | --overhead-
 trainguard summary RUN [--json]
 trainguard tensorboard RUN OUT_DIR
 
+Every verb that reads or writes a run takes --endpoint-url, --profile (--aws-profile; only that on
+``run``, whose --profile records system metrics) and --region for s3:// runs
+(:mod:`trainguard.storage.options`).
+
 ``trainguard run`` exits with the training command's status, 3 when a rule stopped training (only
 certain findings stop it), and 4 when training succeeded but a rule named in ``--rules`` could not
 evaluate the run (its data is missing) unless ``--allow-not-evaluated``. Rules of the implicit
@@ -437,14 +441,22 @@ def _process_group_members(pgid: int) -> list[tuple[int, str]]:
 
 
 def _print_summary(
-    path: str, as_json: bool = False, rules: list[dict[str, Any]] | None = None, stopped: dict[str, Any] | None = None
+    path: str,
+    as_json: bool = False,
+    rules: list[dict[str, Any]] | None = None,
+    stopped: dict[str, Any] | None = None,
+    strict: bool = False,
 ) -> None:
+    """``strict`` (the summary verb): a run that cannot be read is an error (exit 2); after
+    ``trainguard run`` it is one line, since training's own status is the answer then."""
     from trainguard.summary import describe_run, render_rule_results, render_summary
     from trainguard.trial import create_trial
 
     try:
         trial = create_trial(path, collection_wait_timeout=0)
     except TrainguardError as error:
+        if strict:
+            raise
         print(f"trainguard: nothing captured at {path}: {error}", file=sys.stderr)
         if rules:
             print(render_rule_results(rules, stopped), flush=True)
@@ -468,6 +480,8 @@ def _tensorboard(args: argparse.Namespace) -> int:
 def build_parser(all_verbs: bool = True) -> argparse.ArgumentParser:
     """The parser of every verb; ``all_verbs=False`` leaves out the verbs of trainguard.commands
     and plugins (``trainguard run`` starts training sooner without importing them)."""
+    from trainguard.storage.options import add_storage_arguments
+
     parser = argparse.ArgumentParser(prog="trainguard", description="Capture and check tensors of training jobs.")
     commands = parser.add_subparsers(dest="verb", required=True)
     run = commands.add_parser("run", help="run a training command with zero-code capture")
@@ -495,13 +509,16 @@ def build_parser(all_verbs: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--stop-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
     run.add_argument("--profile", action="store_true", help="also record system and framework metrics")
     run.add_argument("--profile-interval-ms", type=int, help="profiler sampling interval (implies --profile)")
+    add_storage_arguments(run, profile_flag=False)  # --profile records system metrics here
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- followed by the training command")
     summary = commands.add_parser("summary", help="summarise a captured run")
     summary.add_argument("run")
     summary.add_argument("--json", action="store_true")
+    add_storage_arguments(summary)
     board = commands.add_parser("tensorboard", help="export a run as TensorBoard event files")
     board.add_argument("run")
     board.add_argument("out_dir")
+    add_storage_arguments(board)
     if all_verbs:
         _register_command_modules(commands)
     return parser
@@ -535,21 +552,34 @@ def _register_plugin_commands(commands: argparse._SubParsersAction) -> None:
             print(f"trainguard: command {entry_point.name!r} unavailable: {error}", file=sys.stderr)
 
 
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.verb == "run":
+        return _run(args)
+    if args.verb in ("summary", "tensorboard"):
+        from trainguard.storage import require_local_path
+
+        require_local_path(args.run)  # a typo is an error at once, not "nothing captured"
+    if args.verb == "summary":
+        _print_summary(args.run, args.json, strict=True)
+        return 0
+    if args.verb == "tensorboard":
+        return _tensorboard(args)
+    return int(args.func(args) or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     # Every moment before `trainguard run` starts the command delays training: the other verbs'
     # modules (the API client, rule commands) and plugin entry points are not loaded for it.
     run_only = bool(words) and words[0] == "run"
     args = build_parser(all_verbs=not run_only).parse_args(argv)
+    from trainguard.storage.options import storage_options_from_args
+
     try:
-        if args.verb == "run":
-            return _run(args)
-        if args.verb == "summary":
-            _print_summary(args.run, args.json)
-            return 0
-        if args.verb == "tensorboard":
-            return _tensorboard(args)
-        return int(args.func(args) or 0)
+        # Every store this command opens, and every process it starts, reaches s3:// with the
+        # same options (restored afterwards: main() may be called in a longer-lived process).
+        with storage_options_from_args(args).exported():
+            return _dispatch(args)
     except TrainguardError as error:
         print(f"trainguard: error: {error}", file=sys.stderr)
         return 2

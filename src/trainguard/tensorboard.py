@@ -32,7 +32,8 @@ from trainguard.errors import ConfigError, StorageError
 from trainguard.format.proto import event_pb2
 from trainguard.format.record import frame
 from trainguard.modes import ModeKeys
-from trainguard.storage import Store, is_remote, open_store
+from trainguard.storage import open_store
+from trainguard.storage.options import StorageOptions
 from trainguard.trial import Trial, create_trial
 
 __all__ = ["FILE_VERSION", "TensorBoardWriter", "export_run", "make_histogram"]
@@ -153,6 +154,8 @@ class TensorBoardWriter:
         atomic: bool = True,
         filename_suffix: str = EXPORT_SUFFIX,
         endpoint_url: str | None = None,
+        profile: str | None = None,
+        region: str | None = None,
     ) -> None:
         self.logdir = _local_path(logdir)
         self.filename = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}{filename_suffix}"
@@ -161,7 +164,9 @@ class TensorBoardWriter:
             if not atomic:
                 raise ConfigError(f"atomic=False needs a local directory; {logdir} is remote (objects appear whole)")
             self.url = f"{os.fspath(logdir).rstrip('/')}/{self.filename}"
-            self._sink = _open_store(logdir, endpoint_url).open_writer(self.filename)
+            self._sink = open_store(logdir, **StorageOptions(endpoint_url, profile, region).store_kwargs()).open_writer(
+                self.filename
+            )
         else:
             self.url = os.fspath(self.logdir / self.filename)
             self._sink = _LocalFile(self.logdir / self.filename, atomic)
@@ -239,6 +244,8 @@ def export_run(
     scalar_only: bool = False,
     bins: int = 30,
     endpoint_url: str | None = None,
+    profile: str | None = None,
+    region: str | None = None,
 ) -> dict[str, int]:
     """Write a run's saved tensors as TensorBoard event files, one directory per mode.
 
@@ -248,8 +255,9 @@ def export_run(
     off. Strings and complex numbers are skipped. A live run is exported as far as its complete
     steps go; export again later to extend it. Each export replaces the previous trainguard
     export in the same directories, so give each run a ``tensorboard_dir`` of its own. With
-    several workers, each step's values are the first worker's. ``endpoint_url`` is for
-    S3-compatible stores, the run's and ``tensorboard_dir``'s.
+    several workers, each step's values are the first worker's. ``endpoint_url``, ``profile``
+    and ``region`` are for ``s3://`` paths, the run's and ``tensorboard_dir``'s (default: the
+    environment, :mod:`trainguard.storage.options`).
 
     Returns counts: {"scalars": values written, "histograms": values written, "files": files}.
     """
@@ -257,8 +265,9 @@ def export_run(
         raise ConfigError(f"bins must be a positive integer, got {bins!r}")
     # An export reads what is there now: a wrong path fails at once instead of waiting for a
     # run to appear (create_trial's default, meant for readers started before training).
+    storage = StorageOptions(endpoint_url, profile, region)
     trial = run_path if isinstance(run_path, Trial) else create_trial(
-        run_path, endpoint_url=endpoint_url, collection_wait_timeout=0
+        run_path, collection_wait_timeout=0, **storage.store_kwargs()
     )
     want_histograms = histograms and not scalar_only
     collections = list(trial.collections().values())
@@ -271,7 +280,7 @@ def export_run(
         if not steps:
             continue
         mode_dir = f"{os.fspath(tensorboard_dir).rstrip('/')}/{mode.name}"
-        with TensorBoardWriter(mode_dir, endpoint_url=endpoint_url) as writer:
+        with TensorBoardWriter(mode_dir, endpoint_url=endpoint_url, profile=profile, region=region) as writer:
             for step in steps:
                 names = trial.tensor_names(show_prefixed_tensors=True, step=step, mode=mode)
                 values = trial.tensor_values(names, step, mode)
@@ -295,13 +304,13 @@ def export_run(
                     ):
                         counts["histograms"] += 1
         counts["files"] += 1
-        _remove_older_exports(mode_dir, writer.filename, endpoint_url)
+        _remove_older_exports(mode_dir, writer.filename, storage)
     return counts
 
 
-def _remove_older_exports(logdir: str, keep: str, endpoint_url: str | None) -> None:
+def _remove_older_exports(logdir: str, keep: str, storage: StorageOptions) -> None:
     """Delete earlier exports beside the new file: TensorBoard would show both, step by step."""
-    store = _open_store(logdir, endpoint_url)
+    store = open_store(logdir, **storage.store_kwargs())
     for key in store.list("events.out.tfevents."):
         if "/" not in key and key.endswith(EXPORT_SUFFIX) and key != keep:
             try:
@@ -317,11 +326,6 @@ def _local_path(logdir: str | os.PathLike[str]) -> Path | None:
     if text.startswith("file://"):
         return Path(text[len("file://") :])
     return None if "://" in text else Path(text)
-
-
-def _open_store(logdir: str | os.PathLike[str], endpoint_url: str | None) -> Store:
-    options = {"endpoint_url": endpoint_url} if endpoint_url and is_remote(logdir) else {}
-    return open_store(logdir, **options)
 
 
 def _storage_error(action: str, path: Path, error: OSError) -> StorageError:

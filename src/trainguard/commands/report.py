@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from trainguard.errors import ConfigError, TrainguardError
+from trainguard.storage.options import add_storage_arguments
 
 __all__ = ["parse_steps", "register"]
 
@@ -65,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--steps", help="global steps for the weight histograms, e.g. 0,50,100 (default first, middle, last)"
     )
-    parser.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// runs (MinIO, moto ...)")
+    add_storage_arguments(parser)
     parser.add_argument(
         "--max-points", type=int, default=600,
         help="most points drawn per curve (default 600; every saved step is read, min/max per bucket kept)",

@@ -1,14 +1,18 @@
 """``trainguard rules``: run rules on a run (live or finished), list and describe them.
 
-    trainguard rules run PATH --rule NAME[:key=value,...] ... [--start-step N] [--end-step N]
-                          [--json] [--progress FILE] [--endpoint-url URL] [--output-dir DIR]
+    trainguard rules run PATH [--rule NAME[:key=value,...] ...] [--start-step N] [--end-step N]
+                          [--json] [--progress FILE] [--output-dir DIR]
+                          [--endpoint-url URL] [--profile NAME] [--region REGION]
     trainguard rules list [--json]
     trainguard rules describe NAME
 
 ``rules run`` exits 0 when every rule evaluated the run and none found an issue, 1 when one
 found an issue (advice is no issue: ``trainguard.rules.advice``), 2 on an error (a rule that crashed, a run that did not appear, bad arguments),
-and 4 when no rule found an issue but at least one could not evaluate the run (status Error,
-details ``RuleNotEvaluated: <why>``: its data is missing) unless ``--allow-not-evaluated``. In that
+and 4 when no rule found an issue but at least one rule named with ``--rule`` could not evaluate
+the run (status Error, details ``RuleNotEvaluated: <why>``: its data is missing) unless
+``--allow-not-evaluated``. Without ``--rule`` the default set runs (the one ``trainguard run
+--rules`` uses); those of its rules that cannot apply to the run leave the exit status alone. A
+local PATH that does not exist exits 2 at once. In that
 order: 2 before 1 before 4. A damaged run (a truncated or missing index, an index entry without
 the payload checksum its writer promised, a corrupt record: ``Trial.damage()``) exits 2 whatever
 the rules found, after one line per damaged file naming its step (``trainguard rules: damaged:
@@ -28,6 +32,8 @@ import threading
 from typing import Any, TextIO
 
 from trainguard.errors import ConfigError, TrainguardError
+from trainguard.storage import require_local_path
+from trainguard.storage.options import add_storage_arguments
 
 __all__ = ["add_run_arguments", "exit_code", "module_main", "parse_rule_list", "register", "run_rules"]
 
@@ -62,7 +68,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="the run: the hook's out_dir (directory or s3://bucket/prefix)")
     parser.add_argument(
         "--rule", action="append", default=[], metavar="NAME[:key=value,...]",
-        help="a rule to run (repeatable); NAME is a built-in, a plug-in, or package.module:Class",
+        help="a rule to run (repeatable); NAME is a built-in, a plug-in, or package.module:Class; "
+        "default: the default set",
     )  # fmt: skip
     parser.add_argument("--specs-json", help=argparse.SUPPRESS)  # full RuleSpecs (with actions), for trainguard run
     parser.add_argument("--start-step", type=int, help="first global step to evaluate")
@@ -70,7 +77,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON StatusUpdate per line")
     parser.add_argument("--progress", help="progress file: resume from it and keep it up to date")
     parser.add_argument("--output-dir", help="write rule-output/<name>.json here (default: the run dir if local)")
-    parser.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// runs")
+    add_storage_arguments(parser)
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between polls (default 0.5)")
     parser.add_argument(
         "--wait-timeout", type=float, default=120.0, help="seconds to wait for the run to appear (default 120)"
@@ -98,8 +105,14 @@ def _specs_from_args(args: argparse.Namespace) -> list[Any]:
                     actions=tuple(item.get("actions") or ()),
                 )
             )
+    # The rules the user named: only these fail the exit status when they cannot evaluate the
+    # run. With none named, the default set (as ``trainguard run --rules``), some of which cannot
+    # apply to a given run (XGBoost rules on a PyTorch run, image rules without images).
+    args.named_rules = {spec.name for spec in specs}
     if not specs:
-        raise ConfigError("no rules given: add --rule NAME (trainguard rules list shows the names)")
+        from trainguard.rules.defaults import default_rule_specs
+
+        specs = default_rule_specs()
     return specs
 
 
@@ -108,13 +121,19 @@ def is_not_evaluated(status: Any, details: Any) -> bool:
     return getattr(status, "value", status) == "Error" and str(details or "").lstrip().startswith(NOT_EVALUATED_PREFIX)
 
 
-def exit_code(final: dict[str, Any], allow_not_evaluated: bool = False) -> int:
-    """2 (a real error, or stopped), else 1 (issues), else 4 (not evaluated, unless allowed), else 0."""
+def exit_code(
+    final: dict[str, Any], allow_not_evaluated: bool = False, named: set[str] | frozenset[str] | None = None
+) -> int:
+    """2 (a real error, or stopped), else 1 (issues), else 4 (not evaluated, unless allowed), else 0.
+
+    ``named``: the configurations whose "not evaluated" counts (the rules the user named); None:
+    every one. A rule of the default set that cannot apply to the run leaves the status alone.
+    """
     statuses = set()
     not_evaluated = False
-    for update in final.values():
+    for name, update in final.items():
         if is_not_evaluated(update.status, update.status_details):
-            not_evaluated = True
+            not_evaluated = not_evaluated or named is None or name in named
         else:
             statuses.add(getattr(update.status, "value", update.status))
     if "Error" in statuses or not final:
@@ -184,11 +203,15 @@ def run_rules(args: argparse.Namespace, out: TextIO | None = None) -> int:
         with lock:
             print(text, file=out, flush=True)
 
+    require_local_path(args.path)  # a typo must not wait, nor create <typo>/rule-output/
+    specs = _specs_from_args(args)
+    if not args.end_on_stdin_eof:  # trainguard run starts the rules before training writes
+        _say_when_waiting(args.path, args.wait_timeout)
     stop_event = threading.Event()
     training_done = threading.Event()
     runner = RuleRunner(
         args.path,
-        _specs_from_args(args),
+        specs,
         progress_file=args.progress,
         output_dir=args.output_dir,
         start_step=args.start_step,
@@ -230,7 +253,27 @@ def run_rules(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print(line, file=sys.stderr if args.json else out, flush=True)
     if damage:
         return EXIT_ERROR  # verdicts on data that cannot be trusted: never "all fine"
-    return exit_code(final, allow_not_evaluated=args.allow_not_evaluated)
+    named = None if args.specs_json else args.named_rules  # trainguard run: its own exit status
+    return exit_code(final, allow_not_evaluated=args.allow_not_evaluated, named=named)
+
+
+def _say_when_waiting(path: str, timeout: float) -> None:
+    """One line on stderr when the run has not written its first step yet (the runner then
+    waits for it, up to ``timeout``), so a wait is never silent."""
+    from trainguard.format.layout import COLLECTIONS_PREFIX
+    from trainguard.storage import open_store
+
+    try:
+        appeared = bool(open_store(path).list(COLLECTIONS_PREFIX))
+    except (TrainguardError, OSError, ValueError):
+        return  # opening the run says what is wrong
+    if not appeared:
+        print(
+            f"trainguard rules: waiting for the first step in {path} (up to {timeout:.0f} s, --wait-timeout; "
+            "Ctrl-C to stop)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _run_damage(trial: Any) -> list[str]:

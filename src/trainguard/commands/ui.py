@@ -1,4 +1,4 @@
-"""``trainguard ui [PATH_OR_S3_URI ...] [--host H] [--port P] [--endpoint-url URL]``."""
+"""``trainguard ui [PATH_OR_S3_URI ...] [--host H] [--port P] [--endpoint-url URL] [--profile NAME] [--region R]``."""
 
 from __future__ import annotations
 
@@ -6,12 +6,17 @@ import argparse
 import sys
 import time
 
+from trainguard.storage.options import add_storage_arguments
+
 __all__ = ["register"]
 
 
 def _ui(args: argparse.Namespace) -> int:
+    from trainguard.storage import require_local_path
     from trainguard.ui import serve_paths
 
+    for path in args.paths:
+        require_local_path(path, "run or folder of runs")
     server = serve_paths(args.paths, host=args.host, port=args.port, endpoint_url=args.endpoint_url)
     print(f"trainguard: dashboard of {', '.join(args.paths) or 'trainguard-runs/'} at {server.url}", flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -36,5 +41,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
     )
     parser.add_argument("--port", type=int, default=6007, help="port (default 6007; 0: any free port)")
-    parser.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// paths (MinIO, moto ...)")
+    add_storage_arguments(parser)
     parser.set_defaults(func=_ui)

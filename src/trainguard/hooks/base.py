@@ -46,6 +46,7 @@ from trainguard.hooks.run_end import mark_end_after_peers, peer_wait_seconds, st
 from trainguard.hooks.save_schedule import SaveSchedule
 from trainguard.hooks.writer_kinds import WRITER_KINDS
 from trainguard.modes import ModeKeys
+from trainguard.storage.options import StorageOptions
 from trainguard.storage import LocalStore, Store, open_store
 
 if TYPE_CHECKING:
@@ -128,6 +129,9 @@ class BaseHook(SaveSchedule):
         writer: str | None = None,
         overhead_budget: float | None = None,
         overhead_max_interval: int | None = None,
+        endpoint_url: str | None = None,
+        profile: str | None = None,
+        region: str | None = None,
     ) -> None:
         """``other_workers_collections``: with ``include_workers="one"``, the collections every
         rank but 0 still saves (default ``OTHER_WORKERS_COLLECTIONS``: losses and scalars, a few
@@ -139,7 +143,8 @@ class BaseHook(SaveSchedule):
         collections first (see :mod:`trainguard.hooks.overhead_budget`); None: the schedule as
         configured. ``overhead_max_interval``: the longest the budget may space the heavy saves,
         in steps (default 500; ``trainguard run --rules`` uses 100, so live rules see a fault within
-        a few hundred steps)."""
+        a few hundred steps). ``endpoint_url``, ``profile``, ``region``: for an ``s3://`` out_dir
+        (default: the environment, as :mod:`trainguard.storage.options` says)."""
         if out_dir is None:
             out_dir = os.environ.get("TRAINGUARD_OUT_DIR")
         if not out_dir:
@@ -201,7 +206,8 @@ class BaseHook(SaveSchedule):
                 "add your own with hook.get_collection(name).include(regex) before training"
             )
         self.include_collections = names
-        self.store: Store = open_store(self.out_dir)
+        self.storage_options = StorageOptions(endpoint_url, profile, region)
+        self.store: Store = open_store(self.out_dir, **self.storage_options.store_kwargs())
         if not dry_run:
             self._check_out_dir()
 
@@ -535,7 +541,8 @@ class BaseHook(SaveSchedule):
         from trainguard.tensorboard import export_run
 
         target = self.tensorboard_dir or os.path.join(self.out_dir, "tensorboard")
-        export_run(self.out_dir, target)
+        where = self.storage_options
+        export_run(self.out_dir, target, endpoint_url=where.endpoint_url, profile=where.profile, region=where.region)
 
     def __enter__(self) -> BaseHook:
         return self

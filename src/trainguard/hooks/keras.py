@@ -143,6 +143,9 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
         collection_manager: CollectionManager | None = None,
         max_pending_bytes: int = 256 << 20,
         other_workers_collections: Sequence[str] | None = None,
+        endpoint_url: str | None = None,
+        profile: str | None = None,
+        region: str | None = None,
     ) -> None:
         keras.callbacks.Callback.__init__(self)
         super().__init__(
@@ -150,6 +153,7 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
             include_regex, include_collections, save_all, include_workers,
             collection_manager=collection_manager or keras_collections(), max_pending_bytes=max_pending_bytes,
             other_workers_collections=other_workers_collections,
+            endpoint_url=endpoint_url, profile=profile, region=region,
         )  # fmt: skip
         self._named_model: Any = None
         self._weights: list[tuple[str, Any]] = []

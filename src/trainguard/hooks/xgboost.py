@@ -123,6 +123,9 @@ class XGBoostHook(BaseHook, TrainingCallback):
         *,
         collection_manager: CollectionManager | None = None,
         other_workers_collections: Sequence[str] | None = None,
+        endpoint_url: str | None = None,
+        profile: str | None = None,
+        region: str | None = None,
     ) -> None:
         # reduction_config is accepted for smdebug compatibility and ignored, as smdebug does:
         # XGBoost's tensors are small and saved raw.
@@ -138,6 +141,9 @@ class XGBoostHook(BaseHook, TrainingCallback):
             include_workers=include_workers,
             collection_manager=collection_manager or xgboost_collections(),
             other_workers_collections=other_workers_collections,
+            endpoint_url=endpoint_url,
+            profile=profile,
+            region=region,
         )
         TrainingCallback.__init__(self)
         for data, argument in ((train_data, "train_data"), (validation_data, "validation_data")):
@@ -204,7 +210,9 @@ class XGBoostHook(BaseHook, TrainingCallback):
                 if len(history):
                     value = history[-1]
                     value = value[0] if isinstance(value, (tuple, list)) else value  # xgboost.cv: (mean, std)
-                    self._save(f"{data_name}-{metric}", np.array([float(value)]), "metrics")
+                    # a metric is one number: saved with shape (), as the user logged it (runs
+                    # written before hold shape (1,); readers take either)
+                    self._save(f"{data_name}-{metric}", np.array(float(value)), "metrics")
         if not isinstance(model, xgboost.Booster):
             return  # xgboost.cv passes a CVPack: only its metrics are saved
         everything = "all" in due  # save_all: every collection's tensors (SHAP still only when named)
@@ -229,8 +237,6 @@ class XGBoostHook(BaseHook, TrainingCallback):
         if self.plan(name) is None:
             return
         array = np.asarray(value)
-        if array.ndim == 0:
-            array = array.reshape(1)
         if array.dtype == object:
             array = array.astype(str)
         nbytes = array.nbytes if array.dtype.kind != "U" else sum(len(item) for item in array.tolist())

@@ -14,7 +14,17 @@ from trainguard.storage.base import Buffer, Store, StoreWriter
 from trainguard.storage.local import LocalStore
 from trainguard.storage.memory import MemoryStore
 
-__all__ = ["Buffer", "LocalStore", "MemoryStore", "Store", "StoreWriter", "is_remote", "open_store", "sidecar_root"]
+__all__ = [
+    "Buffer",
+    "LocalStore",
+    "MemoryStore",
+    "Store",
+    "StoreWriter",
+    "is_remote",
+    "open_store",
+    "require_local_path",
+    "sidecar_root",
+]
 
 
 def is_remote(url: str | os.PathLike[str]) -> bool:
@@ -30,12 +40,29 @@ def sidecar_root(run: str | os.PathLike[str]) -> str:
     return str(run)
 
 
+def require_local_path(url: str | os.PathLike[str], what: str = "run") -> None:
+    """Raise ConfigError when ``url`` is a local path that does not exist.
+
+    A reader of a run (``rules run``, ``summary``, ...) may be started before training writes
+    anything, so an existing but empty directory is worth waiting for; a path that does not exist
+    at all is almost always a typo, and waiting for it (or creating it) would hide that. Remote
+    URLs are not checked: an S3 prefix exists only once something is written under it.
+    """
+    text = os.fspath(url)
+    if "://" in text and not text.startswith("file://"):
+        return
+    local = text[len("file://") :] if text.startswith("file://") else text
+    if local and not os.path.exists(local):
+        raise ConfigError(f"{text}: no such file or directory: no {what} there (check the path)")
+
+
 def open_store(url: str | os.PathLike[str], **options: Any) -> Store:
     """Open the store a URL names.
 
     Args:
         url: ``s3://bucket/prefix``, ``memory://name``, ``file:///path`` or a local path.
-        options: passed to the store; for S3: ``endpoint_url``, ``region_name``, ``client``.
+        options: passed to the store; for S3: ``endpoint_url``, ``profile_name``, ``region_name``,
+            ``client`` (see :mod:`trainguard.storage.options`); ignored for other stores.
 
     Raises:
         ConfigError: the URL is malformed.

@@ -127,9 +127,12 @@ class S3Store:
     Args:
         bucket: the bucket; it must exist.
         prefix: the run's folder in the bucket, without a leading or trailing ``/``; may be empty.
-        endpoint_url: an S3-compatible endpoint such as ``http://minio:9000``. When not given,
-            botocore honors ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` and the AWS config file.
-        region_name: the region; default from the environment or AWS config.
+        endpoint_url: an S3-compatible endpoint such as ``http://minio:9000``.
+        profile_name: the AWS profile whose credentials and settings to use.
+        region_name: the region.
+            The three default as :func:`trainguard.storage.options.resolve_storage_options`
+            says (the ``trainguard`` command's options, ``AWS_ENDPOINT_URL_S3``, ``AWS_PROFILE``,
+            ``AWS_REGION`` ..., then the AWS config file).
         client: a ready boto3 S3 client to use instead of building one (its own retry and timeout
             settings then apply).
         multipart_threshold: objects larger than this are uploaded in parts of this size.
@@ -150,6 +153,7 @@ class S3Store:
         region_name: str | None = None,
         client: Any = None,
         multipart_threshold: int = MULTIPART_THRESHOLD,
+        profile_name: str | None = None,
         max_attempts: int | None = None,
     ) -> None:
         try:
@@ -175,6 +179,10 @@ class S3Store:
         self._botocore_errors = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
         self._bucket_checked = False
         if client is None:
+            from trainguard.storage.options import resolve_storage_options
+
+            resolved = resolve_storage_options(endpoint_url, profile_name, region_name)
+            endpoint_url = resolved.endpoint_url
             # total_max_attempts counts the first try, like AWS_MAX_ATTEMPTS; botocore's own
             # "max_attempts" key counts retries only.
             retries: dict[str, Any] = {"mode": "standard"}
@@ -193,8 +201,8 @@ class S3Store:
                 retries=retries, connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S, **options
             )
             try:
-                client = _new_session(botocore.session).create_client(
-                    "s3", endpoint_url=endpoint_url, region_name=region_name, config=config
+                client = _new_session(botocore.session, resolved.profile).create_client(
+                    "s3", endpoint_url=endpoint_url, region_name=resolved.region, config=config
                 )
             except ValueError as error:  # botocore's answer to a malformed endpoint URL
                 raise ConfigError(f"invalid S3 endpoint_url {endpoint_url!r}: {error}") from None
@@ -376,7 +384,7 @@ _LOADER_LOCK = threading.Lock()
 _shared_loader: Any = None
 
 
-def _new_session(botocore_session: Any) -> Any:
+def _new_session(botocore_session: Any, profile: str | None = None) -> Any:
     """A fresh botocore session (so credentials and settings are read now) with a shared loader.
 
     Parsing botocore's JSON service models is most of the cost of a client (~0.1 s); the loader
@@ -384,7 +392,7 @@ def _new_session(botocore_session: Any) -> Any:
     per store because a botocore session is not thread-safe and caches credentials.
     """
     global _shared_loader
-    session = botocore_session.Session()
+    session = botocore_session.Session(profile=profile)
     with _LOADER_LOCK:
         if _shared_loader is None:
             _shared_loader = session.get_component("data_loader")

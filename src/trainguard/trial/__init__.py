@@ -20,6 +20,8 @@ def create_trial(
     cache: bool | str | os.PathLike[str] = True,
     endpoint_url: str | None = None,
     refresh_interval: float | None = None,
+    profile: str | None = None,
+    region: str | None = None,
     **store_options: Any,
 ) -> Trial:
     """Open the run at ``path`` (a directory or ``s3://bucket/prefix``).
@@ -31,6 +33,8 @@ def create_trial(
         cache: for ``s3://`` runs, keep fetched objects on local disk (``True`` uses
             ``$TRAINGUARD_CACHE_DIR`` or ``~/.cache/trainguard``; a path chooses the folder).
         endpoint_url: an S3-compatible endpoint (MinIO, moto, ...).
+        profile: the AWS profile; region: the AWS region. These three default to the
+            environment (:mod:`trainguard.storage.options`).
         refresh_interval: at most this often (seconds) a question to the trial lists the run for
             new steps (``refresh(force=True)`` always does); default 0 for a directory, 1 for S3.
 
@@ -38,8 +42,10 @@ def create_trial(
         MissingCollectionFiles: no collections file appeared within the timeout.
     """
     remote = is_remote(path)
-    if remote and endpoint_url is not None:
-        store_options["endpoint_url"] = endpoint_url
+    if remote:
+        from trainguard.storage.options import StorageOptions
+
+        store_options.update(StorageOptions(endpoint_url, profile, region).store_kwargs())
     store = open_store(path, **store_options)
     if remote and cache:
         from trainguard.format.layout import COLLECTIONS_PREFIX
