@@ -16,12 +16,13 @@ is appended to its section (a new section goes last). ``commit`` defaults to ``g
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 __all__ = ["Figure", "load", "record", "render", "save"]
@@ -164,17 +165,36 @@ def record(
         date=date or datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
         note=note,
     )
-    figures = load(results) if results.exists() else []
-    keys = [existing.key for existing in figures]
-    if row.key in keys:
-        figures[keys.index(row.key)] = row
-    else:
-        # After the last row of its section, so a section stays one table.
-        last = max((i for i, existing in enumerate(figures) if existing.section == section), default=len(figures) - 1)
-        figures.insert(last + 1, row)
-    save(figures, results)
-    page.write_text(render(figures), encoding="utf-8")
+    with _locked(results):
+        figures = load(results) if results.stat().st_size else []
+        keys = [existing.key for existing in figures]
+        if row.key in keys:
+            figures[keys.index(row.key)] = row
+        else:
+            # After the last row of its section, so a section stays one table.
+            last = max((i for i, f in enumerate(figures) if f.section == section), default=len(figures) - 1)
+            figures.insert(last + 1, row)
+        save(figures, results)
+        page.write_text(render(figures), encoding="utf-8")
     return row
+
+
+@contextlib.contextmanager
+def _locked(results: Path) -> Iterator[None]:
+    """Hold results.json while one record reads and rewrites it: bench runs of different sessions
+    share one tree, and two read-modify-writes at once would lose one of the figures."""
+    results.touch(exist_ok=True)
+    with open(results, "rb") as handle:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _number(text: str) -> float | int | str:

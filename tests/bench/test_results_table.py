@@ -94,3 +94,23 @@ def test_two_rows_of_one_figure_are_refused(tmp_path: Path) -> None:
     results.write_text(json.dumps({"figures": [_row(), _row(value=1.0)]}))
     with pytest.raises(ValueError, match="twice"):
         load(results)
+
+
+def test_a_record_holds_results_json_while_it_rewrites_it(tmp_path: Path) -> None:
+    fcntl = pytest.importorskip("fcntl")
+    results = tmp_path / "results.json"
+
+    def lock_taken_elsewhere() -> bool:
+        with open(results, "rb") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(other, fcntl.LOCK_UN)
+            return False
+
+    with results_table._locked(results):
+        assert lock_taken_elsewhere()  # a second session's record waits here
+    assert not lock_taken_elsewhere()
+    record(**{**_row(), "results": results, "page": tmp_path / "RESULTS.md"})  # type: ignore[arg-type]
+    assert [f.figure for f in load(results)] == ["parts per step"]  # from an empty (new) file
