@@ -1,4 +1,4 @@
-"""docs/environment.md names every TRAINGUARD_* variable the library and the services read, and
+"""docs/environment.md names every TRAINGUARD_* variable the library, the services and the stack read, and
 no variable they no longer read: the page is checked against the code instead of kept by hand."""
 
 from __future__ import annotations
@@ -13,13 +13,24 @@ PAGE = ROOT / "docs" / "environment.md"
 NAME = re.compile(r"\bTRAINGUARD_[A-Z0-9_]*[A-Z0-9](?![A-Za-z0-9_{])")
 
 
-def names_in_code(*roots: Path) -> dict[str, str]:
-    """Each TRAINGUARD_* name in the .py files under roots, with the first file naming it."""
+# The library and the services (Python), and what builds and starts the images and the stack.
+CODE = [("src", "*.py"), ("services", "*.py"), ("containers", "*"), ("infra", "*"), ("deploy", "*")]
+FILES = ["docker-compose.yml"]
+
+
+def names_in_code() -> dict[str, str]:
+    """Each TRAINGUARD_* name the code reads or sets, with the first file naming it."""
+    paths = [path for folder, pattern in CODE for path in sorted((ROOT / folder).rglob(pattern))]
     found: dict[str, str] = {}
-    for root in roots:
-        for path in sorted(root.rglob("*.py")):
-            for name in NAME.findall(path.read_text(encoding="utf-8")):
-                found.setdefault(name, str(path.relative_to(ROOT)))
+    for path in [*paths, *(ROOT / name for name in FILES)]:
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:  # a binary file: no settings in it
+            continue
+        for name in NAME.findall(text):
+            found.setdefault(name, str(path.relative_to(ROOT)))
     return found
 
 
@@ -27,15 +38,15 @@ def names_on_page(text: str) -> set[str]:
     return set(NAME.findall(text))
 
 
-def test_every_variable_read_in_src_and_services_is_documented() -> None:
-    code = names_in_code(ROOT / "src", ROOT / "services")
+def test_every_variable_the_code_reads_is_documented() -> None:
+    code = names_in_code()
     assert len(code) > 50  # the scan sees the settings table, not an empty tree
     missing = sorted(f"{name} ({where})" for name, where in code.items() if name not in names_on_page(PAGE.read_text()))
     assert not missing, f"add to docs/environment.md: {', '.join(missing)}"
 
 
 def test_every_documented_variable_is_still_read() -> None:
-    code = names_in_code(ROOT / "src", ROOT / "services")
+    code = names_in_code()
     stale = sorted(names_on_page(PAGE.read_text()) - set(code))
     assert not stale, f"docs/environment.md lists variables nothing reads any more: {', '.join(stale)}"
 
