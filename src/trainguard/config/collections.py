@@ -42,6 +42,9 @@ DEFAULT_PYTORCH_COLLECTIONS: dict[str, list[str]] = {
     "model_inputs": [],
     "predictions": [],
     "labels": [],
+    # Per-rank fingerprints of the parameters and gradients (hooks/torch_fingerprint.py), which
+    # ReplicaDivergence compares across ranks
+    "replica_fingerprints": [r"^replica_fingerprint/"],
     "all": [],
     "default": [],
 }

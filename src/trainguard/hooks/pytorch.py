@@ -44,6 +44,7 @@ from trainguard.hooks.torch_compiled import (
     is_compile_wrapper,
 )
 from trainguard.hooks.torch_data_identity import DataIdentity
+from trainguard.hooks.torch_fingerprint import ReplicaFingerprints
 from trainguard.hooks.torch_global_hooks import register_global_forward_pre_hook
 from trainguard.hooks.torch_io_sources import LeftOutOfCopies, ModuleIOSources
 from trainguard.hooks.torch_model_scopes import ModelScopes
@@ -113,7 +114,7 @@ class TorchHook(
 ):
     """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
 
-    starts_writer_ahead = True  # its writer process starts before the first step (writer_spawn.py)
+    starts_writer_ahead = True  # its writer process starts before the first step (writer/spawn.py)
     # what the unsaved step and the optimizer's post-hook read, beside BaseHook's (see there)
     __slots__ = (
         "_quiet",
@@ -145,6 +146,7 @@ class TorchHook(
         self._data_identity = DataIdentity(self.collection_manager, self.add_membership)
         # every trainable parameter that is not a bias is a weight, whatever its name
         self._parameter_roles = ParameterRoles(self.collection_manager, self.add_membership)
+        self._fingerprints = ReplicaFingerprints(self)  # per-rank parameter fingerprints (torch_fingerprint.py)
         # Gradients are read as the optimizer steps, of the parameters whose .grad changed since
         # the saved step began (torch_optimizer.py); a run without an optimizer hooks them, only
         # while steps are saved. (parameter, "gradient/<name>", its hook for such runs)
@@ -233,6 +235,7 @@ class TorchHook(
         facts = self._model_scopes.facts()
         if self._independent_optimizers > 1:
             facts["independent_optimizers"] = self._independent_optimizers
+        facts.update(self._fingerprints.facts())
         return facts
 
     def _tensors_off_cpu(self) -> bool:
@@ -259,6 +262,7 @@ class TorchHook(
                 self._module_names[child] = prefix + child_name if child_name else root_name
         self._roots.append((weakref.ref(module), root_name))
         self._parameter_roles.add_model(root_name, module)
+        self._fingerprints.add_model(root_name, module)
         for parameter_name, parameter in module.named_parameters():
             if parameter.requires_grad and id(parameter) not in self._hooked_parameters:
                 self._hooked_parameters.add(id(parameter))
@@ -336,6 +340,7 @@ class TorchHook(
             self._detach_module_hooks()
             self._detach_step_hooks()
             self._sentinel.close()
+            self._fingerprints.close()
         except Exception:  # noqa: BLE001 - already disabled: nothing may reach training
             logger.debug("trainguard: could not remove every hook after capture was disabled", exc_info=True)
 
@@ -373,6 +378,7 @@ class TorchHook(
         self._start_activation_capture(module)
 
     def _on_step_begin(self) -> None:
+        self._fingerprints.step_began()
         self._io_plan = self._narrow_modules()
         weights_due, gradients_due = self._parameter_capture_due()
         if gradients_due:
@@ -434,6 +440,7 @@ class TorchHook(
         self._sentinel.step_ended()
 
     def _on_step_end(self) -> None:
+        self._fingerprints.step_ended()
         if self._optimizer_driven:
             self._take_gradients()  # a step that ends without optimizer.step() (mode change, close)
         self._grad_parameters.clear()
@@ -576,5 +583,6 @@ class TorchHook(
         self._wrapper_shims.clear()
         super().close()
         self._sentinel.close()
+        self._fingerprints.close()
         self._detach_step_hooks()
         self._detach_module_hooks()

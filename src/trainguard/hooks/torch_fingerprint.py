@@ -1,0 +1,224 @@
+"""A small fingerprint of every parameter per rank, so that replicas that drift apart are seen.
+
+Data-parallel replicas must hold the same parameters after every optimizer step; when one does
+not (an update outside the all-reduce, a parameter outside the DDP module, a rank seeded apart
+and never broadcast), every metric still looks normal. On the steps the ``replica_fingerprints``
+collection is due (the hook's schedule, or the collection's own ``save_interval`` for a cheap
+check every N steps), each rank writes two tensors (smdebug's format, in that collection):
+
+* ``replica_fingerprint/parameters``: one row per parameter of the registered models, after the
+  step's optimizer update (the step ends at the next forward, the update is done by then);
+* ``replica_fingerprint/gradients``: the same rows for the gradients the first optimizer step of
+  the step applies (after DDP's all-reduce), taken by an optimizer pre-hook that exists only on
+  those steps. A parameter without a gradient gets ``-1`` as its hash.
+
+Each row is ``[hash, sum, sum of squares, elements]`` (float64). The hash is what decides
+equality: on CPU the CRC-32 of the tensor's raw bytes (``zlib.crc32`` reads the buffer in place,
+no copy; position-sensitive, so a permutation changes it too), on an accelerator the wrapping
+64-bit sums of the raw bits and of their squares (integer sums do not depend on the reduction
+order, so equal bits give equal sums on any kernel), mixed to 52 bits so that a float64 holds
+it exactly. Equal replicas therefore give equal hashes bit for bit; different ones differ but
+with probability about 2^-32 (CPU) for any given change. The float sums (float32 accumulation)
+are not exact across reduction orders: they only say how far apart two replicas are, and let a
+rule compare within a tolerance where the reduction itself is not deterministic.
+
+The row order is the names in the collections file's ``_meta`` (``replica_fingerprints``:
+``parameters``, ``sharded``, ``rank``, ``world``); names only grow (a model registered later
+appends its parameters), so a row ``i`` of an older step is still name ``i``. Parameters meant to
+differ between ranks (FSDP's flat or DTensor shards, DeepSpeed ZeRO partitions) are listed under
+``sharded``; a rule must not compare those. Buffers are not fingerprinted: DDP broadcasts them
+before a forward and each rank's own batch updates them after it (BatchNorm's running
+statistics), so they legitimately differ at the step's end.
+
+Single-process runs write nothing (there is nothing to compare with) unless ``always`` is set
+(the benchmark's). Fail open: any error disables the fingerprint, never the capture or training.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+__all__ = [
+    "COLLECTION",
+    "GRADIENTS_TENSOR",
+    "META_KEY",
+    "PARAMETERS_TENSOR",
+    "ReplicaFingerprints",
+    "fingerprint_rows",
+]
+
+logger = logging.getLogger("trainguard")
+
+COLLECTION = "replica_fingerprints"
+PARAMETERS_TENSOR = "replica_fingerprint/parameters"
+GRADIENTS_TENSOR = "replica_fingerprint/gradients"
+META_KEY = "replica_fingerprints"
+NO_GRADIENT = -1.0
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_HASH_MASK = (1 << 52) - 1
+
+
+def _is_sharded(parameter: torch.Tensor) -> bool:
+    """A parameter that holds a different part of the model on each rank by design."""
+    kind = type(parameter).__name__
+    if kind in ("DTensor", "FlatParameter") or getattr(parameter, "_is_flat_param", False):
+        return True
+    return hasattr(parameter, "ds_id") or hasattr(parameter, "ds_numel")  # DeepSpeed ZeRO
+
+
+def _mix(first: int, second: int) -> float:
+    value = ((first & 0xFFFFFFFFFFFFFFFF) * 0x9E3779B97F4A7C15 ^ (second & 0xFFFFFFFFFFFFFFFF)) & _HASH_MASK
+    return float(value)
+
+
+def fingerprint_rows(tensors: list[torch.Tensor | None]) -> np.ndarray:
+    """``[hash, sum, sum of squares, elements]`` per tensor (see the module doc); a None tensor
+    gets the row ``[-1, nan, nan, 0]``."""
+    rows = np.empty((len(tensors), 4), dtype=np.float64)
+    device_rows: list[int] = []
+    integer_sums: list[torch.Tensor] = []
+    float_sums: list[torch.Tensor] = []
+    with torch.no_grad():
+        for index, tensor in enumerate(tensors):
+            if tensor is None:
+                rows[index] = (NO_GRADIENT, np.nan, np.nan, 0)
+                continue
+            flat = tensor.detach().reshape(-1)
+            if not flat.is_contiguous():
+                flat = flat.contiguous()
+            bits = flat.view(_BITS[flat.element_size()]) if flat.numel() else flat
+            values = flat if flat.dtype == torch.float32 else flat.float()
+            if flat.device.type == "cpu":
+                digest = zlib.crc32(bits.numpy()) if flat.numel() else 0
+                rows[index] = (digest, float(values.sum()), float(torch.dot(values, values)), flat.numel())
+            else:
+                wide = bits.to(torch.int64)  # wrapping integer sums: the same whatever the order
+                integer_sums.append(torch.stack([wide.sum(), (wide * wide).sum()]))
+                float_sums.append(torch.stack([values.sum(), torch.dot(values, values)]).double())
+                device_rows.append(index)
+                rows[index, 3] = flat.numel()
+        if device_rows:  # one copy to the host for every tensor on the device
+            hashes = torch.stack(integer_sums).cpu().numpy()
+            floats = torch.stack(float_sums).cpu().numpy()
+            for position, index in enumerate(device_rows):
+                rows[index, 0] = _mix(int(hashes[position, 0]), int(hashes[position, 1]))
+                rows[index, 1:3] = floats[position]
+    return rows
+
+
+class ReplicaFingerprints:
+    """What TorchHook holds to fingerprint its models' parameters and gradients on due steps.
+
+    The hook calls :meth:`add_model` as it names a registered model, :meth:`step_began` and
+    :meth:`step_ended` around each saved step, and :meth:`facts` when it writes its collections
+    file. ``hook`` is read for ``saving_this_step``, ``_due``, ``_rank_and_world()``,
+    ``write_tensor`` and ``_collections_dirty``; nothing else of it is touched."""
+
+    __slots__ = ("_hook", "_names", "_parameters", "_sharded", "_seen", "_disabled", "_always",
+                 "_grad_rows", "_pre_handle", "_world")  # fmt: skip
+
+    def __init__(self, hook: Any, *, always: bool = False) -> None:
+        self._hook = hook
+        self._names: list[str] = []
+        self._parameters: list[weakref.ref[torch.Tensor]] = []
+        self._sharded: list[str] = []
+        self._seen: set[int] = set()
+        self._disabled = False
+        self._always = always
+        self._grad_rows: np.ndarray | None = None
+        self._pre_handle: Any = None
+        self._world: tuple[int, int] | None = None
+
+    # -- what the hook calls ---------------------------------------------------------------------
+    def add_model(self, root_name: str, module: torch.nn.Module) -> None:
+        self._guarded(self._add_model, root_name, module)
+
+    def step_began(self) -> None:
+        if not self._disabled and self._due():
+            self._guarded(self._attach)
+
+    def step_ended(self) -> None:
+        if self._pre_handle is None and (self._disabled or not self._due()):
+            return
+        self._guarded(self._write)
+        self._detach()
+
+    def facts(self) -> dict[str, object]:
+        if self._disabled or not self._names:
+            return {}
+        rank, world = self._rank_and_world()
+        return {META_KEY: {"parameters": list(self._names), "sharded": list(self._sharded), "rank": rank,
+                           "world": world}}  # fmt: skip
+
+    def close(self) -> None:
+        self._detach()
+
+    # -- inside --------------------------------------------------------------------------------
+    def _guarded(self, function: Callable[..., None], *args: Any) -> None:
+        try:
+            function(*args)
+        except Exception:  # noqa: BLE001 - fail open: the fingerprint goes, capture and training stay
+            self._disabled = True
+            self._detach()
+            logger.warning("trainguard: replica fingerprints disabled after an error", exc_info=True)
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        if self._world is None or self._world[1] == 1:
+            self._world = self._hook._rank_and_world()  # until a process group exists, asked again
+        return self._world
+
+    def _due(self) -> bool:
+        hook = self._hook
+        if not hook.saving_this_step or COLLECTION not in hook._due or not self._names:
+            return False
+        return self._always or self._rank_and_world()[1] > 1
+
+    def _add_model(self, root_name: str, module: torch.nn.Module) -> None:
+        for parameter_name, parameter in module.named_parameters():
+            if id(parameter) in self._seen:
+                continue
+            self._seen.add(id(parameter))
+            name = f"{root_name}_{parameter_name}"
+            self._names.append(name)
+            self._parameters.append(weakref.ref(parameter))
+            if _is_sharded(parameter) or "FullyShardedDataParallel" in type(module).__name__:
+                self._sharded.append(name)
+        self._hook._collections_dirty = True
+
+    def _attach(self) -> None:
+        self._grad_rows = None
+        if self._pre_handle is None:
+            self._pre_handle = register_optimizer_step_pre_hook(self._before_optimizer_step)
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._grad_rows is None and not self._disabled:
+            self._guarded(self._take_gradients)
+
+    def _take_gradients(self) -> None:
+        gradients = []
+        for reference in self._parameters:
+            parameter = reference()
+            gradients.append(None if parameter is None else parameter.grad)
+        self._grad_rows = fingerprint_rows(gradients)
+
+    def _write(self) -> None:
+        parameters = [reference() for reference in self._parameters]
+        rows = fingerprint_rows(parameters)
+        self._hook.write_tensor(PARAMETERS_TENSOR, rows, nbytes=rows.nbytes)
+        if self._grad_rows is not None:
+            self._hook.write_tensor(GRADIENTS_TENSOR, self._grad_rows, nbytes=self._grad_rows.nbytes)
+
+    def _detach(self) -> None:
+        handle, self._pre_handle = self._pre_handle, None
+        self._grad_rows = None
+        if handle is not None:
+            handle.remove()

@@ -1,0 +1,116 @@
+"""The per-rank fingerprint (hooks/torch_fingerprint.py) and the rank comparison (rules/builtin/
+_replicas.py), against numpy oracles, in-process: equal bits give equal rows, any change of one
+element changes the hash, and the comparison names the odd rank only where a majority exists."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from trainguard.hooks.torch_fingerprint import NO_GRADIENT, PARAMETERS_TENSOR, fingerprint_rows
+from trainguard.rules.builtin._replicas import compare_ranks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16])
+def test_equal_bits_equal_rows_one_ulp_changes_the_hash(dtype: torch.dtype) -> None:
+    a = torch.randn(64, 33).to(dtype)
+    b = a.clone()
+    rows = fingerprint_rows([a, b, a.t()])  # a transposed (non-contiguous) view: same bytes, other order
+    assert np.array_equal(rows[0], rows[1])
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64,
+            torch.float16: torch.int16}[dtype]  # fmt: skip
+    # the oracle: CRC-32 of the raw bytes in row-major order
+    assert rows[0, 0] == zlib.crc32(a.view(bits).numpy().tobytes())
+    assert rows[0, 3] == a.numel()
+    assert np.isclose(rows[0, 1], a.double().sum().item(), rtol=1e-3, atol=1e-2)
+    b.view(bits)[17, 5] += 1  # one ulp of one element
+    changed = fingerprint_rows([b])
+    assert changed[0, 0] != rows[0, 0]
+    assert rows[2, 0] != rows[0, 0]  # the same values in another order are another tensor
+
+
+def test_a_missing_gradient_has_its_own_row() -> None:
+    rows = fingerprint_rows([None, torch.zeros(3)])
+    assert rows[0, 0] == NO_GRADIENT and rows[0, 3] == 0
+    assert rows[1, 0] != NO_GRADIENT and rows[1, 3] == 3
+
+
+def _row(seed: int, size: int = 10) -> np.ndarray:
+    values = np.random.default_rng(seed).standard_normal(size).astype(np.float32)
+    return np.array([zlib.crc32(values.tobytes()), values.sum(), (values * values).sum(), size])
+
+
+def test_the_odd_rank_is_named_only_with_a_majority() -> None:
+    names = ["w", "b", "shard"]
+    same, odd = _row(0), _row(1)
+    four = {f"worker_{rank}": (names, np.stack([odd if rank == 2 else same, same, _row(10 + rank, 5 + rank)]))
+            for rank in range(4)}  # fmt: skip
+    found, unjudged = compare_ranks(four, sharded=set(), tolerance=0.0)
+    assert [(item.name, item.odd_ranks, item.reference_rank) for item in found] == [("w", (2,), 0)]
+    assert unjudged == {"shard"}  # another size on every rank: a shard, not judged
+    two = {worker: rows for worker, rows in four.items() if worker in ("worker_0", "worker_2")}
+    found, _ = compare_ranks(two, sharded=set(), tolerance=0.0)
+    assert [(item.odd_ranks, item.reference_rank) for item in found] == [((0, 2), -1)]  # who is off: unknown
+    found, unjudged = compare_ranks(four, sharded={"w"}, tolerance=0.0)
+    assert found == [] and unjudged == {"w", "shard"}
+
+
+def test_tolerance_compares_the_sums_relatively() -> None:
+    a = _row(0)
+    near = a.copy()
+    near[0] += 1  # other bits
+    near[1] *= 1 + 1e-7
+    far = a.copy()
+    far[0] += 2
+    far[2] *= 1 + 1e-3
+    ranks = {"worker_0": (["w"], a[None]), "worker_1": (["w"], near[None]), "worker_2": (["w"], far[None])}
+    assert [item.odd_ranks for item in compare_ranks(ranks, sharded=set(), tolerance=1e-5)[0]] == [(2,)]
+    assert [item.odd_ranks for item in compare_ranks(ranks, sharded=set(), tolerance=0.0)[0]] == [(0, 1, 2)]
+
+
+def _train_single(run: Path, *, always: bool) -> None:
+    from trainguard.config.save_config import SaveConfig
+    from trainguard.hooks.torch_fingerprint import ReplicaFingerprints
+    from trainguard.pytorch import Hook
+
+    hook = Hook(out_dir=str(run), include_collections=["weights", "replica_fingerprints"],
+                save_config=SaveConfig(save_interval=1))  # fmt: skip
+    if always:
+        hook._fingerprints = ReplicaFingerprints(hook, always=True)  # as bench/ddp_fingerprint.py does
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    hook.register_module(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(5):
+        optimizer.zero_grad()
+        model(torch.randn(3, 4)).pow(2).mean().backward()
+        optimizer.step()
+    hook.close()
+
+
+def test_a_single_process_writes_no_fingerprint_unless_asked(tmp_path: Path) -> None:
+    """Nothing to compare with: the collection is included but writes nothing; forced (the
+    benchmark), the rows follow the names of the collections file, after each step's update."""
+    from trainguard.config.collections import CollectionManager
+    from trainguard.hooks.torch_fingerprint import GRADIENTS_TENSOR, META_KEY
+    from trainguard.trials import create_trial
+
+    _train_single(tmp_path / "plain", always=False)
+    trial = create_trial(str(tmp_path / "plain"))
+    assert trial.tensor_names(collection="weights") and not trial.has_tensor(PARAMETERS_TENSOR)
+    _train_single(tmp_path / "forced", always=True)
+    trial = create_trial(str(tmp_path / "forced"))
+    steps = trial.tensor(PARAMETERS_TENSOR).steps()
+    assert steps == trial.tensor("Sequential_0.weight").steps()
+    meta = CollectionManager.meta_of((tmp_path / "forced/collections/000000000/worker_0_collections.json").read_bytes())
+    names = meta[META_KEY]["parameters"]
+    assert names == ["Sequential_0.weight", "Sequential_0.bias", "Sequential_2.weight", "Sequential_2.bias"]
+    assert trial.tensor_names(collection="weights") == ["Sequential_0.weight", "Sequential_2.weight"]  # not ours
+    rows = trial.tensor(PARAMETERS_TENSOR).value(steps[0])
+    weight_next = trial.tensor("Sequential_0.weight").value(steps[1])  # saved as the next step began
+    assert rows[0, 0] == zlib.crc32(np.ascontiguousarray(weight_next, dtype=np.float32).tobytes())
+    assert trial.tensor(GRADIENTS_TENSOR).value(steps[0]).shape == (4, 4)
