@@ -49,7 +49,7 @@ def test_metrics_importance_labels_predictions_equal_what_xgboost_reports(tmp_pa
     for step in trial.steps():
         for data in ("train", "validation"):
             saved = trial.tensor(f"{data}-logloss").value(step)
-            assert saved.tolist() == [evals_result[data]["logloss"][step]]
+            assert saved.shape == () and saved.tolist() == evals_result[data]["logloss"][step]  # a scalar
         # labels and predictions of the validation data, with the model as of that round
         assert np.array_equal(trial.tensor("labels").value(step), dval.get_label())
         expected = booster[: step + 1].predict(dval)
@@ -201,3 +201,29 @@ def test_json_config_and_arguments(tmp_path):
         tg.Hook(str(tmp_path / "bad"), train_data=np.zeros((3, 3)))
     with pytest.raises(ConfigError, match="gradients"):
         tg.Hook(str(tmp_path / "bad"), include_collections=["gradients"])
+
+
+def test_runs_with_metrics_of_shape_1_are_read_as_before(tmp_path, monkeypatch):
+    """Runs written before metrics became scalars hold them with shape (1,): the loss rules judge
+    both the same way."""
+    from trainguard.hooks.xgboost import XGBoostHook
+
+    dtrain, dval = _data(rows=600)
+    params = {**PARAMS, "max_depth": 8, "eta": 0.5}  # the validation logloss bottoms out, then rises
+    scalar = tg.Hook(str(tmp_path / "scalar"), save_config=tg.SaveConfig(save_interval=1))
+    _train(scalar, dtrain, dval, rounds=30, params=params)
+    save = XGBoostHook._save
+
+    def old_save(self, name, value, collection):  # the old writer: a 0-d value reshaped to (1,)
+        array = np.asarray(value)
+        save(self, name, array.reshape(1) if array.ndim == 0 else array, collection)
+
+    monkeypatch.setattr(XGBoostHook, "_save", old_save)
+    old = tg.Hook(str(tmp_path / "old"), save_config=tg.SaveConfig(save_interval=1))
+    _train(old, dtrain, dval, rounds=30, params=params)
+    assert create_trial(str(tmp_path / "old")).tensor("validation-logloss").value(3).shape == (1,)
+    assert create_trial(str(tmp_path / "scalar")).tensor("validation-logloss").value(3).shape == ()
+    for spec in ("Overtraining:patience_validation=5", "LossNotDecreasing:num_steps=4,semantics=sagemaker"):
+        on_old = [(r.step, r.fired, r.message) for r in evaluate_rule(str(tmp_path / "old"), spec)]
+        on_scalar = [(r.step, r.fired, r.message) for r in evaluate_rule(str(tmp_path / "scalar"), spec)]
+        assert on_old == on_scalar and any(fired for _, fired, _ in on_old), spec

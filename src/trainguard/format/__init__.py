@@ -34,6 +34,7 @@ _HOME = {
     "EncodedTensor": "tensor_codec",
     "decode_event": "tensor_codec",
     "encode_tensor_event": "tensor_codec",
+    "saved_dtype": "tensor_codec",
 }
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "parse_index",
     "parse_record",
     "render_index",
+    "saved_dtype",
 ]
 
 

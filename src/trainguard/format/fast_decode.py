@@ -26,6 +26,7 @@ from trainguard.format.tensor_codec import (
     DT_BFLOAT16,
     DecodedTensor,
     _bfloat16_to_float32,
+    _mark_bfloat16,
     decode_event,
 )
 from trainguard.modes import ModeKeys
@@ -254,7 +255,7 @@ def decode_tensor_event(payload: bytes | memoryview, path: str = "<memory>", off
     except _Unusual:
         return decode_event(payload, path, offset)
     if dtype_number == DT_BFLOAT16 and len(content):
-        array = _bfloat16_to_float32(np.frombuffer(content, dtype="<u2")).reshape(shape)
+        array = _mark_bfloat16(_bfloat16_to_float32(np.frombuffer(content, dtype="<u2")).reshape(shape))
     elif dtype_number in _READ_DTYPES and (len(content) or 0 in shape):
         dtype = _READ_DTYPES[dtype_number]
         try:

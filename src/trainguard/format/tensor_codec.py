@@ -11,6 +11,7 @@ also proves the hand encoding (tests compare the two).
 from __future__ import annotations
 
 import struct
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from trainguard.errors import FormatError
 from trainguard.format.proto import event_pb2
 from trainguard.modes import ModeKeys
 
-__all__ = ["DecodedTensor", "EncodedTensor", "decode_event", "encode_tensor_event", "proto_dtype_of"]
+__all__ = ["DecodedTensor", "EncodedTensor", "decode_event", "encode_tensor_event", "proto_dtype_of", "saved_dtype"]
 
 # numpy dtype -> TensorFlow DataType number
 _WRITE_DTYPES: dict[np.dtype[Any], int] = {
@@ -248,6 +249,26 @@ def _bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+# Arrays decoded from bfloat16 (by id, while they live): numpy has no bfloat16, so they are
+# float32, and this is how a reader still learns the dtype the user trained in.
+_WIDENED_BFLOAT16: dict[int, weakref.ref[np.ndarray]] = {}
+
+
+def _mark_bfloat16(array: np.ndarray) -> np.ndarray:
+    key = id(array)
+    _WIDENED_BFLOAT16[key] = weakref.ref(array, lambda _gone, key=key: _WIDENED_BFLOAT16.pop(key, None))
+    return array
+
+
+def saved_dtype(array: np.ndarray) -> str:
+    """The dtype ``array`` was saved in: ``"bfloat16"`` for a tensor trained and saved in
+    bfloat16 (read back as exact float32 values), else the array's own dtype name."""
+    ref = _WIDENED_BFLOAT16.get(id(array))
+    if ref is not None and ref() is array:
+        return "bfloat16"
+    return np.asarray(array).dtype.name
+
+
 def decode_event(payload: bytes | memoryview, path: str = "<memory>", offset: int = 0) -> DecodedTensor:
     """Decode one tensor event. bfloat16 comes back as float32 (exact); strings as a str array."""
     event = event_pb2.Event()
@@ -287,6 +308,8 @@ def decode_event(payload: bytes | memoryview, path: str = "<memory>", offset: in
             array = _array_from_typed_fields(tensor, dtype_number, shape)
     else:
         raise FormatError(path, offset, f"tensor {value.tag!r} has unsupported DataType {dtype_number}")
+    if dtype_number == DT_BFLOAT16:
+        _mark_bfloat16(array)
     return DecodedTensor(
         tag=value.tag, value=array, step=event.step, mode=mode, mode_step=mode_step, wall_time=event.wall_time
     )

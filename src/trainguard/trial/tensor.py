@@ -37,6 +37,13 @@ class Tensor:
     def value(self, step: int, mode: ModeKeys = ModeKeys.GLOBAL, worker: str | None = None) -> np.ndarray:
         return self._trial._read_values([self.name], step, mode, worker)[self.name]
 
+    def saved_dtype(self, step: int, mode: ModeKeys = ModeKeys.GLOBAL, worker: str | None = None) -> str:
+        """The dtype the value was saved in: ``"bfloat16"`` for a bfloat16 tensor, whose
+        :meth:`value` is float32 (numpy has no bfloat16; the widening is exact)."""
+        from trainguard.format.tensor_codec import saved_dtype
+
+        return saved_dtype(self.value(step, mode, worker))
+
     def values(self, mode: ModeKeys = ModeKeys.GLOBAL, worker: str | None = None) -> dict[int, np.ndarray]:
         return {step: self.value(step, mode, worker) for step in self.steps(mode)}
 
