@@ -1,6 +1,6 @@
 """Rule scaling: does a rule's cost per evaluated step stay flat as the run grows?
 
-Writes two synthetic runs with trainguard's own writer (:class:`~trainguard.hooks.writer.StepWriter`,
+Writes two synthetic runs with trainguard's own writer (:class:`~trainguard.writer.thread.StepWriter`,
 the hook's format): ``--short`` (1,000) and ``--long`` (20,000) saved steps of a healthy-looking
 training job: a noisy falling cross-entropy loss every step (TRAIN), a 5-step validation pass
 (EVAL) every 200 steps, and a few small tensors (an 8x8 weight and its gradient, a bias, ReLU
@@ -40,9 +40,9 @@ def write_run(path: str, steps: int, seed: int = 0) -> float:
     """A synthetic run of ``steps`` saved steps at ``path``; returns the seconds it took."""
     from trainguard.config.collections import CollectionManager
     from trainguard.format.layout import END_OF_TRAINING, collections_key, worker_name
-    from trainguard.hooks.writer import StepWriter
     from trainguard.modes import ModeKeys
     from trainguard.storage import open_store
+    from trainguard.writer.thread import StepWriter
 
     started = time.perf_counter()
     rng = np.random.default_rng(seed)

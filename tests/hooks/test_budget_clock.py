@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from trainguard.hooks.overhead_budget import HEAVY, QUIET, OverheadBudget, TrainingThreadClock
-from trainguard.hooks.writer import StepWriter
-from trainguard.hooks.writer_process import ProcessStepWriter
 from trainguard.modes import ModeKeys
 from trainguard.storage import open_store
+from trainguard.writer.process import ProcessStepWriter
+from trainguard.writer.thread import StepWriter
 
 from .test_fail_open import SlowStore
 

@@ -56,7 +56,7 @@ def test_run_starts_the_command_before_loading_numpy_protobuf_or_other_verbs(tmp
     loaded = _loaded_before_training(tmp_path)
     assert "trainguard.zero_code" in loaded  # the configuration was checked before the start
     assert "trainguard.hooks.base" in loaded
-    for module in ("numpy", "google.protobuf", "trainguard.format.tensor_codec", "trainguard.hooks.writer",
+    for module in ("numpy", "google.protobuf", "trainguard.format.tensor_codec", "trainguard.writer.thread",
                    "trainguard.commands.submit", "trainguard.rules.runner", "trainguard.trial"):  # fmt: skip
         assert module not in loaded, f"{module} loaded before training starts"
 

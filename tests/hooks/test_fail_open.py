@@ -20,12 +20,12 @@ import torch.optim.optimizer as torch_optimizer
 from torch.utils.data import DataLoader, Dataset
 
 import trainguard.hooks.pytorch as hooks_pytorch
-import trainguard.hooks.step_file as hooks_step_file
 import trainguard.hooks.torch_saving as hooks_torch_saving
-import trainguard.hooks.writer as hooks_writer
-import trainguard.hooks.writer_process as hooks_writer_process
 import trainguard.pytorch as tg
 import trainguard.storage.local as storage_local
+import trainguard.writer.process as hooks_writer_process
+import trainguard.writer.step_file as hooks_step_file
+import trainguard.writer.thread as hooks_writer
 from tests.hooks._util import as_numpy
 from trainguard.errors import ConfigError
 from trainguard.format.layout import END_OF_TRAINING

@@ -8,9 +8,9 @@ import pytest
 
 from trainguard.errors import StorageError
 from trainguard.format.layout import event_key
-from trainguard.hooks.step_file import StepFile
 from trainguard.modes import ModeKeys
 from trainguard.storage import MemoryStore
+from trainguard.writer.step_file import StepFile
 
 
 class _FullForIndexes(MemoryStore):

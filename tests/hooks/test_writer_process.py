@@ -1,4 +1,4 @@
-"""The writer process (hooks/writer_process.py, writer_child.py): the same run as the thread
+"""The writer process (writer/process.py, writer_child.py): the same run as the thread
 writer, bounded memory, and fail-open under the faults a separate process adds (it dies, it
 fails, it stalls, the training process dies, a fork holds its pipe, shared memory is full)."""
 
@@ -15,17 +15,18 @@ import numpy as np
 import pytest
 import torch
 
-import trainguard.hooks.writer_process as writer_process
 import trainguard.pytorch as tg
+import trainguard.writer.process as writer_process
+import trainguard.writer.ring as ring
 from trainguard.errors import ConfigError
 from trainguard.format.tensor_codec import DT_BFLOAT16
 from trainguard.hooks.torch_tensors import DeferredReductions
-from trainguard.hooks.writer import StepWriter
-from trainguard.hooks.writer_process import ProcessStepWriter, open_step_writer
 from trainguard.modes import ModeKeys
 from trainguard.reductions import reduce_array
 from trainguard.storage import open_store
 from trainguard.trials import create_trial
+from trainguard.writer.process import ProcessStepWriter, open_step_writer
+from trainguard.writer.thread import StepWriter
 
 REQUESTED = (("min", False), ("max", False), ("mean", False), ("std", False), ("l2", False), ("l1", True))
 
@@ -265,7 +266,7 @@ def test_the_steps_ended_before_the_training_process_died_are_written(tmp_path):
     script = textwrap.dedent(
         f"""
         import os, numpy as np
-        from trainguard.hooks.writer_process import ProcessStepWriter
+        from trainguard.writer.process import ProcessStepWriter
         from trainguard.modes import ModeKeys
         from trainguard.storage import open_store
         writer = ProcessStepWriter(open_store({str(tmp_path / "run")!r}), "worker_0")
@@ -441,9 +442,9 @@ def test_tensors_handed_over_from_several_threads_all_arrive(tmp_path, small_rin
 
 def _started(writer: ProcessStepWriter) -> bool:
     deadline = time.monotonic() + 30
-    while not writer._slots[writer_process.SLOT_READY] and time.monotonic() < deadline:
+    while not writer._slots[ring.SLOT_READY] and time.monotonic() < deadline:
         time.sleep(0.01)
-    return bool(writer._slots[writer_process.SLOT_READY])
+    return bool(writer._slots[ring.SLOT_READY])
 
 
 def test_the_writer_process_runs_niced_as_background_work(tmp_path, monkeypatch):

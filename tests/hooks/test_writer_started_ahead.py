@@ -1,4 +1,4 @@
-"""A writer process started as the hook is created (hooks/writer_spawn.py): the first save adopts
+"""A writer process started as the hook is created (writer/spawn.py): the first save adopts
 it and names its worker; a hook that never saves, a forked copy, a thread writer, a process too
 old or for another directory never leave one running, nor shared memory behind."""
 
@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import trainguard.pytorch as tg
-from trainguard.hooks.writer import StepWriter
-from trainguard.hooks.writer_process import ProcessStepWriter, open_step_writer, start_ahead
-from trainguard.hooks.writer_spawn import WriterChild, in_multiprocessing_child, shared_memory_dir
 from trainguard.modes import ModeKeys
 from trainguard.storage import open_store
 from trainguard.trials import create_trial
+from trainguard.writer.process import ProcessStepWriter, open_step_writer, start_ahead
+from trainguard.writer.spawn import WriterChild, in_multiprocessing_child, shared_memory_dir
+from trainguard.writer.thread import StepWriter
 
 
 def _rings() -> set[str]:
@@ -177,7 +177,7 @@ def test_the_started_process_is_named_before_its_first_step(tmp_path):
 
 def test_a_process_that_cannot_start_ahead_starts_at_the_first_save(tmp_path, monkeypatch):
     """Fail open: no shared memory (say) as the hook is created costs nothing but the head start."""
-    import trainguard.hooks.writer_process as writer_process
+    import trainguard.writer.process as writer_process
 
     real = writer_process.WriterChild
 

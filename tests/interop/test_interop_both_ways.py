@@ -92,8 +92,8 @@ def test_smdebug_reads_a_trainguard_hook_run(tmp_path, read_with_smdebug) -> Non
 def test_smdebug_reads_every_dtype_it_supports_from_trainguard(tmp_path, read_with_smdebug) -> None:
     from trainguard.config.collections import CollectionManager
     from trainguard.format.layout import END_OF_TRAINING, collections_key
-    from trainguard.hooks.writer import StepWriter
     from trainguard.storage import LocalStore
+    from trainguard.writer.thread import StepWriter
 
     arrays = {
         "t_float16": np.array([[0.5, -1.25]], np.float16),

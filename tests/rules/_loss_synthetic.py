@@ -17,9 +17,9 @@ import numpy as np
 
 from trainguard.config.collections import CollectionManager
 from trainguard.format.layout import END_OF_TRAINING, collections_key, worker_name
-from trainguard.hooks.writer import StepWriter
 from trainguard.modes import ModeKeys
 from trainguard.storage import open_store
+from trainguard.writer.thread import StepWriter
 
 
 def write_single_mode_run(

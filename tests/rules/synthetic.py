@@ -1,6 +1,6 @@
 """Write small synthetic runs for rule tests: ``{step: {tensor name: array}}`` → a real run on disk.
 
-The run is written with the hook's own :class:`~trainguard.hooks.writer.StepWriter` (the real
+The run is written with the hook's own :class:`~trainguard.writer.thread.StepWriter` (the real
 event/index/collections format a trial reads), so a rule sees exactly what a training job's
 hook would produce, with step numbers, modes and collection memberships chosen by the test.
 
@@ -26,11 +26,11 @@ import numpy as np
 
 from trainguard.config.collections import CollectionManager
 from trainguard.format.layout import END_OF_TRAINING, collections_key, worker_name
-from trainguard.hooks.writer import StepWriter
 from trainguard.modes import ModeKeys
 from trainguard.rules import RuleSpec, StepResult, create_rule
 from trainguard.storage import open_store
 from trainguard.trial import create_trial
+from trainguard.writer.thread import StepWriter
 
 __all__ = ["evaluate_rule", "first_firing", "open_trial", "write_run"]
 

@@ -19,12 +19,12 @@ import pytest
 
 from trainguard.config.collections import CollectionManager
 from trainguard.format.layout import END_OF_TRAINING, collections_key
-from trainguard.hooks.writer import StepWriter
 from trainguard.modes import ModeKeys
 from trainguard.rules import RuleSpec, RuleStatus
 from trainguard.rules.runner import RuleRunner
 from trainguard.storage import LocalStore, MemoryStore, Store
 from trainguard.trial import Trial
+from trainguard.writer.thread import StepWriter
 
 LOSS = "OffsetMSELoss_output_0"
 RULE = "tests.services.rules_for_tests:LossAboveThreshold"

@@ -11,10 +11,10 @@ import pytest
 
 from trainguard.errors import StorageError
 from trainguard.format.layout import CAPTURE_STATUS_DIR_VARIABLE
-from trainguard.hooks.writer import StepWriter
 from trainguard.storage import LocalStore, MemoryStore
 from trainguard.storage.capture_status import read_capture_status_aside, write_capture_status_aside
 from trainguard.storage.local import _storage_error
+from trainguard.writer.thread import StepWriter
 
 RECORD = json.dumps({"step": 44, "reason": "StorageError: the file system is read-only", "time": 1.0}).encode()
 

@@ -8,11 +8,11 @@ import numpy as np
 
 from trainguard.config.collections import CollectionManager
 from trainguard.format.layout import END_OF_TRAINING, collections_key
-from trainguard.hooks.writer import StepWriter
 from trainguard.modes import ModeKeys
 from trainguard.storage import LocalStore
 from trainguard.trial import StepState, Trial
 from trainguard.trial.worker_view import WorkerTrial
+from trainguard.writer.thread import StepWriter
 
 NAMES = ("Net_fc.weight", "CrossEntropyLoss_output_0")
 

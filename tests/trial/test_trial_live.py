@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from trainguard.config.collections import CollectionManager
 from trainguard.errors import (
     FormatError,
     MissingCollectionFiles,
@@ -19,12 +20,11 @@ from trainguard.errors import (
     TensorUnavailableForStep,
     WaitTimeout,
 )
-from trainguard.config.collections import CollectionManager
 from trainguard.format.layout import END_OF_TRAINING, collections_key, event_key
-from trainguard.hooks.writer import StepWriter
 from trainguard.modes import ModeKeys
 from trainguard.storage import LocalStore, MemoryStore, Store
 from trainguard.trial import StepState, Trial, create_trial
+from trainguard.writer.thread import StepWriter
 
 
 class CountingStore:

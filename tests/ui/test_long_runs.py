@@ -16,11 +16,11 @@ import pytest
 
 from trainguard.config.collections import Collection, CollectionManager
 from trainguard.format.layout import END_OF_TRAINING, collections_key
-from trainguard.hooks.step_file import StepFile
 from trainguard.modes import ModeKeys
 from trainguard.storage import open_store
 from trainguard.ui.discover import discover_runs
 from trainguard.ui.live import LiveRun
+from trainguard.writer.step_file import StepFile
 
 LOSS, WEIGHT = "CrossEntropyLoss_output_0", "fc.weight"
 NAN_STEP = 3_333

@@ -44,18 +44,18 @@ from trainguard.hooks.overhead_budget import (
 )
 from trainguard.hooks.run_end import mark_end_after_peers, peer_wait_seconds, start_end_marker_thread
 from trainguard.hooks.save_schedule import SaveSchedule
-from trainguard.hooks.writer_kinds import WRITER_KINDS
 from trainguard.modes import ModeKeys
-from trainguard.storage.options import StorageOptions
 from trainguard.storage import LocalStore, Store, open_store
+from trainguard.storage.options import StorageOptions
+from trainguard.writer.kinds import WRITER_KINDS
 
 if TYPE_CHECKING:
     # The writers load numpy and the protobuf codec: imported when a hook first saves (or, for a
     # hook that starts its writer process ahead, as it is created, never in a dry run), so that
     # checking a configuration (`trainguard run` validates one before starting training) does not.
-    from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource
-    from trainguard.hooks.writer_process import ProcessStepWriter
-    from trainguard.hooks.writer_spawn import WriterChild
+    from trainguard.writer.process import ProcessStepWriter
+    from trainguard.writer.spawn import WriterChild
+    from trainguard.writer.thread import StepWriter, TensorItem, TensorSource
 
 __all__ = ["BaseHook", "SavePlan"]
 
@@ -107,7 +107,7 @@ class BaseHook(SaveSchedule):
     default_collections: tuple[str, ...] = ("weights", "biases", "gradients", "losses", "default", "scalars")
     always_included: tuple[str, ...] = ("losses", "scalars")
     # Whether the hook starts its writer process as it is created, not at its first save
-    # (hooks/writer_spawn.py says why): the PyTorch hook, whose writer mostly is one.
+    # (writer/spawn.py says why): the PyTorch hook, whose writer mostly is one.
     starts_writer_ahead = False
 
     def __init__(
@@ -239,7 +239,7 @@ class BaseHook(SaveSchedule):
         self._started_writer: WriterChild | None = None
         if self.starts_writer_ahead and not dry_run:
             try:
-                from trainguard.hooks.writer_process import start_ahead
+                from trainguard.writer.process import start_ahead
 
                 self._started_writer = start_ahead(self.store, writer, max_pending_bytes)
             except Exception as error:  # noqa: BLE001 - fail open: the first save starts one, or says why not
@@ -337,7 +337,7 @@ class BaseHook(SaveSchedule):
                 self.store.write(collections_key(self._worker), self._rendered_collections())
             except Exception as error:  # noqa: BLE001 - the writer writes it again; fail open
                 logger.debug("trainguard: could not write the collections file of %s: %s", self._worker, error)
-        from trainguard.hooks.writer_process import open_step_writer
+        from trainguard.writer.process import open_step_writer
 
         self._writer = open_step_writer(
             self.store,

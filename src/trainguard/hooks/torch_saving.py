@@ -15,7 +15,7 @@ import torch
 
 from trainguard.config.reduction_config import reduction_tensor_name
 from trainguard.hooks.torch_tensors import HostSnapshot, reduce_on_device, snapshot
-from trainguard.hooks.writer import TensorItem
+from trainguard.writer.thread import TensorItem
 
 __all__ = ["TorchTensorSaving"]
 

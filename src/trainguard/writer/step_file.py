@@ -1,6 +1,6 @@
 """One worker's steps as event files and indexes: the part of writing that both writers share.
 
-The thread writer (writer.py) and the writer process (writer_child.py) hand it arrays in the
+The thread writer (thread.py) and the writer process (child.py) hand it arrays in the
 order they arrived; it frames and checksums records, commits a step's event file before its
 index (a reader that sees an index always finds the event file it names) and counts what it
 wrote. It does no threading and no waiting of its own.

@@ -4,7 +4,7 @@ process, so they never take the GIL from training and can run on another core.
 The training thread copies each tensor into a shared-memory ring (one memcpy) and queues a small
 descriptor; a step's descriptors go down a pipe in one message when the step ends (or once a
 quarter MiB of tensors waits, so a large step starts writing early). The writer process
-(writer_child.py, started with ``subprocess``, never ``multiprocessing``, which would re-import
+(child.py, started with ``subprocess``, never ``multiprocessing``, which would re-import
 the user's ``__main__``) computes CPU reductions with numpy on one BLAS thread, encodes and writes
 the records with the same code as the thread writer (step_file.py), and releases ring space in
 order by advancing a counter in the ring's header. Tensors larger than a quarter of the ring get
@@ -24,7 +24,6 @@ import mmap
 import os
 import pickle
 import select
-import struct
 import subprocess
 import threading
 import time
@@ -35,10 +34,26 @@ from typing import Any
 import numpy as np
 
 from trainguard.errors import TrainguardError
-from trainguard.hooks.writer import StepWriter, TensorItem, TensorSource, WriterBase
-from trainguard.hooks.writer_spawn import (
+from trainguard.modes import ModeKeys
+from trainguard.priority import nice_from_environment
+from trainguard.storage.base import Store
+from trainguard.storage.local import LocalStore
+from trainguard.writer.ring import (
     ALIGN,
+    FRAME_HEAD,
     HEADER_BYTES,
+    SLOT_BYTES_WRITTEN,
+    SLOT_FAILED,
+    SLOT_FAILED_STEP,
+    SLOT_FRAMES_DONE,
+    SLOT_READY,
+    SLOT_SEGMENT_BYTES_DONE,
+    SLOT_STEPS_WRITTEN,
+    SLOT_TAIL,
+    SLOTS,
+    read_error,
+)
+from trainguard.writer.spawn import (
     WriterChild,
     WriterUnavailable,
     allocate_shared_file,
@@ -47,10 +62,7 @@ from trainguard.hooks.writer_spawn import (
     shared_memory_dir,
     unlink_quietly,
 )
-from trainguard.modes import ModeKeys
-from trainguard.priority import nice_from_environment
-from trainguard.storage.base import Store
-from trainguard.storage.local import LocalStore
+from trainguard.writer.thread import StepWriter, TensorItem, TensorSource, WriterBase
 
 __all__ = [
     "ProcessStepWriter",
@@ -63,20 +75,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("trainguard")
-
-# Ring header: uint64 slots, then the error text, then the data from HEADER_BYTES on.
-SLOT_TAIL = 0  # ring bytes the writer process released (a position, only grows)
-SLOT_FRAMES_DONE = 1  # messages fully handled
-SLOT_FAILED = 2  # 1 once the writer process failed; the reason is at ERROR_OFFSET
-SLOT_BYTES_WRITTEN = 3
-SLOT_STEPS_WRITTEN = 4
-SLOT_SEGMENT_BYTES_DONE = 5  # bytes of own-file tensors released
-SLOT_READY = 6  # 1 once the writer process runs
-SLOT_FAILED_STEP = 7  # the step being written when it failed, plus one (0: none)
-SLOTS = 8
-ERROR_OFFSET = 64
-ERROR_BYTES = 4096 - ERROR_OFFSET
-FRAME_HEAD = struct.Struct("<IQ")  # payload length, message number
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -112,7 +110,7 @@ class ProcessStepWriter(WriterBase):
     copies_at_hand_over = True
     WAKE_BYTES = 256 << 10  # descriptors go out before the step ends once this many bytes wait
     START_SECONDS = 30.0  # a writer process not running by then counts as failed
-    NICE = 10  # see writer_child.main; TRAINGUARD_WRITER_NICE (0-19) overrides
+    NICE = 10  # see child.main; TRAINGUARD_WRITER_NICE (0-19) overrides
 
     def __init__(
         self,
@@ -438,9 +436,8 @@ class ProcessStepWriter(WriterBase):
         if self.failure is not None:
             return self.failure
         if self._slots[SLOT_FAILED]:
-            text = bytes(self._map[ERROR_OFFSET : ERROR_OFFSET + ERROR_BYTES]).split(b"\0", 1)[0]
             step = int(self._slots[SLOT_FAILED_STEP]) - 1
-            message = f"writer process failed: {text.decode(errors='replace')}"
+            message = f"writer process failed: {read_error(self._map)}"
             self._fail(WriterProcessError(message, step if step >= 0 else None))
         elif self._process.poll() is not None and not self._closed:
             self._fail(RuntimeError(f"writer process exited with code {self._process.returncode}"))
@@ -499,7 +496,7 @@ def open_step_writer(
 
 def start_ahead(store: Store, kind: str, max_pending_bytes: int) -> WriterChild | None:
     """A writer process started now for the writer :func:`open_step_writer` will likely open
-    at the first save (writer_spawn.py says why); None where it would not be one, or in a
+    at the first save (spawn.py says why); None where it would not be one, or in a
     ``multiprocessing`` child (a spawned DataLoader worker). Never raises: a failure here only
     means the process starts at the first save, as it would have."""
     if kind not in ("process", "auto") or not isinstance(store, LocalStore) or in_multiprocessing_child():

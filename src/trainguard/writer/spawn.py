@@ -1,4 +1,4 @@
-"""Starting the writer process (writer_child.py) and its shared-memory ring, possibly before the
+"""Starting the writer process (child.py) and its shared-memory ring, possibly before the
 worker it writes for is known.
 
 A writer process's start (an interpreter, numpy, protobuf: about 0.2 s of CPU here) used to
@@ -17,7 +17,6 @@ import logging
 import mmap
 import multiprocessing
 import os
-import select
 import subprocess
 import sys
 import tempfile
@@ -25,11 +24,9 @@ import time
 import weakref
 
 from trainguard.errors import TrainguardError
+from trainguard.writer.ring import HEADER_BYTES, UNNAMED_IDLE_SECONDS
 
 __all__ = [
-    "ALIGN",
-    "HEADER_BYTES",
-    "UNNAMED_IDLE_SECONDS",
     "WriterChild",
     "WriterUnavailable",
     "allocate_shared_file",
@@ -37,16 +34,10 @@ __all__ = [
     "in_multiprocessing_child",
     "shared_memory_dir",
     "unlink_quietly",
-    "wait_to_be_named",
 ]
 
 logger = logging.getLogger("trainguard")
 
-HEADER_BYTES = 4096  # the ring's header (counters, the error text); data from here on
-ALIGN = 64
-# A writer process started ahead that no save adopted (a script that imports torch and never
-# trains, a launcher process) exits after this long; a hook adopts it only within the first 90 %.
-UNNAMED_IDLE_SECONDS = 600.0
 
 
 class WriterUnavailable(TrainguardError):
@@ -143,7 +134,7 @@ class WriterChild:
                 [
                     sys.executable,
                     "-m",
-                    "trainguard.hooks.writer_child",
+                    "trainguard.writer.child",
                     root,
                     worker if worker is not None else "",
                     self.shm_path,
@@ -221,9 +212,3 @@ class WriterChild:
     def _close_pipe(self) -> None:
         self.pipe = close_quietly(self.pipe)
 
-
-def wait_to_be_named(fd: int, seconds: float) -> bool:
-    """In an unnamed writer process: whether the pipe has something to read (its name, or
-    end-of-file) within ``seconds``; False: no hook adopted it, it exits."""
-    readable, _, _ = select.select([fd], [], [], seconds)
-    return bool(readable)

@@ -1,9 +1,10 @@
-"""The writer process: ``python -m trainguard.hooks.writer_child ROOT WORKER RING SIZE FD NICE [IDLE]``.
+"""The writer process: ``python -m trainguard.writer.child ROOT WORKER RING SIZE FD NICE [IDLE]``.
 
-Started by writer_spawn.WriterChild for writer_process.ProcessStepWriter; an empty WORKER: started
-ahead of the first save, it waits for its worker's name (the first message), and exits if none
-comes within writer_spawn.UNNAMED_IDLE_SECONDS. It reads messages from the pipe ``FD``, tensors from the
-shared-memory ring ``RING`` and writes steps to the local directory ``ROOT`` with step_file.py.
+Started by spawn.WriterChild for process.ProcessStepWriter; an empty WORKER: started ahead of the
+first save, it waits for its worker's name (the first message), and exits if none comes within
+ring.UNNAMED_IDLE_SECONDS. It reads messages from the pipe ``FD``, tensors from the shared-memory
+ring ``RING`` (its layout: ring.py) and writes steps to the local directory ``ROOT`` with
+step_file.py. It imports nothing of the training side's writer (process.py, spawn.py).
 It imports no framework: CPU reductions are computed here with numpy (float64, as the reader's
 reference definitions). After a failure it records the reason in the ring's header and keeps
 releasing ring space (so training never waits on it) until the pipe closes.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import select
 import signal
 import sys
 import traceback
@@ -22,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from trainguard.errors import StorageError
-from trainguard.hooks.step_file import StepFile
-from trainguard.hooks.writer_process import (
-    ERROR_BYTES,
-    ERROR_OFFSET,
+from trainguard.priority import yield_to_training
+from trainguard.reductions import reduce_array
+from trainguard.storage.local import LocalStore
+from trainguard.writer.ring import (
     FRAME_HEAD,
     HEADER_BYTES,
     SLOT_BYTES_WRITTEN,
@@ -37,11 +39,10 @@ from trainguard.hooks.writer_process import (
     SLOT_STEPS_WRITTEN,
     SLOT_TAIL,
     SLOTS,
+    UNNAMED_IDLE_SECONDS,
+    write_error,
 )
-from trainguard.hooks.writer_spawn import UNNAMED_IDLE_SECONDS, wait_to_be_named
-from trainguard.priority import yield_to_training
-from trainguard.reductions import reduce_array
-from trainguard.storage.local import LocalStore
+from trainguard.writer.step_file import StepFile
 
 __all__ = ["WriterProcess", "main"]
 
@@ -171,8 +172,7 @@ class WriterProcess:
                 self.slots[SLOT_FAILED_STEP] = self.step_file.step + 1
             self.step_file.abort_quietly()
         self.reductions.clear()
-        text = f"{type(error).__name__}: {error}".encode(errors="replace")[: ERROR_BYTES - 1]
-        self._map[ERROR_OFFSET : ERROR_OFFSET + len(text) + 1] = text + b"\0"
+        write_error(self._map, f"{type(error).__name__}: {error}")
         self.slots[SLOT_FAILED] = 1
         # The training process logs the one line that says what happened (the reason above); a
         # store that refuses writes (disk full, read-only) is no bug, so no traceback for it.
@@ -210,6 +210,13 @@ class WriterProcess:
                         self.fail(error)
                         self._discard(item)
                 self.slots[SLOT_FRAMES_DONE] = number
+
+
+def wait_to_be_named(fd: int, seconds: float) -> bool:
+    """In an unnamed writer process: whether the pipe has something to read (its name, or
+    end-of-file) within ``seconds``; False: no hook adopted it, it exits."""
+    readable, _, _ = select.select([fd], [], [], seconds)
+    return bool(readable)
 
 
 def _reductions(array: np.ndarray, requested: tuple[tuple[str, bool], ...]) -> np.ndarray:

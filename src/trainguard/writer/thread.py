@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from trainguard.format.layout import CAPTURE_STOPPED_PREFIX
-from trainguard.hooks.step_file import StepFile
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
 from trainguard.storage.capture_status import write_capture_status_aside
+from trainguard.writer.step_file import StepFile
 
 __all__ = ["StepWriter", "TensorItem", "TensorSource", "WriterBase", "resolve_reductions"]
 
