@@ -1,4 +1,4 @@
-"""The runner as a process (``python -m trainguard.rules.runner``): killed mid-run and restarted
+"""The runner as a process (``python -m trainguard.rules``): killed mid-run and restarted
 with its progress file, it neither misses nor repeats steps."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ STEPS = 40
 def _start(run: str, log: Path, progress: Path, delay: float) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
-        [sys.executable, "-m", "trainguard.rules.runner", run, "--rule",
+        [sys.executable, "-m", "trainguard.rules", run, "--rule",
          f"{HERE}:ValueAbove:log={log},delay={delay}", "--progress", str(progress),
          "--json", "--poll-interval", "0.05"],
         env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

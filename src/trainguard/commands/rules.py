@@ -454,8 +454,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def module_main(argv: list[str] | None = None) -> int:
-    """``python -m trainguard.rules.runner``: ``trainguard rules run`` as its own process."""
-    parser = argparse.ArgumentParser(prog="python -m trainguard.rules.runner", description="Evaluate rules on a run.")
+    """``python -m trainguard.rules``: ``trainguard rules run`` as its own process."""
+    parser = argparse.ArgumentParser(prog="python -m trainguard.rules", description="Evaluate rules on a run.")
     add_run_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -2,7 +2,7 @@
 
 ``trainguard run --rules ... --stop-on-issue`` uses :class:`RuleWatch`:
 
-* the rules run in their own process (``python -m trainguard.rules.runner``), so a slow or
+* the rules run in their own process (``python -m trainguard.rules``), so a slow or
   crashing rule never slows or crashes training, and training never starves the rules of the
   GIL; it follows the capture as it is written and prints one JSON StatusUpdate per line;
 * the watch reads those lines on a thread; when a rule whose actions say ``stoptraining`` fires
@@ -136,7 +136,7 @@ class RuleWatch:
             for s in self.specs
         ]
         command = [
-            sys.executable, "-m", "trainguard.rules.runner", self.out_dir,
+            sys.executable, "-m", "trainguard.rules", self.out_dir,
             "--specs-json", json.dumps(document), "--json", "--end-on-stdin-eof",
             "--poll-interval", str(self.poll_interval), "--wait-timeout", str(7 * 24 * 3600),
             "--background-nice", str(self.nice),

@@ -40,7 +40,7 @@ after the last saved step and records no finding twice. It keeps
 directory for a local run, and for an ``s3://`` run to the run's prefix, or for SageMaker's
 layout (``<job>/debug-output``) to the job prefix next to it, where reports look.
 
-Run as a process: ``python -m trainguard.rules.runner RUN --rule NAME ...`` (same options as
+Run as a process: ``python -m trainguard.rules RUN --rule NAME ...`` (same options as
 ``trainguard rules run``).
 """
 
@@ -579,11 +579,3 @@ def _describe_missing(item: dict[str, Any]) -> str:
     if collection:
         return f"{what} (save the collection {collection!r} in the hook config)"
     return str(what)
-
-
-if __name__ == "__main__":
-    import sys
-
-    from trainguard.commands.rules import module_main
-
-    sys.exit(module_main())
