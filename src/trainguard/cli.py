@@ -472,7 +472,10 @@ def _print_summary(
 def _tensorboard(args: argparse.Namespace) -> int:
     from trainguard.tensorboard import export_run
 
-    counts = export_run(args.run, args.out_dir)
+    def progress(done: int, total: int) -> None:  # a long run's export shows it is moving
+        print(f"trainguard: tensorboard: {done}/{total} steps converted", file=sys.stderr, flush=True)
+
+    counts = export_run(args.run, args.out_dir, progress=progress)
     print(f"trainguard: wrote {counts} to {args.out_dir}; view with: tensorboard --logdir {args.out_dir}")
     return 0
 

@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -36,7 +37,7 @@ from trainguard.storage import open_store
 from trainguard.storage.options import StorageOptions
 from trainguard.trial import Trial, create_trial
 
-__all__ = ["FILE_VERSION", "TensorBoardWriter", "export_run", "make_histogram"]
+__all__ = ["FILE_VERSION", "ExportProgress", "TensorBoardWriter", "export_run", "make_histogram"]
 
 logger = logging.getLogger("trainguard")
 
@@ -45,6 +46,8 @@ EXPORT_SUFFIX = ".trainguard"
 # TensorFlow's histograms end with a bucket up to DBL_MAX; TensorBoard replaces that outer edge
 # with the histogram's max when it draws, so the last limit only has to be "everything above".
 _DBL_MAX = sys.float_info.max
+# Least seconds between two progress reports of a long export (``trainguard tensorboard``).
+PROGRESS_INTERVAL = 1.0
 
 
 def make_histogram(values: Any, bins: int = 30) -> event_pb2.HistogramProto | None:
@@ -236,6 +239,42 @@ class TensorBoardWriter:
         self.events_written += 1
 
 
+class ExportProgress:
+    """Calls ``report(done, total)`` (steps converted so far, steps to convert) at most every
+    ``interval`` seconds while an export runs, and once more at its end if it reported before:
+    an export shorter than ``interval`` says nothing, a long one never looks stuck."""
+
+    def __init__(
+        self,
+        total: int,
+        report: Callable[[int, int], None],
+        interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.total, self.done, self._report, self._clock = total, 0, report, clock
+        self._interval = PROGRESS_INTERVAL if interval is None else interval
+        self._last = clock()
+        self.reported = False
+
+    def step_done(self) -> None:
+        self.done += 1
+        now = self._clock()
+        if now - self._last >= self._interval and self.done < self.total:
+            self._last = now
+            self._emit()
+
+    def finish(self) -> None:
+        if self.reported:
+            self._emit()
+
+    def _emit(self) -> None:
+        self.reported = True
+        try:
+            self._report(self.done, self.total)
+        except Exception:  # noqa: BLE001 - a broken progress printer must not fail the export
+            logger.debug("trainguard: tensorboard progress report failed", exc_info=True)
+
+
 def export_run(
     run_path: str | os.PathLike[str] | Trial,
     tensorboard_dir: str | os.PathLike[str],
@@ -246,6 +285,7 @@ def export_run(
     endpoint_url: str | None = None,
     profile: str | None = None,
     region: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, int]:
     """Write a run's saved tensors as TensorBoard event files, one directory per mode.
 
@@ -258,6 +298,10 @@ def export_run(
     several workers, each step's values are the first worker's. ``endpoint_url``, ``profile``
     and ``region`` are for ``s3://`` paths, the run's and ``tensorboard_dir``'s (default: the
     environment, :mod:`trainguard.storage.options`).
+
+    ``progress(done, total)``: steps converted and steps to convert, at most every
+    ``PROGRESS_INTERVAL`` seconds during a long export and once at its end (see
+    :class:`ExportProgress`).
 
     Returns counts: {"scalars": values written, "histograms": values written, "files": files}.
     """
@@ -273,12 +317,15 @@ def export_run(
     collections = list(trial.collections().values())
     histogram_wanted: dict[str, bool] = {}
     counts = {"scalars": 0, "histograms": 0, "files": 0}
+    plan = []
     for mode in trial.modes():
         steps = trial.steps(mode)
         if mode == ModeKeys.GLOBAL:  # GLOBAL numbering lists every step; keep the mode-less ones
             steps = [step for step in steps if trial.mode(step) == ModeKeys.GLOBAL]
-        if not steps:
-            continue
+        if steps:
+            plan.append((mode, steps))
+    tracker = ExportProgress(sum(len(steps) for _, steps in plan), progress or (lambda done, total: None))
+    for mode, steps in plan:
         mode_dir = f"{os.fspath(tensorboard_dir).rstrip('/')}/{mode.name}"
         with TensorBoardWriter(mode_dir, endpoint_url=endpoint_url, profile=profile, region=region) as writer:
             for step in steps:
@@ -303,8 +350,10 @@ def export_run(
                         name, value, step, bins=bins, wall_time=wall_time
                     ):
                         counts["histograms"] += 1
+                tracker.step_done()
         counts["files"] += 1
         _remove_older_exports(mode_dir, writer.filename, storage)
+    tracker.finish()
     return counts
 
 
