@@ -203,7 +203,7 @@ def _validate(environment: dict[str, str], out_dir: str) -> None:
     from trainguard.storage import LocalStore, open_store
     from trainguard.zero_code import zero_code_hook_kwargs
 
-    zero_code_hook_kwargs(environment)
+    zero_code_hook_kwargs(environment, drop_unknown_collections=False)
     peer_wait_seconds(environment)
     _teardown_warning_seconds(environment)
     store = open_store(out_dir)

@@ -41,8 +41,12 @@ _profilers: list[Any] = []
 _keras: dict[str, Any] = {"importing": False, "torch_waiting": False, "zero_code": None}
 
 
-def zero_code_hook_kwargs(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
-    """Hook arguments from the environment; raises ConfigError for bad values."""
+def zero_code_hook_kwargs(
+    environ: dict[str, str] | os._Environ[str], *, drop_unknown_collections: bool = True
+) -> dict[str, Any]:
+    """Hook arguments from the environment; raises ConfigError for bad values. An unknown
+    collection in the config is dropped with a warning (training has started: fail open) unless
+    ``drop_unknown_collections=False`` (``trainguard run`` checking before training)."""
     from trainguard.config.save_config import SaveConfig
     from trainguard.errors import ConfigError
     from trainguard.hooks.json_config import hook_kwargs_from_json
@@ -50,7 +54,7 @@ def zero_code_hook_kwargs(environ: dict[str, str] | os._Environ[str]) -> dict[st
     kwargs: dict[str, Any] = {}
     config_path = environ.get("TRAINGUARD_CONFIG")
     if config_path:
-        kwargs = hook_kwargs_from_json(config_path)
+        kwargs = hook_kwargs_from_json(config_path, drop_unknown_collections=drop_unknown_collections)
     if environ.get("TRAINGUARD_OUT_DIR"):
         kwargs["out_dir"] = environ["TRAINGUARD_OUT_DIR"]
     if "save_config" not in kwargs:

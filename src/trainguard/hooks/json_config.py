@@ -12,9 +12,11 @@ caught before training instead of silently ignored.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
+from trainguard.config.collection_names import unknown_collection_error, unknown_collections
 from trainguard.config.collections import CollectionManager
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig, SaveConfigMode
@@ -30,6 +32,7 @@ _HOOK_KEYS = {
     "save_all", "include_regex", "include_workers", "reductions", "save_raw_tensor", "save_shape",
     "export_tensorboard", "tensorboard_dir", "include_collections", "other_workers_collections",
 }  # fmt: skip
+logger = logging.getLogger("trainguard")
 _COLLECTION_KEYS = {"include_regex", "reductions", "save_raw_tensor", "save_shape", "save_histogram"}
 
 
@@ -104,8 +107,12 @@ def _check_keys(params: dict[str, Any], allowed: set[str], where: str) -> None:
         raise ConfigError(f"unknown key {key!r} in {where}: valid keys are {', '.join(sorted(allowed | set(_SCHEDULE_KEYS)))}")
 
 
-def hook_kwargs_from_document(document: dict[str, Any]) -> dict[str, Any]:
-    """Hook keyword arguments from a parsed DebugHookConfig document."""
+def hook_kwargs_from_document(document: dict[str, Any], *, drop_unknown_collections: bool = False) -> dict[str, Any]:
+    """Hook keyword arguments from a parsed DebugHookConfig document.
+
+    A collection name that is neither built in nor given an ``include_regex`` is a ConfigError
+    (:mod:`trainguard.config.collection_names`); ``drop_unknown_collections`` (zero-code capture,
+    where training has started) drops it with a warning instead."""
     if not isinstance(document, dict):
         raise ConfigError("hook config must be a JSON object (SageMaker's DebugHookConfig)")
     params = dict(document.get("HookParameters") or {})
@@ -149,6 +156,14 @@ def hook_kwargs_from_document(document: dict[str, Any]) -> dict[str, Any]:
         target["include_regex"] = regexes
         if name not in include:
             include.append(name)
+    unknown = unknown_collections(include, [name for name, values in merged.items() if values["include_regex"]])
+    if unknown:
+        error = unknown_collection_error(unknown, "the hook config")
+        if not drop_unknown_collections:
+            raise error
+        logger.warning("trainguard: %s; capturing without them", error)
+        include = [name for name in include if name not in unknown]
+        merged = {name: values for name, values in merged.items() if name not in unknown}
     for name, collection_params in merged.items():
         collection = manager.get(name)
         collection.include(collection_params["include_regex"])
@@ -163,7 +178,9 @@ def hook_kwargs_from_document(document: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def hook_kwargs_from_json(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def hook_kwargs_from_json(
+    path: str | os.PathLike[str] | None = None, *, drop_unknown_collections: bool = False
+) -> dict[str, Any]:
     """Read a DebugHookConfig JSON file; the path defaults to ``$SMDEBUG_CONFIG_FILE_PATH``."""
     path = path or os.environ.get("SMDEBUG_CONFIG_FILE_PATH") or os.environ.get("TRAINGUARD_CONFIG") or DEFAULT_CONFIG_PATH
     try:
@@ -173,4 +190,4 @@ def hook_kwargs_from_json(path: str | os.PathLike[str] | None = None) -> dict[st
         raise ConfigError(f"hook config {path} does not exist: pass the path of a debughookconfig.json") from None
     except json.JSONDecodeError as error:
         raise ConfigError(f"hook config {path} is not valid JSON: {error}") from None
-    return hook_kwargs_from_document(document)
+    return hook_kwargs_from_document(document, drop_unknown_collections=drop_unknown_collections)
