@@ -22,7 +22,9 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from trainguard.errors import ConfigError, TrainguardError
+from trainguard.services.errors import ServiceError
+
+from trainguard.errors import ConfigError
 
 __all__ = ["OutboundPolicy", "OutboundRefused", "parse_allow_list", "refusal_reason"]
 
@@ -36,7 +38,7 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0
 _DEFAULT_PORTS = {"http": 80, "https": 443, "tcp": 2375, "postgresql": 5432, "postgres": 5432}
 
 
-class OutboundRefused(TrainguardError, ValueError):
+class OutboundRefused(ServiceError, ValueError):
     """A webhook's target is not one the service may connect to."""
 
 

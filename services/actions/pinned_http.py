@@ -20,11 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainguard.services.actions.outbound_policy import OutboundPolicy, OutboundRefused
+from trainguard.services.errors import ServiceError
 
 __all__ = ["DeliveryError", "PostResult", "post"]
 
 
-class DeliveryError(OSError):
+class DeliveryError(ServiceError, OSError):
     """The POST did not get an answer (connection refused or reset, timeout, TLS failure)."""
 
 

@@ -30,6 +30,7 @@ from urllib.parse import quote, unquote
 from fastapi import HTTPException, Request, status
 from trainguard.services.api.policy import OPERATOR_CALLER, Caller
 from trainguard.services.api.settings import Settings
+from trainguard.services.errors import ServiceError
 
 __all__ = [
     "MAX_CLOCK_SKEW",
@@ -60,7 +61,7 @@ _AMZ_DATE = "%Y%m%dT%H%M%SZ"
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 
 
-class SigV4Error(Exception):
+class SigV4Error(ServiceError):
     """A SageMaker request whose signature does not hold. ``code`` is AWS's error code for it."""
 
     def __init__(self, code: str, message: str) -> None:

@@ -30,6 +30,7 @@ from trainguard.services.alarms import AlarmSpec, implicit_rule_alarm
 from trainguard.services.api.db import AlarmRow, Base, ComponentRow, JobRow, RuleRow, TransitionRow
 from trainguard.services.api.schemas import JobSpec
 from trainguard.services.api.settings import Settings
+from trainguard.services.errors import ServiceError
 from trainguard.services.launchers.base import JobLaunch, Launcher, launcher_support
 from trainguard.services.sagemaker_container.contract import CONTRACT_ENV
 
@@ -67,7 +68,7 @@ def check_container_path(path: str, field: str) -> None:
         raise ValueError(f"{field}: {path[:64]!r} must not contain '..'")
 
 
-class NameTaken(Exception):
+class NameTaken(ServiceError):
     """The job name is taken: by a job in the database or by a creation in flight."""
 
 

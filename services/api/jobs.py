@@ -40,6 +40,7 @@ from trainguard.services.api.policy import OPERATOR, OPERATOR_CALLER, Caller
 from trainguard.services.api.schemas import JobSpec
 from trainguard.services.api.settings import Settings
 from trainguard.services.api.views import native_description, sagemaker_description, sagemaker_summary
+from trainguard.services.errors import ServiceError
 from trainguard.services.launchers.base import Launcher, launcher_support
 
 __all__ = ["JobExists", "JobForbidden", "JobNotFound", "JobService", "TERMINAL", "RULE_TERMINAL"]
@@ -57,15 +58,15 @@ RULE_TERMINAL = ("IssuesFound", "NoIssuesFound", "Error", "Stopped")
 MAX_FINDINGS = 50
 
 
-class JobNotFound(KeyError):
+class JobNotFound(ServiceError, KeyError):
     pass
 
 
-class JobExists(ValueError):
+class JobExists(ServiceError, ValueError):
     pass
 
 
-class JobForbidden(PermissionError):
+class JobForbidden(ServiceError, PermissionError):
     """The caller may see the job (the policy grants it) but not do this to it (stop)."""
 
 

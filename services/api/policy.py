@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from trainguard.services.errors import ServiceError
+
 if TYPE_CHECKING:
     from trainguard.services.api.settings import Settings
 
@@ -41,7 +43,7 @@ _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _CLASS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class PolicyError(ValueError):
+class PolicyError(ServiceError, ValueError):
     """A request asks for something the server's policy does not allow."""
 
 

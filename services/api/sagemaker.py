@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 from trainguard.services.actions import parse_action_json
 from trainguard.services.api.schemas import JobSpec
+from trainguard.services.errors import ServiceError
 from trainguard.services.sagemaker_container.contract import CONTRACT_ENV, ContractError, contract_from_request
 
 __all__ = ["SageMakerError", "job_spec_from_request", "validation_message"]
@@ -37,7 +38,7 @@ _OTHER_TRIAL = re.compile(r"^other_trial_\d+$")
 CONTRACT_RUNNER = ("python", "-m", "trainguard.services.sagemaker_container")
 
 
-class SageMakerError(Exception):
+class SageMakerError(ServiceError):
     """An awsJson error: ``code`` goes to ``__type``."""
 
     def __init__(self, code: str, message: str, status: int = 400) -> None:

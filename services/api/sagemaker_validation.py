@@ -17,6 +17,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from trainguard.services.errors import ServiceError
+
 __all__ = [
     "DEBUG_HOOK_LOCATIONS",
     "JOB_NAME",
@@ -43,7 +45,7 @@ _JOB_STATUSES = ("InProgress", "Completed", "Failed", "Stopping", "Stopped", "De
 Check = Callable[[Any, str, list[str]], None]
 
 
-class RequestInvalid(ValueError):
+class RequestInvalid(ServiceError, ValueError):
     """The request breaks the model; ``message`` is the whole ValidationException text."""
 
 

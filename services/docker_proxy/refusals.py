@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from trainguard.errors import TrainguardError
+from trainguard.services.errors import ServiceError
 
 __all__ = ["BadRequest", "EngineUnavailable", "Missing", "Refused"]
 
 
-class Refused(TrainguardError):
+class Refused(ServiceError):
     """The proxy refuses a request; the message says why (docker clients show it as the error)."""
 
     status = 403

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from trainguard.services.errors import ServiceError
+
 __all__ = [
     "ComponentSpec",
     "ComponentState",
@@ -22,7 +24,7 @@ __all__ = [
 ]
 
 
-class LauncherError(RuntimeError):
+class LauncherError(ServiceError, RuntimeError):
     """The back-end could not do what was asked (engine unreachable, image missing...)."""
 
 

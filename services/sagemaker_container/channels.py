@@ -14,6 +14,7 @@ import logging
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from trainguard.services.errors import ServiceError
 from trainguard.services.sagemaker_container.contract import Channel, ContractError
 
 __all__ = ["ChannelError", "download_channel", "split_s3_uri"]
@@ -21,7 +22,7 @@ __all__ = ["ChannelError", "download_channel", "split_s3_uri"]
 logger = logging.getLogger("trainguard.sagemaker_container")
 
 
-class ChannelError(RuntimeError):
+class ChannelError(ServiceError, RuntimeError):
     """A channel's data could not be fetched; the message names the channel and the object."""
 
 

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.services.errors import ServiceError
+
 __all__ = [
     "CONTRACT_ENV",
     "FAILURE_REASON_MARKER",
@@ -61,7 +63,7 @@ _DISTRIBUTIONS = {"FullyReplicated", "ShardedByS3Key"}
 _INPUT_MODES = {"File", "FastFile", "Pipe"}
 
 
-class ContractError(ValueError):
+class ContractError(ServiceError, ValueError):
     """A CreateTrainingJob member the contract cannot use; the message names the member."""
 
 

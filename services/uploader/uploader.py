@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.services.errors import ServiceError
 from trainguard.services.uploader.state import UploadState
+
 from trainguard.format.layout import (
     END_OF_TRAINING,
     RUN_EXIT_RECORD,
@@ -37,7 +39,7 @@ _FULL_CODES = frozenset({"StorageFull", "XMinioStorageFull", "InsufficientStorag
 _FULL_HTTP_STATUS = 507
 
 
-class UploaderError(RuntimeError):
+class UploaderError(ServiceError, RuntimeError):
     """Bad configuration, or S3 kept failing past the give-up time."""
 
 
