@@ -163,3 +163,36 @@ def _system_metrics(run: Path) -> list:
     from trainguard.profiler import read_system_metrics
 
     return list(read_system_metrics(run))
+
+
+def test_overall_system_usage_statistics_reach_the_output(tmp_path: Path) -> None:
+    """rule-output/, the runner's updates (rules run --json) and the summary carry the percentiles."""
+    import torch
+
+    import trainguard.pytorch as tg
+    from trainguard.rules.runner import RuleRunner
+    from trainguard.summary import render_rule_results
+
+    run = tmp_path / "run"
+    model = torch.nn.Linear(4, 1)
+    hook = tg.Hook(out_dir=str(run), save_config=tg.SaveConfig(save_interval=1))
+    hook.register_module(model)
+    for _ in range(3):
+        model(torch.randn(8, 4)).sum().backward()
+    hook.close()
+    rng = np.random.default_rng(3)
+    total, io = rng.uniform(0, 100, 120), rng.uniform(0, 20, 120)
+    write_system(run, {("cpu", "TotalCPUUtilization"): total, ("cpu0", "CPUUtilization"): total,
+                       ("cpu", "TotalI/OWaitPercentage"): io})  # fmt: skip
+    updates: list = []
+    final = RuleRunner(str(run), [RuleSpec.parse("OverallSystemUsage")], wait_timeout=5, on_update=updates.append).run()
+    output = json.loads((run / "rule-output" / "OverallSystemUsage.json").read_text())
+    assert output["status"] == "NoIssuesFound"
+    for key, values in (("algo-1/cpu/TotalCPUUtilization", total), ("algo-1/cpu/TotalI/OWaitPercentage", io)):
+        oracle = np.percentile(values, [50, 95, 99])
+        assert [output["statistics"][key][p] for p in ("p50", "p95", "p99")] == pytest.approx(oracle)
+    assert final["OverallSystemUsage"].statistics == output["statistics"]
+    assert updates[-1].to_dict()["statistics"] == output["statistics"]  # the --json line
+    text = render_rule_results([output])
+    assert f"algo-1/cpu/TotalCPUUtilization: p50 {np.percentile(total, 50):.4g}" in text
+    assert "cpu0/CPUUtilization" not in text  # per-core lines give way to the machine's total

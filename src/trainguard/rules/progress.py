@@ -50,6 +50,9 @@ class RuleProgress:
     # that only ever said "not evaluated" or "missing" ends with Error: RuleNotEvaluated.
     evaluated: bool = False
     not_evaluated: str = ""  # the first reason a result gave for not evaluating
+    # The rule's latest statistics (``details["statistics"]`` of a no-issue result, e.g.
+    # OverallSystemUsage's percentiles per resource), for its rule-output file and the summary.
+    statistics: dict[str, Any] | None = None
     # Per-worker rules: worker -> the last step its instance evaluated (a worker whose steps land
     # after the cursor passed them is evaluated on them later). None: a file from before this
     # existed, whose workers are taken as evaluated up to last_evaluated_step.
@@ -98,6 +101,7 @@ class RuleProgress:
             "error": self.error,
             "evaluated": self.evaluated,
             "not_evaluated": self.not_evaluated,
+            "statistics": self.statistics,
             "worker_steps": self.worker_steps,
         }
 
@@ -118,6 +122,7 @@ class RuleProgress:
             # files written before "evaluated" existed: a rule that got past a step evaluated
             evaluated=bool(data["evaluated"]) if "evaluated" in data else step is not None,
             not_evaluated=str(data.get("not_evaluated") or ""),
+            statistics=data["statistics"] if isinstance(data.get("statistics"), dict) else None,
             worker_steps=(
                 {str(worker): int(step) for worker, step in data["worker_steps"].items()}
                 if isinstance(data.get("worker_steps"), dict) else None
@@ -212,6 +217,7 @@ def rule_output_document(progress: RuleProgress, diagnosis: dict[str, Any] | Non
         "findings": progress.findings,
         "dropped_findings": progress.dropped_findings,
         "missing": progress.missing,
+        **({"statistics": progress.statistics} if progress.statistics is not None else {}),
         "updated_at": time.time(),
     }
 

@@ -23,6 +23,7 @@ class StatusUpdate:
     result: StepResult | None = None
     last_evaluated_step: int | None = None
     timestamp: float = field(default_factory=time.time)
+    statistics: dict[str, Any] | None = None  # the rule's statistics (RuleProgress.statistics)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -34,6 +35,7 @@ class StatusUpdate:
             "result": self.result.to_dict() if self.result is not None else None,
             "last_evaluated_step": self.last_evaluated_step,
             "timestamp": self.timestamp,
+            **({"statistics": self.statistics} if self.statistics is not None else {}),
         }
 
     @classmethod
@@ -64,4 +66,5 @@ class StatusUpdate:
             result=result,
             last_evaluated_step=data.get("last_evaluated_step"),
             timestamp=float(data.get("timestamp") or time.time()),
+            statistics=data["statistics"] if isinstance(data.get("statistics"), dict) else None,
         )
