@@ -306,7 +306,9 @@ def _supervise(
         from trainguard.summary import rule_results_from_updates
 
         rules = rule_results_from_updates(latest, watch.findings)
-    _print_summary(out_dir, rules=rules, stopped=watch.stop_record if watch is not None else None)
+    _print_summary(
+        out_dir, rules=rules, stopped=watch.stop_record if watch is not None else None, returncode=returncode
+    )
     if watch is not None and watch.stopped:
         return EXIT_STOPPED_BY_RULE
     if returncode == 0 and rules and not args.allow_not_evaluated:
@@ -445,6 +447,7 @@ def _print_summary(
     as_json: bool = False,
     rules: list[dict[str, Any]] | None = None,
     stopped: dict[str, Any] | None = None,
+    returncode: int | None = None,
     strict: bool = False,
 ) -> None:
     """``strict`` (the summary verb): a run that cannot be read is an error (exit 2); after
@@ -466,6 +469,8 @@ def _print_summary(
         facts["rules"] = rules
     if stopped is not None:
         facts["stopped"] = dict(stopped)
+    if returncode is not None:  # an s3:// run has no local exit record
+        facts["exit"] = {"returncode": returncode}
     print(json.dumps(facts, indent=2, default=str) if as_json else render_summary(facts), flush=True)
 
 

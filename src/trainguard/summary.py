@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainguard.format.layout import EVENTS_PREFIX
+from trainguard.format.layout import EVENTS_PREFIX, RUN_EXIT_RECORD
 from trainguard.modes import ModeKeys
 from trainguard.trial import Trial
 
-__all__ = ["describe_run", "format_bytes", "is_not_evaluated", "read_rule_results", "render_rule_results", "rule_results_from_updates"]
+__all__ = [
+    "describe_run", "format_bytes", "is_not_applicable", "is_not_evaluated", "read_rule_results",
+    "render_rule_results", "rule_results_from_updates",
+]  # fmt: skip
 
 RULE_OUTPUT_PREFIX = "rule-output/"
 STOP_RECORD = "trainguard-stop.json"
@@ -57,6 +61,8 @@ def describe_run(trial: Trial) -> dict[str, object]:
         "modes": [mode.name for mode in trial.modes() if mode != ModeKeys.GLOBAL],
         "rules": read_rule_results(trial.store),
         "stopped": _read_json(trial.store, STOP_RECORD),
+        # how the training command ended, written by trainguard run (None: not run under it)
+        "exit": _read_json(trial.store, RUN_EXIT_RECORD),
         "capture_stopped": trial.capture_stopped(),
         "damaged": [
             {"step": item.step, "worker": item.worker, "file": item.key, "problem": item.problem}
@@ -94,7 +100,7 @@ def rule_results_from_updates(latest: Mapping[str, Any], findings: Sequence[Any]
                 "status": getattr(update.status, "value", update.status),
                 "status_details": update.status_details,
                 "last_evaluated_step": update.last_evaluated_step,
-                **({"statistics": update.statistics} if getattr(update, "statistics", None) else {}),
+                "not_applicable": bool(getattr(update, "not_applicable", False)),
                 "findings": sorted(fired, key=lambda f: f["step"]),
             }
         )
@@ -107,6 +113,13 @@ def is_not_evaluated(result: Mapping[str, Any]) -> bool:
     return result.get("status") == "Error" and details.startswith(_NOT_EVALUATED)
 
 
+def is_not_applicable(result: Mapping[str, Any]) -> bool:
+    """A not-evaluated rule that does not apply to the run by its design (the runner's structured
+    ``not_applicable``: an XGBoost rule on a PyTorch run, no tanh for SaturatedActivation), as
+    opposed to one that could not evaluate data that should be there."""
+    return is_not_evaluated(result) and bool(result.get("not_applicable"))
+
+
 def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[str, Any] | None = None) -> str:
     """The diagnosis first (primary finding and its fix, what it explains), then each rule: its
     status, and each finding with its step, worker and fix hint."""
@@ -115,12 +128,14 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
     if not results:
         return ""
     with_issues = [r for r in results if r.get("status") == "IssuesFound"]
-    not_evaluated = [r for r in results if is_not_evaluated(r)]
+    inapplicable = [r for r in results if is_not_applicable(r)]
+    not_evaluated = [r for r in results if is_not_evaluated(r) and not is_not_applicable(r)]
     # advice (a property of the data or the initialisation, trainguard.rules.advice) is counted
     # apart: it is not an issue, and "0 found issues" must stay true of a run that only got advice
     advised = [r for r in results if r.get("status") != "IssuesFound" and _advice(r)]
     head = f"  rules       : {len(results)} run, {len(with_issues)} found issues"
     head += f", {len(advised)} gave advice" if advised else ""
+    head += f", {len(inapplicable)} not applicable" if inapplicable else ""
     lines = [head + (f", {len(not_evaluated)} not evaluated" if not_evaluated else "")]
     diagnosis = diagnose(results)
     diagnosis["not_evaluated"] = []  # listed with their rule below
@@ -130,6 +145,8 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
     for result in results:
         name, status = str(result.get("configuration_name")), str(result.get("status"))
         fired = [f for f in result.get("findings") or [] if f.get("fired")]
+        if is_not_applicable(result):
+            continue  # counted in one line below
         if is_not_evaluated(result):
             why = str(result.get("status_details")).strip()[len(_NOT_EVALUATED) :].strip()
             lines.append(f"    {name:<{width}}  not evaluated (Error): {why}")
@@ -145,7 +162,6 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
             lines.append(
                 f"    {name:<{width}}  {status}" + (f" ({details})" if details and status != "IssuesFound" else "")
             )
-            lines.extend(_statistics_lines(result))
             continue
         lines.append(f"    {name:<{width}}  {status}: {len(fired)} finding(s), first at step {fired[0].get('step')}")
         for finding in fired[:_FINDINGS_SHOWN]:
@@ -156,18 +172,13 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
         hint = next((f.get("fix_hint") for f in fired if f.get("fix_hint")), "")
         if hint:
             lines.append(f"      fix: {hint}")
+    if inapplicable:
+        names = ", ".join(str(r.get("configuration_name")) for r in inapplicable)
+        rules = "rule" if len(inapplicable) == 1 else "rules"
+        lines.append(f"    {len(inapplicable)} {rules} not applicable to this run: {names}")
     if stopped:
         lines.append(_stopped_line(stopped))
     return "\n".join(lines)
-
-
-def _statistics_lines(result: Mapping[str, Any]) -> list[str]:
-    statistics = result.get("statistics")
-    if not isinstance(statistics, Mapping) or not statistics:
-        return []
-    from trainguard.rules.builtin.overall_system_usage import render_statistics
-
-    return [f"      {line}" for line in render_statistics(statistics)]
 
 
 def _advice(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -189,9 +200,37 @@ def _stopped_line(stopped: Mapping[str, Any]) -> str:
 
 
 def _finished(facts: Mapping[str, object]) -> str:
-    if facts.get("capture_stopped"):
-        return ("yes, " if facts["ended"] else "training ended, ") + "but its capture stopped early (see capture)"
+    """How training ended: stopped by a rule (``trainguard-stop.json``), the command's exit status
+    (``trainguard-exit.json``, written by ``trainguard run``), else the hook's end marker."""
+    cut = ", but its capture stopped early (see capture)" if facts.get("capture_stopped") else ""
+    stopped = facts.get("stopped")
+    if isinstance(stopped, Mapping) and stopped.get("configuration_name"):
+        return f"no: stopped by {stopped['configuration_name']} at step {stopped.get('step')}"
+    record = facts.get("exit")
+    if isinstance(record, Mapping) and "returncode" in record:
+        code = record["returncode"]
+        if code is None:  # trainguard run writes it at the start: the command has not exited
+            if facts["ended"]:
+                return "training ended (its capture closed); the command has not exited yet"
+            return "no: still running (or trainguard run was killed before recording its exit)"
+        if isinstance(code, int) and code != 0:
+            return f"no: crashed ({_exit_status(code)})" + cut
+        if code == 0:
+            return ("yes" if facts["ended"] else "training ended") + cut
+    if cut:
+        return ("yes" if facts["ended"] else "training ended") + cut
     return "yes" if facts["ended"] else "no (run still live or crashed)"
+
+
+def _exit_status(code: int) -> str:
+    """A negative return code is a signal (subprocess's convention)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}, exit status {128 - code}"
+    return f"exit status {code}"
 
 
 def render_summary(facts: dict[str, object]) -> str:

@@ -248,7 +248,7 @@ def run_rules(args: argparse.Namespace, out: TextIO | None = None) -> int:
             if diagnosis is not None:
                 print(json.dumps({"diagnosis": diagnosis}, default=str), file=out, flush=True)
         else:
-            print(_final_table(final, diagnosis), file=out, flush=True)
+            print(_final_table(final, diagnosis, runner.progress), file=out, flush=True)
         for line in damage:
             print(line, file=sys.stderr if args.json else out, flush=True)
     if damage:
@@ -291,20 +291,46 @@ def _run_damage(trial: Any) -> list[str]:
     return lines
 
 
-def _final_table(final: dict[str, Any], diagnosis: dict[str, Any] | None = None) -> str:
+def _final_table(
+    final: dict[str, Any], diagnosis: dict[str, Any] | None = None, progress: dict[str, Any] | None = None
+) -> str:
+    """One line per rule: an issue is shown as its first finding (step, worker, message, fix),
+    not SageMaker's generic StatusDetails; rules that do not apply to the run (by its design:
+    ``StatusUpdate.not_applicable``) are counted in one line."""
     from trainguard.rules.diagnosis import render_diagnosis
 
     lines = ["trainguard rules: final status"]
     if diagnosis is not None:
         lines.extend(render_diagnosis(diagnosis))
-    width = max((len(name) for name in final), default=0)
-    for name, update in final.items():
+    inapplicable = [name for name, update in final.items() if _not_applicable(update)]
+    shown = {name: update for name, update in final.items() if name not in inapplicable}
+    width = max((len(name) for name in shown), default=0)
+    for name, update in shown.items():
         status = status_label(update.status, update.status_details)
         details = (update.status_details or "").strip().replace("\n", " ")
         if status == "NotEvaluated":
             details = details[len(NOT_EVALUATED_PREFIX) :].strip()
+        finding = _first_issue(progress.get(name) if progress else None) if status == "IssuesFound" else None
+        if finding is not None:
+            where = f" on {finding['worker']}" if finding.get("worker") else ""
+            details = f"step {finding.get('step')}{where}: {finding.get('message')}"
         lines.append(f"  {name:<{width}}  {status:<13} {details}".rstrip())
+        if finding is not None and finding.get("fix_hint"):
+            lines.append(f"  {'':<{width}}  {'':<13} fix: {finding['fix_hint']}")
+    if inapplicable:
+        rules = "rule" if len(inapplicable) == 1 else "rules"
+        lines.append(f"  {len(inapplicable)} {rules} not applicable to this run: {', '.join(inapplicable)}")
     return "\n".join(lines)
+
+
+def _not_applicable(update: Any) -> bool:
+    return bool(getattr(update, "not_applicable", False)) and is_not_evaluated(update.status, update.status_details)
+
+
+def _first_issue(state: Any) -> dict[str, Any] | None:
+    """The earliest finding of a rule's progress that is an issue (fired, not advice)."""
+    issues = [f for f in getattr(state, "findings", None) or [] if f.get("fired") and not f.get("advice")]
+    return min(issues, key=lambda f: int(f.get("step", 0))) if issues else None
 
 
 def _rule_classes() -> dict[str, type]:

@@ -133,11 +133,11 @@ def _follow(client: _Client, name: str, timeout: float) -> int:
             print(f"{name}: {state}", flush=True)
             seen["job"] = state
         for rule in job["rules"]:
-            text = rule["status"] + (f": {rule['status_details'].strip()}" if rule.get("status_details") else "")
+            text, fix = _rule_line(rule)
             if seen.get(rule["configuration_name"]) != text:
                 print(f"  rule {rule['configuration_name']}: {text}", flush=True)
-                if rule["status"] == "IssuesFound" and rule.get("fix_hint"):
-                    print(f"    fix: {rule['fix_hint']}", flush=True)
+                if fix:
+                    print(f"    fix: {fix}", flush=True)
                 seen[rule["configuration_name"]] = text
         rules_done = all(rule["status"] in _RULE_TERMINAL for rule in job["rules"])
         if job["status"] in _TERMINAL and rules_done:
@@ -149,3 +149,20 @@ def _follow(client: _Client, name: str, timeout: float) -> int:
             print(f"{name}: still {state} after {timeout:g} s; stopped waiting (the job goes on)", file=sys.stderr)
             return 2
         time.sleep(1.0)
+
+
+def _rule_line(rule: dict[str, Any]) -> tuple[str, str]:
+    """A rule's status as one line, and the fix to print under it. A rule with issues is shown as
+    its first finding (step, worker, message), not SageMaker's generic RuleEvaluationConditionMet."""
+    details = str(rule.get("status_details") or "").strip()
+    if rule["status"] != "IssuesFound":
+        return rule["status"] + (f": {details}" if details else ""), ""
+    issues = [
+        f for f in rule.get("findings") or [] if isinstance(f, dict) and f.get("fired", True) and not f.get("advice")
+    ]
+    if not issues:
+        return rule["status"] + (f": {details}" if details else ""), str(rule.get("fix_hint") or "")
+    first = min(issues, key=lambda f: int(f.get("step") or 0))
+    where = f" on {first['worker']}" if first.get("worker") else ""
+    text = f"IssuesFound at step {first.get('step')}{where}: {first.get('message')}"
+    return text, str(first.get("fix_hint") or rule.get("fix_hint") or "")

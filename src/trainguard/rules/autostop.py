@@ -213,14 +213,17 @@ class RuleWatch:
     def _on_finding(self, update: StatusUpdate) -> None:
         result = update.result
         assert result is not None
+        # the worker is named: on a distributed run the finding is about one rank's tensors
+        where = f" on {result.worker}" if result.worker else ""
         if result.advice:  # a property of the data or the initialisation: reported, never a stop
             if self.echo is not None:
                 name = update.configuration_name
-                self.echo(f"trainguard: rule {name} advises at step {result.step}: {result.message}")
+                self.echo(f"trainguard: rule {name} advises at step {result.step}{where}: {result.message}")
             return
         if self.echo is not None:
             self.echo(
-                f"trainguard: rule {update.configuration_name} found an issue at step {result.step}: {result.message}"
+                f"trainguard: rule {update.configuration_name} found an issue at step {result.step}{where}: "
+                f"{result.message}"
             )
         if update.configuration_name in self.stopping_configs and not result.certain:
             if self.echo is not None:
@@ -239,7 +242,9 @@ class RuleWatch:
         trigger = _trigger(update)
         primary = self._primary(update) or trigger
         if self.echo is not None:
-            cause = "" if primary is trigger else f"; diagnosis: {primary['rule']} ({primary['fix_hint']})"
+            # the diagnosis is named only when it is another finding than the one that triggered
+            same = (primary.get("rule"), primary.get("step")) == (trigger["rule"], trigger["step"])
+            cause = "" if same else f"; diagnosis: {primary['rule']} ({primary['fix_hint']})"
             self.echo(
                 f"trainguard: stopping training: {update.configuration_name} fired at step {update.result.step}{cause} "
                 f"(SIGTERM, SIGKILL after {self.grace:g} s)"

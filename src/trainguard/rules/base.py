@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from trainguard.errors import ConfigError, StepUnavailable, TensorUnavailable, TensorUnavailableForStep
@@ -77,6 +77,11 @@ class StepResult:
     # A property of the data or the initialisation, not a learning symptom (see
     # trainguard.rules.advice): reported as advice, never certain, never an issue on its own.
     advice: bool = False
+    # With ``not_evaluated``: the rule does not apply to this run by the run's design (an XGBoost
+    # rule on a PyTorch run, an image rule on a model fed no images), not "could not evaluate"
+    # (data that should be there is missing). The status is the same (Error, RuleNotEvaluated);
+    # summaries count such rules in one line instead of listing them as errors.
+    not_applicable: bool = False
 
     @property
     def evaluated(self) -> bool:
@@ -102,6 +107,7 @@ class StepResult:
             "worker": self.worker,
             "not_evaluated": self.not_evaluated,
             "advice": self.advice,
+            "not_applicable": self.not_applicable,
         }
 
 
@@ -135,6 +141,10 @@ class Rule:
     # Whether this rule's findings are advice (a property of the data or the initialisation, see
     # trainguard.rules.advice); None: the central list ADVISING_RULES decides by the rule's name.
     advises: ClassVar[bool | None] = None
+    # Whether the rule reads nothing but its ``collections``: when every one of them is configured
+    # in the run and none holds a tensor, the model has none (``inapplicable``). Off for rules that
+    # read tensors by name (a custom rule's tensor outside its collections is missing data).
+    reads_only_collections: ClassVar[bool] = False
 
     def __init__(self, base_trial: Any, *, action_json: Any = None, other_trials: Sequence[Any] = (), **parameters: Any):
         self.base_trial = base_trial
@@ -242,6 +252,38 @@ class Rule:
     def not_evaluated(self, reason: str, step: int = -1) -> StepResult:
         """The rule cannot judge this run (``reason`` says what is missing); never a finding."""
         return StepResult(self.name(), step, False, f"RuleNotEvaluated: {reason}", "", {}, not_evaluated=reason)
+
+    def not_applicable(self, reason: str, step: int = -1) -> StepResult:
+        """The rule does not apply to this run by its design (``reason`` says what the run lacks:
+        no tanh, no images, another framework); reported as not evaluated, counted apart."""
+        return replace(self.not_evaluated(reason, step), not_applicable=True)
+
+    def inapplicable(self) -> str | None:
+        """Why this rule cannot apply to this run by the run's design, or None; asked by the runner
+        at the end about a rule that never evaluated a step and reported no missing tensor. Only a
+        structured fact of the run counts here: its framework (``frameworks``), or, for a rule that
+        ``reads_only_collections``, every one of them configured to be saved yet holding no tensor
+        in the whole run (the model has no tanh: the hook would have saved its inputs). A
+        collection never configured is missing data, not this; a tanh the hook cannot see (a
+        custom op) reads the same as no tanh. Rules that read part of a collection (images among
+        the model's inputs) override it."""
+        trial = self.base_trial
+        framework = self.framework()
+        if self.frameworks is not None and framework is not None and framework not in self.frameworks:
+            return f"applies to {'/'.join(self.frameworks)} runs only; this is a {framework} run"
+        if not self.collections or not self.reads_only_collections:
+            return None
+        try:
+            if not trial.steps():  # nothing saved at all: not a fact about the model
+                return None
+            known = trial.collections()
+            if not all(name in known for name in self.collections):
+                return None
+            if any(trial.tensor_names(collection=name) for name in self.collections):
+                return None
+        except Exception:  # noqa: BLE001 - a trial that cannot say: "could not evaluate" stands
+            return None
+        return f"the run has no {' or '.join(self.collections)} tensors (its model has none to save)"
 
     def no_issue(self, step: int, message: str = "", **details: Any) -> StepResult:
         return StepResult(self.name(), step, False, message, "", details)

@@ -512,6 +512,7 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             if final is not None and (final[0] == RuleStatus.ISSUES_FOUND or not (damaged or stopped_early)):
                 self._set_status(name, *final)  # advice on damaged or cut data is not "no issues"
             elif not state.evaluated:
+                self._note_inapplicable(name)
                 why = state.not_evaluated or (f"missing data: {missing}" if missing else "")
                 why = why or "no evaluated step had the data this rule needs"
                 self._set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {why}"[:1024])
@@ -523,6 +524,22 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             else:
                 self._set_status(name, RuleStatus.NO_ISSUES_FOUND, f"Missing data: {missing}" if missing else "")
         self._save(force=True)
+
+    def _note_inapplicable(self, name: str) -> None:
+        """Ask a rule that never evaluated a step whether it applies to this run at all
+        (``Rule.inapplicable``: its framework, collections its model has none of)."""
+        state = self.progress[name]
+        if state.not_applicable:
+            return
+        for _worker, instance in self._instances(name):
+            try:
+                reason = instance.inapplicable()
+            except Exception:  # noqa: BLE001 - no answer: the rule stays "could not evaluate"
+                logger.debug("trainguard rules: %s.inapplicable() failed", name, exc_info=True)
+                return
+            if reason:
+                state.not_evaluated, state.not_applicable = reason, True
+            return
 
     def _capture_stopped_note(self) -> str:
         """Why some worker's capture ended before training did (the hook's capture_stopped/

@@ -54,8 +54,11 @@ class RunnerResults:
             return
         state = self.progress[name]
         if result.not_evaluated is not None:
-            if not state.not_evaluated:
+            # "does not apply" is the rule's word about the run's design: it outranks an earlier
+            # "could not evaluate yet" reason
+            if not state.not_evaluated or (result.not_applicable and not state.not_applicable):
                 state.not_evaluated = result.not_evaluated
+                state.not_applicable = result.not_applicable
                 self._progress_dirty = True
             return
         if result.missing:
@@ -71,7 +74,6 @@ class RunnerResults:
             state.evaluated = True
             self._progress_dirty = True
         if not result.fired:
-            self._keep_statistics(name, result)
             return
         finding = result.to_dict()
         if not state.add_finding(finding):
@@ -92,15 +94,6 @@ class RunnerResults:
         # that keeps firing with the progress (every progress_interval) and the output file (every
         # OUTPUT_INTERVAL): rewriting files of up to 1,000 findings on every step was quadratic.
         self._save(force=first or state.finished)
-
-    def _keep_statistics(self, name: str, result: StepResult) -> None:
-        """A no-issue result's ``details["statistics"]`` (OverallSystemUsage's percentiles per
-        resource) become the rule's statistics: in its rule-output file, its updates, the summary."""
-        statistics = result.details.get("statistics") if result.details else None
-        state = self.progress[name]
-        if isinstance(statistics, dict) and statistics != state.statistics:
-            state.statistics = dict(statistics)
-            self._dirty.add(name)
 
     def _record_advice(self, name: str, result: StepResult) -> None:
         """Advice is kept and reported, but it is no issue: the status stays what it was (InProgress,
@@ -169,7 +162,7 @@ class RunnerResults:
             step=result.step if result is not None else state.last_evaluated_step,
             result=result,
             last_evaluated_step=state.last_evaluated_step,
-            statistics=state.statistics,
+            not_applicable=state.not_applicable and status == RuleStatus.ERROR and not state.error,
         )
         self.latest[name] = update
         self._dirty.add(name)

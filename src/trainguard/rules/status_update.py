@@ -23,7 +23,9 @@ class StatusUpdate:
     result: StepResult | None = None
     last_evaluated_step: int | None = None
     timestamp: float = field(default_factory=time.time)
-    statistics: dict[str, Any] | None = None  # the rule's statistics (RuleProgress.statistics)
+    # With a final Error/RuleNotEvaluated status: the rule does not apply to this run by its design
+    # (see StepResult.not_applicable), as opposed to "could not evaluate".
+    not_applicable: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -35,7 +37,7 @@ class StatusUpdate:
             "result": self.result.to_dict() if self.result is not None else None,
             "last_evaluated_step": self.last_evaluated_step,
             "timestamp": self.timestamp,
-            **({"statistics": self.statistics} if self.statistics is not None else {}),
+            "not_applicable": self.not_applicable,
         }
 
     @classmethod
@@ -56,6 +58,7 @@ class StatusUpdate:
                 worker=raw.get("worker"),
                 not_evaluated=raw.get("not_evaluated"),
                 advice=bool(raw.get("advice", False)),
+                not_applicable=bool(raw.get("not_applicable", False)),
             )
         return cls(
             configuration_name=data["configuration_name"],
@@ -66,5 +69,5 @@ class StatusUpdate:
             result=result,
             last_evaluated_step=data.get("last_evaluated_step"),
             timestamp=float(data.get("timestamp") or time.time()),
-            statistics=data["statistics"] if isinstance(data.get("statistics"), dict) else None,
+            not_applicable=bool(data.get("not_applicable", False)),
         )

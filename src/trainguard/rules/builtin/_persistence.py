@@ -111,6 +111,7 @@ class TensorRule(Rule):
     says what data is missing), and the worker of a trial view bound to one worker."""
 
     needs: ClassVar[str] = "the tensors this rule reads were never saved"
+    reads_only_collections = True  # see Rule.inapplicable
 
     def __init__(self, *args: Any, **parameters: Any) -> None:
         super().__init__(*args, **parameters)

@@ -72,9 +72,16 @@ class CheckInputImages(Rule):
         self._stats: dict[str, ChannelStats] = {}
         self._inner: dict[str, ChannelStats] = {}  # the same, without constant border rows/columns
         self._seen: set[int] = set()  # a step is counted once, however often it is evaluated
+        self._inputs_read = False  # some data input was read (images or not)
 
     def validate(self) -> None:
         check_regexes(self, "regex")
+
+    def inapplicable(self) -> str | None:
+        """The model was fed data, none of it images: the rule has nothing to judge by design."""
+        if self._inputs_read and not self._stats:
+            return "the model's inputs hold no images (no 4-D floating-point model inputs)"
+        return super().inapplicable()
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial
@@ -89,6 +96,7 @@ class CheckInputImages(Rule):
             names = []
         self._seen.add(step)
         for name, value in read_values(trial, names, step).items():
+            self._inputs_read = True
             array = np.asarray(value)
             if array.dtype.kind != "f" or array.ndim != 4:
                 continue

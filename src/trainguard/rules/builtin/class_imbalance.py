@@ -98,6 +98,7 @@ class ClassImbalance(Rule):
 
     rule_name = "ClassImbalance"
     collections = ("labels", "predictions")
+    reads_only_collections = True  # no labels nor predictions: a regression (Rule.inapplicable)
     # the run's framework unknown: name each framework's way (never one framework's API unlabelled)
     fix_hint = (
         "reweight classes in the loss (weight = 1/class frequency; PyTorch: CrossEntropyLoss(weight=...) or a "

@@ -69,7 +69,7 @@ class FeatureImportanceOverweight(Rule):
             if trial.training_ended and not trial.tensor_names(regex=[self.tensor_regex]):
                 framework = self.framework()
                 if framework not in (None, "xgboost"):  # in a default set beside a PyTorch/Keras run
-                    return self.not_evaluated(f"applies to XGBoost models only; this is a {framework} run", step)
+                    return self.not_applicable(f"applies to XGBoost models only; this is a {framework} run", step)
                 return self.missing(step, MissingTensor(f"feature importances matching {self.tensor_regex!r}",
                                                         "feature_importance"))
             return None

@@ -90,6 +90,12 @@ class NLPSequenceRatio(Rule):
                     names.add(name)
         return sorted(names)
 
+    def inapplicable(self) -> str | None:
+        """The model was fed inputs, none of them token ids: not a sequence model's data."""
+        if self._integer_inputs and not any(self._integer_inputs.values()):
+            return "the model's inputs hold no token ids (no integer model inputs)"
+        return super().inapplicable()
+
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial
         if not is_complete(trial, step):

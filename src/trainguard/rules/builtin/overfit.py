@@ -110,12 +110,19 @@ class Overfit(Rule):
         if not history.names():
             return self.not_evaluated("no scalar loss tensors were saved (save the 'losses' collection)",
                                       self._last_step)
-        if history.from_metrics:
-            return self.not_evaluated(
+        if history.from_metrics:  # by the run's design: not applicable (Rule.not_applicable)
+            return self.not_applicable(
                 "an XGBoost run: use Overtraining, which watches the validation metrics (boosting always drives "
                 "the training loss far below it)", self._last_step)
         result = self._judge(self._last_step, include_open_block=True)
         modes = history.modes_with_losses()
+        if ModeKeys.TRAIN in modes and ModeKeys.EVAL not in modes:
+            # a loop without validation (zero-code capture files model.eval()/no_grad passes as
+            # EVAL): the run has nothing to compare, by its design. A validation loop the Hook API
+            # saved as TRAIN (no hook.set_mode) reads the same; the reason says how to mark it.
+            return self.not_applicable(
+                "the run has no validation pass (no losses of EVAL steps; run validation under "
+                "hook.set_mode(modes.EVAL))", self._last_step)
         if ModeKeys.EVAL not in modes or ModeKeys.TRAIN not in modes:
             return self.not_evaluated(
                 "needs losses of both TRAIN and EVAL steps (run validation under hook.set_mode(modes.EVAL))",

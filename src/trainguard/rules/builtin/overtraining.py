@@ -145,7 +145,8 @@ class Overtraining(Rule):
                 return self.not_evaluated("no saved loss to judge", self._last_step)
             if self._eval_passes.seen_any():
                 return self.not_evaluated(self._eval_passes.reason(), self._last_step)
-            return self.not_evaluated(
+            # no validation pass at all: the run's design (Overfit says the same, see there)
+            return self.not_applicable(
                 "no validation losses: Overtraining judges the validation loss (run validation under "
                 "hook.set_mode(modes.EVAL), or give XGBoost an evaluation set); a flat training loss alone is "
                 "convergence", self._last_step)

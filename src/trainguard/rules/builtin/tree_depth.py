@@ -92,7 +92,7 @@ class TreeDepth(Rule):
             if trial.training_ended and not trial.tensor_names(regex=[f"^{_PREFIX}"]):
                 framework = self.framework()
                 if framework not in (None, "xgboost"):  # in a default set beside a PyTorch/Keras run
-                    return self.not_evaluated(f"applies to XGBoost models only; this is a {framework} run", step)
+                    return self.not_applicable(f"applies to XGBoost models only; this is a {framework} run", step)
                 return self.missing(step, MissingTensor("trees (XGBoost tree model)", "trees"))
             return None
         values = {}
