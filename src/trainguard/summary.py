@@ -100,6 +100,7 @@ def rule_results_from_updates(latest: Mapping[str, Any], findings: Sequence[Any]
                 "status": getattr(update.status, "value", update.status),
                 "status_details": update.status_details,
                 "last_evaluated_step": update.last_evaluated_step,
+                **({"statistics": update.statistics} if getattr(update, "statistics", None) else {}),
                 "not_applicable": bool(getattr(update, "not_applicable", False)),
                 "findings": sorted(fired, key=lambda f: f["step"]),
             }
@@ -162,6 +163,7 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
             lines.append(
                 f"    {name:<{width}}  {status}" + (f" ({details})" if details and status != "IssuesFound" else "")
             )
+            lines.extend(_statistics_lines(result))
             continue
         lines.append(f"    {name:<{width}}  {status}: {len(fired)} finding(s), first at step {fired[0].get('step')}")
         for finding in fired[:_FINDINGS_SHOWN]:
@@ -179,6 +181,15 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
     if stopped:
         lines.append(_stopped_line(stopped))
     return "\n".join(lines)
+
+
+def _statistics_lines(result: Mapping[str, Any]) -> list[str]:
+    statistics = result.get("statistics")
+    if not isinstance(statistics, Mapping) or not statistics:
+        return []
+    from trainguard.rules.builtin.overall_system_usage import render_statistics
+
+    return [f"      {line}" for line in render_statistics(statistics)]
 
 
 def _advice(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:

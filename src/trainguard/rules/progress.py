@@ -50,6 +50,9 @@ class RuleProgress:
     # that only ever said "not evaluated" or "missing" ends with Error: RuleNotEvaluated.
     evaluated: bool = False
     not_evaluated: str = ""  # the first reason a result gave for not evaluating
+    # The rule's latest statistics (``details["statistics"]`` of a no-issue result, e.g.
+    # OverallSystemUsage's percentiles per resource), for its rule-output file and the summary.
+    statistics: dict[str, Any] | None = None
     # The rule does not apply to this run by its design (StepResult.not_applicable, or
     # Rule.inapplicable at the end); its reason is then ``not_evaluated``.
     not_applicable: bool = False
@@ -101,6 +104,7 @@ class RuleProgress:
             "error": self.error,
             "evaluated": self.evaluated,
             "not_evaluated": self.not_evaluated,
+            "statistics": self.statistics,
             "not_applicable": self.not_applicable,
             "worker_steps": self.worker_steps,
         }
@@ -122,6 +126,7 @@ class RuleProgress:
             # files written before "evaluated" existed: a rule that got past a step evaluated
             evaluated=bool(data["evaluated"]) if "evaluated" in data else step is not None,
             not_evaluated=str(data.get("not_evaluated") or ""),
+            statistics=data["statistics"] if isinstance(data.get("statistics"), dict) else None,
             not_applicable=bool(data.get("not_applicable")),
             worker_steps=(
                 {str(worker): int(step) for worker, step in data["worker_steps"].items()}
@@ -217,6 +222,7 @@ def rule_output_document(progress: RuleProgress, diagnosis: dict[str, Any] | Non
         "findings": progress.findings,
         "dropped_findings": progress.dropped_findings,
         "missing": progress.missing,
+        **({"statistics": progress.statistics} if progress.statistics is not None else {}),
         # status Error + RuleNotEvaluated of a rule that does not apply to the run by its design
         "not_applicable": progress.not_applicable and progress.status == "Error" and not progress.error,
         "updated_at": time.time(),

@@ -74,6 +74,7 @@ class RunnerResults:
             state.evaluated = True
             self._progress_dirty = True
         if not result.fired:
+            self._keep_statistics(name, result)
             return
         finding = result.to_dict()
         if not state.add_finding(finding):
@@ -94,6 +95,15 @@ class RunnerResults:
         # that keeps firing with the progress (every progress_interval) and the output file (every
         # OUTPUT_INTERVAL): rewriting files of up to 1,000 findings on every step was quadratic.
         self._save(force=first or state.finished)
+
+    def _keep_statistics(self, name: str, result: StepResult) -> None:
+        """A no-issue result's ``details["statistics"]`` (OverallSystemUsage's percentiles per
+        resource) become the rule's statistics: in its rule-output file, its updates, the summary."""
+        statistics = result.details.get("statistics") if result.details else None
+        state = self.progress[name]
+        if isinstance(statistics, dict) and statistics != state.statistics:
+            state.statistics = dict(statistics)
+            self._dirty.add(name)
 
     def _record_advice(self, name: str, result: StepResult) -> None:
         """Advice is kept and reported, but it is no issue: the status stays what it was (InProgress,
@@ -162,6 +172,7 @@ class RunnerResults:
             step=result.step if result is not None else state.last_evaluated_step,
             result=result,
             last_evaluated_step=state.last_evaluated_step,
+            statistics=state.statistics,
             not_applicable=state.not_applicable and status == RuleStatus.ERROR and not state.error,
         )
         self.latest[name] = update

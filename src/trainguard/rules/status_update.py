@@ -23,6 +23,7 @@ class StatusUpdate:
     result: StepResult | None = None
     last_evaluated_step: int | None = None
     timestamp: float = field(default_factory=time.time)
+    statistics: dict[str, Any] | None = None  # the rule's statistics (RuleProgress.statistics)
     # With a final Error/RuleNotEvaluated status: the rule does not apply to this run by its design
     # (see StepResult.not_applicable), as opposed to "could not evaluate".
     not_applicable: bool = False
@@ -37,6 +38,7 @@ class StatusUpdate:
             "result": self.result.to_dict() if self.result is not None else None,
             "last_evaluated_step": self.last_evaluated_step,
             "timestamp": self.timestamp,
+            **({"statistics": self.statistics} if self.statistics is not None else {}),
             "not_applicable": self.not_applicable,
         }
 
@@ -69,5 +71,6 @@ class StatusUpdate:
             result=result,
             last_evaluated_step=data.get("last_evaluated_step"),
             timestamp=float(data.get("timestamp") or time.time()),
+            statistics=data["statistics"] if isinstance(data.get("statistics"), dict) else None,
             not_applicable=bool(data.get("not_applicable", False)),
         )
