@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.detection import all_cases
 from bench.detection.report import as_json, render, summarise
-from bench.detection.score import CaseResult, Finding, Verdict, debugger_rules, default_rules, score_case
+from bench.detection.score import CAPTURE_HASH_VARIABLE, CaseResult, Finding, Verdict, debugger_rules, default_rules, score_case
 
 DEFAULT_CACHE = Path(os.environ.get("TRAINGUARD_DETECTION_CACHE", Path.home() / ".cache" / "trainguard-detection"))
 
@@ -89,8 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-json", type=Path, nargs="+",
                         help="re-render scorings saved with --json (runs nothing; a case in several: the last)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--capture-hash", help="judge the captures the hook with this capture source hash made "
+                        "(score.capture_source_hash of that tree): for rule changes only; a case not captured "
+                        "under it is an error, not trained")  # fmt: skip
     args = parser.parse_args(argv)
 
+    if args.capture_hash:
+        os.environ[CAPTURE_HASH_VARIABLE] = args.capture_hash  # the worker processes inherit it
     cases = all_cases()
     if args.split != "all":
         cases = [case for case in cases if case.split == args.split]

@@ -87,9 +87,18 @@ class Verdict:
 CAPTURE_SOURCES = ("hooks", "config", "pytorch.py", "keras.py", "xgboost.py", "modes.py")
 
 
+# Re-judging rule changes on the captures an earlier hook made (``--capture-hash``): the hook's
+# sources moved on, but the rules are what changed. Said in every result (CaseResult.capture).
+CAPTURE_HASH_VARIABLE = "TRAINGUARD_DETECTION_CAPTURE_HASH"
+
+
 @functools.lru_cache(maxsize=1)
 def capture_source_hash() -> str:
-    """A hash of the trainguard sources that decide what a run captures (see ``CAPTURE_SOURCES``)."""
+    """A hash of the trainguard sources that decide what a run captures (see ``CAPTURE_SOURCES``),
+    or the one ``TRAINGUARD_DETECTION_CAPTURE_HASH`` names (captures of that hook, reused)."""
+    chosen = os.environ.get(CAPTURE_HASH_VARIABLE)
+    if chosen:
+        return chosen
     import trainguard
 
     root = Path(trainguard.__file__).parent
@@ -128,6 +137,8 @@ def ensure_run(case: Case, cache: Path) -> tuple[Path, dict[str, Any], float]:
     metrics_path = run / METRICS_FILE
     started = time.perf_counter()
     if not metrics_path.exists():
+        if os.environ.get(CAPTURE_HASH_VARIABLE):  # another hook's capture: never train it with this one
+            raise FileNotFoundError(f"{case.name} has no capture under {CAPTURE_HASH_VARIABLE}")
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
