@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--batchnorm", action="store_true")
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step (time for a stop to arrive)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -105,6 +107,7 @@ def main() -> None:
         if args.fault == "nudge" and faulty and step == args.fault_step:
             with torch.no_grad():
                 parameters[0][0, 0] += 1e-3
+        time.sleep(args.sleep)
     dist.barrier()
     if rank == 0:
         print("training completed", flush=True)

@@ -5,7 +5,8 @@ silent on healthy training (see each rule's docstring) while catching the common
 learning rate that makes training explode, vanishing gradients, a loss that stops decreasing,
 dead or saturated activations, weight updates far too large or too small, bad initialisation and
 overfitting; the data rules (unnormalised inputs and images, imbalanced classes, padded token
-sequences) and the XGBoost rules (tree depth, one feature doing all the work). A rule whose data a
+sequences), the XGBoost rules (tree depth, one feature doing all the work) and, for distributed
+runs, ReplicaDivergence (ranks whose replicas differ; not applicable to one process). A rule whose data a
 run does not have (XGBoost rules on a PyTorch run, Overfit without validation) reports "not
 evaluated" and does not make ``trainguard run`` fail; only rules named explicitly do. Every rule
 here is silent on the healthy runs of the detection corpus (docs/rules-calibration.md). Rules not
@@ -42,6 +43,8 @@ DEFAULT_RULES: tuple[str, ...] = (
     "NLPSequenceRatio",
     "TreeDepth",
     "FeatureImportanceOverweight",
+    # compares the ranks of a distributed run; a single-process run is not applicable
+    "ReplicaDivergence",
 )
 # What the rules of DEFAULT_RULES read: ``rule_collections`` of their classes, spelt out so that
 # ``trainguard run`` without --rules can save them without importing every rule (and numpy)
@@ -50,7 +53,7 @@ DEFAULT_RULES: tuple[str, ...] = (
 # judge the run later (SaturatedActivation's tanh inputs, the data rules' model inputs and labels).
 DEFAULT_RULE_COLLECTIONS: tuple[str, ...] = (
     "gradients", "losses", "relu_output", "tanh_input", "sigmoid_input", "weights", "relu_input",
-    "model_inputs", "labels", "predictions", "trees", "feature_importance",
+    "model_inputs", "labels", "predictions", "trees", "feature_importance", "replica_fingerprints",
 )  # fmt: skip
 # What zero-code capture saves when no config is given; kept when rules add their collections.
 BASE_COLLECTIONS: tuple[str, ...] = ("weights", "biases", "gradients", "losses", "outputs", "scalars", "default")

@@ -142,9 +142,15 @@ class ReplicaDivergence(Rule):
         return best
 
     def finish(self) -> StepResult | None:
-        if self._compared_any:
-            return None
         trial = self.base_trial
+        # the last files of a slower rank may land after rank 0's last step was evaluated
+        refresh = getattr(trial, "refresh", None)
+        if callable(refresh):
+            refresh()
+        steps = trial.tensor(PARAMETERS_TENSOR).steps() if trial.has_tensor(PARAMETERS_TENSOR) else []
+        late = self.check(steps[-1]) if steps else None
+        if self._compared_any:
+            return late if late is not None and late.fired else None
         self._read_meta()
         worlds = [meta.get("world") for meta in self._meta.values()]
         if not trial.has_tensor(PARAMETERS_TENSOR) and all(world in (None, 1) for world in worlds):
