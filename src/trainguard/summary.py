@@ -141,7 +141,7 @@ def render_rule_results(results: Sequence[Mapping[str, Any]], stopped: Mapping[s
     diagnosis = diagnose(results)
     diagnosis["not_evaluated"] = []  # listed with their rule below
     lines.extend(render_diagnosis(diagnosis))
-    width = max(len(str(r.get("configuration_name"))) for r in results)
+    width = max((len(str(r.get("configuration_name"))) for r in results if not is_not_applicable(r)), default=0)
     show_workers = names_workers(f for r in results for f in r.get("findings") or [] if f.get("fired"))
     for result in results:
         name, status = str(result.get("configuration_name")), str(result.get("status"))
