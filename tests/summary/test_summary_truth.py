@@ -150,6 +150,13 @@ def test_a_crashed_script_says_it_crashed_and_rules_run_prints_the_finding(tmp_p
     found = re.search(r"^  ExplodingTensor  IssuesFound   step (\d+) on worker_0: .*NaN/inf", table, re.M)
     assert found and int(found.group(1)) >= 30, table
     assert re.search(r"^ +fix: lower the learning rate", table, re.M), table
+    # without --rule: the default set; what cannot apply is one line, not "not evaluated" lines
+    default = _cli("rules", "run", str(run))
+    table = default.stdout[default.stdout.index("trainguard rules: final status") :]
+    line = next(line for line in table.splitlines() if "not applicable to this run:" in line)
+    assert {"TreeDepth", "CheckInputImages", "ReplicaDivergence"} <= set(line.split(": ", 1)[1].split(", "))
+    assert not re.search(r"not evaluated: (TreeDepth|CheckInputImages|ReplicaDivergence):", table), table
+    assert not re.search(r"^  (TreeDepth|CheckInputImages) ", table, re.M), table
 
 
 def test_a_completed_run_says_finished_and_counts_what_does_not_apply(tmp_path: Path) -> None:

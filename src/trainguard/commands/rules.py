@@ -300,9 +300,11 @@ def _final_table(
     from trainguard.rules.diagnosis import render_diagnosis
 
     lines = ["trainguard rules: final status"]
-    if diagnosis is not None:
-        lines.extend(render_diagnosis(diagnosis))
     inapplicable = [name for name, update in final.items() if _not_applicable(update)]
+    if diagnosis is not None:
+        # the rules that do not apply are the one line below, not "not evaluated" lines here
+        kept = [i for i in diagnosis.get("not_evaluated") or () if i.get("configuration_name") not in inapplicable]
+        lines.extend(render_diagnosis({**diagnosis, "not_evaluated": kept}))
     shown = {name: update for name, update in final.items() if name not in inapplicable}
     width = max((len(name) for name in shown), default=0)
     for name, update in shown.items():
