@@ -43,7 +43,9 @@ from trainguard.services.api.views import native_description, sagemaker_descript
 from trainguard.services.errors import ServiceError
 from trainguard.services.launchers.base import Launcher, launcher_support
 
-__all__ = ["JobExists", "JobForbidden", "JobNotFound", "JobService", "TERMINAL", "RULE_TERMINAL"]
+from trainguard.statuses import RULE_TERMINAL, JobStatus, RuleStatus
+
+__all__ = ["JobExists", "JobForbidden", "JobNotFound", "JobService"]
 
 log = logging.getLogger("trainguard.api")
 
@@ -53,8 +55,6 @@ _SUMMARY_COLUMNS = (
     JobRow.last_modified_time, JobRow.training_end_time, JobRow.owner,
 )  # fmt: skip
 
-TERMINAL = ("Completed", "Failed", "Stopped")
-RULE_TERMINAL = ("IssuesFound", "NoIssuesFound", "Error", "Stopped")
 MAX_FINDINGS = 50
 
 
@@ -296,7 +296,7 @@ class JobService(JobLaunching):
         if last is not None and last.end_time is None:
             last.end_time = max(now, last.start_time)
         job.status = status
-        if status == "Failed":
+        if status == JobStatus.FAILED:
             job.failure_reason = reason
         if job.training_end_time is None:
             job.training_end_time = now
@@ -318,7 +318,7 @@ class JobService(JobLaunching):
         name: str,
         grace_seconds: float | None = None,
         cause: str = "StopTrainingJob",
-        status: str = "Stopped",
+        status: str = JobStatus.STOPPED.value,
         *,
         caller: Caller = OPERATOR_CALLER,
     ) -> bool:
@@ -330,16 +330,16 @@ class JobService(JobLaunching):
         grace = self.settings.stop_grace_seconds if grace_seconds is None else grace_seconds
         with self.lock, self.sessions() as session:
             job = self._job(session, name, caller, "stop")
-            if job.status != "InProgress":
+            if job.status != JobStatus.IN_PROGRESS:
                 return False
-            job.status = "Stopping"
+            job.status = JobStatus.STOPPING.value
             job.stop_requested_at = time.time()
             job.stop_status = status
             job.stop_cause = cause
-            self._transition(session, job, "Stopping", cause)
+            self._transition(session, job, JobStatus.STOPPING.value, cause)
             for rule in self._rows(session, RuleRow, name, RuleRow.configuration_name):
-                if rule.status == "InProgress":
-                    self.set_rule_status(session, job, rule, "Stopping")
+                if rule.status == RuleStatus.IN_PROGRESS:
+                    self.set_rule_status(session, job, rule, RuleStatus.STOPPING.value)
             session.commit()
         # Docker's stop blocks for the grace period: never on the request thread.
         threading.Thread(target=self._stop_after_launch, args=(name, grace), daemon=True).start()
@@ -415,16 +415,16 @@ class JobService(JobLaunching):
                 pass  # datapoints only
             elif rule.status in RULE_TERMINAL and status != rule.status:
                 applied = False  # a final status is final: a late or duplicate report never replaces it
-            elif rule.status in ("Stopping", "Stopped") and status in (
-                "InProgress",
-                "NoIssuesFound",
-                "Stopped",
-                "Stopping",
+            elif rule.status in (RuleStatus.STOPPING, RuleStatus.STOPPED) and status in (
+                RuleStatus.IN_PROGRESS,
+                RuleStatus.NO_ISSUES_FOUND,
+                RuleStatus.STOPPED,
+                RuleStatus.STOPPING,
             ):
                 pass  # a stop is under way: the runner's own end is reported as Stopped by the reconciler
             else:
                 self.set_rule_status(session, job, rule, status, str(update.get("status_details") or ""))
-            if status == "IssuesFound" and not (result and result.get("fired")) and "datapoints" not in update:
+            if status == RuleStatus.ISSUES_FOUND and not (result and result.get("fired")) and "datapoints" not in update:
                 self.add_datapoint(session, job, configuration, "RuleIssuesFound", 1.0, update.get("step"))
             if applied_before is not None:
                 applied_before.sequence = sequence
@@ -487,7 +487,7 @@ class JobService(JobLaunching):
         """Every breaching finding is put to the alarm's stop actions, not only the one that made it
         enter ALARM (actions/stop_policy.py): a certain finding after uncertain ones stops the job."""
         rule = session.get(RuleRow, (job.name, configuration))
-        if rule is None or job.status != "InProgress" or not any(map(is_stop_action, spec.actions)):
+        if rule is None or job.status != JobStatus.IN_PROGRESS or not any(map(is_stop_action, spec.actions)):
             return
         earlier = session.scalars(
             select(ActionRow.extra).where(ActionRow.job_name == job.name, ActionRow.alarm_name == alarm_name)
@@ -523,7 +523,7 @@ class JobService(JobLaunching):
         """After a restart: run actions still Pending; one that was Running when the API died is Failed."""
         with self.lock, self.sessions() as session:
             for row in session.scalars(select(ActionRow).where(ActionRow.status == "Running")):
-                row.status, row.finished = "Failed", time.time()
+                row.status, row.finished = JobStatus.FAILED.value, time.time()
                 row.detail = "interrupted by an API restart before it finished (not retried: it may have run)"
             session.commit()
         self.flush_notifications()
@@ -534,7 +534,7 @@ class JobService(JobLaunching):
         owner = Caller(self.job_for(OPERATOR_CALLER, job_name).owner)
 
         def in_progress() -> list[str]:
-            return [job.name for job in self.list_jobs(status="InProgress", caller=owner, action="stop")]
+            return [job.name for job in self.list_jobs(status=JobStatus.IN_PROGRESS.value, caller=owner, action="stop")]
 
         def stop_job(name: str, grace: float | None, cause: str) -> None:
             self.stop(name, grace, cause, caller=owner)
@@ -557,7 +557,7 @@ class JobService(JobLaunching):
             status = "Succeeded"
         except Exception as error:  # noqa: BLE001 - an action failure is recorded, never crashes the API
             log.warning("action %s for %s failed: %s", action.get("name"), job_name, error)
-            status, detail = "Failed", f"{type(error).__name__}: {error}"
+            status, detail = JobStatus.FAILED.value, f"{type(error).__name__}: {error}"
         with self.lock, self.sessions() as session:
             row = session.get(ActionRow, run_id)
             row.status, row.detail, row.finished = status, str(detail)[:2000], time.time()

@@ -28,8 +28,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from trainguard.services.api.db import ComponentRow, JobRow, RuleRow, checkpoint_wal
-from trainguard.services.api.jobs import RULE_TERMINAL, JobService
-from trainguard.format.layout import END_OF_TRAINING
+from trainguard.services.api.jobs import JobService
 from trainguard.services.api.planner import (
     LOCAL_PLAN_LAUNCHERS,
     RULE_ROLE_PREFIX,
@@ -39,6 +38,9 @@ from trainguard.services.api.planner import (
 )
 from trainguard.services.launchers.base import ComponentState, ComponentStatus
 from trainguard.services.sagemaker_container.contract import failure_reason_from_log
+
+from trainguard.format.layout import END_OF_TRAINING
+from trainguard.statuses import RULE_TERMINAL
 
 __all__ = ["Reconciler"]
 

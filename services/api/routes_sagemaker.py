@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from trainguard.services.api.auth import SigV4Error, sagemaker_precheck, verify_sagemaker_request
 from trainguard.services.api.job_metrics import metric_scanner
-from trainguard.services.api.jobs import TERMINAL, JobExists, JobForbidden, JobNotFound, JobService
+from trainguard.services.api.jobs import JobExists, JobForbidden, JobNotFound, JobService
 from trainguard.services.api.policy import Caller
 from trainguard.services.api.routes_logs import LOGS_OPERATIONS, LOGS_TARGET_PREFIX
 from trainguard.services.api.sagemaker import SageMakerError, job_spec_from_request
@@ -30,6 +30,8 @@ from trainguard.services.api.sagemaker_validation import (
     check_list_request,
     check_name_request,
 )
+
+from trainguard.statuses import JOB_TERMINAL
 
 __all__ = ["sagemaker_router"]
 
@@ -107,7 +109,7 @@ def _describe(service: JobService, body: dict[str, Any], caller: Caller) -> dict
         # Bounded (RE2, the log's tail, a time budget) and cached per job and log: job_metrics.
         description["FinalMetricDataList"] = metric_scanner(service).final_metric_data(
             name, description.get("CreationTime"), definitions, when,
-            finished=description.get("TrainingJobStatus") in TERMINAL,
+            finished=description.get("TrainingJobStatus") in JOB_TERMINAL,
             read_log=lambda tail: service.logs(name, "training", tail, caller=caller),
         )  # fmt: skip
     return description
@@ -118,7 +120,7 @@ def _stop(service: JobService, body: dict[str, Any], caller: Caller) -> dict[str
     try:
         if not service.stop(name, cause="StopTrainingJob", caller=caller):
             status = service.job_for(caller, name, "stop").status
-            if status in TERMINAL:  # as AWS: stopping an ended job is refused; a Stopping one is a no-op
+            if status in JOB_TERMINAL:  # as AWS: stopping an ended job is refused; a Stopping one is a no-op
                 raise SageMakerError(
                     "ValidationException", f"The request was rejected because the training job is in status {status}."
                 )

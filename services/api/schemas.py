@@ -29,6 +29,8 @@ from trainguard.services.api.spec_limits import (
     nesting_problem,
 )
 
+from trainguard.statuses import RULE_STATUSES
+
 __all__ = ["AlarmConfig", "JobSpec", "Resources", "RuleConfig", "StoppingCondition", "RUNNER_PARAMETERS"]
 
 JOB_NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
@@ -461,7 +463,6 @@ class JobSpec(BaseModel):
 
 
 # -- what rule runners report (POST /v1/internal/jobs/{name}/rules/{configuration}/status) ---------
-RULE_STATUSES = ("InProgress", "IssuesFound", "NoIssuesFound", "Error", "Stopping", "Stopped")
 _Step = Annotated[int, Field(ge=-1, le=MAX_STEP)]
 
 

@@ -21,12 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import ConfigError
+from trainguard.statuses import JOB_TERMINAL, RULE_TERMINAL, JobStatus, RuleStatus
 
 __all__ = ["register"]
-
-_TERMINAL = ("Completed", "Failed", "Stopped")
-_RULE_TERMINAL = ("IssuesFound", "NoIssuesFound", "Error", "Stopped")
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("submit", help="submit a training job (YAML or JSON spec) to the trainguard API")
@@ -139,12 +136,12 @@ def _follow(client: _Client, name: str, timeout: float) -> int:
                 if fix:
                     print(f"    fix: {fix}", flush=True)
                 seen[rule["configuration_name"]] = text
-        rules_done = all(rule["status"] in _RULE_TERMINAL for rule in job["rules"])
-        if job["status"] in _TERMINAL and rules_done:
+        rules_done = all(rule["status"] in RULE_TERMINAL for rule in job["rules"])
+        if job["status"] in JOB_TERMINAL and rules_done:
             if job.get("failure_reason"):
                 print(f"  failure: {job['failure_reason']}", flush=True)
-            issues = any(rule["status"] == "IssuesFound" for rule in job["rules"])
-            return 0 if job["status"] == "Completed" and not issues else 1
+            issues = any(rule["status"] == RuleStatus.ISSUES_FOUND for rule in job["rules"])
+            return 0 if job["status"] == JobStatus.COMPLETED and not issues else 1
         if time.monotonic() > deadline:
             print(f"{name}: still {state} after {timeout:g} s; stopped waiting (the job goes on)", file=sys.stderr)
             return 2

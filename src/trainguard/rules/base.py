@@ -15,7 +15,6 @@ crashes its runner because a tensor is not there.
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,19 +24,9 @@ from trainguard.errors import ConfigError, StepUnavailable, TensorUnavailable, T
 from trainguard.modes import ModeKeys
 from trainguard.rules.advice import advises_by_default
 from trainguard.rules.params import Param, parse_list
+from trainguard.statuses import RuleStatus  # defined with the job statuses; the rules' public name
 
 __all__ = ["MissingTensor", "Rule", "RuleStatus", "StepResult"]
-
-
-class RuleStatus(str, enum.Enum):
-    """SageMaker's ``RuleEvaluationStatus`` values."""
-
-    IN_PROGRESS = "InProgress"
-    ISSUES_FOUND = "IssuesFound"
-    NO_ISSUES_FOUND = "NoIssuesFound"
-    ERROR = "Error"
-    STOPPING = "Stopping"
-    STOPPED = "Stopped"
 
 
 @dataclass(frozen=True)
