@@ -89,8 +89,10 @@ def test_rules_that_could_not_evaluate_are_listed_not_counted_as_clean() -> None
     results[0]["status"] = results[1]["status"] = "Error"
     diagnosis = diagnose(results)
     assert diagnosis["primary"] == [] and diagnosis["not_evaluated"] == [
-        {"rule": "Overfit", "configuration_name": "Overfit", "reason": "no EVAL steps"}
+        {"rule": "Overfit", "configuration_name": "Overfit", "reason": "no EVAL steps", "not_applicable": False}
     ]
+    results[0]["not_applicable"] = True  # the runner's word: it does not apply to the run by design
+    assert diagnose(results)["not_evaluated"][0]["not_applicable"] is True
     assert "not evaluated: Overfit: no EVAL steps" in "\n".join(render_diagnosis(diagnosis))
 
 

@@ -268,6 +268,8 @@ def _not_evaluated(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]
                     "rule": str(result.get("rule") or result.get("configuration_name") or ""),
                     "configuration_name": result.get("configuration_name"),
                     "reason": details[len(_NOT_EVALUATED_PREFIX) :].strip(),
+                    # it does not apply to the run by its design (Rule.inapplicable), not missing data
+                    "not_applicable": bool(result.get("not_applicable")),
                 }
             )
     return found
