@@ -137,12 +137,14 @@ class LiveRuleMonitor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self, timeout: float = 30.0) -> dict[str, StatusUpdate]:
+    def close(self, timeout: float = 30.0, *, stop: bool = False) -> dict[str, StatusUpdate]:
         """Training is over: evaluate what is left, finish the rules; their final statuses.
 
         Bounded by ``timeout`` (then the runner is stopped): closing never hangs a trial.
+        ``stop``: stop the rules instead (status Stopped), for a caller that knows training has
+        not ended, e.g. its capture has not appeared yet.
         """
-        self._training_done.set()
+        (self._stop if stop else self._training_done).set()
         thread = self._thread
         if thread is not None:
             thread.join(timeout)
@@ -185,6 +187,20 @@ class LiveRuleMonitor:
         """The first finding poll() returns or returned, if any."""
         with self._lock:
             return self.findings[0] if self.findings else None
+
+    @property
+    def capture_appeared(self) -> bool:
+        """Whether the rules have opened the capture (its first collections file was written)."""
+        return self._runner is not None and self._runner.trial is not None
+
+    def last_written_step(self) -> int | None:
+        """The newest complete step of the capture the rules see; None before it appears."""
+        trial = self._runner.trial if self._runner is not None else None
+        return None if trial is None else trial.last_complete_step
+
+    def evaluated_through(self, step: int) -> bool:
+        """Whether every rule still running has evaluated ``step`` (or a later one)."""
+        return self._evaluated_through(step)
 
     # -- internals -----------------------------------------------------------------------------
     def _evaluated_through(self, step: int) -> bool:
