@@ -426,8 +426,8 @@ class JobSpec(BaseModel):
         check_document_size(value, "hook_config")
         _check_nesting(value)  # its regexes (HookParameters', collections') compile in the job
         from trainguard.config.collections import compile_regex
+        from trainguard.config.json_config import hook_kwargs_from_document
         from trainguard.errors import ConfigError
-        from trainguard.hooks.json_config import hook_kwargs_from_document
 
         try:
             kwargs = hook_kwargs_from_document({k: v for k, v in value.items() if k != "S3OutputPath"})

@@ -13,9 +13,9 @@ Tensor names and collections: see :mod:`trainguard.hooks.keras`.
 from __future__ import annotations
 
 from trainguard.config.collections import Collection, CollectionManager
+from trainguard.config.json_config import hook_kwargs_from_json
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig, SaveConfigMode
-from trainguard.hooks.json_config import hook_kwargs_from_json
 from trainguard.hooks.keras import KerasHook as _KerasHook
 from trainguard.hooks.keras import keras_collections
 from trainguard.modes import ModeKeys, modes

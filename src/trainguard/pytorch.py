@@ -8,9 +8,9 @@
 from __future__ import annotations
 
 from trainguard.config.collections import Collection, CollectionManager
+from trainguard.config.json_config import hook_kwargs_from_json
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig, SaveConfigMode
-from trainguard.hooks.json_config import hook_kwargs_from_json
 from trainguard.hooks.pytorch import TorchHook
 from trainguard.modes import ModeKeys, modes
 

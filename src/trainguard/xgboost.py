@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.config.collections import DEFAULT_PYTORCH_COLLECTIONS, Collection, CollectionManager
+from trainguard.config.json_config import hook_kwargs_from_json
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig, SaveConfigMode
 from trainguard.hooks.base import BaseHook
-from trainguard.hooks.json_config import hook_kwargs_from_json
 from trainguard.hooks.xgboost import XGBoostHook, xgboost_collections
 from trainguard.modes import ModeKeys, modes
 

@@ -47,9 +47,9 @@ def zero_code_hook_kwargs(
     """Hook arguments from the environment; raises ConfigError for bad values. An unknown
     collection in the config is dropped with a warning (training has started: fail open) unless
     ``drop_unknown_collections=False`` (``trainguard run`` checking before training)."""
+    from trainguard.config.json_config import hook_kwargs_from_json
     from trainguard.config.save_config import SaveConfig
     from trainguard.errors import ConfigError
-    from trainguard.hooks.json_config import hook_kwargs_from_json
 
     kwargs: dict[str, Any] = {}
     config_path = environ.get("TRAINGUARD_CONFIG")

@@ -15,8 +15,8 @@ import pytest
 
 from trainguard.cli import main
 from trainguard.config.collection_names import FRAMEWORK_COLLECTIONS, known_collection_names
+from trainguard.config.json_config import hook_kwargs_from_document
 from trainguard.errors import ConfigError
-from trainguard.hooks.json_config import hook_kwargs_from_document
 from trainguard.zero_code import zero_code_hook_kwargs
 
 

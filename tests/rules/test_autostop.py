@@ -267,7 +267,7 @@ def test_hook_config_adds_rule_collections(tmp_path: Path) -> None:
         {"CollectionName": "gradients", "CollectionParameters": {"save_interval": "7"}},
         {"CollectionName": "relu_output"},
     ]
-    from trainguard.hooks.json_config import hook_kwargs_from_document
+    from trainguard.config.json_config import hook_kwargs_from_document
 
     kwargs = hook_kwargs_from_document(merged)
     assert "relu_output" in kwargs["include_collections"]
