@@ -21,6 +21,7 @@ Nor does the step write the hook's step counters: they are brought up to date wh
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Sized
 from typing import Any
 
@@ -221,13 +222,27 @@ class UnsavedSteps:
         ``general(called, args)`` on every other step. The two must agree (tested)."""
         hook = self
         quiet = self._quiet  # read through the closure: the hook object's slots stay untouched
+        # The shim is kept in the module's own __dict__: holding the module here (or its bound
+        # _call_impl) would be a reference cycle that keeps a model the script dropped alive until
+        # the hook's close or a garbage collection. A DDP model's Reducer holds the process
+        # group, whose destruction then happens in trainguard's close at interpreter exit, with
+        # the GIL held, where it can deadlock with a gloo thread that needs the GIL (issue 48).
+        called_ref = weakref.ref(called)
+        root_ref = called_ref if root is called else weakref.ref(root)
+        if getattr(call_impl, "__self__", None) is called:
+            function = call_impl.__func__  # type: ignore[attr-defined]
+        else:  # not the module's own bound method (none of ours): held as given
+
+            def function(_module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+                return call_impl(*args, **kwargs)
 
         def root_call(*args: Any, **kwargs: Any) -> Any:
+            module = called_ref()  # alive: it is being called
             if (
                 quiet.left
                 and quiet.pending
                 and len(quiet.collections) == quiet.count
-                and root.training
+                and root_ref().training  # type: ignore[union-attr]
                 and _is_grad_enabled()
             ):
                 quiet.left -= 1
@@ -235,8 +250,8 @@ class UnsavedSteps:
                 if not quiet.left and (hook._budget is not None or hook._ends_quiet_windows):
                     hook._eager_end_quiet_window()
             else:
-                general(called, args)
-            return call_impl(*args, **kwargs)
+                general(module, args)  # type: ignore[arg-type]
+            return function(module, *args, **kwargs)
 
         return root_call
 
