@@ -190,8 +190,21 @@ def _start_profiler() -> None:
         _profilers.append(profiler)
 
 
+def _is_launcher() -> bool:
+    """torchrun's agent (``torchrun ...``, ``python -m torch.distributed.run|launch ...``): it
+    starts the ranks and trains nothing; each rank arms its own hook. Armed, it imported torch
+    and started a writer process ahead for nothing, and closed that hook at its exit, after the
+    ranks had ended: time added to every distributed run's end (issue 48)."""
+    argv = list(getattr(sys, "orig_argv", []))[1:]  # after the interpreter: its options, then the program
+    while argv and argv[0].startswith("-") and argv[0] not in ("-m", "-c"):
+        argv.pop(0)
+    if len(argv) >= 2 and argv[0] == "-m":
+        return argv[1] in ("torch.distributed.run", "torch.distributed.launch")
+    return bool(argv) and os.path.basename(argv[0]) == "torchrun"
+
+
 def arm_from_environment() -> None:
-    if os.environ.get("TRAINGUARD_ZERO_CODE") != "1":
+    if os.environ.get("TRAINGUARD_ZERO_CODE") != "1" or _is_launcher():
         return
     if not logging.getLogger().handlers and not logger.handlers:
         handler = logging.StreamHandler()

@@ -35,6 +35,7 @@ from trainguard.hooks.torch_activations import has_class_targets
 from trainguard.hooks.torch_compiled import is_compile_wrapper
 from trainguard.hooks.torch_global_hooks import register_global_forward_hook, register_global_forward_pre_hook
 from trainguard.hooks.torch_io_sources import LeftOutOfCopies
+from trainguard.hooks.torch_process_groups import ProcessGroupKeeper
 from trainguard.hooks.torch_root_call import RootCall
 
 __all__ = ["FUNCTIONAL_LOSSES", "SwappedAttributes", "ZeroCodeHook"]
@@ -120,6 +121,14 @@ class ZeroCodeHook(TorchHook):
         # forward asks whether one holds the model's parameters, without scanning every object.
         init = torch.optim.Optimizer.__init__
         self._wrappers.add(torch.optim.Optimizer, "__init__", self._optimizer_init_wrapper(init))
+        # The groups a script destroys are kept until exit, so that a DDP model still alive then
+        # does not take a group's last reference down with the GIL held (torch_process_groups.py)
+        self._process_groups = ProcessGroupKeeper()
+        distributed = getattr(torch, "distributed", None)
+        if distributed is not None and distributed.is_available():
+            for owner in (distributed, distributed.distributed_c10d):
+                destroy = owner.destroy_process_group
+                self._wrappers.add(owner, "destroy_process_group", self._process_groups.wrap(destroy))
         self._wrappers.put_on()
 
     # -- modules ------------------------------------------------------------------------------
@@ -250,6 +259,8 @@ class ZeroCodeHook(TorchHook):
         outputs = self.capture_module_io(module, args, output)
         if is_loss_module(module):
             self._loss_tensor_ids.update(id(tensor) for tensor in outputs)
+            for tensor in outputs:
+                self._step_losses.add(tensor)
 
     # -- functional activations: this hook's own module stack says where they run ------------
     def _track_module_stack(self) -> None:
@@ -260,6 +271,7 @@ class ZeroCodeHook(TorchHook):
 
     def _on_step_begin(self) -> None:
         self._loss_tensor_ids.clear()
+        self._step_losses.clear()
         self._scaled_losses.clear()
         super()._on_step_begin()
 
@@ -282,6 +294,7 @@ class ZeroCodeHook(TorchHook):
         if isinstance(result, torch.Tensor):
             self.hold_torch_tensor(tensor_name, result)
             self._loss_tensor_ids.add(id(result))
+            self._step_losses.add(result)
         # (input, target) of F.cross_entropy & co: what ClassImbalance and Confusion read.
         stem = tensor_name[: -len("_output_0")]
         if not has_class_targets(stem.removeprefix("loss_")):
