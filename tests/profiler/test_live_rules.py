@@ -136,9 +136,9 @@ def _outputs(run: Path) -> dict[str, dict]:
 
 @pytest.mark.slow
 def test_a_live_input_stall_stops_training(tmp_path: Path) -> None:
-    """The default set under --profile --stop-on-issue: 120 steps of 16 items, each batch 0.3 s
+    """The default set under --profile --stop-on-issue: up to 300 steps of 16 items, each batch 0.3 s
     in collate; the stop comes once the stall is confirmed (a few dozen steps), not at the end."""
-    done = _trainguard_run(tmp_path, 120, 0.3, "--stop-on-issue")
+    done = _trainguard_run(tmp_path, 300, 0.3, "--stop-on-issue")
     assert done.returncode == 3, done.stderr[-3000:]
     assert "trained" not in done.stdout
     stop = json.loads((tmp_path / "run" / "trainguard-stop.json").read_text())

@@ -29,6 +29,7 @@ from trainguard.hooks.base import BaseHook
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.quiet_run import CountsQuietSteps, EndsQuietRuns, QuietRun, UnsavedSteps
 from trainguard.hooks.sentinel import StepSentinel
+from trainguard.hooks.step_losses import StepLosses
 from trainguard.hooks.torch_activations import (
     _ACTIVATION_KINDS,
     ActivationCapture,
@@ -158,6 +159,7 @@ class TorchHook(
         # one's input, and both names are saved; one copy serves both (same object, unchanged
         # version), which halves the copying of activations.
         self._step_snapshots: dict[int, tuple[torch.Tensor, int, HostSnapshot]] = {}
+        self._step_losses = StepLosses()  # a loss passed on as a module's output is saved once (step_losses.py)
         # (tensor name, requested reductions) -> the reductions' tensor names
         self._reduction_names: dict[tuple[str, tuple[tuple[str, bool], ...]], list[str]] = {}
         # name -> (raw snapshot, reductions snapshot, requested reductions), written at step end
@@ -491,6 +493,8 @@ class TorchHook(
         for index, tensor in enumerate(flat_inputs):
             saved = self.save_torch_tensor(f"{name}_input_{index}", tensor) or saved
         for index, tensor in enumerate(outputs):
+            if tensor in self._step_losses:
+                continue  # the step's loss, passed on: saved under its loss name already
             saved = self.save_torch_tensor(f"{name}_output_{index}", tensor) or saved
         if saved:
             self._note_io_source(module)

@@ -259,6 +259,8 @@ class ZeroCodeHook(TorchHook):
         outputs = self.capture_module_io(module, args, output)
         if is_loss_module(module):
             self._loss_tensor_ids.update(id(tensor) for tensor in outputs)
+            for tensor in outputs:
+                self._step_losses.add(tensor)
 
     # -- functional activations: this hook's own module stack says where they run ------------
     def _track_module_stack(self) -> None:
@@ -269,6 +271,7 @@ class ZeroCodeHook(TorchHook):
 
     def _on_step_begin(self) -> None:
         self._loss_tensor_ids.clear()
+        self._step_losses.clear()
         self._scaled_losses.clear()
         super()._on_step_begin()
 
@@ -291,6 +294,7 @@ class ZeroCodeHook(TorchHook):
         if isinstance(result, torch.Tensor):
             self.hold_torch_tensor(tensor_name, result)
             self._loss_tensor_ids.add(id(result))
+            self._step_losses.add(result)
         # (input, target) of F.cross_entropy & co: what ClassImbalance and Confusion read.
         stem = tensor_name[: -len("_output_0")]
         if not has_class_targets(stem.removeprefix("loss_")):
