@@ -10,6 +10,8 @@ when it stands out of the spread of the values around it:
 * :func:`decrease_upper_bound` bounds how much a loss fell between two windows (Welch's
   standard error of the difference of means): "the loss fell by at most x %, with 99 % confidence"
   is what says a run did *not* learn, where a noisy run that did learn stays silent.
+* :func:`trend_z` is the Mann-Kendall trend statistic of a series (signs of every later-minus-
+  earlier pair, normal approximation): negative when the values tend to fall.
 * :func:`robust_sd` is the spread of a series from its second differences (median absolute
   value): a linear trend does not move it, a single outlier barely.
 
@@ -21,7 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["BestTracker", "decrease_upper_bound", "mann_whitney_p", "mean", "normal_sf", "robust_sd", "variance"]
+__all__ = ["BestTracker", "decrease_upper_bound", "mann_whitney_p", "mean", "normal_sf", "robust_sd", "trend_z",
+           "variance"]
 
 # two-sided 99 % (one-sided 99.5 %) quantile of the standard normal
 Z_99 = 2.5758293035489
@@ -89,6 +92,25 @@ def decrease_upper_bound(start: Sequence[float], current: Sequence[float], z: fl
     decrease = (reference - mean(current)) / scale
     error = math.sqrt(variance(start) / len(start) + variance(current) / len(current)) / scale
     return decrease, decrease + z * error
+
+
+def trend_z(series: Sequence[float]) -> float:
+    """The Mann-Kendall statistic of ``series`` as a standard normal z (0 for fewer than 3 values).
+
+    S = sum over i < j of sign(x_j - x_i), variance n(n-1)(2n+5)/18 (no tie correction: losses
+    are continuous). z < -1.645 says the series falls, one-sided at 5 %. Ranks only: one outlier
+    changes at most n - 1 signs. O(n^2), for windows of a few dozen values.
+    """
+    values = list(series)
+    n = len(values)
+    if n < 3:
+        return 0.0
+    total = 0
+    for i in range(n - 1):
+        first = values[i]
+        for later in values[i + 1:]:
+            total += (later > first) - (later < first)
+    return total / math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
 
 
 def robust_sd(series: Sequence[float]) -> float:
