@@ -17,6 +17,8 @@ VANISHING = ("VanishingGradient", "SaturatedActivation")
 SATURATED = ("SaturatedActivation", "VanishingGradient", "PoorWeightInitialization")
 BAD_INIT = ("PoorWeightInitialization", "AllZero")
 NOT_LEARNING = ("LossNotDecreasing", "Underfitting")
+# a Softmax before CrossEntropyLoss: the rule that names it, or the slow learning it causes
+SOFTMAX_INTO_CE = ("ProbabilitiesIntoCrossEntropy", "VanishingGradient") + NOT_LEARNING
 # inputs zeroed by a broken pipeline: the inputs' statistics (NotNormalizedData) or the first layer's zero gradients
 ZERO_INPUTS = ("NotNormalizedData", "AllZero", "VanishingGradient", "LossNotDecreasing", "Underfitting")
 # a negated loss is maximised: the loss module's own output (what the hook records) rises
@@ -94,12 +96,12 @@ def faulty_cases() -> list[Case]:
            ("AllZero", "VanishingGradient", "WeightUpdateRatio") + NOT_LEARNING, "no_learning",
            "SGD weight_decay=5: weights collapse"),  # fmt: skip
         # wrong loss for the task / output activation (DeepFD "loss", defects4ML)
-        _f("softmax-before-ce-mlp", "loss", S(lr=0.1, fault="softmax_before_ce"), ("VanishingGradient",) + NOT_LEARNING,
+        _f("softmax-before-ce-mlp", "loss", S(lr=0.1, fault="softmax_before_ce"), SOFTMAX_INTO_CE,
            "no_learning", "softmax output into CrossEntropyLoss"),  # fmt: skip
         _f("softmax-before-ce-deep", "loss", S(model="deep_mlp", lr=0.05, fault="softmax_before_ce", seed=1),
-           ("VanishingGradient",) + NOT_LEARNING, "no_learning", "5 ReLU layers, softmax into CE"),  # fmt: skip
+           SOFTMAX_INTO_CE, "no_learning", "5 ReLU layers, softmax into CE"),  # fmt: skip
         _f("softmax-before-ce-cnn", "loss", S(**images, lr=0.05, fault="softmax_before_ce", seed=2),
-           ("VanishingGradient",) + NOT_LEARNING, "no_learning", "CNN, softmax into CE"),  # fmt: skip
+           SOFTMAX_INTO_CE, "no_learning", "CNN, softmax into CE"),  # fmt: skip
         _f("mse-on-class-index", "loss", S(loss="mse", lr=0.01, seed=3), NOT_LEARNING + ("Confusion",),
            "chance_accuracy",
            "MSE between one output and the class index"),  # fmt: skip
