@@ -217,10 +217,13 @@ def test_cli_rules_run_exit_codes_and_json(tmp_path: Path, rule_modules: Path) -
     assert unknown.returncode == 2
     assert "unknown rule 'VanishingGradeint'" in unknown.stderr and "VanishingGradient" in unknown.stderr
     assert "Traceback" not in unknown.stderr
-    missing_run = _cli(
-        "rules", "run", str(tmp_path / "nothing"), "--rule", "VanishingGradient", "--wait-timeout", "0.3"
-    )
+    missing_path = _cli("rules", "run", str(tmp_path / "nothing"), "--rule", "VanishingGradient")
+    assert missing_path.returncode == 2 and "no such file or directory" in missing_path.stderr  # at once
+    assert not (tmp_path / "nothing").exists()
+    (tmp_path / "empty").mkdir()
+    missing_run = _cli("rules", "run", str(tmp_path / "empty"), "--rule", "VanishingGradient", "--wait-timeout", "0.3")
     assert missing_run.returncode == 2 and "did not appear" in missing_run.stdout
+    assert "waiting for the first step in" in missing_run.stderr
 
 
 def test_cli_describe(capsys: pytest.CaptureFixture[str]) -> None:
