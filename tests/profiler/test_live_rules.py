@@ -70,6 +70,7 @@ def test_gpu_rules_without_gpu_metrics_say_so(tmp_path: Path) -> None:
     for name in ("LowGPUUtilization", "GPUMemoryIncrease", "LoadBalancing"):
         result = create_rule(str(tmp_path), RuleSpec.parse(name)).finish()
         assert not result.fired and "no GPU metrics" in (result.not_evaluated or ""), name
+        assert result.not_applicable, name  # the run's design, not missing data
 
 
 def _stall_shares(rule_spec: str, shares: list[float], run: Path) -> object:
@@ -157,6 +158,8 @@ def test_a_healthy_profiled_run_is_judged_by_the_profiler_rules_live(tmp_path: P
     assert not any(f.get("certain") for output in outputs.values() for f in output["findings"])
     if not any(m.dimension == "GPUUtilization" for m in _system_metrics(tmp_path / "run")):
         assert "no GPU metrics" in outputs["LowGPUUtilization"]["status_details"]
+        assert outputs["LowGPUUtilization"]["not_applicable"] is True
+        assert "not applicable to this run" in done.stdout and "LowGPUUtilization" in done.stdout
 
 
 def _system_metrics(run: Path) -> list:

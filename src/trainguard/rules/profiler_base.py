@@ -90,7 +90,7 @@ class ProfilerRule(Rule):
     uses_system: ClassVar[bool] = True
     uses_steps: ClassVar[bool] = False
     # Judges GPUs only: a run whose profiler data holds no GPU metric (a CPU-only machine) ends
-    # "not evaluated" saying so, never NoIssuesFound.
+    # not applicable (not evaluated, counted apart in summaries) saying so, never NoIssuesFound.
     needs_gpu: ClassVar[bool] = False
 
     scan_interval_us = Param(
@@ -140,7 +140,8 @@ class ProfilerRule(Rule):
         self.on_finish()
         result = self.assess(None, final=True)
         if result is None and self.needs_gpu and self.first_timestamp is not None and not self.saw_gpu:
-            return self.not_evaluated(
+            # by the run's design (a machine without a GPU): counted among the rules that do not apply
+            return self.not_applicable(
                 "no GPU metrics in the profiler data (no GPU on this machine, or none the profiler can read): "
                 f"{self.name()} judges GPUs only",
                 self.last_step,
