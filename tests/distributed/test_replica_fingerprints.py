@@ -126,3 +126,17 @@ def test_a_single_process_writes_no_fingerprint_unless_asked(tmp_path: Path) -> 
     weight_next = trial.tensor("Sequential_0.weight").value(steps[1])  # saved as the next step began
     assert rows[0, 0] == _oracle(np.ascontiguousarray(weight_next, dtype=np.float32))
     assert trial.tensor(GRADIENTS_TENSOR).value(steps[0]).shape == (4, 4)
+
+
+def test_an_error_disables_the_fingerprint_not_the_capture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainguard.hooks import torch_fingerprint
+    from trainguard.trials import create_trial
+
+    def broken(tensors: list[torch.Tensor | None]) -> np.ndarray:
+        raise RuntimeError("a fingerprint that fails")
+
+    monkeypatch.setattr(torch_fingerprint, "fingerprint_rows", broken)
+    _train_single(tmp_path / "run", always=True)  # trains all its steps
+    trial = create_trial(str(tmp_path / "run"))
+    assert len(trial.tensor("Sequential_0.weight").steps()) == 5
+    assert not trial.has_tensor(PARAMETERS_TENSOR)

@@ -191,3 +191,28 @@ def test_a_single_process_run_is_not_applicable() -> None:
     assert rule.evaluate(0) is None
     result = rule.finish()
     assert result is not None and "single-process" in (result.not_evaluated or "")
+
+
+def test_a_step_is_judged_once_every_rank_wrote_it() -> None:
+    """Two of four ranks at a step have no majority: judged then, the odd rank 2 would be
+    named together with rank 3; the rule waits for the other two (or the end of training)."""
+    steps = [0, 4]
+
+    def nudged(step: int, rank: int, kind: str, index: int, values: np.ndarray) -> np.ndarray:
+        return values + 1 if rank == 2 and kind == PARAMETERS_TENSOR and step == 4 else values
+
+    trial = _training(4, steps, nudged)
+    held = {key: trial.tensors[PARAMETERS_TENSOR].pop(key) for key in [(4, "worker_0"), (4, "worker_1")]}
+    rule = ReplicaDivergence(trial)
+    assert not rule.evaluate(4).fired
+    trial.tensors[PARAMETERS_TENSOR].update(held)
+    result = rule.evaluate(8)
+    assert result.fired and result.details["ranks"] == [2]
+    # at the end, two ranks that wrote are compared whatever the others did
+    trial = _training(4, steps, nudged)
+    for key in [(4, "worker_0"), (4, "worker_1")]:
+        del trial.tensors[PARAMETERS_TENSOR][key]
+    rule = ReplicaDivergence(trial)
+    rule.evaluate(4)
+    result = rule.finish()
+    assert result is not None and result.fired and result.details["ranks"] == [2, 3]

@@ -99,6 +99,8 @@ def fingerprint_rows(tensors: list[torch.Tensor | None]) -> np.ndarray:
     present: list[int] = []
     integer_sums: list[torch.Tensor] = []
     float_sums: list[torch.Tensor] = []
+    flats: list[torch.Tensor] = []
+    sizes: list[int] = []
     with torch.no_grad():
         for index, tensor in enumerate(tensors):
             if tensor is None:
@@ -108,19 +110,24 @@ def fingerprint_rows(tensors: list[torch.Tensor | None]) -> np.ndarray:
             values = flat if flat.dtype == torch.float32 else flat.float()
             integer_sums.append(_bits_sum(flat))
             float_sums.append(values.sum())
-            float_sums.append(torch.dot(values, values))
-            rows[index, 3] = flat.numel()
+            flats.append(values)
+            sizes.append(flat.numel())
             present.append(index)
         if present:  # one read-back per kind (on an accelerator, one copy each to the host)
             try:
+                # one call for every tensor's norm: the per-tensor Python calls are most of a
+                # small model's fingerprint
+                squared = (torch.stack(torch._foreach_norm(flats)).double() ** 2).cpu().numpy()
                 hashes = torch.stack(integer_sums).tolist()
-                floats = torch.stack(float_sums).double().view(-1, 2).cpu().numpy()
+                sums = torch.stack(float_sums).double().cpu().numpy()
             except RuntimeError:  # tensors on several devices
                 hashes = [int(value) for value in integer_sums]
-                floats = np.array([float(value) for value in float_sums]).reshape(-1, 2)
-            for position, index in enumerate(present):
-                rows[index, 0] = _hash(hashes[position])
-                rows[index, 1:3] = floats[position]
+                sums = np.array([float(value) for value in float_sums])
+                squared = np.array([float(torch.dot(values, values)) for values in flats])
+            rows[present, 0] = [_hash(value) for value in hashes]
+            rows[present, 1] = sums
+            rows[present, 2] = squared
+            rows[present, 3] = sizes
     return rows
 
 

@@ -4,7 +4,8 @@ Every rank of a data-parallel run must hold the same parameters after each optim
 apply the same (all-reduced) gradients. The hook writes a fingerprint per rank on the steps the
 ``replica_fingerprints`` collection is due (hooks/torch_fingerprint.py: per parameter a hash of
 its raw bits, its sum and sum of squares). At every such step this rule compares the ranks that
-wrote one:
+wrote one, once every rank of the run (``world`` in the collections files) wrote it; at the
+end of training, whichever two or more did (a rank whose files land late is compared then):
 
 * a parameter (or gradient) is **divergent** at step ``s`` when two ranks' hashes differ, or,
   with ``tolerance > 0``, when their sums or sums of squares differ by more than ``tolerance``
@@ -101,6 +102,7 @@ class ReplicaDivergence(Rule):
         self._previous: dict[str, tuple[int, dict[str, float]]] = {}  # worker -> its last step, name -> hash
         self._unjudged: set[str] = set()
         self._compared_any = False
+        self._final = False  # training ended: compare the ranks that wrote, however many
 
     # -- the run's facts -------------------------------------------------------------------------
     def _worker_meta(self, worker: str, rows: int) -> dict[str, Any]:
@@ -108,6 +110,13 @@ class ReplicaDivergence(Rule):
         if meta is None or len(meta.get("parameters", ())) < rows:
             self._read_meta()
         return self._meta.get(worker, {})
+
+    def _world(self) -> int:
+        worlds = [meta.get("world") for meta in self._meta.values()]
+        if not worlds:
+            self._read_meta()
+            worlds = [meta.get("world") for meta in self._meta.values()]
+        return max([world for world in worlds if isinstance(world, int)] or [2])
 
     def _read_meta(self) -> None:
         from trainguard.config.collections import CollectionManager
@@ -147,6 +156,7 @@ class ReplicaDivergence(Rule):
         refresh = getattr(trial, "refresh", None)
         if callable(refresh):
             refresh()
+        self._final = True
         steps = trial.tensor(PARAMETERS_TENSOR).steps() if trial.has_tensor(PARAMETERS_TENSOR) else []
         late = self.check(steps[-1]) if steps else None
         if self._compared_any:
@@ -181,6 +191,8 @@ class ReplicaDivergence(Rule):
         workers = trial.tensor(tensor).workers(step)
         if len(workers) < 2 or len(workers) <= self._compared.get((tensor, step), 0):
             return None
+        if len(workers) < self._world() and not self._final:
+            return None  # a rank still writing: compared once every rank is there (or at the end)
         found: dict[str, tuple[list[str], np.ndarray]] = {}
         for worker in workers:
             try:
