@@ -5,6 +5,7 @@ an error at once. Against the real moto server of tests/s3_server.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -187,11 +188,17 @@ def test_profile_and_region_reach_the_client(
 
     trial = create_trial(s3_run, endpoint_url=s3_endpoint, profile="tg-test", region="ap-south-1", cache=False)
     assert trial.store._client.meta.region_name == "ap-south-1"
-    assert create_trial(s3_run, endpoint_url=s3_endpoint, profile="tg-test", cache=False).store._client.meta.region_name == "eu-west-3"
+    from_profile = create_trial(s3_run, endpoint_url=s3_endpoint, profile="tg-test", cache=False)
+    assert from_profile.store._client.meta.region_name == "eu-west-3"
     import trainguard.pytorch as tg
 
     hook = tg.Hook(f"{s3_run}-dry", endpoint_url=s3_endpoint, profile="tg-test", region="ca-central-1", dry_run=True)
     assert hook.store._client.meta.region_name == "ca-central-1" and hook.store.endpoint_url == s3_endpoint
+    if importlib.util.find_spec("xgboost") is not None:
+        import trainguard.xgboost as tgx
+
+        booster_hook = tgx.Hook(f"{s3_run}-xgb", endpoint_url=s3_endpoint, profile="tg-test", dry_run=True)
+        assert booster_hook.store._client.meta.region_name == "eu-west-3"  # the profile's region
 
 
 def test_trainguard_run_passes_endpoint_url_to_the_training_script(
