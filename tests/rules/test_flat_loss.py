@@ -17,8 +17,7 @@ from tests.rules.synthetic import evaluate_rule, first_firing, write_run
 
 torch = pytest.importorskip("torch")
 
-import trainguard.pytorch as tg  # noqa: E402
-from trainguard.trial import create_trial  # noqa: E402
+from tests.rules.test_loss_rules_pytorch import _loop  # noqa: E402
 
 LOSS = "CrossEntropyLoss_output_0"
 
@@ -41,36 +40,11 @@ def test_a_flat_loss_is_reported_while_training_and_a_loss_leaving_its_plateau_i
     assert first_firing(evaluate_rule(_run(tmp_path, "slow", slow), "LossNotDecreasing")) is None
 
 
-def _train(out, *, lr, zero_grad_late=False, steps=80, seed=0):
-    """A 4-class MLP on separable blobs, SGD, every step saved (as the corpus' MLP cases)."""
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(4, 16)) * 2
-    y = rng.integers(0, 4, size=steps * 32)
-    X = torch.tensor(centers[y] + rng.normal(size=(y.size, 16)), dtype=torch.float32)
-    y = torch.tensor(y)
-    layers = [torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)]
-    model = torch.nn.Sequential(*layers)
-    criterion = torch.nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    hook = tg.Hook(out, save_config=tg.SaveConfig(save_interval=1), include_collections=["losses"])
-    hook.register_module(model)
-    hook.register_loss(criterion)
-    hook.set_mode(tg.modes.TRAIN)
-    for step in range(steps):
-        optimizer.zero_grad()
-        criterion(model(X[step * 32:(step + 1) * 32]), y[step * 32:(step + 1) * 32]).backward()
-        if zero_grad_late:  # a silent bug: the gradients are cleared before the update
-            optimizer.zero_grad()
-        optimizer.step()
-    hook.close()
-    return create_trial(out)
-
-
 def test_real_runs_that_do_not_learn_are_reported_while_training_and_a_healthy_one_is_not(tmp_path):
-    healthy = _train(str(tmp_path / "healthy"), lr=0.1)
+    # the plain SGD loop of test_loss_rules_pytorch: 80 steps of 32, every step saved
+    healthy = _loop(str(tmp_path / "healthy"), lr=0.1, steps=80, batch=32)
     assert first_firing(evaluate_rule(healthy, "LossNotDecreasing")) is None
-    for name, options in {"tiny-lr": {"lr": 1e-6}, "zero-grad-after-backward": {"lr": 0.1, "zero_grad_late": True}}.items():
-        trial = _train(str(tmp_path / name), **options)
+    for name, lr in {"tiny-lr": 1e-6, "lr-zero": 0.0}.items():
+        trial = _loop(str(tmp_path / name), lr=lr, steps=80, batch=32)
         step = first_firing(evaluate_rule(trial, "LossNotDecreasing", finish=False))
         assert step is not None and step < 40, (name, step)  # the run ends at step 79
