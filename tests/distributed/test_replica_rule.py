@@ -190,7 +190,7 @@ def test_a_single_process_run_is_not_applicable() -> None:
     rule = ReplicaDivergence(trial)
     assert rule.evaluate(0) is None
     result = rule.finish()
-    assert result is not None and "single-process" in (result.not_evaluated or "")
+    assert result is not None and result.not_applicable and "single-process" in (result.not_evaluated or "")
 
 
 def test_a_step_is_judged_once_every_rank_wrote_it() -> None:

@@ -172,6 +172,8 @@ class ReplicaFingerprints:
         if self._disabled or not self._names:
             return {}
         rank, world = self._rank_and_world()
+        if world == 1 and not self._always:
+            return {}  # nothing is fingerprinted: no names to list in every single-process run
         return {META_KEY: {"parameters": list(self._names), "sharded": list(self._sharded), "rank": rank,
                            "world": world}}  # fmt: skip
 
@@ -189,7 +191,10 @@ class ReplicaFingerprints:
 
     def _rank_and_world(self) -> tuple[int, int]:
         if self._world is None or self._world[1] == 1:
+            known = self._world
             self._world = self._hook._rank_and_world()  # until a process group exists, asked again
+            if known is not None and self._world[1] > 1:
+                self._hook._collections_dirty = True  # the names go into the collections file now
         return self._world
 
     def _due(self) -> bool:

@@ -164,7 +164,7 @@ class ReplicaDivergence(Rule):
         self._read_meta()
         worlds = [meta.get("world") for meta in self._meta.values()]
         if not trial.has_tensor(PARAMETERS_TENSOR) and all(world in (None, 1) for world in worlds):
-            return self._not_applicable("a single-process run: there are no replicas to compare")
+            return self.not_applicable("a single-process run: there are no replicas to compare")
         return self.not_evaluated(
             "fewer than two ranks wrote replica fingerprints (include 'replica_fingerprints' in "
             "other_workers_collections, or save with include_workers='all')"
@@ -177,10 +177,6 @@ class ReplicaDivergence(Rule):
         ):
             return "a single-process run: there are no replicas to compare"
         return None
-
-    def _not_applicable(self, reason: str) -> StepResult:
-        maker = getattr(self, "not_applicable", None)  # the summaries' "not applicable", where it exists
-        return maker(reason) if callable(maker) else self.not_evaluated(reason)
 
     def _rows(self, tensor: str, step: int) -> dict[str, tuple[list[str], np.ndarray]] | None:
         """{worker: (names, rows)} of ``tensor`` at ``step``, once more workers wrote it than
