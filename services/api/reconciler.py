@@ -38,6 +38,7 @@ from trainguard.services.api.planner import (
 )
 from trainguard.services.launchers.base import ComponentState, ComponentStatus
 from trainguard.services.sagemaker_container.contract import failure_reason_from_log
+from trainguard.services.uploader.status import finished_after_stop, said_ready
 
 from trainguard.format.layout import END_OF_TRAINING
 from trainguard.statuses import RULE_TERMINAL
@@ -401,8 +402,8 @@ class Reconciler:
             )
 
     def _uploader_ready(self, name: str, ended_for: float) -> bool:
-        """Whether the uploader (since its last restart) has its SIGTERM handler in place: it prints
-        "uploader: following" once it has. Told earlier, a (re)started uploader still importing
+        """Whether the uploader (since its last restart) has its SIGTERM handler in place: it says
+        so (services/uploader/status.py) once it has. Told earlier, a (re)started uploader still importing
         under load dies of the SIGTERM (exit 143), is restarted, told again, and the job ended
         Failed after 6 such deaths (measured at load average 35). After a long wait it is told
         anyway, so a job whose uploader never says so still ends."""
@@ -412,11 +413,11 @@ class Reconciler:
             log = self.service.launcher.logs(name, _UPLOADER_ROLE, tail=200)
         except Exception:  # noqa: BLE001 - cannot tell: do not hold the job back
             return True
-        return log.rfind("uploader: following") > log.rfind("restarting uploader")
+        return said_ready(log, f"restarting {_UPLOADER_ROLE}")  # the launchers' restart note
 
     def _as_finished_if_it_finished(self, name: str, uploader: ComponentStatus | None) -> ComponentStatus | None:
         """An uploader told that training ended, stopped by SIGTERM (143), that logged its clean final
-        line ('{"uploader": "stopped", ...}': its last pass done, end marker last) since it started
+        record (services/uploader/status.py: its last pass done, end marker last) since it started
         is finished (exit 0). Ray reports every job ended by stop_job as STOPPED, whatever the
         process's own exit code (measured: bench/scale.py 5x5 on Ray, two healthy jobs Failed after
         their finished uploaders were 'restarted' 5 times each)."""
@@ -429,7 +430,7 @@ class Reconciler:
             log = self.service.launcher.logs(name, _UPLOADER_ROLE, tail=50)
         except Exception:  # noqa: BLE001 - cannot tell: supervise it as a death
             return uploader
-        if log.rfind('{"uploader": "stopped"') > log.rfind("uploader: following") >= 0:
+        if finished_after_stop(log):
             return ComponentStatus(uploader.role, ComponentState.EXITED, 0, "finished after training ended")
         return uploader
 

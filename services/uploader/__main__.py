@@ -16,13 +16,13 @@ failure the error naming the files that are not on S3.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
 import sys
 import threading
 
+from trainguard.services.uploader.status import final_record, ready_line
 from trainguard.services.uploader.uploader import Uploader, UploaderError
 
 
@@ -64,15 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     except UploaderError as error:
         print(f"uploader: {error}", file=sys.stderr)
         return 2
-    print(f"uploader: following {args.source} -> {args.dest}", flush=True)
+    print(ready_line(args.source, args.dest), flush=True)
     try:
         stats = uploader.run()
     except UploaderError as error:
         # The error goes last: the control API quotes the log's last line as the job's failure reason.
-        print(json.dumps({"uploader": "failed", **uploader.stats.summary()}), flush=True)
+        print(final_record("failed", uploader.stats.summary()), flush=True)
         print(f"uploader: {error}", file=sys.stderr, flush=True)
         return 1
-    print(json.dumps({"uploader": "stopped" if stop.is_set() else "done", **stats.summary()}), flush=True)
+    print(final_record("stopped" if stop.is_set() else "done", stats.summary()), flush=True)
     return 0
 
 
