@@ -329,6 +329,7 @@ class _Engine(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         labels = {JOB_LABEL: "j"}
         if path.startswith("/volumes/") and self.command == "GET":
+            labels = {JOB_LABEL: LAUNCHER_SPEC["Labels"][JOB_LABEL]}  # the job's own volume
             answer: Any = {"Name": path.rsplit("/", 1)[1], "Driver": "local", "Options": None, "Labels": labels}
         elif path.startswith("/images/"):
             answer = {"Config": {"User": "10001"}}
