@@ -125,7 +125,7 @@ def job_spec_from_request(request: dict[str, Any]) -> tuple[JobSpec, list[dict[s
             continue
         labels[len(rules)] = label
         rules.append(entry)
-    hook_config = request.get("DebugHookConfig")
+    hook_config = _without_unknown_collections(request.get("DebugHookConfig"), name)
     max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
     document = {
         "name": name,
@@ -142,6 +142,31 @@ def job_spec_from_request(request: dict[str, Any]) -> tuple[JobSpec, list[dict[s
     except ValidationError as error:
         raise SageMakerError("ValidationException", validation_message(error, labels)) from None
     return spec, unavailable, labels
+
+
+def _without_unknown_collections(hook_config: Any, job: str) -> Any:
+    """The DebugHookConfig without the collections no hook fills (a name that is not built in and
+    has no include_regex). SageMaker accepts those (smdebug makes an empty collection of them), so
+    an SDK job naming one must start here too; the native API refuses them as the typo they
+    usually are."""
+    if not isinstance(hook_config, dict) or not isinstance(hook_config.get("CollectionConfigurations"), list):
+        return hook_config
+    from trainguard.config.collection_names import unknown_collections
+
+    entries = hook_config["CollectionConfigurations"]
+    named = [entry.get("CollectionName") for entry in entries if isinstance(entry, dict)]
+    defined = [
+        entry.get("CollectionName") for entry in entries
+        if isinstance(entry, dict) and isinstance(entry.get("CollectionParameters"), dict)
+        and entry["CollectionParameters"].get("include_regex")
+    ]  # fmt: skip
+    unknown = set(unknown_collections([n for n in named if isinstance(n, str)], [d for d in defined if isinstance(d, str)]))
+    if not unknown:
+        return hook_config
+    log.warning("job %s: DebugHookConfig collection(s) %s match nothing (not built in, no include_regex): "
+                "not captured", job, ", ".join(sorted(unknown)))  # fmt: skip
+    kept = [e for e in entries if not (isinstance(e, dict) and e.get("CollectionName") in unknown)]
+    return {**hook_config, "CollectionConfigurations": kept}
 
 
 _MEMBERS = {

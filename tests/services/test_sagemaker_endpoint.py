@@ -283,3 +283,23 @@ def test_custom_rule_from_source_s3_uri_as_the_sdk_sends_it(api, s3_endpoint, mo
     assert status["RuleEvaluationStatus"] == "IssuesFound", status
     expected = "RuleEvaluationConditionMet: Evaluation of the rule LossAboveThreshold at step "
     assert status["StatusDetails"].startswith(expected)
+
+
+def test_a_collection_no_hook_fills_is_dropped_on_the_sagemaker_api_but_refused_natively() -> None:
+    # SageMaker accepts a CollectionName that is neither built in nor given an include_regex
+    # (smdebug makes an empty collection of it): an SDK job naming one must still start.
+    from pydantic import ValidationError
+
+    from trainguard.services.api.sagemaker import job_spec_from_request
+    from trainguard.services.api.schemas import JobSpec
+
+    request = _request("odd-collection", training_command("--steps", "2"), [])
+    entries = request["DebugHookConfig"]["CollectionConfigurations"]
+    entries += [{"CollectionName": "my_layers"},
+                {"CollectionName": "mine", "CollectionParameters": {"include_regex": ".*fc1.*"}}]  # fmt: skip
+    spec, _, _ = job_spec_from_request(request)
+    kept = [entry["CollectionName"] for entry in spec.hook_config["CollectionConfigurations"]]
+    assert kept == ["losses", "losses", "mine"]
+    native = {"name": "odd-native", "command": ["python", "train.py"], "hook_config": request["DebugHookConfig"]}
+    with pytest.raises(ValidationError, match="my_layers"):
+        JobSpec.model_validate(native)
