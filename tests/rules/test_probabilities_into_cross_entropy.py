@@ -62,4 +62,13 @@ def test_a_softmax_before_cross_entropy_fires_at_the_first_saved_step_and_logits
 def test_a_run_without_cross_entropy_is_not_evaluated(tmp_path):
     steps = {s: {"BCELoss_input_0": np.full((8, 1), 0.5, dtype=np.float32)} for s in range(3)}
     results = evaluate_rule(write_run(tmp_path / "bce", steps, collections={"predictions": ["BCELoss_input_0"]}), RULE)
-    assert first_firing(results) is None and results[-1].not_evaluated
+    assert first_firing(results) is None and results[-1].not_evaluated and results[-1].not_applicable
+
+
+def test_binary_cross_entropy_on_two_softmax_columns_is_meant_for_probabilities(tmp_path):
+    # F.binary_cross_entropy takes probabilities by design: a softmax over two columns is no bug.
+    softmax = np.array([[0.3, 0.7], [0.9, 0.1]] * 4, dtype=np.float32)
+    name = "binary_cross_entropy_input_0"
+    steps = {s: {name: softmax} for s in range(3)}
+    results = evaluate_rule(write_run(tmp_path / "bce2", steps, collections={"predictions": [name]}), RULE)
+    assert first_firing(results) is None

@@ -5,7 +5,8 @@ silent on healthy training (see each rule's docstring) while catching the common
 learning rate that makes training explode, vanishing gradients, a loss that stops decreasing,
 dead or saturated activations, weight updates far too large or too small, bad initialisation and
 overfitting; the data rules (unnormalised inputs and images, imbalanced classes, padded token
-sequences), the XGBoost rules (tree depth, one feature doing all the work) and, for distributed
+sequences), the XGBoost rules (tree depth, one feature doing all the work), probabilities handed
+to a cross-entropy loss (a Softmax before it) and, for distributed
 runs, ReplicaDivergence (ranks whose replicas differ; not applicable to one process). A rule whose data a
 run does not have (XGBoost rules on a PyTorch run, Overfit without validation) reports "not
 evaluated" and does not make ``trainguard run`` fail; only rules named explicitly do. Every rule
@@ -43,6 +44,8 @@ DEFAULT_RULES: tuple[str, ...] = (
     "NLPSequenceRatio",
     "TreeDepth",
     "FeatureImportanceOverweight",
+    # a Softmax before CrossEntropyLoss: a configuration fact no learning-symptom rule can name
+    "ProbabilitiesIntoCrossEntropy",
     # compares the ranks of a distributed run; a single-process run is not applicable
     "ReplicaDivergence",
 )

@@ -31,7 +31,8 @@ from trainguard.rules.base import Rule, StepResult
 from trainguard.rules.builtin._losses import fmt, is_complete, read_values
 from trainguard.rules.params import Param
 
-_CROSS_ENTROPY_INPUT = re.compile(r"(?i)cross_?entropy.*_input_0$")
+# Not binary cross-entropy: it is meant for probabilities (a softmax over two columns included).
+_CROSS_ENTROPY_INPUT = re.compile(r"(?i)(?<!binary_)(?<!binary)cross_?entropy.*_input_0$")
 
 
 def probability_rows(array: np.ndarray, tolerance: float) -> bool:
@@ -49,6 +50,9 @@ class ProbabilitiesIntoCrossEntropy(Rule):
 
     rule_name = "ProbabilitiesIntoCrossEntropy"
     collections = ("predictions",)
+    # Keras' categorical_crossentropy takes probabilities by default (from_logits=False): only
+    # PyTorch's cross-entropy applies its own log-softmax.
+    frameworks = ("pytorch",)
     fix_hint = (
         "remove the Softmax before the loss: CrossEntropyLoss applies log-softmax itself and expects raw "
         "logits (apply softmax only for predictions at inference time, or use LogSoftmax with NLLLoss)"
@@ -76,6 +80,10 @@ class ProbabilitiesIntoCrossEntropy(Rule):
                  if _CROSS_ENTROPY_INPUT.search(name)] if "predictions" in trial.collections() else []  # fmt: skip
         if not names:
             if trial.training_ended and not self._seen_any:
+                if "predictions" in trial.collections() and trial.tensor_names(step=step):
+                    # predictions were saved, none of a cross-entropy loss: a regression, a BCE model
+                    return self.not_applicable("the run has no cross-entropy loss (CrossEntropyLoss or "
+                                               "F.cross_entropy)", step)
                 return self.not_evaluated("no cross-entropy loss input was saved (collection 'predictions': "
                                           "the input 0 of a CrossEntropyLoss)", step)
             return None
