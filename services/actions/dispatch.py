@@ -72,7 +72,9 @@ class ActionDispatcher:
 
     def __init__(self, *, stop_workers: int = 2, notification_workers: int = 8) -> None:
         self._stops = PerKeySerialExecutor(stop_workers, "trainguard-stop-action")
-        self._notifications = ThreadPoolExecutor(max_workers=notification_workers, thread_name_prefix="trainguard-notify")
+        self._notifications = ThreadPoolExecutor(
+            max_workers=notification_workers, thread_name_prefix="trainguard-notify"
+        )
 
     @staticmethod
     def is_stop(action_name: str) -> bool:

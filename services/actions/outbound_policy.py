@@ -34,7 +34,10 @@ Resolver = Callable[[str, int], Sequence[str]]
 
 _CARRIER_GRADE_NAT = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)"
+    r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$"
+)
 _DEFAULT_PORTS = {"http": 80, "https": 443, "tcp": 2375, "postgresql": 5432, "postgres": 5432}
 
 

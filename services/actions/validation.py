@@ -44,10 +44,13 @@ def _describe(character: str) -> str:
 
 
 def check_no_control_characters(value: str, field: str) -> str:
-    """``value`` if it holds no control character (CR, LF, NUL, other C0/C1, U+2028/9); else ValueError naming ``field``."""
+    """``value`` if it holds no control character (CR, LF, NUL, other C0/C1, U+2028/9); else ValueError
+    naming ``field``."""
     match = _CONTROL.search(value)
     if match:
-        raise ValueError(f"{field}: must not contain {_describe(match.group())} (line breaks and control characters are refused)")
+        raise ValueError(
+            f"{field}: must not contain {_describe(match.group())} (line breaks and control characters are refused)"
+        )
     return value
 
 

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping
 
 from trainguard.services.api.settings import ENVIRONMENT, Settings, secure_state
+
 from trainguard.errors import ConfigError
 
 
@@ -34,7 +35,6 @@ def run_api(environ: Mapping[str, str], log_level: str = "info") -> int:
         print(f"trainguard api: {error}", file=sys.stderr)
         return 2
     import uvicorn
-
     from trainguard.services.api.app import create_app
 
     try:

@@ -146,7 +146,9 @@ def _authorization_fields(rest: str) -> dict[str, str]:
         if not separator or name not in _AUTH_FIELDS:
             shown = name[:40] if separator else part.strip()[:40]
             expected = ", ".join(_AUTH_FIELDS)
-            raise SigV4Error("IncompleteSignatureException", f"Authorization: unexpected field {shown!r}; expected {expected}")
+            raise SigV4Error(
+                "IncompleteSignatureException", f"Authorization: unexpected field {shown!r}; expected {expected}"
+            )
         if name in fields:
             raise SigV4Error("IncompleteSignatureException", f"Authorization: {name}= is given more than once")
         fields[name] = value.strip()
@@ -156,7 +158,9 @@ def _authorization_fields(rest: str) -> dict[str, str]:
 def _parse_authorization(header: str) -> tuple[list[str], list[str], str]:
     algorithm, _, rest = header.strip().partition(" ")
     if algorithm != ALGORITHM:
-        raise SigV4Error("IncompleteSignatureException", f"Authorization must use {ALGORITHM} (AWS Signature Version 4)")
+        raise SigV4Error(
+            "IncompleteSignatureException", f"Authorization must use {ALGORITHM} (AWS Signature Version 4)"
+        )
     fields = _authorization_fields(rest)
     missing = [name for name in _AUTH_FIELDS if not fields.get(name)]
     if missing:
@@ -218,7 +222,9 @@ def verify_sigv4(
         raise SigV4Error("IncompleteSignatureException", f"SignedHeaders must include {', '.join(not_signed)}")
     absent = [name for name in signed if name not in header_map]
     if absent:
-        raise SigV4Error("IncompleteSignatureException", f"signed header(s) {', '.join(absent)} missing from the request")
+        raise SigV4Error(
+            "IncompleteSignatureException", f"signed header(s) {', '.join(absent)} missing from the request"
+        )
     amz_date = header_map["x-amz-date"]
     try:
         when = dt.datetime.strptime(amz_date, _AMZ_DATE).replace(tzinfo=dt.timezone.utc)
@@ -239,10 +245,14 @@ def verify_sigv4(
     claimed = header_map.get("x-amz-content-sha256")
     if claimed is not None and claimed != body_hash:
         # UNSIGNED-PAYLOAD included: an unsigned body could be swapped by anyone replaying the request.
-        raise SigV4Error("InvalidSignatureException", "X-Amz-Content-SHA256 does not match the body (signed payload required)")
+        raise SigV4Error(
+            "InvalidSignatureException", "X-Amz-Content-SHA256 does not match the body (signed payload required)"
+        )
     string_to_sign = "\n".join(
         [ALGORITHM, amz_date, "/".join(scope[1:]),
-         hashlib.sha256(canonical_request(method, raw_path, raw_query, headers, signed, body_hash).encode()).hexdigest()]
+         hashlib.sha256(
+             canonical_request(method, raw_path, raw_query, headers, signed, body_hash).encode()
+         ).hexdigest()]
     )  # fmt: skip
     key_bytes = signing_key(key.secret, date, region, scoped_service)
     expected = hmac.new(key_bytes, string_to_sign.encode(), hashlib.sha256).hexdigest()
@@ -277,7 +287,9 @@ def sagemaker_precheck(request: Request) -> bool:
     if _equal(bearer_token(request), settings.api_token):
         return True
     if not request.headers.get("authorization"):
-        raise SigV4Error("MissingAuthenticationTokenException", "Missing Authentication Token: sign the request with SigV4")
+        raise SigV4Error(
+            "MissingAuthenticationTokenException", "Missing Authentication Token: sign the request with SigV4"
+        )
     verify_sigv4(body=None, **_request_parts(request))
     return False
 
@@ -288,7 +300,9 @@ def verify_sagemaker_request(request: Request, body: bytes) -> Caller:
     if _equal(bearer_token(request), settings.api_token):
         return OPERATOR_CALLER
     if not request.headers.get("authorization"):
-        raise SigV4Error("MissingAuthenticationTokenException", "Missing Authentication Token: sign the request with SigV4")
+        raise SigV4Error(
+            "MissingAuthenticationTokenException", "Missing Authentication Token: sign the request with SigV4"
+        )
     return Caller(verify_sigv4(body=body, **_request_parts(request)))
 
 

@@ -31,7 +31,7 @@ from sqlalchemy import select
 from trainguard.services.api.db import ComponentRow, JobRow
 from trainguard.services.api.planner import plan_job
 from trainguard.services.api.schemas import JobSpec
-from trainguard.services.launchers.base import JobLaunch, LaunchRefused, LauncherError
+from trainguard.services.launchers.base import JobLaunch, LauncherError, LaunchRefused
 
 log = logging.getLogger(__name__)
 

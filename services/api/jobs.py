@@ -97,7 +97,9 @@ class JobService(JobLaunching):
         self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
         self._changed: set[str] = set()
         self.launch_queue = JobLaunchQueue(
-            workers=2, settle_seconds=settings.launch_settle_seconds, max_delay_seconds=settings.launch_max_delay_seconds
+            workers=2,
+            settle_seconds=settings.launch_settle_seconds,
+            max_delay_seconds=settings.launch_max_delay_seconds,
         )
 
     def close(self) -> None:
@@ -424,7 +426,11 @@ class JobService(JobLaunching):
                 pass  # a stop is under way: the runner's own end is reported as Stopped by the reconciler
             else:
                 self.set_rule_status(session, job, rule, status, str(update.get("status_details") or ""))
-            if status == RuleStatus.ISSUES_FOUND and not (result and result.get("fired")) and "datapoints" not in update:
+            if (
+                status == RuleStatus.ISSUES_FOUND
+                and not (result and result.get("fired"))
+                and "datapoints" not in update
+            ):
                 self.add_datapoint(session, job, configuration, "RuleIssuesFound", 1.0, update.get("step"))
             if applied_before is not None:
                 applied_before.sequence = sequence

@@ -73,7 +73,9 @@ _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failed|Failure|Inter
 
 
 def _fingerprint(statuses: dict[str, ComponentStatus]) -> tuple:
-    return tuple(sorted((role, status.state.value, status.exit_code, status.reason) for role, status in statuses.items()))
+    return tuple(
+        sorted((role, status.state.value, status.exit_code, status.reason) for role, status in statuses.items())
+    )
 
 
 class Reconciler:
@@ -227,7 +229,9 @@ class Reconciler:
                                 if uploader.reason:
                                     reason += f": {uploader.reason}"
                                 tail = self._log_tail(name, _UPLOADER_ROLE)
-                                service._finish(session, job, "Failed", "Failed", f"{reason}: {tail}" if tail else reason)
+                                service._finish(
+                                    session, job, "Failed", "Failed", f"{reason}: {tail}" if tail else reason
+                                )
                             else:
                                 service._finish(session, job, "Completed", "Completed", "Training job completed")
                     else:

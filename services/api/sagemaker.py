@@ -160,7 +160,9 @@ def _without_unknown_collections(hook_config: Any, job: str) -> Any:
         if isinstance(entry, dict) and isinstance(entry.get("CollectionParameters"), dict)
         and entry["CollectionParameters"].get("include_regex")
     ]  # fmt: skip
-    unknown = set(unknown_collections([n for n in named if isinstance(n, str)], [d for d in defined if isinstance(d, str)]))
+    unknown = set(
+        unknown_collections([n for n in named if isinstance(n, str)], [d for d in defined if isinstance(d, str)])
+    )
     if not unknown:
         return hook_config
     log.warning("job %s: DebugHookConfig collection(s) %s match nothing (not built in, no include_regex): "

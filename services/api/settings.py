@@ -33,7 +33,8 @@ ENVIRONMENT: dict[str, str] = {
     "TRAINGUARD_DATABASE_URL": "SQLAlchemy URL of the state database (default sqlite:///<data dir>/trainguard.db)",
     "TRAINGUARD_DATA_DIR": "where jobs' local files live (default ./trainguard-service)",
     "TRAINGUARD_LAUNCHER": "local | docker | ray (default: docker if the engine answers, else local)",
-    "RAY_ADDRESS": "the Ray cluster of TRAINGUARD_LAUNCHER=ray: its dashboard URL (http://head:8265; default: Ray's own lookup)",
+    "RAY_ADDRESS": "the Ray cluster of TRAINGUARD_LAUNCHER=ray: its dashboard URL (http://head:8265; "
+    "default: Ray's own lookup)",
     "TRAINGUARD_HOST": "bind address of `python -m trainguard.services.api` (default 127.0.0.1)",
     "TRAINGUARD_PORT": "port of `python -m trainguard.services.api` (default 8080)",
     "TRAINGUARD_PUBLIC_URL": "the API's URL as rule runners reach it (default http://127.0.0.1:<port>)",
@@ -43,7 +44,8 @@ ENVIRONMENT: dict[str, str] = {
     "0 = at once), so a burst of creations is answered before its jobs take the CPU",
     "TRAINGUARD_LAUNCH_MAX_DELAY_SECONDS": "the longest an accepted job waits for a burst to settle "
     "(default 2, at most 600)",
-    "TRAINGUARD_JOB_CPU_SHARES": "CPU weight (docker --cpu-shares, 2-262144) of docker-launcher job containers, below the services' 1024 (default 256)",
+    "TRAINGUARD_JOB_CPU_SHARES": "CPU weight (docker --cpu-shares, 2-262144) of docker-launcher job containers, "
+    "below the services' 1024 (default 256)",
     "TRAINGUARD_JOB_NICENESS": "CPU niceness 0-19 of local-launcher job processes, below the API's (default 10)",
     "TRAINGUARD_JOB_UID_BASE": "local launcher as root: job N runs as uid/gid BASE+N, no groups (default 2100000000)",
     "TRAINGUARD_JOB_ENV_PASSTHROUGH": "comma-separated variables local jobs inherit beyond PATH, PYTHONPATH, "
@@ -201,7 +203,9 @@ class Settings:
         event_webhook_url = environ.get("TRAINGUARD_EVENT_WEBHOOK_URL", "")
         if event_webhook_url and urlsplit(event_webhook_url).scheme.lower() not in ("http", "https"):
             raise ConfigError(f"TRAINGUARD_EVENT_WEBHOOK_URL={event_webhook_url!r}: only http(s) URLs are allowed")
-        webhook_allow = tuple(e.strip() for e in (environ.get("TRAINGUARD_WEBHOOK_ALLOW") or "").split(",") if e.strip())
+        webhook_allow = tuple(
+            e.strip() for e in (environ.get("TRAINGUARD_WEBHOOK_ALLOW") or "").split(",") if e.strip()
+        )
         parse_allow_list(webhook_allow)  # a bad entry refuses the start, not the first webhook
         return cls(
             api_token=token.strip(),

@@ -6,7 +6,8 @@ any spelling, is refused rather than passed on. Every container must:
 * drop every capability (``CapDrop: [ALL]``, no ``CapAdd``) and set ``no-new-privileges``;
 * run as a non-zero numeric uid (:mod:`.users`), its ``User`` or else its image's;
 * mount only tmpfs, anonymous volumes, ``local`` volumes without driver options labelled with the
-  container's own ``trainguard.job`` (the server inspects each), or host paths under the configured bind roots (none by default).
+  container's own ``trainguard.job`` (the server inspects each), or host paths under the configured bind
+  roots (none by default).
 Nothing else is accepted: no privileged mode, devices, host namespaces, sysctls, runtimes, volume
 drivers or driver options, port bindings, log drivers, extra groups.
 """

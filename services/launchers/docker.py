@@ -27,9 +27,9 @@ from trainguard.services.launchers.base import (
     ComponentState,
     ComponentStatus,
     JobLaunch,
-    LaunchRefused,
     LauncherError,
     LauncherSupport,
+    LaunchRefused,
     bounded_int,
 )
 

@@ -11,12 +11,12 @@ import re
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Callable
-from pathlib import Path
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 __all__ = ["ApiReporter", "METRIC_NAMESPACE", "MetricsEmitter", "ReportOutbox"]
@@ -99,7 +99,9 @@ class ApiReporter:
                 return "acknowledged"
         except urllib.error.HTTPError as error:
             if error.code < 500 and error.code not in (408, 429):
-                log.warning("the API refused report %s (%s): %s", document.get("sequence"), error.code, error.read()[:300])
+                log.warning(
+                    "the API refused report %s (%s): %s", document.get("sequence"), error.code, error.read()[:300]
+                )
                 return "refused"
             log.info("report %s: HTTP %s; will retry", document.get("sequence"), error.code)
         except (urllib.error.URLError, OSError) as error:
@@ -279,7 +281,9 @@ class ReportOutbox:
                 self._condition.wait(min(1.0, max(0.0, deadline - time.monotonic())))
             left = len(self._pending)
         if left:
-            log.warning("%d report(s) not acknowledged by the API yet; kept in %s for a restarted runner", left, self.path)
+            log.warning(
+                "%d report(s) not acknowledged by the API yet; kept in %s for a restarted runner", left, self.path
+            )
         return left == 0
 
 

@@ -28,7 +28,9 @@ from trainguard.services.uploader.uploader import Uploader, UploaderError
 
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    parser = argparse.ArgumentParser(prog="python -m trainguard.services.uploader", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trainguard.services.uploader", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--source", default=env("UPLOADER_SOURCE"), help="local run directory to follow")
     parser.add_argument("--dest", default=env("UPLOADER_DEST"), help="s3://bucket/prefix")
     parser.add_argument("--endpoint-url", default=env("S3_ENDPOINT_URL"), help="S3-compatible endpoint")

@@ -14,7 +14,10 @@ from trainguard.config.save_config import SaveConfig, SaveConfigMode
 from trainguard.hooks.pytorch import TorchHook
 from trainguard.modes import ModeKeys, modes
 
-__all__ = ["Collection", "CollectionManager", "Hook", "ModeKeys", "ReductionConfig", "SaveConfig", "SaveConfigMode", "get_hook", "modes"]
+__all__ = [
+    "Collection", "CollectionManager", "Hook", "ModeKeys", "ReductionConfig", "SaveConfig", "SaveConfigMode",
+    "get_hook", "modes",
+]  # fmt: skip
 
 _SINGLETON: list[Hook] = []
 

@@ -22,8 +22,8 @@ import secrets
 import socket
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 

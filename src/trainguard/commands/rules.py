@@ -7,7 +7,8 @@
     trainguard rules describe NAME
 
 ``rules run`` exits 0 when every rule evaluated the run and none found an issue, 1 when one
-found an issue (advice is no issue: ``trainguard.rules.advice``), 2 on an error (a rule that crashed, a run that did not appear, bad arguments),
+found an issue (advice is no issue: ``trainguard.rules.advice``), 2 on an error (a rule that crashed,
+a run that did not appear, bad arguments),
 and 4 when no rule found an issue but at least one rule named with ``--rule`` could not evaluate
 the run (status Error, details ``RuleNotEvaluated: <why>``: its data is missing) unless
 ``--allow-not-evaluated``. Without ``--rule`` the default set runs (the one ``trainguard run
@@ -16,7 +17,8 @@ local PATH that does not exist exits 2 at once. In that
 order: 2 before 1 before 4. A damaged run (a truncated or missing index, an index entry without
 the payload checksum its writer promised, a corrupt record: ``Trial.damage()``) exits 2 whatever
 the rules found, after one line per damaged file naming its step (``trainguard rules: damaged:
-step N of worker_0: <file>: <problem>``; on stderr, so ``--json`` output stays JSON lines). With ``--json`` the last line is ``{"diagnosis": {...}}`` (the primary
+step N of worker_0: <file>: <problem>``; on stderr, so ``--json`` output stays JSON lines). With
+``--json`` the last line is ``{"diagnosis": {...}}`` (the primary
 finding with its fix, its consequences, the other findings and the rules not evaluated; see
 :mod:`trainguard.rules.diagnosis`); without it, the final table ends with the same diagnosis.
 """

@@ -27,7 +27,9 @@ __all__ = ["DEFAULT_CONFIG_PATH", "hook_kwargs_from_json", "hook_kwargs_from_doc
 
 DEFAULT_CONFIG_PATH = "/opt/ml/input/config/debughookconfig.json"
 _SCHEDULE_KEYS = ("save_interval", "save_steps", "start_step", "end_step")
-_MODE_PREFIXES = {"train": ModeKeys.TRAIN, "eval": ModeKeys.EVAL, "predict": ModeKeys.PREDICT, "global": ModeKeys.GLOBAL}
+_MODE_PREFIXES = {
+    "train": ModeKeys.TRAIN, "eval": ModeKeys.EVAL, "predict": ModeKeys.PREDICT, "global": ModeKeys.GLOBAL,
+}
 _HOOK_KEYS = {
     "save_all", "include_regex", "include_workers", "reductions", "save_raw_tensor", "save_shape",
     "export_tensorboard", "tensorboard_dir", "include_collections", "other_workers_collections",
@@ -59,7 +61,9 @@ def _save_config(params: dict[str, Any], where: str) -> SaveConfig | None:
         if name not in _SCHEDULE_KEYS:
             continue
         if prefix and prefix.lower() not in _MODE_PREFIXES:
-            raise ConfigError(f"unknown mode prefix {prefix!r} in {where} key {key!r}: use train., eval., predict., global.")
+            raise ConfigError(
+                f"unknown mode prefix {prefix!r} in {where} key {key!r}: use train., eval., predict., global."
+            )
         target = per_mode.setdefault(_MODE_PREFIXES[prefix.lower()], {}) if prefix else base
         target[name] = value
     if not base and not per_mode:
@@ -95,7 +99,9 @@ def _reduction_config(params: dict[str, Any], where: str) -> ReductionConfig | N
         return None
     return ReductionConfig.from_tokens(
         params.get("reductions") or "",
-        save_raw_tensor=parse_bool(f"{where} save_raw_tensor", params.get("save_raw_tensor", not params.get("reductions"))),
+        save_raw_tensor=parse_bool(
+            f"{where} save_raw_tensor", params.get("save_raw_tensor", not params.get("reductions"))
+        ),
         save_shape=parse_bool(f"{where} save_shape", params.get("save_shape", False)),
     )
 
@@ -104,7 +110,9 @@ def _check_keys(params: dict[str, Any], allowed: set[str], where: str) -> None:
     for key in params:
         if key.rpartition(".")[2] in _SCHEDULE_KEYS or key in allowed:
             continue
-        raise ConfigError(f"unknown key {key!r} in {where}: valid keys are {', '.join(sorted(allowed | set(_SCHEDULE_KEYS)))}")
+        raise ConfigError(
+            f"unknown key {key!r} in {where}: valid keys are {', '.join(sorted(allowed | set(_SCHEDULE_KEYS)))}"
+        )
 
 
 def hook_kwargs_from_document(document: dict[str, Any], *, drop_unknown_collections: bool = False) -> dict[str, Any]:
@@ -173,7 +181,9 @@ def hook_kwargs_from_document(document: dict[str, Any], *, drop_unknown_collecti
             collection.save_histogram = parse_bool("save_histogram", collection_params["save_histogram"])
     if include:
         defaults = ["weights", "biases", "gradients", "losses", "default", "scalars"]
-        kwargs["include_collections"] = include if "include_collections" in params else defaults + [n for n in include if n not in defaults]
+        kwargs["include_collections"] = (
+            include if "include_collections" in params else defaults + [n for n in include if n not in defaults]
+        )
     kwargs["collection_manager"] = manager
     return kwargs
 
@@ -182,7 +192,9 @@ def hook_kwargs_from_json(
     path: str | os.PathLike[str] | None = None, *, drop_unknown_collections: bool = False
 ) -> dict[str, Any]:
     """Read a DebugHookConfig JSON file; the path defaults to ``$SMDEBUG_CONFIG_FILE_PATH``."""
-    path = path or os.environ.get("SMDEBUG_CONFIG_FILE_PATH") or os.environ.get("TRAINGUARD_CONFIG") or DEFAULT_CONFIG_PATH
+    path = (
+        path or os.environ.get("SMDEBUG_CONFIG_FILE_PATH") or os.environ.get("TRAINGUARD_CONFIG") or DEFAULT_CONFIG_PATH
+    )
     try:
         with open(path, encoding="utf-8") as file:
             document = json.load(file)

@@ -64,7 +64,9 @@ class ReductionConfig:
         )
 
     @classmethod
-    def from_tokens(cls, tokens: str | Iterable[str], *, save_raw_tensor: bool = False, save_shape: bool = False) -> ReductionConfig:
+    def from_tokens(
+        cls, tokens: str | Iterable[str], *, save_raw_tensor: bool = False, save_shape: bool = False
+    ) -> ReductionConfig:
         """Parse smdebug's comma list: ``"min,max,abs_l2_norm"``."""
         if isinstance(tokens, str):
             tokens = [token.strip() for token in tokens.split(",") if token.strip()]

@@ -141,7 +141,9 @@ class SaveConfig:
     def merged_with(self, fallback: SaveConfig) -> SaveConfig:
         """This config for modes it sets explicitly, ``fallback``'s otherwise."""
         merged = SaveConfig()
-        merged._modes = {mode: self._modes[mode] if mode in self._explicit else fallback._modes[mode] for mode in ModeKeys}
+        merged._modes = {
+            mode: self._modes[mode] if mode in self._explicit else fallback._modes[mode] for mode in ModeKeys
+        }
         merged._explicit = self._explicit | fallback._explicit
         return merged
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import atexit
 import logging
-import weakref
 import os
 import queue
 import socket
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 from trainguard.errors import ConfigError
@@ -274,7 +274,8 @@ def start_from_environment(environ: Any = None) -> Profiler | None:
     Reads ``TRAINGUARD_OUT_DIR`` (the run directory; default ``./trainguard-runs/profiler``),
     ``TRAINGUARD_PROFILER_INTERVAL_MS`` (default 500), ``TRAINGUARD_PROFILER_FLUSH_S`` (how
     often step timings become visible to live rules, default 5 s) and
-    ``TRAINGUARD_PROFILER_FRAMEWORK`` (``0`` turns the PyTorch step timings off). Returns None when not asked for, or when the
+    ``TRAINGUARD_PROFILER_FRAMEWORK`` (``0`` turns the PyTorch step timings off). Returns None when not
+    asked for, or when the
     configuration is bad (logged; the script runs unprofiled).
     """
     environ = os.environ if environ is None else environ

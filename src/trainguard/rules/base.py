@@ -135,7 +135,9 @@ class Rule:
     # read tensors by name (a custom rule's tensor outside its collections is missing data).
     reads_only_collections: ClassVar[bool] = False
 
-    def __init__(self, base_trial: Any, *, action_json: Any = None, other_trials: Sequence[Any] = (), **parameters: Any):
+    def __init__(
+        self, base_trial: Any, *, action_json: Any = None, other_trials: Sequence[Any] = (), **parameters: Any
+    ):
         self.base_trial = base_trial
         self.other_trials = parse_list(other_trials) if isinstance(other_trials, str) else list(other_trials)
         self.action_json = action_json

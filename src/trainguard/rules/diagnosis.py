@@ -48,7 +48,8 @@ from trainguard.rules.advice import LEARNING_SYMPTOMS
 from trainguard.rules.kinds import MISPREDICTION, NON_FINITE, finding_kind
 
 __all__ = [
-    "CAUSAL_ORDER", "EXPLAINS", "NON_FINITE", "diagnose", "finding_kind", "names_workers", "render_diagnosis", "role_of",
+    "CAUSAL_ORDER", "EXPLAINS", "NON_FINITE", "diagnose", "finding_kind", "names_workers", "render_diagnosis",
+    "role_of",
 ]  # fmt: skip
 
 _NOT_EVALUATED_PREFIX = "RuleNotEvaluated:"
@@ -143,7 +144,8 @@ EXPLAINS: tuple[Edge, ...] = (
     *_edges("SaturatedActivation", {
         "VanishingGradient": "saturated tanh/sigmoid have a near-zero derivative",
         # float32 rounds 1 - tanh(x)^2 to exactly 0 beyond |x| ~ 9: the gradients behind are all zeros
-        "AllZero": "saturated tanh/sigmoid have a derivative that rounds to zero: the gradients behind them are all zeros",
+        "AllZero": "saturated tanh/sigmoid have a derivative that rounds to zero: "
+        "the gradients behind them are all zeros",
         "UnchangedTensor": "weights behind saturated units get no gradient and do not change",
         "LossNotDecreasing": "saturated units stop learning",
         "Underfitting": "saturated units keep the model from fitting",
@@ -374,7 +376,9 @@ def render_diagnosis(diagnosis: Mapping[str, Any], indent: str = "  ") -> list[s
     lines: list[str] = []
     for finding in diagnosis.get("primary") or ():
         certainty = "" if finding.get("certain") else " (not certain)"
-        lines.append(f"{indent}diagnosis   : {finding.get('rule')} at {_where(finding)}{certainty}: {finding.get('message')}")
+        lines.append(
+            f"{indent}diagnosis   : {finding.get('rule')} at {_where(finding)}{certainty}: {finding.get('message')}"
+        )
         if finding.get("fix_hint"):
             lines.append(f"{indent}fix         : {finding.get('fix_hint')}")
     for finding in diagnosis.get("consequences") or ():

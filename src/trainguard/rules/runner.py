@@ -563,7 +563,11 @@ class RuleRunner(RunnerResults, RunnerWorkers):
         if not damage:
             return ""
         first = damage[0]
-        where = f"step {first.step}" + (f" of {first.worker}" if first.worker else "") if first.step is not None else "a file"
+        where = (
+            f"step {first.step}" + (f" of {first.worker}" if first.worker else "")
+            if first.step is not None
+            else "a file"
+        )
         more = f"; {len(damage) - 1} more damaged file(s)" if len(damage) > 1 else ""
         return f"{where} is damaged: {first.key}: {first.problem}{more}"
 

@@ -142,10 +142,14 @@ class LocalStore:
         self._walk(self.path_of(base) if base else self.root, base_key, name_prefix, start_after, keys)
         return keys
 
-    def _walk(self, directory: Path, key_prefix: str, name_prefix: str, start_after: str | None, out: list[str]) -> None:
+    def _walk(
+        self, directory: Path, key_prefix: str, name_prefix: str, start_after: str | None, out: list[str]
+    ) -> None:
         try:
             # Directories sort as "name/" so the walk yields keys in byte order, like S3.
-            entries = sorted(os.scandir(directory), key=lambda entry: entry.name + "/" if entry.is_dir() else entry.name)
+            entries = sorted(
+                os.scandir(directory), key=lambda entry: entry.name + "/" if entry.is_dir() else entry.name
+            )
         except (FileNotFoundError, NotADirectoryError):
             return
         for entry in entries:

@@ -143,7 +143,10 @@ class RunState:
         try:
             keys = self.store.list(EVENTS_PREFIX)
         except StorageError as error:
-            logger.warning("trainguard: could not list %s/%s to check for missing index files: %s", self.store.url, EVENTS_PREFIX, error)
+            logger.warning(
+                "trainguard: could not list %s/%s to check for missing index files: %s",
+                self.store.url, EVENTS_PREFIX, error,
+            )
             return
         unread = [parsed for parsed in map(parse_event_key, keys) if parsed is not None and not self._has(*parsed)]
         if unread:
@@ -175,14 +178,18 @@ class RunState:
         try:
             present = [key for key in self.store.list(INDEX_PREFIX) if key in wanted and key not in self._seen]
         except StorageError as error:
-            logger.warning("trainguard: could not list %s/%s again for late index files: %s", self.store.url, INDEX_PREFIX, error)
+            logger.warning(
+                "trainguard: could not list %s/%s again for late index files: %s", self.store.url, INDEX_PREFIX, error
+            )
             return
         for key in present:
             parsed = parse_index_key(key)
             if parsed is None:
                 continue
             try:
-                index = parse_index(self.store.read(key), step=parsed.step, worker=parsed.worker, path=f"{self.store.url}/{key}")
+                index = parse_index(
+                    self.store.read(key), step=parsed.step, worker=parsed.worker, path=f"{self.store.url}/{key}"
+                )
             except (FormatError, ObjectNotFound) as error:
                 logger.warning("trainguard: unreadable index file, its step is damaged: %s", error)
                 self.corrupt_index_files.append(key)
@@ -203,7 +210,9 @@ class RunState:
         def load(index_key):  # type: ignore[no-untyped-def]
             try:
                 data = self.store.read(index_key.key)
-                return parse_index(data, step=index_key.step, worker=index_key.worker, path=f"{self.store.url}/{index_key.key}")
+                return parse_index(
+                    data, step=index_key.step, worker=index_key.worker, path=f"{self.store.url}/{index_key.key}"
+                )
             except (FormatError, ObjectNotFound) as error:
                 return error
 
@@ -213,11 +222,11 @@ class RunState:
         else:
             results = [load(key) for key in parsed]
         added = 0
-        for index_key, result in zip(parsed, results):
+        for parsed_key, result in zip(parsed, results, strict=False):
             if isinstance(result, BaseException):
                 # A bad index never stops the reader: it is reported, the rest stays readable.
                 logger.warning("trainguard: unreadable index file, its step is damaged: %s", result)
-                self.corrupt_index_files.append(index_key.key)
+                self.corrupt_index_files.append(parsed_key.key)
                 continue
             self._add(result)
             added += 1

@@ -69,7 +69,9 @@ class Tensor:
                 pass
         return numpy_reduction(self.value(step, mode, worker), base, abs)
 
-    def reduction_values(self, step: int, mode: ModeKeys = ModeKeys.GLOBAL, worker: str | None = None) -> dict[tuple[str, bool], np.ndarray]:
+    def reduction_values(
+        self, step: int, mode: ModeKeys = ModeKeys.GLOBAL, worker: str | None = None
+    ) -> dict[tuple[str, bool], np.ndarray]:
         """Every reduction saved for this step, keyed by (name, absolute)."""
         found = {}
         prefix = "smdebug/reductions/"

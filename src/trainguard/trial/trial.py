@@ -136,7 +136,8 @@ class Trial(RunHealth):
                 why = "training has ended without writing any" if ended else f"none appeared within {timeout:.0f} s"
                 raise MissingCollectionFiles(
                     f"{self.store.url} has no collections file ({COLLECTIONS_PREFIX}<worker>_collections.json): "
-                    f"{why}; {what}. Check that the path is the hook's out_dir and that the hook saved at least one step"
+                    f"{why}; {what}. Check that the path is the hook's out_dir and that the hook saved at least "
+                    "one step"
                 )
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
@@ -372,11 +373,16 @@ class Trial(RunHealth):
             if not pending:
                 break
             if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"steps {pending[:10]} ({ModeKeys.parse(mode).name}) of {self.path} did not arrive within {timeout} s")
+                raise WaitTimeout(
+                    f"steps {pending[:10]} ({ModeKeys.parse(mode).name}) of {self.path} "
+                    f"did not arrive within {timeout} s"
+                )
             time.sleep(poll_interval)
         missing = [step for step in required_steps if self.has_passed_step(step, mode) == StepState.UNAVAILABLE]
         if missing and self._state.training_ended:
-            raise NoMoreData(f"training ended before steps {missing[:10]} ({ModeKeys.parse(mode).name}) were written in {self.path}")
+            raise NoMoreData(
+                f"training ended before steps {missing[:10]} ({ModeKeys.parse(mode).name}) were written in {self.path}"
+            )
 
     # -- internals used by Tensor -------------------------------------------------------------
     def _record(self, global_step: int) -> Any:
@@ -425,7 +431,9 @@ class Trial(RunHealth):
         key = (name, mode, show_incomplete_steps)
         cached = self._tensor_steps_cache.get(key)
         if cached is None or cached[0] != version:
-            cached = self._tensor_steps_cache[key] = (version, self._compute_tensor_steps(name, mode, show_incomplete_steps))
+            cached = self._tensor_steps_cache[key] = (
+                version, self._compute_tensor_steps(name, mode, show_incomplete_steps)
+            )
         return cached[1]
 
     def _compute_tensor_steps(self, name: str, mode: ModeKeys, show_incomplete_steps: bool) -> list[int]:
@@ -468,7 +476,9 @@ class Trial(RunHealth):
             return by_worker[sorted(by_worker)[0]]
         if worker not in by_worker:
             if worker not in self._state.workers:
-                raise InvalidWorker(f"worker {worker!r} wrote nothing in {self.path}; workers: {sorted(self._state.workers)}")
+                raise InvalidWorker(
+                    f"worker {worker!r} wrote nothing in {self.path}; workers: {sorted(self._state.workers)}"
+                )
             raise TensorUnavailableForStep(f"worker {worker!r} did not save {name!r} at step {step} ({mode.name})")
         return by_worker[worker]
 

@@ -220,7 +220,9 @@ class StepWriter(WriterBase):
             while self._pending_bytes and self._pending_bytes + nbytes > self.max_pending_bytes:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self.failure is not None:
-                    self._fail(TimeoutError(f"writer for {self.store.url} made no progress for {self.max_block_seconds:.0f} s"))
+                    self._fail(
+                        TimeoutError(f"writer for {self.store.url} made no progress for {self.max_block_seconds:.0f} s")
+                    )
                     return False
                 self._condition.notify_all()  # pieces queued without a wake-up must drain
                 self._condition.wait(min(remaining, 0.5))

@@ -30,7 +30,6 @@ from trainguard.rules.builtin._parallel import map_tensors
 from trainguard.rules.builtin._persistence import TensorRule
 from trainguard.rules.params import Param
 
-
 _INPUT_COLLECTIONS = ("model_inputs", "derived_inputs")
 _LAYER_INPUT = re.compile(r"_input_\d+$")
 

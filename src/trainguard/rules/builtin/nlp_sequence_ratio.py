@@ -113,7 +113,9 @@ class NLPSequenceRatio(Rule):
             }
         if not ratios:
             if trial.training_ended and not names and step == trial.steps()[-1]:
-                return self.missing(step, MissingTensor("token-id inputs (e.g. an nn.Embedding's input)", "model_inputs"))
+                return self.missing(
+                    step, MissingTensor("token-id inputs (e.g. an nn.Embedding's input)", "model_inputs")
+                )
             return None
         for name, by_token in sorted(ratios.items()):
             for token, threshold in zip(self.tokens, self.thresholds, strict=False):

@@ -6,7 +6,8 @@ XGBoost runs the ``validation-*``/``eval-*``/``test-*`` metrics where lower is b
 saved round). Passes are compared only when they hold the same batches (each saved whole, or the
 same first ``n`` batches of each, as trainguard's hook saves them): one batch of each pass (every
 10th EVAL step of 8-batch passes) is never compared with another, and a run whose validation
-passes are none of them comparable ends "not evaluated", saying why (``_eval_passes``). With ``noise`` the pass-to-pass spread of the validation loss (1.4826 x median
+passes are none of them comparable ends "not evaluated", saying why (``_eval_passes``). With \
+``noise`` the pass-to-pass spread of the validation loss (1.4826 x median
 |second difference| / sqrt 6 over the last 64 passes: a steady trend is not noise):
 
     fire when the best pass is at least patience_validation passes old and every one of the

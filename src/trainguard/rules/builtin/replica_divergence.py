@@ -53,7 +53,7 @@ import numpy as np
 
 from trainguard.errors import StorageError, TensorUnavailableForStep
 from trainguard.rules.base import Rule, StepResult
-from trainguard.rules.builtin._replicas import HASH, Disagreement, compare_ranks, rank_of
+from trainguard.rules.builtin._replicas import HASH, Disagreement, compare_ranks
 from trainguard.rules.params import Param
 
 __all__ = ["ReplicaDivergence"]
@@ -278,7 +278,9 @@ class ReplicaDivergence(Rule):
         against = f"on {_ranks(odd)} against rank {reference}" if reference >= 0 else (
             f"between {_ranks(odd)} (no majority: which rank is off cannot be told)")
         first = min(self._first[(kind, item.name)][0] for item in main)
-        shown = ", ".join(item.name for item in main[:_SHOWN]) + (f" and {len(main) - _SHOWN} more" if len(main) > _SHOWN else "")
+        shown = ", ".join(item.name for item in main[:_SHOWN]) + (
+            f" and {len(main) - _SHOWN} more" if len(main) > _SHOWN else ""
+        )
         example = main[0]
         sums = ", ".join(f"rank {rank} {value:.6g}" for rank, value in sorted(example.sums.items()))
         judged = len(gradient_rows[next(iter(gradient_rows))][0]) if gradient_rows else 0
@@ -326,7 +328,10 @@ class ReplicaDivergence(Rule):
                 "rank's own loss or gradients, a GradScaler skip on one rank): decide such skips on values "
                 "all-reduced first, so every rank takes the same branch."
             )
-        if self._first_step is not None and min(self._first[("parameter", item.name)][0] for item in diverged) <= self._first_step:
+        if (
+            self._first_step is not None
+            and min(self._first[("parameter", item.name)][0] for item in diverged) <= self._first_step
+        ):
             return (
                 f"The ranks hold different values from the first fingerprint on while their gradients agree: "
                 f"{who} started from other initial values (seeded per rank, never broadcast). Wrap the model in "

@@ -15,7 +15,8 @@ Calibrated semantics (default): W_prev is the weights ``window − 1`` saved ste
 oldest saved step in the window when fewer were saved; ``num_steps`` still overrides it), so the
 ratio is the drift over the window — one step's ratio swings with its batch, a diverging or a
 frozen weight does not. A tensor fires when its ratio was too large at 2 of its
-last ``window`` evaluations, or too small at most of them (certain: all of a full window); a non-finite update fires at once and
+last ``window`` evaluations, or too small at most of them (certain: all of a full window); \
+a non-finite update fires at once and
 is certain. Weights that get no gradient by construction are never "too small": frozen ones
 (the run saved gradients, none for this weight) and those whose gradient is all zero at this
 step (all-zero inputs). A weight that was all zero at the reference step is not judged (no scale:
