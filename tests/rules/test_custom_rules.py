@@ -226,6 +226,23 @@ def test_cli_rules_run_exit_codes_and_json(tmp_path: Path, rule_modules: Path) -
     assert "waiting for the first step in" in missing_run.stderr
 
 
+def test_cli_rules_run_names_two_configurations_of_one_rule(tmp_path: Path, rule_modules: Path) -> None:
+    issues = write_run(tmp_path / "issues", _gradients({2}))
+    rule = "smd_style_rules:CustomGradientRule"
+    two = _cli("rules", "run", issues, "--json", "--rule", f"{rule}:name=low,threshold=20",
+               "--rule", f"{rule}:name=high,threshold=1e9", pythonpath=str(rule_modules))  # fmt: skip
+    assert two.returncode == 1, two.stderr
+    final = {line["configuration_name"]: line["status"] for line in map(json.loads, two.stdout.splitlines())
+             if line.get("configuration_name") and line.get("status") not in (None, "InProgress")}  # fmt: skip
+    assert final == {"low": "IssuesFound", "high": "NoIssuesFound"}
+    same = _cli("rules", "run", issues, "--rule", f"{rule}:name=a,threshold=1", "--rule", f"{rule}:name=a,threshold=2",
+                pythonpath=str(rule_modules))  # fmt: skip
+    assert same.returncode == 2 and "two configurations are named 'a'" in same.stderr, same.stderr
+    assert RuleSpec.parse("ExplodingTensor:name=x,only_nan=True") == RuleSpec(
+        "ExplodingTensor", {"only_nan": "True"}, configuration_name="x"
+    )
+
+
 def test_cli_describe(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["rules", "describe", "vanishinggradient"]) == 0
     text = capsys.readouterr().out

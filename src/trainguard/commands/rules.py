@@ -110,7 +110,12 @@ def _specs_from_args(args: argparse.Namespace) -> list[Any]:
     # The rules the user named: only these fail the exit status when they cannot evaluate the
     # run. With none named, the default set (as ``trainguard run --rules``), some of which cannot
     # apply to a given run (XGBoost rules on a PyTorch run, image rules without images).
-    args.named_rules = {spec.name for spec in specs}
+    names = [spec.name for spec in specs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"--rule: two configurations are named {', '.join(map(repr, twice))}; give each its own "
+                          "name (RULE:name=NAME,...)")  # fmt: skip
+    args.named_rules = set(names)
     if not specs:
         from trainguard.rules.defaults import default_rule_specs
 

@@ -3,7 +3,8 @@
 The command line form is ``NAME[:key=value,key=value]``, e.g.
 ``VanishingGradient:threshold=1e-6``; a list value keeps its commas
 (``AllZero:tensor_regex=.*bias,.*weight,threshold=90``). ``NAME`` may be
-``package.module:Class``, with parameters after a second colon.
+``package.module:Class``, with parameters after a second colon. ``name=CONFIG`` names the
+configuration (``StepOutlier:name=fast,stddev=3``).
 """
 
 from __future__ import annotations
@@ -60,4 +61,9 @@ class RuleSpec:
                 parameters[last_key] += "," + item
             else:
                 raise ConfigError(f"rule {text!r}: {item!r} is not key=value")
-        return cls(rule=head.strip(), parameters=parameters)
+        # name= is the configuration's name (SageMaker's RuleConfigurationName), not a parameter:
+        # one rule can then run twice with different parameters.
+        configuration_name = parameters.pop("name", None)
+        if configuration_name is not None and not configuration_name.strip():
+            raise ConfigError(f"rule {text!r}: name= needs a configuration name")
+        return cls(rule=head.strip(), parameters=parameters, configuration_name=(configuration_name or "").strip())
