@@ -177,9 +177,12 @@ def test_advice_is_listed_apart_and_counted_as_no_issue() -> None:
                        "message": "inputs are not normalised", "fix_hint": "normalise the inputs"}]},
         {"configuration_name": "Overfit", "rule": "Overfit", "status": "Error",
          "status_details": "RuleNotEvaluated: needs losses of both TRAIN and EVAL steps", "findings": []},
+        {"configuration_name": "TreeDepth", "rule": "TreeDepth", "status": "Error", "not_applicable": True,
+         "status_details": "RuleNotEvaluated: applies to XGBoost runs only; this is a pytorch run", "findings": []},
     ]  # fmt: skip
     arranged = arrange(results)
-    assert arranged["counts"] == {"rules": 2, "issues": 0, "advice": 1, "not_evaluated": 1}
+    assert arranged["counts"] == {"rules": 3, "issues": 0, "advice": 1, "not_evaluated": 1, "not_applicable": 1}
+    assert [r["not_applicable"] for r in arranged["rules"]] == [False, False, True]
     assert [item["rule"] for item in arranged["advice"]] == ["NotNormalizedData"]
     assert arranged["primary_line"] == ""
     assert arranged["rules"][1]["not_evaluated"] == "needs losses of both TRAIN and EVAL steps"

@@ -54,15 +54,18 @@ def arrange(results: list[dict[str, Any]]) -> dict[str, Any]:
             if _is_advice(finding) and (result.get("rule"), finding.get("step")) not in ranked
         ]
     table = []
-    counts = {"rules": len(results), "issues": 0, "advice": len(advice), "not_evaluated": 0}
+    counts = {"rules": len(results), "issues": 0, "advice": len(advice), "not_evaluated": 0, "not_applicable": 0}
     for result in sorted(results, key=lambda r: str(r.get("configuration_name") or r.get("rule"))):
         fired = _fired(result)
         issues = [f for f in fired if not _is_advice(f)]
         reason = _not_evaluated_reason(result)
         if result.get("status") == "IssuesFound":
             counts["issues"] += 1
+        # A rule the run's design rules out (no tanh, another framework) is counted apart, as the
+        # summary does: "not evaluated" is left for what should have been there.
+        not_applicable = bool(reason) and bool(result.get("not_applicable"))
         if reason:
-            counts["not_evaluated"] += 1
+            counts["not_applicable" if not_applicable else "not_evaluated"] += 1
         table.append(
             {
                 "configuration_name": result.get("configuration_name") or result.get("rule"),
@@ -70,6 +73,7 @@ def arrange(results: list[dict[str, Any]]) -> dict[str, Any]:
                 "status": result.get("status"),
                 "status_details": result.get("status_details") or "",
                 "not_evaluated": reason,
+                "not_applicable": not_applicable,
                 "missing": [
                     str(item.get("what") or item.get("collection") or item) if isinstance(item, dict) else str(item)
                     for item in result.get("missing") or ()

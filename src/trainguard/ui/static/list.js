@@ -12,7 +12,8 @@
     return el("td", {},
       el("span", { class: counts.issues ? "count issues" : "count" }, counts.issues + " issues"), " · ",
       el("span", { class: "count advice" }, counts.advice + " advice"), " · ",
-      el("span", { class: "count" }, counts.not_evaluated + " not evaluated"));
+      el("span", { class: "count" }, counts.not_evaluated + " not evaluated"),
+      counts.not_applicable ? el("span", { class: "count muted" }, " · " + counts.not_applicable + " not applicable") : null);
   }
 
   function row(run) {

@@ -45,7 +45,8 @@
           el("ul", { id: "other" }, other.map((c) => finding(c, c.fix_hint ? el("div", { class: "fix" }, "Fix: " + c.fix_hint) : null))));
       }
     } else if (d.rules && d.rules.rules) {
-      parts.push(el("p", { id: "no-findings" }, "No findings: " + d.rules.rules + " rule(s), " + d.rules.not_evaluated + " not evaluated."));
+      parts.push(el("p", { id: "no-findings" }, "No findings: " + d.rules.rules + " rule(s), " + d.rules.not_evaluated + " not evaluated" +
+        (d.rules.not_applicable ? ", " + d.rules.not_applicable + " not applicable to this run" : "") + "."));
     } else {
       parts.push(el("p", { class: "muted" }, "No rule results in this run (trainguard run --rules writes them)."));
     }
@@ -74,7 +75,7 @@
   function renderRules(d) {
     const rows = (d.rules_table || []).map((r) => el("tr", { "data-rule": r.configuration_name, "data-status": r.status },
       el("td", {}, r.configuration_name, r.rule !== r.configuration_name ? el("div", { class: "muted" }, r.rule) : null),
-      el("td", {}, el("span", { class: "badge rule-" + r.status }, r.not_evaluated ? "not evaluated" : r.status)),
+      el("td", {}, el("span", { class: "badge rule-" + r.status }, r.not_applicable ? "not applicable" : r.not_evaluated ? "not evaluated" : r.status)),
       el("td", {}, r.findings ? r.findings + " from step " + r.first_step : "–", r.advice ? el("div", { class: "muted" }, r.advice + " advice") : null,
         r.dropped ? el("div", { class: "muted" }, "+" + r.dropped + " more not kept by the runner") : null),
       el("td", {}, r.last_evaluated_step === null ? "–" : String(r.last_evaluated_step)),
