@@ -193,11 +193,13 @@ def test_profile_and_region_reach_the_client(
     import trainguard.pytorch as tg
 
     hook = tg.Hook(f"{s3_run}-dry", endpoint_url=s3_endpoint, profile="tg-test", region="ca-central-1", dry_run=True)
+    hook.close()  # a hook left open keeps its global optimizer hooks for the tests after this one
     assert hook.store._client.meta.region_name == "ca-central-1" and hook.store.endpoint_url == s3_endpoint
     if importlib.util.find_spec("xgboost") is not None:
         import trainguard.xgboost as tgx
 
         booster_hook = tgx.Hook(f"{s3_run}-xgb", endpoint_url=s3_endpoint, profile="tg-test", dry_run=True)
+        booster_hook.close()
         assert booster_hook.store._client.meta.region_name == "eu-west-3"  # the profile's region
 
 
