@@ -216,3 +216,22 @@ def test_a_step_is_judged_once_every_rank_wrote_it() -> None:
     rule.evaluate(4)
     result = rule.finish()
     assert result is not None and result.fired and result.details["ranks"] == [2, 3]
+
+
+def test_fingerprints_judged_out_of_order_report_the_first_step_and_confirm_on_two_steps() -> None:
+    """A slower rank's step-0 files land after step 4 was judged: the finding's first step is 0
+    (the smallest seen, not the first judged), and the confirmation names the later fingerprint."""
+    steps = [0, 4, 8]
+
+    def seeded_apart(step: int, rank: int, kind: str, index: int, values: np.ndarray) -> np.ndarray:
+        return values + rank if kind == PARAMETERS_TENSOR else values
+
+    trial = _training(2, steps, seeded_apart)
+    held = {key: trial.tensors[PARAMETERS_TENSOR].pop(key) for key in [(0, "worker_1"), (8, "worker_1")]}
+    rule = ReplicaDivergence(trial)
+    first = rule.evaluate(4)  # step 4 judged (step 0 lacks rank 1 yet)
+    assert first.fired and not first.certain and first.details["first_step"] == 4
+    trial.tensors[PARAMETERS_TENSOR][(0, "worker_1")] = held[(0, "worker_1")]
+    again = rule.evaluate(4)  # step 0 arrives: a second fingerprint that differs
+    assert again.certain and again.details["first_step"] == 0
+    assert "fingerprint of step 4" in again.message, again.message

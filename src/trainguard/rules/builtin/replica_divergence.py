@@ -96,7 +96,9 @@ class ReplicaDivergence(Rule):
         super().__init__(base_trial, **kwargs)
         self._compared: dict[tuple[str, int], int] = {}  # (tensor, step) -> workers compared there
         self._first: dict[tuple[str, str], tuple[int, tuple[int, ...]]] = {}  # (kind, name) -> step, ranks
-        self._seen_at: dict[tuple[str, str], int] = {}  # (kind, name) -> fingerprint steps it differed at
+        # (kind, name) -> the fingerprint steps it differed at: a set, so that a step judged again
+        # (the runner may re-check one as more of its workers appear) never counts as a second one
+        self._seen_at: dict[tuple[str, str], set[int]] = {}
         self._meta: dict[str, dict[str, Any]] = {}
         self._first_step: int | None = None  # the run's first fingerprint step
         self._previous: dict[str, tuple[int, dict[str, float]]] = {}  # worker -> its last step, name -> hash
@@ -224,9 +226,12 @@ class ReplicaDivergence(Rule):
         for kind, found in (("parameter", diverged), ("gradient", gradient_diverged)):
             for item in found:
                 key = (kind, item.name)
-                self._first.setdefault(key, (step, item.odd_ranks))
-                self._seen_at[key] = self._seen_at.get(key, 0) + 1
-                confirmed = confirmed or self._seen_at[key] >= 2
+                # Fingerprints may be judged out of order (a slower rank's files land late): the
+                # first step is the smallest one seen, not the first one judged.
+                if key not in self._first or step < self._first[key][0]:
+                    self._first[key] = (step, item.odd_ranks)
+                self._seen_at.setdefault(key, set()).add(step)
+                confirmed = confirmed or len(self._seen_at[key]) >= 2
         details: dict[str, Any] = {"fingerprint_step": step}
         if self._unjudged:
             details["unjudged"] = sorted(self._unjudged)
@@ -285,9 +290,10 @@ class ReplicaDivergence(Rule):
         sums = ", ".join(f"rank {rank} {value:.6g}" for rank, value in sorted(example.sums.items()))
         judged = len(gradient_rows[next(iter(gradient_rows))][0]) if gradient_rows else 0
         hint = self._hint(step, odd, diverged, gradient_diverged, judged - len(self._unjudged), unchanged)
+        latest = max(max(self._seen_at.get((kind, item.name)) or {step}) for item in main)
         message = (
             f"{len(main)} {kind}(s) differ between ranks: {shown} {against}, "
-            f"first at step {first} (fingerprint of step {step}; {example.name} sums: {sums})"
+            f"first at step {first} (fingerprint of step {latest}; {example.name} sums at step {step}: {sums})"
         )
         if gradient_diverged and diverged:
             message += f"; the gradients of {len(gradient_diverged)} parameter(s) differ too"
