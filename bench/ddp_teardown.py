@@ -48,7 +48,9 @@ def _worker(argv: list[str]) -> None:
     tests: ``--nan-at RANK:STEP`` (that rank's inputs become NaN from that step on),
     ``--sleep-at RANK:STEP:SECONDS`` (that rank stalls once before that step),
     ``--slow RANK:FACTOR`` (that rank's every step takes FACTOR times as long: it sleeps
-    FACTOR - 1 times its own step's time before the next)."""
+    FACTOR - 1 times its own step's time before the next), ``--step-time SECONDS`` (every rank's
+    step works at least that long, padded with a sleep standing in for compute: the 20-input
+    model's own step is a millisecond or less, within a loaded machine's scheduling noise)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -56,6 +58,7 @@ def _worker(argv: list[str]) -> None:
     parser.add_argument("--nan-at", default="")
     parser.add_argument("--sleep-at", default="")
     parser.add_argument("--slow", default="")
+    parser.add_argument("--step-time", type=float, default=0.0)
     options = parser.parse_args(argv)
     rank = int(os.environ["LOCAL_RANK"])
     nan_at = _fault(options.nan_at, rank)
@@ -102,6 +105,9 @@ def _worker(argv: list[str]) -> None:
                         source = torch.full_like(source, float("nan"))
                     began = time.perf_counter()
                     self._run_batch(source, targets)
+                    padding = options.step_time - (time.perf_counter() - began)
+                    if padding > 0:
+                        time.sleep(padding)
                     if slow:
                         time.sleep((float(slow[0]) - 1) * (time.perf_counter() - began))
                     step += 1
@@ -203,7 +209,8 @@ def one_run(args: argparse.Namespace, index: int, work: Path) -> dict:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
                 "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(Path(__file__).resolve()),
                 "worker", "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--size", str(args.size),
-                "--nan-at", args.nan_at, "--sleep-at", args.sleep_at, "--slow", args.slow]  # fmt: skip
+                "--nan-at", args.nan_at, "--sleep-at", args.sleep_at, "--slow", args.slow,
+                "--step-time", str(args.step_time)]  # fmt: skip
     command = torchrun if args.plain else [
         sys.executable, "-m", "trainguard.cli", "run", "--out", str(out), *shlex.split(args.trainguard), "--", *torchrun
     ]  # fmt: skip
@@ -298,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nan-at", default="", help="RANK:STEP: that rank's inputs are NaN from STEP on")
     parser.add_argument("--sleep-at", default="", help="RANK:STEP:SECONDS: that rank stalls before STEP")
     parser.add_argument("--slow", default="", help="RANK:FACTOR: that rank's steps take FACTOR times as long")
+    parser.add_argument("--step-time", type=float, default=0.0,
+                        help="every rank's step works at least this long (seconds; a sleep stands in for compute)")  # fmt: skip
     parser.add_argument("--trainguard", default="--rules --stop-on-issue",
                         help="trainguard run's options, one string (default: '--rules --stop-on-issue')")  # fmt: skip
     return parser

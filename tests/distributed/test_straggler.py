@@ -85,9 +85,11 @@ def test_one_rank_or_too_few_steps_is_not_evaluated(tmp_path):
 
 @pytest.mark.slow
 def test_a_real_rank_three_times_slower_is_named(tmp_path):
-    """2-rank torchrun gloo job, rank 1 sleeps twice its own step time after each step (its
-    steps take 3x as long); the healthy twin is tests/distributed/test_teardown.py's run."""
-    record = torchrun_job(tmp_path, "--slow", "1:3", "--epochs", "2")
+    """2-rank torchrun gloo job whose steps work 20 ms each; rank 1 sleeps twice its own step
+    time after each step (its steps take 3x as long); the healthy twin is
+    tests/distributed/test_teardown.py's run. Without the 20 ms the model's own step is under a
+    millisecond, and on a loaded machine the scheduler's delays hid the slow rank (NoIssuesFound)."""
+    record = torchrun_job(tmp_path, "--slow", "1:3", "--step-time", "0.02", "--epochs", "2")
     assert not record["hung"] and record["returncode"] == 0, (record, dumps(tmp_path))  # reported, never stopped
     document = rule_output(tmp_path, "Straggler")
     assert document["status"] == "IssuesFound", document

@@ -196,7 +196,13 @@ class LiveRuleMonitor:
     def last_written_step(self) -> int | None:
         """The newest complete step of the capture the rules see; None before it appears."""
         trial = self._runner.trial if self._runner is not None else None
-        return None if trial is None else trial.last_complete_step
+        if trial is None:
+            return None
+        # A fresh look, not the runner's last one: the runner refreshes between evaluations, so
+        # with slow rules its view can lag the disk by several steps, and a guard judging
+        # "the steps written so far" would wait for too few of them.
+        trial.refresh(force=True)
+        return trial.last_complete_step
 
     def evaluated_through(self, step: int) -> bool:
         """Whether every rule still running has evaluated ``step`` (or a later one)."""
