@@ -2,7 +2,8 @@
 the command that made it. History is git's (``git log -p bench/results.json``), not the page's.
 
     python -m bench.results_table                 # render RESULTS.md from results.json
-    python -m bench.results_table --check         # exit 1 when RESULTS.md is not what results.json renders
+    python -m bench.results_table --check         # exit 1 when RESULTS.md (or the README's headline
+                                                  # figures) is not what results.json renders
     python -m bench.results_table record --section "Sentinel (bench/sentinel_cost.py)" \\
         --figure "parts per step" --value 0.147 --unit % --command "python bench/sentinel_cost.py" \\
         [--note "2-core VM at load 30"] [--commit abc1234] [--date 2026-12-02]
@@ -11,6 +12,10 @@ A bench script records its own figure with :func:`record` (same arguments). A ro
 section and figure: recording one that exists replaces it (the old value stays in git), a new one
 is appended to its section (a new section goes last). ``commit`` defaults to ``git rev-parse
 --short HEAD`` and ``date`` to today (UTC).
+
+The README's "Headline figures" table is rendered from the same rows (:data:`HEADLINES` names
+them), between two marker comments, so the figures a reader sees first cannot drift from the
+measured ones either.
 """
 
 from __future__ import annotations
@@ -25,11 +30,36 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["Figure", "load", "record", "render", "save"]
+__all__ = ["HEADLINES", "Figure", "load", "readme_with_headlines", "record", "render", "render_headlines", "save"]
 
 BENCH = Path(__file__).resolve().parent
 RESULTS_JSON = BENCH / "results.json"
 RESULTS_MD = BENCH / "RESULTS.md"
+README = BENCH.parent / "README.md"
+README_START = "<!-- headline figures: rendered by python -m bench.results_table from bench/results.json -->"
+README_END = "<!-- end of headline figures -->"
+
+# The rows the README shows, (section, figure) as in results.json, in the order shown: what a
+# user deciding whether to keep trainguard on asks first (its cost, how fast it stops a fault,
+# what it loses), on CPU and GPU.
+HEADLINES: tuple[tuple[str, str], ...] = (
+    ("trainguard run on real stacks, CPU (bench/real_stacks.py)", "mlp, quiet: default"),
+    ("trainguard run on real stacks, CPU (bench/real_stacks.py)", "mlp, loaded: default"),
+    ("trainguard run on real stacks, CPU (bench/real_stacks.py)", "mlp, quiet: --save-interval 1000"),
+    ("trainguard run on real stacks, CPU (bench/real_stacks.py)", "mlp, quiet: --rules"),
+    ("trainguard run on real stacks, CPU (bench/real_stacks.py)", "hf_trainer, quiet: default"),
+    ("trainguard run on real stacks, CPU (bench/real_stacks.py)", "lightning, quiet: default"),
+    ("trainguard run on real stacks, GPU (bench/real_stacks.py --device cuda)", "mlp (6,000 steps): default"),
+    ("Hook overhead against smdebug 1.0.34, CPU (bench/overhead.py)",
+     "reference CNN, all_every_1: trainguard slowdown, median step"),
+    ("Rules: throughput and one-machine auto-stop (bench/rules.py)", "faulty step written -> training stopped, p95"),
+    ("Stop latency on the compose stack (bench/stop_latency.py)", "fault step written -> Stopped, p95, quiet"),
+    ("Control API under load (bench/load_api.py, bench/cpu_shares.py)",
+     "create p95, 100 jobs from 10 clients, local launcher, SQLite"),
+    ("Fault injection: files lost (bench/chaos.py, bench/chaos_stack.py)",
+     "files lost or differing, compose stack: 5 fault kinds x 5 runs"),
+    ("The per-step sentinel (bench/sentinel_cost.py)", "its parts per step"),
+)  # fmt: skip
 
 HEADER = """\
 # Benchmark results: current figures
@@ -130,6 +160,30 @@ def render(figures: Sequence[Figure]) -> str:
     return "".join(parts)
 
 
+def render_headlines(figures: Sequence[Figure]) -> str:
+    """The README's table of :data:`HEADLINES`; a headline whose row is gone is an error (a
+    renamed figure must be renamed here too, not dropped from the README in silence)."""
+    rows = {figure.key: figure for figure in figures}
+    lines = ["| figure | value | conditions | command | measured |", "|---|---|---|---|---|"]
+    for key in HEADLINES:
+        if key not in rows:
+            raise KeyError(f"headline figure {key} is not in results.json")
+        row = rows[key]
+        what = f"{key[0].split(' (')[0]}: {row.figure}"
+        cells = (what, _value(row), row.note, f"`{row.command}`", f"{row.commit}, {row.date}")
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def readme_with_headlines(text: str, figures: Sequence[Figure]) -> str:
+    """``text`` (the README) with the table between its two markers rendered again."""
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        raise ValueError(f"the README has no headline markers ({README_START!r} ... {README_END!r})")
+    head = text[: start + len(README_START)]
+    return f"{head}\n{render_headlines(figures)}{text[end:]}"
+
+
 def _git_head() -> str:
     try:
         out = subprocess.run(
@@ -152,9 +206,13 @@ def record(
     date: str | None = None,
     results: Path = RESULTS_JSON,
     page: Path = RESULTS_MD,
+    readme: Path | None = None,
 ) -> Figure:
     """Put one figure into results.json (replacing the row of the same section and figure) and
-    render the page again. Returns the row written."""
+    render the page again, and the README's headline figures (``readme``; default: the
+    repository's README when ``results`` is the repository's results.json). Returns the row written."""
+    if readme is None and results == RESULTS_JSON:
+        readme = README
     row = Figure(
         section=section,
         figure=figure,
@@ -176,6 +234,8 @@ def record(
             figures.insert(last + 1, row)
         save(figures, results)
         page.write_text(render(figures), encoding="utf-8")
+        if readme is not None:
+            readme.write_text(readme_with_headlines(readme.read_text(encoding="utf-8"), figures), encoding="utf-8")
     return row
 
 
@@ -234,13 +294,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"recorded {row.section} / {row.figure}: {_value(row)} ({row.commit}, {row.date})")
         return 0
-    text = render(load(args.results))
+    figures = load(args.results)
+    text = render(figures)
+    readme = README if args.results == RESULTS_JSON else None
+    readme_text = readme.read_text(encoding="utf-8") if readme is not None else ""
+    new_readme = readme_with_headlines(readme_text, figures) if readme is not None else ""
     if args.check:
-        if args.page.read_text(encoding="utf-8") != text:
-            print(f"{args.page} is not what {args.results} renders: run python -m bench.results_table")
+        pairs = [(args.page, args.page.read_text(encoding="utf-8"), text), (readme, readme_text, new_readme)]
+        stale = [str(path) for path, now, then in pairs if path is not None and now != then]
+        if stale:
+            print(f"{', '.join(stale)}: not what {args.results} renders: run python -m bench.results_table")
             return 1
         return 0
     args.page.write_text(text, encoding="utf-8")
+    if readme is not None and new_readme != readme_text:
+        readme.write_text(new_readme, encoding="utf-8")
     return 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import results_table
-from bench.results_table import Figure, load, record, render
+from bench.results_table import Figure, load, record, render, save
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,3 +114,33 @@ def test_a_record_holds_results_json_while_it_rewrites_it(tmp_path: Path) -> Non
     assert not lock_taken_elsewhere()
     record(**{**_row(), "results": results, "page": tmp_path / "RESULTS.md"})  # type: ignore[arg-type]
     assert [f.figure for f in load(results)] == ["parts per step"]  # from an empty (new) file
+
+
+def test_the_readme_headline_figures_are_the_render_of_results_json() -> None:
+    figures = load(results_table.RESULTS_JSON)
+    readme = results_table.README.read_text(encoding="utf-8")
+    assert readme == results_table.readme_with_headlines(readme, figures), (
+        "the README's headline figures differ from bench/results.json: run python -m bench.results_table"
+    )
+    block = readme[readme.index(results_table.README_START) : readme.index(results_table.README_END)]
+    assert len(block.splitlines()) == len(results_table.HEADLINES) + 3  # marker, header, rule, one row each
+    for section, figure in results_table.HEADLINES:
+        assert figure in block, (section, figure)
+
+
+def test_a_headline_whose_row_is_gone_is_an_error_and_record_refreshes_the_readme(tmp_path: Path) -> None:
+    figures = load(results_table.RESULTS_JSON)
+    key = results_table.HEADLINES[0]
+    with pytest.raises(KeyError, match="headline figure"):
+        results_table.render_headlines([f for f in figures if f.key != key])
+    with pytest.raises(ValueError, match="no headline markers"):
+        results_table.readme_with_headlines("# a README without them\n", figures)
+
+    results, page, readme = tmp_path / "results.json", tmp_path / "RESULTS.md", tmp_path / "README.md"
+    save(figures, results)
+    readme.write_text(f"intro\n{results_table.README_START}\nold table\n{results_table.README_END}\nrest\n")
+    old = next(f for f in figures if f.key == key)
+    record(section=key[0], figure=key[1], value=1.234, unit="x", command=old.command, commit="abc1234",
+           results=results, page=page, readme=readme)  # fmt: skip
+    text = readme.read_text()
+    assert "old table" not in text and "| 1.234x |" in text and text.startswith("intro\n") and text.endswith("rest\n")
