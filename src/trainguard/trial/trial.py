@@ -213,6 +213,11 @@ class Trial(RunHealth):
         self.refresh()
         return sorted(self._state.workers)
 
+    def last_steps_of_workers(self) -> dict[str, int]:
+        """Each worker's newest written step, complete or not (``{"worker_0": 41, ...}``)."""
+        self.refresh()
+        return {worker: steps[-1] for worker, steps in self._state.steps_of_worker.items() if steps}
+
     def modes(self) -> list[ModeKeys]:
         self.refresh()
         count, modes = self._modes_cache
