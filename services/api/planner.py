@@ -24,6 +24,7 @@ from trainguard.services.api.settings import Settings
 from trainguard.services.launchers.base import ComponentSpec, JobLaunch
 from trainguard.services.sagemaker_container.contract import CONTRACT_ENV, GPUS_BY_INSTANCE_TYPE
 from trainguard.services.sagemaker_container.images import training_image_for
+from trainguard.services.uploader.status import STATUS_FILE_NAME
 
 __all__ = [
     "LOCAL_PLAN_LAUNCHERS",
@@ -35,6 +36,7 @@ __all__ = [
     "plan_job",
     "rule_role",
     "tensors_location",
+    "uploader_status_file",
 ]
 
 RULE_ROLE_PREFIX = "rule:"
@@ -57,6 +59,16 @@ def rule_role(configuration_name: str) -> str:
 
 def job_dir(settings: Settings, job_name: str) -> Path:
     return settings.data_dir / "jobs" / job_name
+
+
+def uploader_status_file(settings: Settings, launcher: str, job_name: str) -> str:
+    """Where a job's uploader keeps its status, as the launcher's ``read_file`` finds it: the
+    uploader's default, in the ``--source`` the plan gives it (a path on this machine for the local
+    plan, in the uploader's container for the Docker plan), so the plan passes no ``--status-file``
+    and runs with any service image's uploader."""
+    local = launcher in LOCAL_PLAN_LAUNCHERS
+    source = str(job_dir(settings, job_name) / "debug-output") if local else CONTAINER_TENSORS
+    return f"{source}/{STATUS_FILE_NAME}"
 
 
 def tensors_location(settings: Settings, spec: JobSpec, launcher: str) -> str:

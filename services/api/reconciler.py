@@ -12,7 +12,8 @@ Supervision (nothing lost): an uploader that dies (killed, crashed) while its jo
 is restarted through the launcher and resumes from its state file, up to a few times; one that
 cannot be restarted, or gave up on S3 itself, fails the job at once, while training still runs,
 with the uploader's last words (the files not on S3) as the reason. Once training has ended the
-uploader is told so (SIGTERM): it sends what is left, verifies S3 and writes the end marker, also
+uploader is told so (SIGTERM) once its status file (services/uploader/status.py, read through
+the launcher) says it is ready: it sends what is left, verifies S3 and writes the end marker, also
 when training captured nothing. Without an uploader (local launcher) the reconciler writes the
 end marker of a run that ended without one, so its rules end instead of waiting forever.
 A rule runner killed by a signal other than a stop's SIGTERM is restarted the same way.
@@ -35,10 +36,11 @@ from trainguard.services.api.planner import (
     UPLOADER_FINISH_GRACE_S,
     job_dir,
     rule_role,
+    uploader_status_file,
 )
-from trainguard.services.launchers.base import ComponentState, ComponentStatus
+from trainguard.services.launchers.base import ComponentState, ComponentStatus, read_component_file
 from trainguard.services.sagemaker_container.contract import failure_reason_from_log
-from trainguard.services.uploader.status import finished_after_stop, said_ready
+from trainguard.services.uploader.status import STATUS_MAX_BYTES, UploaderStatus, parse_status
 
 from trainguard.format.layout import END_OF_TRAINING
 from trainguard.statuses import RULE_TERMINAL
@@ -60,10 +62,10 @@ _UPLOADER_FINISH_AFTER_S = 5.0
 _UPLOADER_READY_WAIT_S = 120.0
 # The grace of the stop that tells an uploader training is over: it is not a stop but "send the
 # rest, verify S3, write the end marker", which is bounded by the uploader's own give-up time
-# (--give-up-after, 600 s by default: it exits 1 naming the files not on S3). The job's stop grace
-# (TRAINGUARD_STOP_GRACE_SECONDS, 10 s on the e2e stack) SIGKILLed an uploader re-sending a run to
-# an S3 endpoint restarted empty under load: it died 6 times (exit 137) and a job whose every file
-# did reach S3 ended Failed (bench/chaos_stack.py, restart-s3-empty, load average 80).
+# (--give-up-after, 600 s by default: it exits 1 naming the files not on S3). The job's short stop
+# grace (TRAINGUARD_STOP_GRACE_SECONDS) would SIGKILL an uploader still re-sending a run to an S3
+# endpoint restarted empty, until its restarts were spent and a job whose every file did reach S3
+# ended Failed.
 _UPLOADER_FINISH_GRACE_S = UPLOADER_FINISH_GRACE_S  # the Ray launcher submits the uploader with it
 # SQLite log checkpoints run here, off the requests' commits (services/api/db.py).
 _CHECKPOINT_EVERY_S = 5.0
@@ -88,6 +90,8 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self._uploader_restarts: dict[str, int] = {}  # job -> restarts so far (since this API started)
         self._uploader_told: set[str] = set()  # jobs whose uploader was told training is over
+        # job -> the attempt id in the status file its dead uploader left: not the restarted one's
+        self._replaced_uploader: dict[str, str] = {}
         self._runner_restarts: dict[tuple[str, str], int] = {}  # (job, rule role) -> restarts so far
         self._last_checkpoint = time.monotonic()
         self._steady: dict[str, tuple] = {}  # job -> what its row and components were when last steady
@@ -126,9 +130,8 @@ class Reconciler:
                 log.warning("launcher status of %s failed: %s", name, error)
                 continue
             # A job in a steady state whose row and components are as they were on the last tick
-            # needs no transaction: most jobs, most of the time, are simply training. Reconciling
-            # 100 such jobs every second held the GIL a third of the time (py-spy --gil under
-            # bench/load_api.py) and every request of the API waited for it.
+            # needs no transaction: most jobs, most of the time, are simply training, and
+            # reconciling each of them every tick would hold the GIL the API's requests wait for.
             fingerprint = (status, modified, _fingerprint(statuses))
             if self._steady.get(name) == fingerprint:
                 continue
@@ -336,6 +339,12 @@ class Reconciler:
             )[:1024]
         self._uploader_restarts[name] = restarts + 1
         self._uploader_told.discard(name)  # a restarted uploader must be told again that training ended
+        try:
+            dead = self._uploader_status(name)
+        except Exception:  # noqa: BLE001 - then any document found later counts as the new one's
+            dead = None
+        if dead is not None:
+            self._replaced_uploader[name] = dead.attempt
         log.warning("the uploader of %s died (%s): restarting it (restart %d)", name, what, restarts + 1)
         try:
             self.service.launcher.restart(name, _UPLOADER_ROLE)
@@ -381,7 +390,7 @@ class Reconciler:
         except OSError as error:
             log.warning("could not write the end marker %s: %s", marker, error)
 
-    def _rule_exited(self, session, job: JobRow, rule: RuleRow, component: ComponentStatus | None) -> None:  # noqa: ANN001
+    def _rule_exited(self, session: Session, job: JobRow, rule: RuleRow, component: ComponentStatus | None) -> None:
         service = self.service
         code = component.exit_code if component is not None else None
         if code == 0:
@@ -405,36 +414,46 @@ class Reconciler:
                 f"ClientError: the rule runner exited with code {code} ({reason}): {tail}"[:1024],
             )
 
+    def _uploader_status(self, name: str) -> UploaderStatus | None:
+        """What the job's current uploader last wrote in its status file (services/uploader/status.py);
+        None when it wrote nothing yet, or only its dead predecessor's document is there. Raises
+        what the launcher raises."""
+        launcher = self.service.launcher
+        path = uploader_status_file(self.service.settings, launcher.name, name)
+        status = parse_status(read_component_file(launcher, name, _UPLOADER_ROLE, path, STATUS_MAX_BYTES))
+        if status is None or status.attempt == self._replaced_uploader.get(name):
+            return None
+        return status
+
     def _uploader_ready(self, name: str, ended_for: float) -> bool:
-        """Whether the uploader (since its last restart) has its SIGTERM handler in place: it says
-        so (services/uploader/status.py) once it has. Told earlier, a (re)started uploader still importing
-        under load dies of the SIGTERM (exit 143), is restarted, told again, and the job ended
-        Failed after 6 such deaths (measured at load average 35). After a long wait it is told
-        anyway, so a job whose uploader never says so still ends."""
+        """Whether the uploader (since its last restart) has its SIGTERM handler in place: its status
+        file says so once it has. Told earlier, a (re)started uploader still importing under load
+        dies of the SIGTERM (exit 143), is restarted, told again, and the job fails once its
+        restarts are spent. After a long wait it is told anyway, so a job whose uploader never
+        says so (its disk full, or a launcher that cannot read its files) still ends."""
         if ended_for > _UPLOADER_FINISH_AFTER_S + _UPLOADER_READY_WAIT_S:
             return True
         try:
-            log = self.service.launcher.logs(name, _UPLOADER_ROLE, tail=200)
+            status = self._uploader_status(name)
         except Exception:  # noqa: BLE001 - cannot tell: do not hold the job back
             return True
-        return said_ready(log, f"restarting {_UPLOADER_ROLE}")  # the launchers' restart note
+        return status is not None and status.ready
 
     def _as_finished_if_it_finished(self, name: str, uploader: ComponentStatus | None) -> ComponentStatus | None:
-        """An uploader told that training ended, stopped by SIGTERM (143), that logged its clean final
-        record (services/uploader/status.py: its last pass done, end marker last) since it started
-        is finished (exit 0). Ray reports every job ended by stop_job as STOPPED, whatever the
-        process's own exit code (measured: bench/scale.py 5x5 on Ray, two healthy jobs Failed after
-        their finished uploaders were 'restarted' 5 times each)."""
+        """An uploader told that training ended, stopped by SIGTERM (143), whose status file says it
+        finished (its last pass done, end marker last) is finished (exit 0). Ray reports every job
+        ended by stop_job as STOPPED, whatever the process's own exit code, so without this a
+        finished uploader would be supervised as a death and restarted until the job failed."""
         if (
             uploader is None or uploader.state is not ComponentState.EXITED or uploader.exit_code != 128 + 15
             or name not in self._uploader_told
         ):  # fmt: skip
             return uploader
         try:
-            log = self.service.launcher.logs(name, _UPLOADER_ROLE, tail=50)
+            status = self._uploader_status(name)
         except Exception:  # noqa: BLE001 - cannot tell: supervise it as a death
             return uploader
-        if finished_after_stop(log):
+        if status is not None and status.finished:
             return ComponentStatus(uploader.role, ComponentState.EXITED, 0, "finished after training ended")
         return uploader
 

@@ -27,6 +27,8 @@ _CONTAINER_NAME = re.compile(r"/?[a-zA-Z0-9][a-zA-Z0-9_.-]+")
 _INTEGER = re.compile(r"-?[0-9]{1,18}")
 _TIMESTAMP = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
 _SIGNAL = re.compile(r"[A-Za-z0-9+-]{1,16}")
+# A file the launcher reads out of a job container (the uploader's status): absolute, no "..".
+_CONTAINER_FILE = re.compile(r"(?:/(?!\.\.?(?:/|$))[A-Za-z0-9_.-]{1,255}){1,32}")
 
 
 def _bool(_: str, value: str) -> str:
@@ -145,6 +147,7 @@ PARAMS: dict[str, dict[str, Param]] = {
         "since": _matching(_TIMESTAMP, "a timestamp"),
         "until": _matching(_TIMESTAMP, "a timestamp"),
     },
+    "containers.archive": {"path": _matching(_CONTAINER_FILE, "an absolute path without '..'")},
     "containers.start": {},
     "containers.stop": {"t": _int},
     "containers.restart": {"t": _int},

@@ -45,6 +45,7 @@ _OPERATIONS: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", "/containers/create", "containers.create"),
         ("GET", f"/containers/(?P<container>{_ID})/json", "containers.inspect"),
         ("GET", f"/containers/(?P<container>{_ID})/logs", "containers.logs"),
+        ("GET", f"/containers/(?P<container>{_ID})/archive", "containers.archive"),
         ("POST", f"/containers/(?P<container>{_ID})/start", "containers.start"),
         ("POST", f"/containers/(?P<container>{_ID})/stop", "containers.stop"),
         ("POST", f"/containers/(?P<container>{_ID})/restart", "containers.restart"),

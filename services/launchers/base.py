@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import enum
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from trainguard.services.errors import ServiceError
@@ -21,6 +23,8 @@ __all__ = [
     "LauncherSupport",
     "bounded_int",
     "launcher_support",
+    "read_component_file",
+    "read_host_file",
 ]
 
 
@@ -157,5 +161,39 @@ class Launcher(Protocol):
     def jobs(self) -> list[str]:
         """Job names this back-end has components for: how a restarted API finds its jobs again."""
 
+    def read_file(self, job_name: str, role: str, path: str, max_bytes: int) -> bytes | None:
+        """The file ``path`` as the component sees it (also once it exited), or None when it is not
+        there, is not a regular file or is larger than ``max_bytes``: how the API reads the
+        uploader's status file (services/uploader/status.py). Optional: see read_component_file."""
+
     def remove(self, job_name: str) -> None:
         """Delete the job's stopped components and their resources."""
+
+
+def read_component_file(launcher: object, job_name: str, role: str, path: str, max_bytes: int) -> bytes | None:
+    """``launcher.read_file(...)``; None for a back-end that cannot read its components' files."""
+    read = getattr(launcher, "read_file", None)
+    return read(job_name, role, path, max_bytes) if callable(read) else None
+
+
+def read_host_file(path: str | Path, max_bytes: int) -> bytes | None:
+    """A regular file of at most ``max_bytes`` on this machine, else None.
+
+    The file lies in a directory the job can write: a link planted there is not followed, and a
+    FIFO is neither waited on when opened nor read, so a job cannot hang or flood the reader.
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # missing, a link, or unreadable: nothing said
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            return None
+        with os.fdopen(descriptor, "rb", closefd=False) as file:
+            data = file.read(max_bytes + 1)
+        return data if len(data) <= max_bytes else None
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)

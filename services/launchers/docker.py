@@ -14,10 +14,13 @@ Configuration (read at construction, never at import):
 
 from __future__ import annotations
 
+import importlib
+import io
 import math
 import os
 import re
 import signal
+import tarfile
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -45,8 +48,10 @@ _CONNECT_TIMEOUT_S = 30
 _PIDS_LIMIT = 4096  # a fork bomb in a job stops here, not at the host's limit
 # Job containers yield most of the CPU to the stack's services (API, S3, proxy: Docker's 1024)
 # under contention, but not all of it: at the minimum weight (2) a job beside any busy container
-# of default weight got next to no CPU (bench/cpu_shares.py).
+# of default weight starves.
 _DEFAULT_CPU_SHARES = 256
+# A one-file archive from the engine: headers and padding to whole 512-byte blocks and records.
+_TAR_OVERHEAD = 64 * 1024
 
 
 def container_name(job_name: str, role: str) -> str:
@@ -54,10 +59,16 @@ def container_name(job_name: str, role: str) -> str:
     return _NAME_UNSAFE.sub("-", f"tg-{job_name}-{role}").strip("-")
 
 
+def _docker_sdk() -> Any:
+    """The Docker SDK, imported when first needed (the API runs without it on other launchers).
+    It ships no type information, so it is used untyped; ImportError where it is not installed."""
+    return importlib.import_module("docker")
+
+
 def docker_available(timeout_s: float = 3.0) -> bool:
     """True when the Docker SDK is installed and the engine answers a ping."""
     try:
-        import docker
+        docker = _docker_sdk()
     except ImportError:
         return False
     try:
@@ -121,7 +132,7 @@ class DockerLauncher:
         )
         if client is None:
             try:
-                import docker
+                docker = _docker_sdk()
             except ImportError as error:
                 raise LauncherError("the Docker launcher needs the Docker SDK: pip install 'docker>=7,<8'") from error
             try:
@@ -142,22 +153,23 @@ class DockerLauncher:
 
     # -- Launcher -----------------------------------------------------------------------------
     def start(self, job: JobLaunch) -> None:
-        import docker.errors
+        docker = _docker_sdk()
 
         with self._lock:
             existing = {self._role(c): c for c in self._containers(job.job_name)}
             self._check_network()
             created = []
+            starting: ComponentSpec | None = None
             try:
-                for component in job.components:
-                    if component.role in existing:
+                for starting in job.components:
+                    if starting.role in existing:
                         continue  # already started (idempotent start after an API restart)
-                    self._ensure_volumes(job.job_name, component)
-                    created.append(self._run(job.job_name, component))
+                    self._ensure_volumes(job.job_name, starting)
+                    created.append(self._run(job.job_name, starting))
             except docker.errors.ImageNotFound as error:
                 self._discard(created)
                 # The training image is the job's (its TrainingImage); the others are the service's.
-                failure = LaunchRefused if component.role == "training" else LauncherError
+                failure = LaunchRefused if starting is not None and starting.role == "training" else LauncherError
                 raise failure(
                     f"image not found for job {job.job_name!r}: {error.explanation}; "
                     "build the images with `bash infra/build_images.sh`"
@@ -188,7 +200,7 @@ class DockerLauncher:
 
     def stop(self, job_name: str, roles: tuple[str, ...] | None = None, grace_seconds: float = 120.0) -> None:
         """SIGTERM, then SIGKILL after the grace (docker's own stop); all components at once."""
-        import docker.errors
+        docker = _docker_sdk()
 
         targets = [
             c for c in self._containers(job_name)
@@ -216,7 +228,7 @@ class DockerLauncher:
 
     def restart(self, job_name: str, role: str) -> None:
         """Start the role's exited container again: same config, volumes and writable layer."""
-        import docker.errors
+        docker = _docker_sdk()
 
         for container in self._containers(job_name):
             if self._role(container) != role:
@@ -237,13 +249,40 @@ class DockerLauncher:
                 return raw.decode("utf-8", errors="replace")
         return ""
 
+    def read_file(self, job_name: str, role: str, path: str, max_bytes: int) -> bytes | None:
+        """``path`` in the role's container (its volumes too), also once it exited: ``docker cp``."""
+        docker = _docker_sdk()
+
+        for container in self._containers(job_name):
+            if self._role(container) != role:
+                continue
+            try:
+                chunks, info = container.get_archive(path)
+                if not isinstance(info, dict) or int(info.get("size", max_bytes + 1)) > max_bytes:
+                    return None
+                archive = bytearray()
+                for chunk in chunks:
+                    archive += chunk
+                    if len(archive) > max_bytes + _TAR_OVERHEAD:
+                        return None
+            except docker.errors.NotFound:
+                return None
+            except docker.errors.APIError as error:
+                raise LauncherError(f"could not read {path} of {container.name}: {error.explanation}") from error
+            with tarfile.open(fileobj=io.BytesIO(bytes(archive))) as tar:
+                member = tar.next()
+                extracted = tar.extractfile(member) if member is not None and member.isfile() else None
+                data = extracted.read(max_bytes + 1) if extracted is not None else None
+            return data if data is not None and len(data) <= max_bytes else None
+        return None
+
     def jobs(self) -> list[str]:
         containers = self._client.containers.list(all=True, filters={"label": JOB_LABEL})
         return sorted({c.labels.get(JOB_LABEL, "") for c in containers} - {""})
 
     def remove(self, job_name: str) -> None:
         """Stop what still runs (10 s grace), then delete the containers and the job's volumes."""
-        import docker.errors
+        docker = _docker_sdk()
 
         with self._lock:
             self.stop(job_name, grace_seconds=10)
@@ -276,7 +315,7 @@ class DockerLauncher:
     def _check_network(self) -> None:
         if self._network is None:
             return
-        import docker.errors
+        docker = _docker_sdk()
 
         try:
             self._client.networks.get(self._network)
@@ -287,7 +326,7 @@ class DockerLauncher:
             ) from None
 
     def _ensure_volumes(self, job_name: str, component: ComponentSpec) -> None:
-        import docker.errors
+        docker = _docker_sdk()
 
         for source in component.volumes:
             if "/" in source:

@@ -46,6 +46,7 @@ from trainguard.services.launchers.base import (
     JobLaunch,
     LauncherError,
     bounded_int,
+    read_host_file,
 )
 from trainguard.services.launchers.local_isolation import (
     JobIdentity,
@@ -287,9 +288,8 @@ class LocalLauncher:
                     # Its own process group, so stop() signals the whole tree; but not its own
                     # session: with the kernel's autogroup scheduling (on by default on desktop and
                     # many server kernels) every session gets an equal share of the CPU whatever
-                    # its niceness, so 100 jobs in 100 sessions left the API 1/101 of it (create
-                    # p50 1.4-2.7 s in bench/load_api.py; nice 10 and even SCHED_IDLE changed
-                    # nothing). In the API's session the niceness below does what it says.
+                    # its niceness (even SCHED_IDLE), so N jobs in N sessions would leave the API
+                    # 1/(N+1) of it. In the API's session the niceness below does what it says.
                     process_group=0,
                 )
             except OSError as error:
@@ -412,6 +412,10 @@ class LocalLauncher:
             return ""
         # A tail is read from the end: a describe of a job with a huge log reads its tail only.
         return read_log(directory / "output.log", tail)
+
+    def read_file(self, job_name: str, role: str, path: str, max_bytes: int) -> bytes | None:
+        """Components are processes on this machine: ``path`` is a path here."""
+        return read_host_file(path, max_bytes)
 
     def jobs(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and self._component_dirs(p.name))

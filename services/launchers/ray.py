@@ -16,9 +16,9 @@ Placement is by Ray custom resources, not by host names:
 A job's rule runners (components ``rule:<name>`` whose command is the rule runner) run as ONE Ray
 job, the rules group (role ``rules`` in the submission's metadata, one unit of ``rules``): one
 process evaluating every rule of the job over one read of each step (the rule runner's group mode,
-TRAINGUARD_RULE_GROUP_JSON), each rule still reporting to the API on its own. One Ray job per rule
-cost a job supervisor, a driver and an interpreter per rule, and read every step once per rule
-(bench/RESULTS.md, scale). To the API nothing changes: ``status()`` answers per rule role (the
+TRAINGUARD_RULE_GROUP_JSON), each rule still reporting to the API on its own: one Ray job per rule
+would cost a job supervisor, a driver and an interpreter per rule, and read every step once per
+rule. To the API nothing changes: ``status()`` answers per rule role (the
 group's state; once it ended, each rule's own exit code from the line the group prints for it),
 ``restart()`` of any of its roles resubmits the group once (every rule resumes from the group's
 progress file; a no-op while the new attempt is pending), ``stop()`` naming any of its roles stops
@@ -61,6 +61,7 @@ from trainguard.services.launchers.base import (
     JobLaunch,
     LauncherError,
     LauncherSupport,
+    read_host_file,
 )
 
 __all__ = ["RayLauncher"]
@@ -384,6 +385,10 @@ class RayLauncher:
         # A rules group is resubmitted whole, once: its other rules then see the new attempt pending.
         self._submit(job_name, info.metadata[_ROLE_KEY], attempt, info.entrypoint, env_vars, options, group,
                      submitted_grace)  # fmt: skip
+
+    def read_file(self, job_name: str, role: str, path: str, max_bytes: int) -> bytes | None:
+        """The local plan's files are on the data directory every node shares: ``path`` is a path here."""
+        return read_host_file(path, max_bytes)
 
     def logs(self, job_name: str, role: str = "training", tail: int | None = None) -> str:
         attempts = [info for info in self._submissions(job_name) if role in _roles_of(info)]

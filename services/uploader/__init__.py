@@ -16,6 +16,10 @@ passes and writes the end marker itself if training wrote none (a run that captu
 ends). A full endpoint (HTTP 507 StorageFull, or a quota) is retried like any S3 failure and logged as
 "S3 is full". When S3 keeps failing past the give-up time it exits 1 naming the files not on S3; the control
 API restarts an uploader that died otherwise (see ``trainguard.services.api.reconciler``).
+
+What it is doing (following, finishing, done, stopped, failed), its last pass and its counts are in
+a status file beside the state file (``.uploader-status.json``, see ``status``): that, not its log,
+is what the control API reads to supervise it.
 """
 
 from trainguard.services.uploader.uploader import Uploader, UploaderError, UploadStats, parse_s3_url

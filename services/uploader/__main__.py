@@ -1,7 +1,7 @@
 """``python -m trainguard.services.uploader --source DIR --dest s3://bucket/prefix [--endpoint-url URL]
-[--state-file PATH] [--poll-interval 0.5]``; env fallbacks UPLOADER_SOURCE, UPLOADER_DEST,
-S3_ENDPOINT_URL, UPLOADER_STATE_FILE, UPLOADER_POLL_INTERVAL, UPLOADER_DRAIN_S, UPLOADER_GIVE_UP_AFTER_S,
-UPLOADER_VERIFY_INTERVAL_S.
+[--state-file PATH] [--status-file PATH] [--poll-interval 0.5]``; env fallbacks UPLOADER_SOURCE,
+UPLOADER_DEST, S3_ENDPOINT_URL, UPLOADER_STATE_FILE, UPLOADER_STATUS_FILE, UPLOADER_POLL_INTERVAL,
+UPLOADER_DRAIN_S, UPLOADER_GIVE_UP_AFTER_S, UPLOADER_VERIFY_INTERVAL_S.
 
 Exits 0 once the end marker is uploaded (at once if a previous run already finished), and on
 SIGTERM/SIGINT (training is over, or the job is stopped) after following up to --drain seconds
@@ -9,8 +9,11 @@ more for the end marker and final passes that write the end marker itself if tra
 2 on bad arguments; 1 when S3 kept failing past the give-up time (an endpoint that is full, HTTP 507
 or a quota, is retried the same way and named: "S3 is full"). Before the end marker, and every
 --verify-interval seconds, the destination is listed and whatever it lacks is sent again.
-Printed last: a JSON summary (files, bytes, PUTs, re-sent files, upload lag percentiles), then on
-failure the error naming the files that are not on S3.
+Its state (following, finishing, done, stopped, failed), last pass and counts are kept in the
+status file (services/uploader/status.py), which the control API's reconciler reads. For people
+reading its log it prints the same: a line once it follows the source, and last a JSON summary
+(files, bytes, PUTs, re-sent files, upload lag percentiles), then on failure the error naming the
+files that are not on S3.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state-file", default=env("UPLOADER_STATE_FILE"), help="default <source>/.uploader-state.json"
     )
+    parser.add_argument(
+        "--status-file", default=env("UPLOADER_STATUS_FILE"),
+        help="where the uploader keeps its status; default beside the state file (.uploader-status.json)",
+    )
     parser.add_argument("--poll-interval", type=float, default=float(env("UPLOADER_POLL_INTERVAL", "0.5")))
     parser.add_argument("--drain", type=float, default=float(env("UPLOADER_DRAIN_S", "5")),
                         help="on SIGTERM, seconds to keep following for the end marker before the last pass")
@@ -61,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         uploader = Uploader(
             args.source, args.dest, endpoint_url=args.endpoint_url, state_file=args.state_file,
             poll_interval=args.poll_interval, give_up_after_s=args.give_up_after, drain_s=args.drain,
-            stop_event=stop, verify_interval_s=args.verify_interval,
+            stop_event=stop, verify_interval_s=args.verify_interval, status_file=args.status_file,
         )
     except UploaderError as error:
         print(f"uploader: {error}", file=sys.stderr)

@@ -14,6 +14,7 @@ from typing import Any
 
 from trainguard.services.errors import ServiceError
 from trainguard.services.uploader.state import UploadState
+from trainguard.services.uploader.status import StatusWriter, default_status_path
 
 from trainguard.format.layout import (
     END_OF_TRAINING,
@@ -76,6 +77,13 @@ class UploadStats:
     full_refusals: int = 0  # S3 calls the endpoint refused for lack of room (retried)
     lags_s: list[float] = field(default_factory=list)  # upload done - file mtime
 
+    def counts(self) -> dict[str, int]:
+        """The counters alone: cheap enough for every pass's status."""
+        return {
+            "files": self.files, "bytes": self.bytes, "puts": self.puts, "skipped_existing": self.skipped_existing,
+            "resent": self.resent, "verifications": self.verifications, "full_refusals": self.full_refusals,
+        }
+
     def summary(self) -> dict[str, Any]:
         lags = sorted(self.lags_s)
 
@@ -114,6 +122,7 @@ class Uploader:
         client: Any | None = None,
         stop_event: threading.Event | None = None,
         verify_interval_s: float = 10.0,
+        status_file: str | Path | None = None,
     ) -> None:
         if poll_interval <= 0:
             raise UploaderError(f"poll interval must be > 0 seconds, got {poll_interval}")
@@ -129,12 +138,13 @@ class Uploader:
         self.stats = UploadStats()
         state_path = Path(state_file) if state_file else self.source / ".uploader-state.json"
         self.state = UploadState(state_path, destination)
+        self.status = StatusWriter(Path(status_file) if status_file else default_status_path(state_path))
         self._client = client or _make_client(endpoint_url)
         self._create_bucket = create_bucket
         # Files present at (re)start that the state does not list may have gone up just before a
         # kill: HEAD them before any PUT. Filled by the first listing.
         self._unverified: set[str] | None = None
-        self._index_targets: dict[str, str] = {}
+        self._index_targets: dict[str, str | None] = {}
         # What the state says is sent is checked against a listing of the destination every
         # verify_interval_s and always before the end marker: an endpoint restarted empty or a
         # deleted bucket must cost re-uploads, never files missing behind a finished run.
@@ -152,14 +162,20 @@ class Uploader:
         still ends, so its rules end). Raises :class:`UploaderError` naming the files not on S3
         when S3 kept failing past ``give_up_after_s``.
         """
+        self.status.set_state("following", self.stats.counts())
         try:
-            return self._run()
+            stats = self._run()
         except UploaderError as error:
             missing = self.missing()
             if not missing:
+                self.status.set_state("failed", self.stats.counts(), str(error))
                 raise
             shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-            raise UploaderError(f"{error}; {len(missing)} file(s) not on S3: {shown}") from error
+            named = UploaderError(f"{error}; {len(missing)} file(s) not on S3: {shown}")
+            self.status.set_state("failed", self.stats.counts(), str(named))
+            raise named from error
+        self.status.set_state("stopped" if self.stop_event.is_set() else "done", stats.counts())
+        return stats
 
     def _run(self) -> UploadStats:
         self._with_retries("check bucket", self._ensure_bucket)
@@ -168,6 +184,7 @@ class Uploader:
                 return self.stats
             if self.stop_event.wait(self.poll_interval):
                 break
+        self.status.set_state("finishing", self.stats.counts())
         deadline = time.monotonic() + self.drain_s
         while time.monotonic() < deadline:
             if self.scan_once():
@@ -193,6 +210,7 @@ class Uploader:
             return self._scan(final)
         finally:
             self.state.flush()
+            self.status.passed(self.stats.counts())
 
     def _scan(self, final: bool) -> bool:
         if time.monotonic() >= self._next_verify:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from trainguard.services.launchers.base import ComponentSpec, ComponentState, JobLaunch, LauncherError
+from trainguard.services.launchers.docker import DockerLauncher, container_name
 
 from tests.e2e.docker_env import SERVICE_IMAGE, docker_client, require_image
 from tests.polling import wait_for
-from trainguard.services.launchers.base import ComponentSpec, ComponentState, JobLaunch, LauncherError
-from trainguard.services.launchers.docker import DockerLauncher, container_name
 
 # Counts its own starts in a file of its writable layer: a restart must find the earlier count.
 _COUNTING = (
@@ -41,5 +41,27 @@ def test_killed_container_is_restarted_with_its_state() -> None:
         launcher.restart(job, "uploader")  # running: a no-op
         with pytest.raises(LauncherError, match="no 'rule:R' container"):
             launcher.restart(job, "rule:R")
+    finally:
+        launcher.remove(job)
+
+
+def test_a_file_is_read_out_of_a_component_that_exited() -> None:
+    """How the reconciler reads the uploader's status in its volume: a regular file of the role's
+    container, also once it exited; a missing file, a directory or one too large is None."""
+    client = docker_client()
+    require_image(client, SERVICE_IMAGE, "infra/build_images.sh")
+    launcher = DockerLauncher(client, network=None)
+    job = f"read-{uuid.uuid4().hex[:8]}"
+    writes = """import pathlib; pathlib.Path('/data/status.json').write_text('{"state": "stopped"}')"""
+    component = ComponentSpec("uploader", SERVICE_IMAGE, ("python", "-c", writes), volumes={f"tg-{job}-data": "/data"})
+    launcher.start(JobLaunch(job, (component,)))
+    try:
+        wait_for(lambda: launcher.status(job)["uploader"].state is ComponentState.EXITED, 60, "the component to exit")
+        assert launcher.status(job)["uploader"].exit_code == 0, launcher.logs(job, "uploader")
+        assert launcher.read_file(job, "uploader", "/data/status.json", 1024) == b'{"state": "stopped"}'
+        assert launcher.read_file(job, "uploader", "/data/status.json", 5) is None
+        assert launcher.read_file(job, "uploader", "/data/missing.json", 1024) is None
+        assert launcher.read_file(job, "uploader", "/data", 1024) is None
+        assert launcher.read_file(job, "rule:R", "/data/status.json", 1024) is None
     finally:
         launcher.remove(job)

@@ -25,7 +25,7 @@ from tests.reliability.faults import (
     uploader_command,
     wait_for_capture,
 )
-from tests.s3_server import DUMMY_CREDENTIALS, free_port
+from tests.s3_server import DUMMY_CREDENTIALS, free_port, s3_client
 from tests.services.conftest import CUSTOM_RULE, HOOK_EVERY_STEP, training_command
 from trainguard.format.layout import END_OF_TRAINING
 from trainguard.services.launchers.base import ComponentSpec, JobLaunch
@@ -157,29 +157,52 @@ def test_uploader_told_to_finish_is_not_killed_by_the_stop_grace(api_factory, tm
         s3.kill()
 
 
-def test_an_uploader_stopped_after_its_clean_last_pass_counts_as_finished() -> None:
-    """Ray reports a job ended by stop_job as STOPPED (exit 143 here) whatever the process's own exit
-    code: an uploader told that training ended, which logged its clean final line, finished; one
-    that did not (killed mid-pass, or never told) is supervised as a death."""
+def test_reconciler_reads_the_real_uploaders_status_file(tmp_path: Path, s3_endpoint: str) -> None:
+    """The reconciler's view of a real uploader through the local launcher and its status file: not
+    ready before it follows, ready once it does; told that training ended and stopped with exit 143
+    (as Ray reports every stopped job), finished only by its own clean "stopped"; after a restart,
+    the dead attempt's document says nothing about the new uploader."""
     from types import SimpleNamespace
 
     from trainguard.services.api.reconciler import Reconciler
     from trainguard.services.launchers.base import ComponentState, ComponentStatus
 
-    logs = {"uploader": ""}
-    service = SimpleNamespace(launcher=SimpleNamespace(logs=lambda name, role, tail=50: logs[role]))
+    s3 = s3_client(s3_endpoint)
+    s3.create_bucket(Bucket="status")
+    run = tmp_path / "jobs" / "job" / "debug-output"  # the local plan's source: the reconciler's path
+    (run / "events").mkdir(parents=True)
+    (run / "events" / "000000000000_worker_0.tfevents").write_bytes(b"x" * 64)
+    launcher = LocalLauncher(tmp_path / "local")
+    service = SimpleNamespace(launcher=launcher, settings=SimpleNamespace(data_dir=tmp_path))
     reconciler = Reconciler(service, interval=1.0)  # type: ignore[arg-type]
-    stopped = ComponentStatus("uploader", ComponentState.EXITED, 143, "stopped through Ray (SIGTERM)")
-    clean = 'uploader: following /run -> s3://b/p\n{"uploader": "stopped", "files": 12, "bytes": 4096}\n'
+    as_ray_says = ComponentStatus("uploader", ComponentState.EXITED, 143, "stopped through Ray (SIGTERM)")
+    command = uploader_command(run, "s3://status/job/debug-output", s3_endpoint, "--drain", "0.2")
+    assert not reconciler._uploader_ready("job", ended_for=10.0)  # no status yet: not told
+    launcher.start(JobLaunch("job", (ComponentSpec("uploader", "", tuple(command), dict(DUMMY_CREDENTIALS)),)))
+    try:
+        wait_for(lambda: reconciler._uploader_ready("job", ended_for=10.0), 60, "the uploader to say it follows")
+        reconciler._uploader_told.add("job")
+        assert reconciler._as_finished_if_it_finished("job", as_ray_says) is as_ray_says  # still at work
+        launcher.stop("job", ("uploader",), grace_seconds=60)
+        wait_for(lambda: launcher.status("job")["uploader"].state is ComponentState.EXITED, 60, "it to finish")
+        assert launcher.status("job")["uploader"].exit_code == 0
+        finished = reconciler._as_finished_if_it_finished("job", as_ray_says)
+        assert (finished.state, finished.exit_code) == (ComponentState.EXITED, 0), finished
+        assert END_OF_TRAINING in s3_run_files(s3, "status", "job/debug-output")
 
-    logs["uploader"] = clean
-    assert reconciler._as_finished_if_it_finished("job", stopped) is stopped  # not told: a death
-    reconciler._uploader_told.add("job")
-    finished = reconciler._as_finished_if_it_finished("job", stopped)
-    assert (finished.state, finished.exit_code) == (ComponentState.EXITED, 0)
-    logs["uploader"] = "uploader: following /run -> s3://b/p\n"  # SIGKILLed before its last pass ended
-    assert reconciler._as_finished_if_it_finished("job", stopped) is stopped
-    logs["uploader"] = clean + "uploader: following /run -> s3://b/p\n"  # a restarted one, not done yet
-    assert reconciler._as_finished_if_it_finished("job", stopped) is stopped
-    killed = ComponentStatus("uploader", ComponentState.EXITED, 137, "killed by SIGKILL")
-    assert reconciler._as_finished_if_it_finished("job", killed) is killed
+        dead = reconciler._uploader_status("job")
+        assert dead is not None and dead.state == "stopped"
+        killed = ComponentStatus("uploader", ComponentState.EXITED, 137, "killed by SIGKILL")
+        assert reconciler._supervise_uploader("job", killed) == ""  # restarted through the launcher
+        assert reconciler._replaced_uploader["job"] == dead.attempt
+        reconciler._uploader_told.add("job")
+        deadline = time.monotonic() + 60
+        while (status := reconciler._uploader_status("job")) is None:
+            assert time.monotonic() < deadline, "the restarted uploader never wrote its status"
+            # The file still holds the dead attempt's "stopped": not the restarted uploader's word.
+            assert reconciler._as_finished_if_it_finished("job", as_ray_says) is as_ray_says
+            assert not reconciler._uploader_ready("job", ended_for=10.0)
+            time.sleep(0.05)
+        assert status.attempt != dead.attempt and status.ready
+    finally:
+        launcher.stop("job", grace_seconds=5)

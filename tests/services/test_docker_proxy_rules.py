@@ -310,6 +310,22 @@ def test_queries_are_forwarded_canonically_and_listings_narrowed() -> None:
     )
 
 
+
+def test_a_file_is_read_from_a_labelled_container_by_an_absolute_path_only() -> None:
+    """How the API reads the uploader's status file out of its container (``docker cp``)."""
+    policy = ProxyPolicy()
+    wanted = "/opt/ml/output/tensors/.uploader-status.json"
+    route = policy.route("GET", "/v1.41/containers/abc/archive", f"path={wanted}", b"")
+    assert route.labelled_container == "abc"  # the server checks the job label before it reads
+    assert route.on("abcdef0123").path == f"/v1.41/containers/abcdef0123/archive?path={quote(wanted, safe='')}"
+    for path in ("etc/passwd", "/opt/../etc/passwd", "/opt/ml/..", "/a//b", "/a/./b", ""):
+        with pytest.raises((BadRequest, Refused)):
+            policy.route("GET", "/containers/abc/archive", f"path={path}", b"")
+    for method in ("PUT", "HEAD"):  # writing into a container, or its stat alone, is not needed
+        with pytest.raises(Refused):
+            policy.route(method, "/containers/abc/archive", f"path={wanted}", b"")
+
+
 # -- the HTTP server against a recording stand-in engine ---------------------------------------------
 class _Engine(BaseHTTPRequestHandler):
     """Answers inspects as a labelled engine would and records every request it gets."""
