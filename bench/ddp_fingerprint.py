@@ -3,9 +3,10 @@ on the DDP setup (2 ranks, gloo, CPU, one thread each) and in a single process.
 
 Per model, each rank trains plain steps (DDP forward, backward with its all-reduce, optimizer
 step) and times them (the training thread's CPU time: seconds another process holds the core are
-no step time); then it times one fingerprint as the hook takes it on a due step: the rows of every
-parameter and of every gradient (``fingerprint_rows``, the CRC-32 of the bytes, the two sums),
-the best of repeated timings, which load only lengthens. The figure is the fingerprint's share
+no step time); then it times one fingerprint as the hook takes it on a due step: the reductions of
+every gradient and of every parameter (``PendingRows``: the wrapping sum of the raw bits, the two
+float sums) and their one read-back (``read_rows``), the best of repeated timings, which load only
+lengthens. The figure is the fingerprint's share
 of training at a given interval: ``fingerprint / (interval x step)``, with the hook's default
 save interval 10 (a fingerprint on every saved step) and per fingerprinted step alone
 (``interval 1``). The handing of the two small arrays to the writer is not in it (a few
@@ -33,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainguard.hooks.torch_fingerprint import fingerprint_rows  # noqa: E402
+from trainguard.hooks.torch_fingerprint import PendingRows, read_rows  # noqa: E402
 
 MODELS = {
     # bench/stacks/mlp.py's model; a wider one with about 2.2M parameters
@@ -72,8 +73,8 @@ def measure(name: str, steps: int, distributed: bool) -> dict[str, float]:
     takes = []
     for _ in range(30):
         start = time.thread_time()
-        fingerprint_rows(parameters)
-        fingerprint_rows([parameter.grad for parameter in parameters])
+        gradients = PendingRows([parameter.grad for parameter in parameters])
+        read_rows(PendingRows(parameters), gradients)
         takes.append(time.thread_time() - start)
     return {
         "step_ms": statistics.median(times) * 1e3,
@@ -132,7 +133,8 @@ def main() -> None:
                 share = figures["fingerprint_ms"] / (args.interval * figures["step_ms"]) * 100
                 record(
                     section="Replica fingerprint cost",
-                    figure=f"{label}, {name} ({figures['parameters']:,d} params), fingerprint every {args.interval} steps",
+                    figure=(f"{label}, {name} ({figures['parameters']:,d} params), "
+                            f"fingerprint every {args.interval} steps"),
                     value=round(share, 3),
                     unit="% of training",
                     command=command,

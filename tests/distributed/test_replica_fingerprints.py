@@ -26,7 +26,7 @@ def _oracle(array: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16])
-@pytest.mark.parametrize("shape", [(64, 33), (5, 3)])
+@pytest.mark.parametrize("shape", [(64, 33), (5, 3), (8, 6)])  # rows of whole 8-byte words or not
 def test_equal_bits_equal_rows_one_ulp_changes_the_hash(dtype: torch.dtype, shape: tuple[int, int]) -> None:
     a = torch.randn(*shape).to(dtype)
     b = a.clone()
@@ -44,6 +44,24 @@ def test_equal_bits_equal_rows_one_ulp_changes_the_hash(dtype: torch.dtype, shap
         changed = b.clone()
         changed.view(bits)[row, column] += 1  # one ulp of one element, anywhere
         assert fingerprint_rows([changed])[0, 0] != rows[0, 0]
+
+
+def test_a_channels_last_weight_is_read_in_its_logical_order() -> None:
+    weight = torch.randn(4, 6, 3, 2)
+    rows = fingerprint_rows([weight, weight.to(memory_format=torch.channels_last)])
+    assert rows[0, 0] == rows[1, 0] == _oracle(weight.numpy())
+
+
+def test_gradients_and_parameters_read_back_together_give_their_own_rows() -> None:
+    from trainguard.hooks.torch_fingerprint import PendingRows, read_rows
+
+    parameters = [torch.randn(8, 6), torch.randn(7), torch.randn(3, 5)]
+    gradients = [torch.randn(8, 6), None, torch.randn(3, 5).bfloat16()]
+    together = read_rows(PendingRows(parameters), PendingRows(gradients), PendingRows([]))
+    assert np.array_equal(together[0], fingerprint_rows(parameters))
+    assert np.array_equal(together[1], fingerprint_rows(gradients), equal_nan=True)
+    assert together[1][1, 0] == NO_GRADIENT and together[2].shape == (0, 4)
+    assert [row[0] for row in together[0]] == [_oracle(tensor.numpy()) for tensor in parameters]
 
 
 def test_a_missing_gradient_has_its_own_row() -> None:
@@ -132,10 +150,10 @@ def test_an_error_disables_the_fingerprint_not_the_capture(tmp_path: Path, monke
     from trainguard.hooks import torch_fingerprint
     from trainguard.trials import create_trial
 
-    def broken(tensors: list[torch.Tensor | None]) -> np.ndarray:
+    def broken(*pending: object) -> list[np.ndarray]:
         raise RuntimeError("a fingerprint that fails")
 
-    monkeypatch.setattr(torch_fingerprint, "fingerprint_rows", broken)
+    monkeypatch.setattr(torch_fingerprint, "read_rows", broken)
     _train_single(tmp_path / "run", always=True)  # trains all its steps
     trial = create_trial(str(tmp_path / "run"))
     assert len(trial.tensor("Sequential_0.weight").steps()) == 5

@@ -123,8 +123,12 @@ def test_a_two_rank_torchrun_job_under_rules_and_stop_on_issue_ends_and_leaves_n
     writer = re.compile(r"trainguard\.(writer\.child|hooks\.writer_child)")
     writers = [command for command in record["processes"] if writer.search(command)]
     assert len(writers) == 2, record["processes"]
-    # healthy: Straggler (profiler step timings of both ranks) stays silent
+    # healthy: Straggler (profiler step timings of both ranks) stays silent, and so do the replica
+    # fingerprints of plain DDP without gradient accumulation (ReplicaDivergence is a default rule)
     assert rule_output(tmp_path, "Straggler")["status"] == "NoIssuesFound", rule_output(tmp_path, "Straggler")
+    assert rule_output(tmp_path, "ReplicaDivergence")["status"] == "NoIssuesFound", rule_output(
+        tmp_path, "ReplicaDivergence"
+    )
 
 
 @pytest.mark.slow

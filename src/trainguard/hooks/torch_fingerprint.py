@@ -19,8 +19,11 @@ bits so that a float64 holds it exactly. Integer addition modulo 2^64 does not d
 order of the reduction, so equal bits give equal hashes bit for bit on any kernel, thread count
 or device; a change of any element changes the sum unless other changes cancel it exactly
 (unrelated changes: about 2^-52). Moving values between positions of the same parity goes
-unseen, which no replica fault does. It reads each tensor once, on its device, at about memory
-speed (a CRC-32 of the bytes cost 20 times more on CPU: bench/ddp_fingerprint.py). The float sums
+unseen, which no replica fault does. Each tensor is reduced on its device, three passes at about
+memory speed (its bits' sum, its float sum, its norm; a CRC-32 of the bytes cost 20 times more on
+CPU: bench/ddp_fingerprint.py), and a due step's figures, the gradients' with the parameters',
+come back to the host in one copy per kind at the step's end (``PendingRows``, ``read_rows``):
+on an accelerator one wait for the device per due step, none inside the optimizer step. The float sums
 (float32 accumulation) are not exact across reduction orders: they only say how far apart two
 replicas are, and let a rule compare within a tolerance where the reduction itself is not
 deterministic.
@@ -53,8 +56,10 @@ __all__ = [
     "GRADIENTS_TENSOR",
     "META_KEY",
     "PARAMETERS_TENSOR",
+    "PendingRows",
     "ReplicaFingerprints",
     "fingerprint_rows",
+    "read_rows",
 ]
 
 logger = logging.getLogger("trainguard")
@@ -76,8 +81,13 @@ def _is_sharded(parameter: torch.Tensor) -> bool:
     return hasattr(parameter, "ds_id") or hasattr(parameter, "ds_numel")  # DeepSpeed ZeRO
 
 
-def _bits_sum(flat: torch.Tensor) -> torch.Tensor:
-    """The wrapping integer sum of ``flat``'s raw bits, as a 0-d int64 tensor on its device."""
+def _bits_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The wrapping integer sum of ``tensor``'s raw bits in its logical order (the bytes of its
+    flat contiguous copy), as a 0-d int64 tensor on its device."""
+    if tensor.dim() > 0 and tensor.is_contiguous() and tensor.shape[-1] * tensor.element_size() % 8 == 0:
+        # rows of whole 8-byte words: the flat copy's words, without the reshape's dispatch
+        return tensor.view(torch.int64).sum()
+    flat = tensor.reshape(-1)  # a copy only where the tensor is not contiguous
     size = flat.numel() * flat.element_size()
     if size % 8 == 0:
         return flat.view(torch.int64).sum()
@@ -92,43 +102,73 @@ def _hash(bits_sum: int) -> float:
     return float((((bits_sum & 0xFFFFFFFFFFFFFFFF) * _MIX) & 0xFFFFFFFFFFFFFFFF) >> 12)
 
 
+class PendingRows:
+    """A fingerprint's reductions, launched on the tensors' devices and not yet read back, so that
+    a step's gradients (taken before its optimizer step) and parameters (at its end) come back
+    together in one copy per kind: on an accelerator one wait for the device per due step."""
+
+    __slots__ = ("count", "present", "integer_sums", "float_sums", "norms", "sizes")
+
+    def __init__(self, tensors: list[torch.Tensor | None]) -> None:
+        self.count = len(tensors)
+        self.present: list[int] = []
+        self.integer_sums: list[torch.Tensor] = []
+        self.float_sums: list[torch.Tensor] = []
+        self.sizes: list[int] = []
+        values_of: list[torch.Tensor] = []
+        # A small model's fingerprint is mostly per-tensor dispatch, not arithmetic: each tensor
+        # costs its bits' sum and its float sum (plus a dtype view), and the norms are one call
+        # for all of them.
+        with torch.no_grad():
+            for index, tensor in enumerate(tensors):
+                if tensor is None:
+                    continue
+                values = tensor if tensor.dtype == torch.float32 else tensor.float()
+                self.integer_sums.append(_bits_sum(tensor))
+                self.float_sums.append(values.sum())
+                values_of.append(values)
+                self.sizes.append(tensor.numel())
+                self.present.append(index)
+            try:
+                self.norms = list(torch._foreach_norm(values_of)) if values_of else []
+            except RuntimeError:  # tensors on several devices
+                self.norms = [torch.linalg.vector_norm(values) for values in values_of]
+
+
+def read_rows(*pending: PendingRows) -> list[np.ndarray]:
+    """The rows of each pending fingerprint (``[hash, sum, sum of squares, elements]`` per tensor,
+    see the module doc; a None tensor gets ``[-1, nan, nan, 0]``), read back together."""
+    integer_sums = [value for part in pending for value in part.integer_sums]
+    floats = [value for part in pending for value in (*part.float_sums, *part.norms)]
+    if integer_sums:
+        try:
+            hashes = torch.stack(integer_sums).tolist()
+            read = torch.stack(floats).double().cpu().numpy()
+        except RuntimeError:  # tensors on several devices
+            hashes = [int(value) for value in integer_sums]
+            read = np.array([float(value) for value in floats])
+    results = []
+    at_int = at_float = 0
+    for part in pending:
+        rows = np.empty((part.count, 4), dtype=np.float64)
+        rows[:] = (NO_GRADIENT, np.nan, np.nan, 0)
+        if part.present:
+            count = len(part.present)
+            norms = read[at_float + count : at_float + 2 * count]
+            rows[part.present, 0] = [_hash(value) for value in hashes[at_int : at_int + count]]
+            rows[part.present, 1] = read[at_float : at_float + count]
+            rows[part.present, 2] = norms * norms
+            rows[part.present, 3] = part.sizes
+            at_int += count
+            at_float += 2 * count
+        results.append(rows)
+    return results
+
+
 def fingerprint_rows(tensors: list[torch.Tensor | None]) -> np.ndarray:
     """``[hash, sum, sum of squares, elements]`` per tensor (see the module doc); a None tensor
     gets the row ``[-1, nan, nan, 0]``."""
-    rows = np.empty((len(tensors), 4), dtype=np.float64)
-    present: list[int] = []
-    integer_sums: list[torch.Tensor] = []
-    float_sums: list[torch.Tensor] = []
-    flats: list[torch.Tensor] = []
-    sizes: list[int] = []
-    with torch.no_grad():
-        for index, tensor in enumerate(tensors):
-            if tensor is None:
-                rows[index] = (NO_GRADIENT, np.nan, np.nan, 0)
-                continue
-            flat = tensor.detach().reshape(-1)  # a copy only where the tensor is not contiguous
-            values = flat if flat.dtype == torch.float32 else flat.float()
-            integer_sums.append(_bits_sum(flat))
-            float_sums.append(values.sum())
-            flats.append(values)
-            sizes.append(flat.numel())
-            present.append(index)
-        if present:  # one read-back per kind (on an accelerator, one copy each to the host)
-            try:
-                # one call for every tensor's norm: the per-tensor Python calls are most of a
-                # small model's fingerprint
-                squared = (torch.stack(torch._foreach_norm(flats)).double() ** 2).cpu().numpy()
-                hashes = torch.stack(integer_sums).tolist()
-                sums = torch.stack(float_sums).double().cpu().numpy()
-            except RuntimeError:  # tensors on several devices
-                hashes = [int(value) for value in integer_sums]
-                sums = np.array([float(value) for value in float_sums])
-                squared = np.array([float(torch.dot(values, values)) for values in flats])
-            rows[present, 0] = [_hash(value) for value in hashes]
-            rows[present, 1] = sums
-            rows[present, 2] = squared
-            rows[present, 3] = sizes
-    return rows
+    return read_rows(PendingRows(tensors))[0]
 
 
 class ReplicaFingerprints:
@@ -140,7 +180,7 @@ class ReplicaFingerprints:
     ``write_tensor`` and ``_collections_dirty``; nothing else of it is touched."""
 
     __slots__ = ("_hook", "_names", "_parameters", "_sharded", "_seen", "_disabled", "_always",
-                 "_grad_rows", "_pre_handle", "_world")  # fmt: skip
+                 "_grad_pending", "_pre_handle", "_world")  # fmt: skip
 
     def __init__(self, hook: Any, *, always: bool = False) -> None:
         self._hook = hook
@@ -150,7 +190,7 @@ class ReplicaFingerprints:
         self._seen: set[int] = set()
         self._disabled = False
         self._always = always
-        self._grad_rows: np.ndarray | None = None
+        self._grad_pending: PendingRows | None = None
         self._pre_handle: Any = None
         self._world: tuple[int, int] | None = None
 
@@ -216,12 +256,12 @@ class ReplicaFingerprints:
         self._hook._collections_dirty = True
 
     def _attach(self) -> None:
-        self._grad_rows = None
+        self._grad_pending = None
         if self._pre_handle is None:
             self._pre_handle = register_optimizer_step_pre_hook(self._before_optimizer_step)
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._grad_rows is None and not self._disabled:
+        if self._grad_pending is None and not self._disabled:
             self._guarded(self._take_gradients)
 
     def _take_gradients(self) -> None:
@@ -229,17 +269,20 @@ class ReplicaFingerprints:
         for reference in self._parameters:
             parameter = reference()
             gradients.append(None if parameter is None else parameter.grad)
-        self._grad_rows = fingerprint_rows(gradients)
+        self._grad_pending = PendingRows(gradients)
 
     def _write(self) -> None:
         parameters = [reference() for reference in self._parameters]
-        rows = fingerprint_rows(parameters)
-        self._hook.write_tensor(PARAMETERS_TENSOR, rows, nbytes=rows.nbytes)
-        if self._grad_rows is not None:
-            self._hook.write_tensor(GRADIENTS_TENSOR, self._grad_rows, nbytes=self._grad_rows.nbytes)
+        pending = [PendingRows(parameters)]
+        if self._grad_pending is not None:
+            pending.append(self._grad_pending)
+        rows = read_rows(*pending)
+        self._hook.write_tensor(PARAMETERS_TENSOR, rows[0], nbytes=rows[0].nbytes)
+        if len(rows) > 1:
+            self._hook.write_tensor(GRADIENTS_TENSOR, rows[1], nbytes=rows[1].nbytes)
 
     def _detach(self) -> None:
         handle, self._pre_handle = self._pre_handle, None
-        self._grad_rows = None
+        self._grad_pending = None
         if handle is not None:
             handle.remove()
