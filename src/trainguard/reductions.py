@@ -8,7 +8,8 @@ Norms are elementwise for every rank (``l2`` = sqrt of the sum of squares of all
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,7 @@ def _l2(y: np.ndarray) -> np.floating:
     return np.sqrt(np.sum(np.square(np.abs(y))))
 
 
-_OPERATIONS = {
+_OPERATIONS: dict[str, Callable[[np.ndarray], Any]] = {
     "min": np.min, "max": np.max, "mean": np.mean, "std": np.std, "variance": np.var,
     "sum": np.sum, "prod": np.prod,
     "l1": lambda y: np.sum(np.abs(y)),
@@ -50,10 +51,13 @@ def reduce_array(value: np.ndarray, requested: Sequence[tuple[str, bool]]) -> np
     x = _prepare(value)
     if x.size == 0:
         return np.full(len(requested), np.nan)
-    absolute = None
+    absolute: np.ndarray | None = None  # |x|, computed once, on the first reduction that needs it
     out = np.empty(len(requested), dtype=np.float64)
     for position, (name, use_abs) in enumerate(requested):
-        if use_abs and absolute is None:
-            absolute = np.abs(x)
-        out[position] = _OPERATIONS[name](absolute if use_abs else x)
+        operand = x
+        if use_abs:
+            if absolute is None:
+                absolute = np.abs(x)
+            operand = absolute
+        out[position] = _OPERATIONS[name](operand)
     return out

@@ -58,11 +58,11 @@ def zero_code_hook_kwargs(
     if environ.get("TRAINGUARD_OUT_DIR"):
         kwargs["out_dir"] = environ["TRAINGUARD_OUT_DIR"]
     if "save_config" not in kwargs:
-        raw = environ.get("TRAINGUARD_SAVE_INTERVAL", "10")
+        interval = environ.get("TRAINGUARD_SAVE_INTERVAL", "10")
         try:
-            kwargs["save_config"] = SaveConfig(save_interval=int(raw))
+            kwargs["save_config"] = SaveConfig(save_interval=int(interval))
         except ValueError:
-            raise ConfigError(f"TRAINGUARD_SAVE_INTERVAL={raw!r} is not a positive integer") from None
+            raise ConfigError(f"TRAINGUARD_SAVE_INTERVAL={interval!r} is not a positive integer") from None
     kwargs.setdefault("include_collections", list(_DEFAULT_COLLECTIONS))
     raw = environ.get("TRAINGUARD_OVERHEAD_BUDGET")
     if raw:

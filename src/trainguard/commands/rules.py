@@ -31,11 +31,14 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from trainguard.errors import ConfigError, TrainguardError
 from trainguard.storage import require_local_path
 from trainguard.storage.options import add_storage_arguments
+
+if TYPE_CHECKING:
+    from trainguard.rules.base import Rule
 
 __all__ = ["add_run_arguments", "exit_code", "module_main", "parse_rule_list", "register", "run_rules"]
 
@@ -342,14 +345,14 @@ def _first_issue(state: Any) -> dict[str, Any] | None:
     return min(issues, key=lambda f: int(f.get("step", 0))) if issues else None
 
 
-def _rule_classes() -> dict[str, type]:
+def _rule_classes() -> dict[str, type[Rule]]:
     from importlib import metadata
 
     from trainguard.rules import builtin_rules
     from trainguard.rules.compat import resolve_rule_class
     from trainguard.rules.registry import ENTRY_POINT_GROUP
 
-    classes: dict[str, type] = dict(builtin_rules())
+    classes: dict[str, type[Rule]] = dict(builtin_rules())
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             classes[entry.name] = resolve_rule_class(entry.name)
@@ -358,7 +361,7 @@ def _rule_classes() -> dict[str, type]:
     return classes
 
 
-def _parameter_rows(rule_class: type) -> list[tuple[str, str, str]]:
+def _parameter_rows(rule_class: type[Rule]) -> list[tuple[str, str, str]]:
     """(name, default, doc) per parameter, for list and describe."""
     from trainguard.rules.compat import SmdebugRuleAdapter
 
@@ -425,7 +428,7 @@ def _describe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe_advice(cls: type) -> None:
+def _describe_advice(cls: type[Rule]) -> None:
     from trainguard.rules.advice import ADVISING_RULES, LEARNING_SYMPTOMS, rule_advises
 
     if not rule_advises(cls):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,7 +148,7 @@ class CollectionManager:
     def __contains__(self, name: str) -> bool:
         return name in self._collections
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Collection]:
         return iter(self._collections.values())
 
     def names(self) -> list[str]:

@@ -78,7 +78,8 @@ def _save_config(params: dict[str, Any], where: str) -> SaveConfig | None:
             save_interval=interval if interval not in (None, "") else None,
             start_step=merged.get("start_step") or 0,
             end_step=end if end not in (None, "") else None,
-            save_steps=tuple(_split(merged.get("save_steps") or "")),
+            # step strings: SaveConfigMode parses them, with the same message naming key and value
+            save_steps=tuple(_split(merged.get("save_steps") or "")),  # type: ignore[arg-type]
         )
 
     try:

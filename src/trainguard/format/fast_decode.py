@@ -60,7 +60,7 @@ def _fields(data: memoryview, pos: int, end: int) -> list[tuple[int, int, Any]]:
     """(field number, wire type, value) of each field of one message, in order: a
     length-delimited value is its (start, end) span, a varint its number, a fixed64 the start
     of its 8 bytes. One list per message: cheaper than a generator for these few fields."""
-    fields = []
+    fields: list[tuple[int, int, Any]] = []
     append = fields.append
     while pos < end:
         key = data[pos]  # keys and most values here are one-byte varints: decode those inline

@@ -129,7 +129,7 @@ def encode_tensor_event(
         contiguous = np.ascontiguousarray(array)
         if contiguous.dtype.byteorder == ">":
             contiguous = contiguous.astype(contiguous.dtype.newbyteorder("<"))
-        content = memoryview(contiguous).cast("B") if contiguous.size else _EMPTY
+        content = contiguous.data.cast("B") if contiguous.size else _EMPTY
         if content.nbytes:
             tensor_fields += _header_of_length_delimited(4, content.nbytes)
     metadata = _length_delimited(
@@ -256,7 +256,11 @@ _WIDENED_BFLOAT16: dict[int, weakref.ref[np.ndarray]] = {}
 
 def _mark_bfloat16(array: np.ndarray) -> np.ndarray:
     key = id(array)
-    _WIDENED_BFLOAT16[key] = weakref.ref(array, lambda _gone, key=key: _WIDENED_BFLOAT16.pop(key, None))
+
+    def forget(_gone: weakref.ref[np.ndarray]) -> None:
+        _WIDENED_BFLOAT16.pop(key, None)
+
+    _WIDENED_BFLOAT16[key] = weakref.ref(array, forget)
     return array
 
 

@@ -79,7 +79,7 @@ def gather_report(
 
     started = time.monotonic()
     text = os.fspath(path)
-    options = {"endpoint_url": endpoint_url} if endpoint_url and is_remote(text) else {}
+    options: dict[str, Any] = {"endpoint_url": endpoint_url} if endpoint_url and is_remote(text) else {}
     data = ReportData(path=text, name=text.rstrip("/").rsplit("/", 1)[-1] or text)
     try:
         trial = create_trial(text, collection_wait_timeout=0, **options)

@@ -11,6 +11,7 @@ written to a temp name and renamed into place, so no reader ever sees half of on
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import logging
 import os
@@ -146,7 +147,7 @@ class CachingStore:
             self._save(path, data)
         return data
 
-    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> builtins.list[bytes]:
         """Read ``(start, length)`` slices of one object, in the order given.
 
         Many or large ranges: one GET of the whole object, cached, then sliced. A few small

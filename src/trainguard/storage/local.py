@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import errno
 import mmap
 import os
@@ -51,15 +52,17 @@ class _LocalWriter:
                 pass
 
 
-def _storage_error(action: str, path: Path, error: OSError) -> StorageError:
-    if error.errno == errno.ENOSPC:
+def _storage_error(action: str, path: Path, error: OSError | ValueError) -> StorageError:
+    # mmap raises ValueError (no errno) for a file it cannot map, OSError for the rest.
+    code = error.errno if isinstance(error, OSError) else None
+    if code == errno.ENOSPC:
         reason = "the disk is full; free space or point out_dir at a larger disk"
-    elif error.errno == errno.EROFS:
+    elif code == errno.EROFS:
         reason = "the file system is read-only (was it remounted read-only?); choose a writable out_dir"
-    elif error.errno in (errno.EACCES, errno.EPERM):
+    elif code in (errno.EACCES, errno.EPERM):
         reason = "permission denied; choose a writable out_dir"
     else:
-        reason = error.strerror or str(error)
+        reason = (error.strerror if isinstance(error, OSError) else None) or str(error)
     return StorageError(f"cannot {action} {path}: {reason}")
 
 
@@ -143,7 +146,7 @@ class LocalStore:
         return keys
 
     def _walk(
-        self, directory: Path, key_prefix: str, name_prefix: str, start_after: str | None, out: list[str]
+        self, directory: Path, key_prefix: str, name_prefix: str, start_after: str | None, out: builtins.list[str]
     ) -> None:
         try:
             # Directories sort as "name/" so the walk yields keys in byte order, like S3.

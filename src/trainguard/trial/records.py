@@ -45,5 +45,5 @@ def decode_record(
     if checksum is not None and zlib.crc32(payload) != checksum:
         raise FormatError(path, start, "record payload does not match its checksum in the index (corrupt file)")
     if len(payload) * PIN_FRACTION < buffer_size:
-        payload = bytes(payload)
+        return decode_tensor_event(bytes(payload), path, start).value
     return decode_tensor_event(payload, path, start).value

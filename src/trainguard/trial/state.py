@@ -19,6 +19,7 @@ from trainguard.format.layout import (
     END_OF_TRAINING,
     EVENTS_PREFIX,
     INDEX_PREFIX,
+    IndexKey,
     index_key,
     parse_event_key,
     parse_index_key,
@@ -207,7 +208,7 @@ class RunState:
             self._advance_token(keys)
             return 0
 
-        def load(index_key):  # type: ignore[no-untyped-def]
+        def load(index_key: IndexKey) -> StepIndex | FormatError | ObjectNotFound:
             try:
                 data = self.store.read(index_key.key)
                 return parse_index(

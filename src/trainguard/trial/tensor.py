@@ -14,6 +14,7 @@ from trainguard.reductions import numpy_reduction
 
 if TYPE_CHECKING:
     from trainguard.trial.trial import Trial
+    from trainguard.trial.worker_view import WorkerTrial
 
 __all__ = ["Tensor", "numpy_reduction"]
 
@@ -21,7 +22,7 @@ __all__ = ["Tensor", "numpy_reduction"]
 class Tensor:
     """Read-side view of one tensor name. Obtain it with ``trial.tensor(name)``."""
 
-    def __init__(self, name: str, trial: Trial) -> None:
+    def __init__(self, name: str, trial: Trial | WorkerTrial) -> None:
         self.name = name
         self._trial = trial
 

@@ -222,7 +222,9 @@ class Trial(RunHealth):
         self.refresh()
         count, modes = self._modes_cache
         if count != len(self._state.steps):
-            present = {mode for mode, names in self._state.by_mode.items() if names and mode != ModeKeys.GLOBAL}
+            present: set[ModeKeys] = {
+                mode for mode, names in self._state.by_mode.items() if names and mode != ModeKeys.GLOBAL
+            }
             if any(record.mode == ModeKeys.GLOBAL for record in self._state.steps.values()):
                 present.add(ModeKeys.GLOBAL)
             modes = sorted(present, key=lambda mode: mode.value)
@@ -286,8 +288,8 @@ class Trial(RunHealth):
             version = (len(state.tensors), len(state.reductions_of), self._collections)
             if self._selection_version != version:
                 self._selections, self._selection_version = {}, version
-            patterns = regex if regex is None or isinstance(regex, str) else tuple(regex)
-            cache_key = (show_prefixed_tensors, patterns, collection)
+            regex_key = regex if regex is None or isinstance(regex, str) else tuple(regex)
+            cache_key = (show_prefixed_tensors, regex_key, collection)
             if cache_key in self._selections:
                 return list(self._selections[cache_key])
         names: Iterable[str] = set(state.tensors) | set(state.reductions_of)

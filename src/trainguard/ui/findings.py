@@ -45,7 +45,7 @@ def arrange(results: list[dict[str, Any]]) -> dict[str, Any]:
     diagnosis = diagnose(results)
     ranked = {(item.get("rule"), item.get("step")) for section in _SECTIONS for item in diagnosis.get(section) or ()}
     if "advice" in diagnosis:  # the diagnosis lists advice itself (and promotes it to possible causes)
-        advice = [item for item in diagnosis["advice"] if isinstance(item, dict)]
+        advice = list(diagnosis["advice"])
     else:
         advice = [
             {**{key: finding.get(key) for key in ("step", "worker", "message", "fix_hint")}, "rule": result.get("rule")}
@@ -93,7 +93,7 @@ def arrange(results: list[dict[str, Any]]) -> dict[str, Any]:
                 events.append(
                     {"step": item["step"], "label": f"{item.get('rule')} (step {item['step']})", "kind": "finding"}
                 )
-    primary = (diagnosis.get("primary") or [None])[0]
+    primary = next(iter(diagnosis.get("primary") or ()), None)
     return {
         "diagnosis": diagnosis,
         "advice": advice,

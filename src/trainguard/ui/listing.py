@@ -149,14 +149,14 @@ def _decode(payload: bytes, name: str, path: str, start: int) -> np.ndarray:
     other payload (smdebug's field order, strings, bfloat16, empty tensors) takes the full
     decoder, so values are the same as its."""
     key = (name, len(payload))
-    template = _TEMPLATES.get(key, False)
-    if template is False:
+    if key not in _TEMPLATES:
         array = decode_tensor_event(payload, path, start).value
         template = _template_of(payload, array)
         if len(_TEMPLATES) >= _MAX_TEMPLATES:
             _TEMPLATES.clear()
         _TEMPLATES[key] = template
         return array
+    template = _TEMPLATES[key]
     if template is not None:
         header, dtype, shape = template
         size = dtype.itemsize * math.prod(shape)
@@ -275,14 +275,14 @@ class RunListing:
             jobs = [(step, worker, key) for step, workers in steps for worker, key in sorted(workers.items())]
             if self._remote and len(jobs) > 1:  # each file is its own request: many at once
                 with ThreadPoolExecutor(8) as pool:
-                    results = list(pool.map(lambda job: self._read_step(*job, select), jobs))
+                    results = list(pool.map(lambda job: self._read_step(job[0], job[1], job[2], select), jobs))
             else:
-                results = [self._read_step(*job, select) for job in jobs]
+                results = [self._read_step(step, worker, key, select) for step, worker, key in jobs]
             names_of: dict[int, set[str]] = {}
             for (step, _, _), (_, names) in zip(jobs, results, strict=True):
                 names_of.setdefault(step, set()).update(names)
-            for step, names in names_of.items():
-                self._remember(step, frozenset(names))
+            for step, names_read in names_of.items():
+                self._remember(step, frozenset(names_read))
             yield from (values for values, _ in results if values is not None)
 
     def _read_step(

@@ -133,7 +133,7 @@ class UiServer:
 
     def __init__(self, dashboard: Dashboard, host: str = "127.0.0.1", port: int = 0) -> None:
         self.dashboard = dashboard
-        handler = type("Handler", (_Handler,), {"dashboard": dashboard, "allowed_hosts": frozenset()})
+        handler: type[_Handler] = type("Handler", (_Handler,), {"dashboard": dashboard, "allowed_hosts": frozenset()})
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self.host, self.port = host, self.httpd.server_address[1]
