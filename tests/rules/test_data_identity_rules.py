@@ -295,3 +295,23 @@ def test_class_imbalance_does_not_read_a_discriminators_real_and_fake_batches_as
     classifier = write_run(tmp_path / "classifier", steps, collections=collections)
     found = _findings(evaluate_rule(classifier, "ClassImbalance"))
     assert any("class 1 is mispredicted" in result.message for result in found), found[:1]
+
+
+def test_unscaled_pixels_are_a_finding_from_the_first_batch_and_unit_range_ones_stay_advice(tmp_path):
+    """Pixels fed as stored (0..255, channel mean ~127) are no preprocessing choice: reported at the
+    first batch of 32 images as a finding, not advice. The same images scaled to [0, 1] (mean ~0.5)
+    are judged only once threshold_samples images were seen, and then as advice."""
+    rng = np.random.default_rng(8)
+    unit = {step: rng.random((32, 3, 8, 8)) for step in range(20)}
+    collections = {"model_inputs": ["Net_input_0"]}
+    raw_steps = {s: {**WEIGHT, "Net_input_0": (255 * v).astype(np.float32)} for s, v in unit.items()}
+    raw = write_run(tmp_path / "raw", raw_steps, collections=collections)
+    found = _findings(evaluate_rule(raw, "CheckInputImages"))
+    oracle = (255 * unit[0]).mean(axis=(0, 2, 3))
+    assert oracle.min() > 100  # every channel far beyond any scaled pixels
+    assert found and found[0].step == 0 and not found[0].advice, found[:1]
+    assert "not preprocessed" in found[0].message
+    scaled = write_run(tmp_path / "unit", {s: {**WEIGHT, "Net_input_0": v.astype(np.float32)} for s, v in unit.items()},
+                       collections=collections)  # fmt: skip
+    advised = _findings(evaluate_rule(scaled, "CheckInputImages"))
+    assert advised and advised[0].advice and advised[0].step == 15  # 16 x 32 = 512 >= 500 images

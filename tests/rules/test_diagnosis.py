@@ -135,3 +135,19 @@ def test_a_mispredicted_class_is_a_symptom_of_a_model_that_does_not_learn() -> N
     # a real label imbalance still explains the stalled loss
     results[0]["findings"][0]["message"] = "class 0 has 24.6x as many labels as class 1 (492 vs 20)"
     assert [f["rule"] for f in diagnose(results)["primary"]] == ["ClassImbalance"]
+
+
+def test_unscaled_images_explain_the_oversized_updates_they_cause() -> None:
+    # raw 0..255 pixels (a finding, not advice, from the first batch) make the first layer's
+    # gradient huge: the update ratio that follows is their consequence, not the primary
+    results = [
+        _result("WeightUpdateRatio", (3, "update of Net_conv1.weight is 9e4 times its norm")),
+        _result("VanishingGradient", (5, "2 of 7 gradient(s) vanished")),
+        _result("DeadRelu", (9, "100% of the ReLUs in 1_output_0 are dead")),
+        _result("CheckInputImages", (0, "channel 0 has mean 127.4 (not preprocessed)")),
+    ]
+    diagnosis = diagnose(results)
+    assert [f["rule"] for f in diagnosis["primary"]] == ["CheckInputImages"]
+    consequences = {f["rule"]: f["explained_by"] for f in diagnosis["consequences"]}
+    assert consequences == {"WeightUpdateRatio": "CheckInputImages", "VanishingGradient": "WeightUpdateRatio",
+                            "DeadRelu": "CheckInputImages"}, consequences  # fmt: skip

@@ -126,7 +126,10 @@ EXPLAINS: tuple[Edge, ...] = (
         "SaturatedActivation": "unnormalised images saturate the first layer's activations",
         "ExplodingTensor": "unnormalised images make the first layer's activations huge",
         "DeadRelu": "unnormalised images kill ReLUs",
+        "WeightUpdateRatio": "unnormalised images make the first layer's gradient, and its updates, extreme",
+        "PoorWeightInitialization": "an initialisation for unit-scale inputs is wrong for unnormalised images",
         "LossNotDecreasing": "badly conditioned inputs slow or stall learning",
+        "Underfitting": "badly conditioned inputs keep the model from fitting",
     }),  # fmt: skip
     *_edges("VanishingGradient", {
         "UnchangedTensor": "weights whose gradient vanished do not change",

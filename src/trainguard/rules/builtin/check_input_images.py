@@ -11,6 +11,12 @@ generator's samples fed to a discriminator, a state fed back: ``_data_inputs``) 
 of the data set. The typical finding is images scaled to [0, 1] only (``ToTensor()`` without
 ``Normalize``): mean ≈ 0.3–0.5. That is advice (trainguard.rules.advice), not a fault by itself:
 many healthy pipelines stop at [0, 1]; it becomes a finding when the run shows a learning symptom.
+A channel mean beyond 1 is not: no scaling of pixels to [0, 1] or [-1, 1] and no normalisation
+with the data's statistics gives one, so it is pixels fed as stored (0..255). That is a finding
+(not advice), reported as soon as it is seen, without waiting for ``threshold_samples`` images
+(a mean of 127 is no sampling accident). What cannot be told apart: a 4-D float input that is
+not an image and has its own units (a spectrogram in dB), or a model that rescales its own
+input as its first layer (Keras ``Rescaling(1/255)``); both are reported as unscaled images.
 
 Padding is not image content. A random crop with zero padding (CIFAR's ``RandomCrop(32,
 padding=4)``) before ``Normalize`` fills the borders with ``(0 - mean_c) / std_c``, which shifts a
@@ -37,6 +43,10 @@ from trainguard.rules.builtin._helpers import (
     select,
 )
 from trainguard.rules.params import Param
+
+# Pixels scaled to [0, 1] or [-1, 1], or normalised with the data's statistics, have channel means
+# within 1; a mean beyond it is pixels fed as stored (0..255), whatever sample size shows it.
+UNSCALED_MEAN = 1.0
 
 
 class CheckInputImages(Rule):
@@ -77,6 +87,15 @@ class CheckInputImages(Rule):
     def validate(self) -> None:
         check_regexes(self, "regex")
 
+    def _means(self, name: str, stats: ChannelStats) -> tuple[np.ndarray, np.ndarray]:
+        """The channel means with and without constant borders (the whole image where all is border)."""
+        means = stats.means()
+        inner = self._inner.get(name)
+        # a channel off only through constant padding borders is not off (module docstring)
+        if inner is not None and inner.count is not None and inner.count.shape == means.shape:
+            return means, np.where(inner.count > 0, inner.means(), means)
+        return means, means
+
     def inapplicable(self) -> str | None:
         """The model was fed data, none of it images: the rule has nothing to judge by design."""
         if self._inputs_read and not self._stats:
@@ -111,28 +130,30 @@ class CheckInputImages(Rule):
                 return self.missing(step, MissingTensor("input images (4-D model inputs)", "model_inputs"))
             return None
         judged = {name: stats for name, stats in self._stats.items() if stats.samples >= self.threshold_samples}
-        if not judged:
-            return None
-        for name, stats in sorted(judged.items()):
-            means = stats.means()
-            inner = self._inner.get(name)
-            # a channel off only through constant padding borders is not off (module docstring)
-            inner_means = means
-            if inner is not None and inner.count is not None and inner.count.shape == means.shape:
-                inner_means = np.where(inner.count > 0, inner.means(), means)  # all border: the whole image
+        for name, stats in sorted(self._stats.items()):
+            means, inner_means = self._means(name, stats)
             off = np.minimum(np.abs(means), np.abs(inner_means))
             worst = int(np.argmax(off))
+            unscaled = bool(off[worst] > max(self.threshold_mean, UNSCALED_MEAN))
+            if name not in judged and not unscaled:
+                continue
             if off[worst] > self.threshold_mean:
+                scale = " (beyond any scaling of pixels to [0, 1] or [-1, 1]: not preprocessed)" if unscaled else ""
                 return self.issue(
                     step,
                     f"input images {name}: channel {worst} has mean {fmt(means[worst])} over {stats.samples} images "
-                    f"(|mean| > threshold_mean {fmt(self.threshold_mean)})",
+                    f"(|mean| > threshold_mean {fmt(self.threshold_mean)}){scale}",
+                    # unscaled pixels are a fault of the pipeline, not a matter of taste: a finding
+                    advice=False if unscaled else None,
                     tensor=name,
                     channel=worst,
                     means=means.tolist(),
                     means_without_borders=inner_means.tolist(),
                     samples=stats.samples,
+                    unscaled=unscaled,
                 )
+        if not judged:
+            return None
         return self.no_issue(step, tensors=sorted(judged))
 
 
