@@ -29,10 +29,10 @@ def test_the_service_schema_takes_exactly_these() -> None:
     pytest.importorskip("pydantic")
     from pydantic import ValidationError
 
-    from trainguard.services.api import schemas
+    from trainguard.services.api import rule_reports
 
-    assert schemas.RULE_STATUSES is RULE_STATUSES
+    assert rule_reports.RULE_STATUSES is RULE_STATUSES
     for status in RULE_STATUSES:
-        assert schemas.RuleStatusReport(status=status).status == status
+        assert rule_reports.RuleStatusReport(status=status).status == status
     with pytest.raises(ValidationError):
-        schemas.RuleStatusReport(status="Completed")  # a job status, not a rule's
+        rule_reports.RuleStatusReport(status="Completed")  # a job status, not a rule's

@@ -1,9 +1,8 @@
 """Creating a job's rows: building them, name claims and group commit.
 
-A creation is acknowledged only once its rows are durable (a commit with its fsync). On this kind
-of machine an fsync took 28 ms at p50 and 137 ms at p95 while jobs started beside the API, and
-one creation at a time behind one lock paid for every fsync queued before it: 10 concurrent
-clients saw create p95 of 3.5-5.6 s (bench/load_api.py). Here creations that arrive while a
+A creation is acknowledged only once its rows are durable (a commit with its fsync). An fsync is
+slow while jobs start beside the API, and one creation at a time behind one lock would pay for
+every fsync queued before it. Here creations that arrive while a
 commit is in flight are written together by the next one, in one transaction and one fsync
 (group commit, as databases do for their own logs), so a creation waits for at most about two
 commits whatever the number of clients.

@@ -2,14 +2,12 @@
 
 CreateTrainingJob answers as soon as the job's rows are committed (InProgress / Starting), as
 SageMaker does; starting the processes or containers (fork/exec, image pulls) waits in this queue.
-With the launch inside the request, 10 concurrent clients saw create p95 of seconds on a 2-core
-machine (bench/load_api.py): every request paid for the launches queued before it.
+With the launch inside the request, every request would pay for the launches queued before it.
 
 Launches wait for a burst of creations to settle: a launch starts once no job was accepted for
 ``settle_seconds``, or once its job has waited ``max_delay_seconds``, whichever comes first.
 Starting a job (interpreters importing torch, files, fork/exec) is CPU the API needs to answer
-the burst: 10 clients creating 100 jobs saw create p95 of 276-385 ms with each launch started
-at once, and 66-73 ms with launches held until the burst ended (bench/load_api.py, 2 cores).
+the burst, so launches are held until the burst ends.
 A job starts at most ``max_delay_seconds`` later for it, as SageMaker's instances start minutes
 after CreateTrainingJob answers; a stream of creations longer than that does not starve the
 launches: a job that waited ``max_delay_seconds`` starts whatever arrives.
@@ -26,12 +24,15 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 from trainguard.services.api.db import ComponentRow, JobRow
 from trainguard.services.api.planner import plan_job
 from trainguard.services.api.schemas import JobSpec
-from trainguard.services.launchers.base import JobLaunch, LauncherError, LaunchRefused
+from trainguard.services.api.settings import Settings
+from trainguard.services.launchers.base import JobLaunch, Launcher, LauncherError, LaunchRefused
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +109,32 @@ class JobLaunchQueue:
         self._executor.shutdown(wait=False, cancel_futures=False)
 
 
+class _LaunchingService(Protocol):
+    """What :class:`JobLaunching` uses of the job service it is part of."""
+
+    launcher: Launcher
+    launch_queue: JobLaunchQueue
+    starting: set[str]
+    lock: threading.RLock
+    sessions: sessionmaker
+    settings: Settings
+
+    def _finish(self, session: Session, job: JobRow, status: str, secondary: str, reason: str = "") -> None: ...
+
+    def _rows(self, session: Session, model: type[ComponentRow], name: str, order: Any) -> list[Any]: ...
+
+    def flush_notifications(self) -> None: ...
+
+    def _queue_launch(self, name: str, launch: JobLaunch) -> None: ...
+
+    def _launch_failed(self: _LaunchingService, name: str, error: BaseException) -> None: ...
+
+
 class JobLaunching:
-    """JobService's side of the launch queue (kept here so that jobs.py stays small).
+    """JobService's side of the launch queue (kept here so that jobs.py stays small), against what
+    it needs of the service (:class:`_LaunchingService`)."""
 
-    Uses the service's ``launcher``, ``launch_queue``, ``starting``, ``lock``, ``sessions``,
-    ``settings``, ``_finish``, ``_rows`` and ``flush_notifications``.
-    """
-
-    def _queue_launch(self, name: str, launch: JobLaunch) -> None:
+    def _queue_launch(self: _LaunchingService, name: str, launch: JobLaunch) -> None:
         self.starting.add(name)
 
         def run() -> None:
@@ -127,7 +146,7 @@ class JobLaunching:
         if not self.launch_queue.submit(name, run, lambda error: self._launch_failed(name, error)):
             log.info("job %s is queued for launch already", name)
 
-    def _launch_failed(self, name: str, error: BaseException) -> None:
+    def _launch_failed(self: _LaunchingService, name: str, error: BaseException) -> None:
         """A job accepted but not launchable: stop what part of it started, then Failed with why."""
         try:
             self.launcher.stop(name, None, 0)
@@ -144,7 +163,7 @@ class JobLaunching:
                 session.commit()
         self.flush_notifications()
 
-    def resume_launches(self) -> list[str]:
+    def resume_launches(self: _LaunchingService) -> list[str]:
         """At start-up: queue again every job accepted but not launched when the API stopped.
 
         Such a job is unsettled, still Starting, and none of its components was ever seen by the

@@ -12,27 +12,22 @@ import math
 import secrets
 import threading
 import time
-import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, load_only, sessionmaker
-from trainguard.services.actions import ActionContext, build_event, get_handler
-from trainguard.services.actions.dispatch import ActionDispatcher
-from trainguard.services.actions.outbound_policy import OutboundPolicy
-from trainguard.services.actions.stop_policy import finding_at, is_stop_action, restop_actions
-from trainguard.services.alarms import AlarmSpec, AlarmState, breaches, evaluate_alarm
 from trainguard.services.api.db import (
     ActionRow,
     AlarmRow,
     ComponentRow,
     JobRow,
-    MetricRow,
     ReportSequenceRow,
     RuleRow,
     TransitionRow,
 )
+from trainguard.services.api.job_actions import JobActions
 from trainguard.services.api.job_creation import GroupCommit, NameClaims, NameTaken, check_launchable, new_job_rows
 from trainguard.services.api.job_launch_queue import JobLaunching, JobLaunchQueue
 from trainguard.services.api.planner import plan_job
@@ -56,6 +51,8 @@ _SUMMARY_COLUMNS = (
 )  # fmt: skip
 
 MAX_FINDINGS = 50
+# The rows that belong to one job (their job_name column): what _rows reads.
+_JobChild = TransitionRow | ComponentRow | RuleRow | AlarmRow | ActionRow
 
 
 class JobNotFound(ServiceError, KeyError):
@@ -90,12 +87,8 @@ class JobService(JobLaunching):
         # Creations claim their names in memory and commit their rows together (group commit).
         self._name_claims = NameClaims(sessions)
         self._group_commit = GroupCommit(sessions)
-        # Stop actions run on their own path, never queued behind notifications (actions/dispatch.py).
-        self._actions = ActionDispatcher()
-        self._outbound = OutboundPolicy.from_settings(settings)  # where webhooks may connect
+        self.actions = JobActions(self)  # alarms, their actions and state-change events
         self.starting: set[str] = set()  # jobs whose components the launcher is starting right now
-        self._submitted: set[int] = set()  # Pending action runs handed to the executor by this process
-        self._changed: set[str] = set()
         self.launch_queue = JobLaunchQueue(
             workers=2,
             settle_seconds=settings.launch_settle_seconds,
@@ -103,7 +96,7 @@ class JobService(JobLaunching):
         )
 
     def close(self) -> None:
-        self._actions.close()
+        self.actions.close()
         self.launch_queue.close()
 
     # -- creation ---------------------------------------------------------------------------------
@@ -113,7 +106,7 @@ class JobService(JobLaunching):
         *,
         source: str = "native",
         request: dict[str, Any] | None = None,
-        unavailable_rules: list[dict[str, str]] = (),
+        unavailable_rules: Sequence[dict[str, str]] = (),
         owner: Caller = OPERATOR_CALLER,
     ) -> dict[str, Any]:
         """Record and start a job owned by ``owner``. Raises JobExists, ValueError (bad spec for this launcher).
@@ -211,7 +204,7 @@ class JobService(JobLaunching):
         with self.sessions() as session:
             return self._job(session, name, caller, action)
 
-    def _rows(self, session: Session, model: type, name: str, order: Any) -> list[Any]:
+    def _rows(self, session: Session, model: type[_JobChild], name: str, order: Any) -> list[Any]:
         return list(session.scalars(select(model).where(model.job_name == name).order_by(order)))
 
     def describe(self, name: str, caller: Caller = OPERATOR_CALLER) -> dict[str, Any]:
@@ -250,7 +243,7 @@ class JobService(JobLaunching):
         action: str = "read",
     ) -> list[JobRow]:
         """Jobs ``caller`` may ``action``, newest first, with the columns a summary shows loaded (not each
-        job's spec, request and environment: a list of a few hundred jobs cost 10x more CPU with them)."""
+        job's spec, request and environment, which would cost a long list most of its CPU)."""
         owners = self.settings.tenancy.owners(caller, action)
         with self.sessions() as session:
             query = select(JobRow).options(load_only(*_SUMMARY_COLUMNS)).order_by(JobRow.creation_time.desc())
@@ -287,7 +280,7 @@ class JobService(JobLaunching):
         session.add(TransitionRow(job_name=job.name, status=secondary, start_time=now, message=message))
         job.secondary_status = secondary
         job.last_modified_time = now
-        self._changed.add(job.name)
+        self.actions.changed.add(job.name)
 
     def _finish(self, session: Session, job: JobRow, status: str, secondary: str, reason: str = "") -> None:
         self._transition(session, job, secondary, reason)
@@ -303,7 +296,7 @@ class JobService(JobLaunching):
         if job.training_end_time is None:
             job.training_end_time = now
         job.last_modified_time = now
-        self._changed.add(job.name)
+        self.actions.changed.add(job.name)
 
     def set_rule_status(self, session: Session, job: JobRow, rule: RuleRow, status: str, details: str = "") -> None:
         if rule.status == status and (not details or rule.status_details == details):
@@ -312,7 +305,7 @@ class JobService(JobLaunching):
         rule.status_details = details
         rule.last_modified_time = time.time()
         job.last_modified_time = rule.last_modified_time
-        self._changed.add(job.name)
+        self.actions.changed.add(job.name)
 
     # -- stopping ---------------------------------------------------------------------------------
     def stop(
@@ -444,142 +437,16 @@ class JobService(JobLaunching):
                     "reason": f"the rule already ended {rule.status}; a final status is not replaced"}  # fmt: skip
         return {"accepted": True}
 
-    # -- metrics, alarms, actions -----------------------------------------------------------------
+    # -- metrics, alarms, actions (job_actions.py) --------------------------------------------------
     def add_datapoint(
         self, session: Session, job: JobRow, configuration: str, metric: str, value: float, step: Any
     ) -> None:
-        session.add(
-            MetricRow(
-                job_name=job.name, configuration_name=configuration, metric_name=metric, value=value,
-                step=int(step) if step is not None else None, timestamp=time.time(),
-            )
-        )  # fmt: skip
-        session.flush()
-        for alarm in self._rows(session, AlarmRow, job.name, AlarmRow.name):
-            spec = AlarmSpec.from_dict(alarm.spec)
-            if spec.metric_name != metric or (spec.rule is not None and spec.rule != configuration):
-                continue
-            query = (
-                select(MetricRow.value)
-                .where(MetricRow.job_name == job.name, MetricRow.metric_name == metric)
-                .order_by(MetricRow.id.desc())
-                .limit(spec.evaluation_periods)
-            )
-            if spec.rule is not None:
-                query = query.where(MetricRow.configuration_name == spec.rule)
-            values = list(reversed(list(session.scalars(query))))
-            state, reason = evaluate_alarm(spec, values)
-            if state.value == alarm.state:
-                if state is AlarmState.ALARM and breaches(spec, value):
-                    self._stop_for_new_finding(session, job, alarm.name, spec, configuration, step)
-                continue
-            alarm.state, alarm.state_reason, alarm.updated = state.value, reason, time.time()
-            if state is AlarmState.ALARM and spec.actions:
-                rule = session.get(RuleRow, (job.name, configuration))
-                finding = finding_at(rule.findings, step) if rule is not None else None
-                extra = {"alarm": alarm.name, "rule": configuration, "reason": reason, "finding": finding}
-                # Recorded in the same transaction as the alarm's state: a crash cannot lose them.
-                for action in spec.actions:
-                    session.add(
-                        ActionRow(
-                            job_name=job.name, alarm_name=alarm.name, action_name=str(action.get("name")),
-                            status="Pending", created=time.time(), action=dict(action), extra=extra,
-                        )
-                    )  # fmt: skip
-
-    def _stop_for_new_finding(
-        self, session: Session, job: JobRow, alarm_name: str, spec: AlarmSpec, configuration: str, step: Any
-    ) -> None:
-        """Every breaching finding is put to the alarm's stop actions, not only the one that made it
-        enter ALARM (actions/stop_policy.py): a certain finding after uncertain ones stops the job."""
-        rule = session.get(RuleRow, (job.name, configuration))
-        if rule is None or job.status != JobStatus.IN_PROGRESS or not any(map(is_stop_action, spec.actions)):
-            return
-        earlier = session.scalars(
-            select(ActionRow.extra).where(ActionRow.job_name == job.name, ActionRow.alarm_name == alarm_name)
-        )
-        finding = finding_at(rule.findings, step)
-        stops = restop_actions(spec.actions, finding, [(extra or {}).get("finding") for extra in earlier])
-        reason = f"a finding at step {step} while the alarm stayed in ALARM"
-        for action in stops:
-            extra = {"alarm": alarm_name, "rule": configuration, "reason": reason, "finding": finding}
-            session.add(ActionRow(job_name=job.name, alarm_name=alarm_name, action_name=str(action.get("name")),
-                                  status="Pending", created=time.time(), action=action, extra=extra))  # fmt: skip
+        self.actions.add_datapoint(session, job, configuration, metric, value, step)
 
     def flush_notifications(self) -> None:
         """Run actions scheduled by committed alarm transitions; emit state-change events."""
-        with self.lock:
-            changed, self._changed = self._changed, set()
-            with self.sessions() as session:
-                pending = session.execute(
-                    select(ActionRow.id, ActionRow.action_name, ActionRow.job_name)
-                    .where(ActionRow.status == "Pending")
-                    .order_by(ActionRow.id)
-                ).all()
-            fresh = [run for run in pending if run.id not in self._submitted]
-            self._submitted.update(run.id for run in fresh)
-        for run in fresh:
-            self._actions.submit(run.action_name, run.job_name, self._run_recorded, run.id)
-        if self.settings.event_webhook_url:
-            for job_name in changed:
-                action = {"name": "webhook", "url": self.settings.event_webhook_url, "retries": 2}
-                self._actions.submit("webhook", job_name, self._emit_state_change, job_name, action)
+        self.actions.flush()
 
     def resume_actions(self) -> None:
         """After a restart: run actions still Pending; one that was Running when the API died is Failed."""
-        with self.lock, self.sessions() as session:
-            for row in session.scalars(select(ActionRow).where(ActionRow.status == "Running")):
-                row.status, row.finished = JobStatus.FAILED.value, time.time()
-                row.detail = "interrupted by an API restart before it finished (not retried: it may have run)"
-            session.commit()
-        self.flush_notifications()
-
-    def _context(self, job_name: str) -> ActionContext:
-        # A job's actions act for the job's owner: a stoptraining prefix matches and stops only
-        # jobs that owner may stop, never another tenant's.
-        owner = Caller(self.job_for(OPERATOR_CALLER, job_name).owner)
-
-        def in_progress() -> list[str]:
-            return [job.name for job in self.list_jobs(status=JobStatus.IN_PROGRESS.value, caller=owner, action="stop")]
-
-        def stop_job(name: str, grace: float | None, cause: str) -> None:
-            self.stop(name, grace, cause, caller=owner)
-
-        return ActionContext(
-            job_name=job_name, stop_job=stop_job, in_progress_jobs=in_progress, smtp=dict(self.settings.smtp),
-            sns_endpoint_url=self.settings.sns_endpoint_url, region=self.settings.region, outbound=self._outbound,
-        )  # fmt: skip
-
-    def _run_recorded(self, run_id: int) -> None:
-        with self.lock, self.sessions() as session:
-            row = session.get(ActionRow, run_id)
-            if row is None or row.status != "Pending":
-                return
-            row.status = "Running"
-            session.commit()
-            job_name, action, extra = row.job_name, dict(row.action or {}), dict(row.extra or {})
-        try:
-            detail = self._run_action(job_name, action, extra)
-            status = "Succeeded"
-        except Exception as error:  # noqa: BLE001 - an action failure is recorded, never crashes the API
-            log.warning("action %s for %s failed: %s", action.get("name"), job_name, error)
-            status, detail = JobStatus.FAILED.value, f"{type(error).__name__}: {error}"
-        with self.lock, self.sessions() as session:
-            row = session.get(ActionRow, run_id)
-            row.status, row.detail, row.finished = status, str(detail)[:2000], time.time()
-            session.commit()
-
-    def _run_action(self, job_name: str, action: dict[str, Any], extra: dict[str, Any]) -> str:
-        event = build_event(
-            self.describe_sagemaker(job_name),
-            account=self.settings.account_id,
-            region=self.settings.region,
-            extra={**extra, "event_id": str(uuid.uuid4())},
-        )
-        return get_handler(str(action.get("name")))(event, action, self._context(job_name))
-
-    def _emit_state_change(self, job_name: str, action: dict[str, Any]) -> None:
-        try:
-            self._run_action(job_name, action, {"reason": "state change"})
-        except Exception as error:  # noqa: BLE001 - best effort, like EventBridge delivery to a dead target
-            log.warning("state-change event for %s not delivered: %s", job_name, error)
+        self.actions.resume()

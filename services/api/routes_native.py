@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from trainguard.services.api.auth import check_bearer, native_caller
 from trainguard.services.api.jobs import JobExists, JobForbidden, JobNotFound, JobService
 from trainguard.services.api.policy import Caller
-from trainguard.services.api.schemas import JOB_NAME_PATTERN, MAX_GRACE_SECONDS, JobSpec, RuleStatusReport
+from trainguard.services.api.rule_reports import RuleStatusReport
+from trainguard.services.api.schemas import JOB_NAME_PATTERN, MAX_GRACE_SECONDS, JobSpec
 
 __all__ = ["native_router"]
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from trainguard.services.api.safe_fields import MAX_STEP, SafeText, safe_tree
 from trainguard.services.api.sagemaker_validation import (
     DEBUG_HOOK_LOCATIONS,
     MAX_RULE_CONFIGURATION_NAME,
@@ -18,7 +19,6 @@ from trainguard.services.api.sagemaker_validation import (
     PROFILER_CONFIG,
     member_errors,
     structure,
-    unsafe_text,
 )
 from trainguard.services.api.spec_limits import (
     MIN_CPUS,
@@ -28,8 +28,6 @@ from trainguard.services.api.spec_limits import (
     check_environment,
     nesting_problem,
 )
-
-from trainguard.statuses import RULE_STATUSES
 
 __all__ = ["AlarmConfig", "JobSpec", "Resources", "RuleConfig", "StoppingCondition", "RUNNER_PARAMETERS"]
 
@@ -41,7 +39,6 @@ MAX_CPUS = 1024.0
 MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
 MAX_WEBHOOK_RETRIES = 10
 MAX_GRACE_SECONDS = 3600.0
-MAX_STEP = 2**62
 RULE_REFERENCE = (  # 'package.module:Class' (dotted identifiers), or a rule / entry-point name
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$|^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 )
@@ -62,44 +59,6 @@ def _shape(shape: Any, value: Any) -> None:
 
 
 _HOOK_LOCATIONS = structure(DEBUG_HOOK_LOCATIONS)
-
-
-def _safe_text(value: str) -> str:
-    problem = unsafe_text(value)
-    if problem:
-        raise ValueError(f"must {problem}")
-    return value
-
-
-def _safe_tree(value: Any, path: str = "", *, finite: bool = True) -> Any:
-    """NUL bytes and lone surrogates in free-form documents (hook config, actions) are refused too.
-
-    ``finite=False`` lets NaN and infinities through: a finding's details report them (a loss that
-    became NaN is the finding), while a configuration value never may be one.
-    """
-    if isinstance(value, str):
-        problem = unsafe_text(value)
-        if problem:
-            raise ValueError(f"{path or 'value'}: must {problem}")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _safe_tree(key, f"{path}.{key!r}" if path else repr(key), finite=finite)
-            _safe_tree(item, f"{path}.{key}" if path else str(key), finite=finite)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _safe_tree(item, f"{path}[{index}]", finite=finite)
-    elif finite and isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{path or 'value'}: must be a finite number")
-    return value
-
-
-def _text(max_length: int, min_length: int = 0, pattern: str | None = None) -> Any:
-    """A string of bounded length that a process and a database can take (no NUL, valid Unicode)."""
-    return Annotated[
-        str,
-        StringConstraints(min_length=min_length, max_length=max_length, pattern=pattern),
-        AfterValidator(_safe_text),
-    ]
 
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -172,7 +131,7 @@ def _validate_actions(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
         raise ValueError(f"at most 10 actions, got {len(actions)}")
     check_document_size(actions, "actions")
     for index, action in enumerate(actions):
-        _safe_tree(action, f"action {index}")
+        safe_tree(action, f"action {index}")
         if not isinstance(action, dict):
             raise ValueError(f"action {index}: must be an object with a 'name'")
         if not isinstance(action.get("name"), str):
@@ -236,16 +195,20 @@ class _Unopened:
 class RuleConfig(BaseModel):
     model_config = _STRICT
 
-    rule: _text(512, 1) = Field(description="built-in rule name, entry-point name or 'package.module:Class'")
-    name: _text(MAX_RULE_CONFIGURATION_NAME, 1, CONFIGURATION_NAME) | None = Field(
+    rule: Annotated[str, SafeText(512, 1)] = Field(
+        description="built-in rule name, entry-point name or 'package.module:Class'"
+    )
+    name: Annotated[str, SafeText(MAX_RULE_CONFIGURATION_NAME, 1, CONFIGURATION_NAME)] | None = Field(
         None,
         description=f"RuleConfigurationName (default: the rule name); letters, digits, '_', '.', '-'; at most "
         f"{MAX_RULE_CONFIGURATION_NAME} characters (the rule's files and processes are named after it)",
     )
-    parameters: dict[_text(256, 1), _text(4096) | int | float | bool] = Field(default_factory=dict, max_length=100)
+    parameters: dict[Annotated[str, SafeText(256, 1)], Annotated[str, SafeText(4096)] | int | float | bool] = Field(
+        default_factory=dict, max_length=100
+    )
     actions: list[dict[str, Any]] = Field(default_factory=list, description="e.g. [{'name': 'stoptraining'}]")
     kind: Literal["debug", "profiler"] = "debug"
-    source_uri: _text(1024) | None = Field(
+    source_uri: Annotated[str, SafeText(1024)] | None = Field(
         None, description="a .py file (s3:// or path) that defines the custom rule class"
     )
 
@@ -277,7 +240,7 @@ class RuleConfig(BaseModel):
     @field_validator("parameters")
     @classmethod
     def _finite_parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
-        _safe_tree(value)
+        safe_tree(value)
         check_document_size(value, "parameters")
         start, end = _step(value, "start_step"), _step(value, "end_step")
         if start is not None and end is not None and end < start:
@@ -348,9 +311,9 @@ class AlarmConfig(BaseModel):
 
     model_config = _STRICT
 
-    name: _text(256, 1)
+    name: Annotated[str, SafeText(256, 1)]
     metric_name: Literal["RuleIssuesFound"] = "RuleIssuesFound"
-    rule: _text(256, 1) | None = Field(
+    rule: Annotated[str, SafeText(256, 1)] | None = Field(
         None, description="RuleConfigurationName the alarm watches (default: every rule)"
     )
     threshold: float = Field(1.0, allow_inf_nan=False, ge=-1e12, le=1e12)
@@ -379,19 +342,23 @@ class JobSpec(BaseModel):
     model_config = _STRICT
 
     name: str = Field(pattern=JOB_NAME_PATTERN, description="1-63 characters: letters, digits, hyphens")
-    image: _text(1024, 1) | None = Field(None, description="training image (docker launcher; ignored by the local one)")
-    command: list[_text(65536)] = Field(
+    image: Annotated[str, SafeText(1024, 1)] | None = Field(
+        None, description="training image (docker launcher; ignored by the local one)"
+    )
+    command: list[Annotated[str, SafeText(65536)]] = Field(
         default_factory=list, max_length=1000, description="the training command, e.g. ['python', 'train.py']"
     )
-    environment: dict[_text(512, 1, r"^[A-Za-z_][A-Za-z0-9_]*$"), _text(262144)] = Field(
-        default_factory=dict, max_length=500
+    environment: dict[
+        Annotated[str, SafeText(512, 1, r"^[A-Za-z_][A-Za-z0-9_]*$")], Annotated[str, SafeText(262144)]
+    ] = Field(default_factory=dict, max_length=500)
+    working_dir: Annotated[str, SafeText(4096, 1)] | None = Field(
+        None, description="working directory of the training command"
     )
-    working_dir: _text(4096, 1) | None = Field(None, description="working directory of the training command")
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(default_factory=lambda: Resources.model_validate({}))
     hook_config: dict[str, Any] | None = Field(None, description="SageMaker DebugHookConfig object")
     rules: list[RuleConfig] = Field(default_factory=list, max_length=40)
     profiler_config: dict[str, Any] | None = Field(None, description="SageMaker ProfilerConfig object")
-    stopping_condition: StoppingCondition = Field(default_factory=StoppingCondition)
+    stopping_condition: StoppingCondition = Field(default_factory=lambda: StoppingCondition.model_validate({}))
     alarms: list[AlarmConfig] = Field(default_factory=list, max_length=20)
 
     @field_validator("command")
@@ -411,7 +378,7 @@ class JobSpec(BaseModel):
     def _safe_profiler_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is None:
             return None
-        _safe_tree(value)
+        safe_tree(value)
         _shape(PROFILER_CONFIG, value)  # SageMaker's ProfilerConfig, as the training side reads it
         check_document_size(value, "profiler_config")
         return value
@@ -421,7 +388,7 @@ class JobSpec(BaseModel):
     def _valid_hook_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is None:
             return None
-        _safe_tree(value)
+        safe_tree(value)
         _shape(_HOOK_LOCATIONS, value)  # S3OutputPath and LocalPath are read as strings by the planner
         check_document_size(value, "hook_config")
         _check_nesting(value)  # its regexes (HookParameters', collections') compile in the job
@@ -460,66 +427,3 @@ class JobSpec(BaseModel):
                 raise ValueError(f"alarms: two alarms are named {alarm.name!r}")
             alarm_names.add(alarm.name)
         return self
-
-
-# -- what rule runners report (POST /v1/internal/jobs/{name}/rules/{configuration}/status) ---------
-_Step = Annotated[int, Field(ge=-1, le=MAX_STEP)]
-
-
-class _Open(BaseModel):
-    """Known members are type-checked; members a newer runner adds are kept (forward compatible)."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class MissingTensorReport(_Open):
-    what: _text(4096)
-    collection: _text(1024) | None = None
-
-
-class StepResultReport(_Open):
-    rule: _text(512) = ""
-    step: _Step
-    fired: bool = False
-    message: _text(65536) = ""
-    fix_hint: _text(65536) | None = ""
-    details: dict[str, Any] = Field(default_factory=dict)
-    missing: list[MissingTensorReport] = Field(default_factory=list, max_length=1000)
-    certain: bool = False
-    worker: _text(256) | None = None
-    not_evaluated: _text(65536) | None = None
-    advice: bool = False  # a property of the data or the initialisation: no issue, no alarm
-
-    @field_validator("details")
-    @classmethod
-    def _safe_details(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _safe_tree(value, "details", finite=False)
-
-
-class DatapointReport(_Open):
-    metric: _text(128, 1) = "RuleIssuesFound"
-    value: float = Field(allow_inf_nan=False, ge=-1e15, le=1e15)
-    step: _Step | None = None
-
-
-class RuleStatusReport(_Open):
-    """One ``StatusUpdate.to_dict()`` (plus batched datapoints) from a rule runner."""
-
-    configuration_name: _text(256) | None = None
-    rule: _text(512) | None = None
-    status: Literal[RULE_STATUSES] | None = Field(  # type: ignore[valid-type]
-        None, description="a RuleEvaluationStatus; absent: datapoints only. A final status is never replaced."
-    )
-    status_details: _text(65536) | None = ""
-    step: _Step | None = None
-    result: StepResultReport | None = None
-    last_evaluated_step: _Step | None = None
-    timestamp: float | None = Field(None, allow_inf_nan=False, ge=0, le=253402300799)
-    datapoints: list[DatapointReport] | None = Field(None, max_length=10000)
-    outbox: _text(64, 1) | None = Field(None, description="the runner's outbox id (with sequence: applied once)")
-    sequence: int | None = Field(None, ge=0, le=MAX_STEP, description="the report's number in its outbox")
-
-    @field_validator("status", mode="before")
-    @classmethod
-    def _empty_status(cls, value: Any) -> Any:
-        return None if value == "" else value

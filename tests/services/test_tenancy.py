@@ -364,7 +364,7 @@ def test_a_stoptraining_prefix_matches_only_jobs_the_owner_may_stop(tmp_path: Pa
         for name, owner in (("train-alice", "alice"), ("train-bob", "bob")):
             service.create(JobSpec.model_validate({"name": name, "command": ["sleep", "60"]}), owner=Caller(owner))
         try:
-            context = service._context("train-alice")
+            context = service.actions.context("train-alice")
             assert context.in_progress_jobs() == ["train-alice"]
             event = {"trainguard": {"finding": {"certain": True}}, "detail": {"TrainingJobName": "train-alice"}}
             # "train-b" matches bob's job, which alice's rule may not stop: no match, nothing stopped.
@@ -372,8 +372,8 @@ def test_a_stoptraining_prefix_matches_only_jobs_the_owner_may_stop(tmp_path: Pa
                                                  context)  # fmt: skip
             assert answer.startswith("not stopped: 0 InProgress jobs")
             assert service.job_for(Caller(OPERATOR), "train-bob").status == "InProgress"
-            assert sorted(service._context("train-bob").in_progress_jobs()) == ["train-bob"]
-            operator_context = service._context  # the operator's jobs' actions still see every job
+            assert sorted(service.actions.context("train-bob").in_progress_jobs()) == ["train-bob"]
+            operator_context = service.actions.context  # the operator's jobs' actions still see every job
             service.create(JobSpec.model_validate({"name": "train-op", "command": ["sleep", "60"]}))
             assert sorted(operator_context("train-op").in_progress_jobs()) == ["train-alice", "train-bob", "train-op"]
         finally:
