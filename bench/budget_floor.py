@@ -41,7 +41,7 @@ print("COST", json.dumps({"cpu": time.process_time() - cpu, "wall": time.perf_co
 
 
 def _environment(out_dir: str, config: str) -> dict[str, str]:
-    from trainguard.cli import BOOTSTRAP_DIR, LIVE_RULES_MAX_INTERVAL
+    from trainguard.launch.options import BOOTSTRAP_DIR, LIVE_RULES_MAX_INTERVAL
 
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP_DIR), str(REPO / "src"), environment.get("PYTHONPATH", "")])

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trainguard.errors import TrainguardError
 from trainguard.format.layout import EVENTS_PREFIX, RUN_EXIT_RECORD
 from trainguard.modes import ModeKeys
-from trainguard.trial import Trial
+from trainguard.trial import Trial, create_trial
 
 __all__ = [
-    "describe_run", "format_bytes", "is_not_applicable", "is_not_evaluated", "read_rule_results",
+    "describe_run", "format_bytes", "is_not_applicable", "is_not_evaluated", "print_summary", "read_rule_results",
     "render_rule_results", "rule_results_from_updates",
 ]  # fmt: skip
 
@@ -31,7 +33,7 @@ def format_bytes(count: int) -> str:
     return f"{count} B"
 
 
-def describe_run(trial: Trial) -> dict[str, object]:
+def describe_run(trial: Trial) -> dict[str, Any]:
     """Facts about a run, cheap to compute (sizes come from the index, not from reading data)."""
     state = trial._state
     event_bytes = sum(
@@ -244,28 +246,57 @@ def _exit_status(code: int) -> str:
     return f"exit status {code}"
 
 
-def render_summary(facts: dict[str, object]) -> str:
-    modes = ", ".join(f"{mode} {count}" for mode, count in facts["steps_per_mode"].items())  # type: ignore[union-attr]
-    collections = ", ".join(f"{name} {count}" for name, count in facts["tensors_per_collection"].items())  # type: ignore[union-attr]
+def render_summary(facts: Mapping[str, Any]) -> str:
+    modes = ", ".join(f"{mode} {count}" for mode, count in facts["steps_per_mode"].items())
+    collections = ", ".join(f"{name} {count}" for name, count in facts["tensors_per_collection"].items())
     lines = [
         f"trainguard: captured run at {facts['path']}",
         f"  steps saved : {facts['steps']} ({modes}), global steps {facts['first_step']}..{facts['last_step']}",
         f"  tensors     : {facts['tensors']} ({collections})"
         + (f" + {facts['reduction_tensors']} reductions" if facts["reduction_tensors"] else ""),
-        f"  data        : {format_bytes(int(facts['bytes']))} in event files, workers {', '.join(facts['workers'])}",  # type: ignore[arg-type]
-        f"  losses      : {', '.join(facts['loss_names']) or 'none captured'}",  # type: ignore[arg-type]
+        f"  data        : {format_bytes(int(facts['bytes']))} in event files, workers {', '.join(facts['workers'])}",
+        f"  losses      : {', '.join(facts['loss_names']) or 'none captured'}",
         f"  finished    : {_finished(facts)}",
         f"  read it     : from trainguard.trials import create_trial; create_trial({str(facts['path'])!r})",
     ]
-    for worker, why in (facts.get("capture_stopped") or {}).items():  # type: ignore[union-attr]
+    for worker, why in (facts.get("capture_stopped") or {}).items():
         lines.append(
             f"  capture     : STOPPED EARLY: {worker} captured nothing from step {why.get('step')} on "
             f"(steps saved end at {facts['last_step']}): {why.get('reason')}"
         )
-    for item in facts.get("damaged") or []:  # type: ignore[union-attr]
+    for item in facts.get("damaged") or []:
         where = "" if item.get("step") is None else f"step {item['step']} of {item.get('worker')}: "
         lines.append(f"  damaged     : {where}{item.get('file')}: {item.get('problem')}")
-    rules = render_rule_results(facts.get("rules") or [], facts.get("stopped"))  # type: ignore[arg-type]
+    rules = render_rule_results(facts.get("rules") or [], facts.get("stopped"))
     if rules:
         lines.append(rules)
     return "\n".join(lines)
+
+
+def print_summary(
+    path: str,
+    as_json: bool = False,
+    rules: list[dict[str, Any]] | None = None,
+    stopped: dict[str, Any] | None = None,
+    returncode: int | None = None,
+    strict: bool = False,
+) -> None:
+    """``strict`` (the summary verb): a run that cannot be read is an error (exit 2); after
+    ``trainguard run`` it is one line, since training's own status is the answer then."""
+    try:
+        trial = create_trial(path, collection_wait_timeout=0)
+    except TrainguardError as error:
+        if strict:
+            raise
+        print(f"trainguard: nothing captured at {path}: {error}", file=sys.stderr)
+        if rules:
+            print(render_rule_results(rules, stopped), flush=True)
+        return
+    facts = describe_run(trial)
+    if rules is not None:  # what the runner reported beats files (an s3:// run has none locally)
+        facts["rules"] = rules
+    if stopped is not None:
+        facts["stopped"] = dict(stopped)
+    if returncode is not None:  # an s3:// run has no local exit record
+        facts["exit"] = {"returncode": returncode}
+    print(json.dumps(facts, indent=2, default=str) if as_json else render_summary(facts), flush=True)

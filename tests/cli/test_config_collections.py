@@ -76,7 +76,7 @@ def test_zero_code_training_with_a_bad_config_still_captures(tmp_path: Path) -> 
     """A script started with zero-code capture armed (as a SageMaker container does) and a config
     naming an unknown collection trains and is captured, with one warning."""
     pytest.importorskip("torch")
-    from trainguard.cli import BOOTSTRAP_DIR
+    from trainguard.launch.options import BOOTSTRAP_DIR
     from trainguard.trial import create_trial
 
     config = tmp_path / "hook.json"

@@ -297,10 +297,11 @@ def test_trainguard_run_thins_with_a_budget_and_not_with_an_explicit_interval(tm
     ],
 )
 def test_trainguard_run_budgets_1_percent_unless_the_schedule_is_fixed(flags, expected):
-    from trainguard.cli import LIVE_RULES_MAX_INTERVAL, _child_environment, build_parser
+    from trainguard.cli import build_parser
+    from trainguard.launch.options import LIVE_RULES_MAX_INTERVAL, child_environment
 
     args = build_parser().parse_args(["run", *flags, "--", "python", "train.py"])
-    environment = _child_environment(args, "/tmp/out")
+    environment = child_environment(args, "/tmp/out")
     assert environment["TRAINGUARD_OVERHEAD_BUDGET"] == expected
     # rules judging the run live keep weights and gradients at most 100 steps apart
     live = "--rules" in flags or "--stop-on-issue" in flags
@@ -308,11 +309,12 @@ def test_trainguard_run_budgets_1_percent_unless_the_schedule_is_fixed(flags, ex
 
 
 def test_trainguard_run_refuses_a_budget_of_one_or_more():
-    from trainguard.cli import _child_environment, build_parser
+    from trainguard.cli import build_parser
+    from trainguard.launch.options import child_environment
 
     args = build_parser().parse_args(["run", "--overhead-budget", "1.5", "--", "python", "train.py"])
     with pytest.raises(ConfigError, match="--overhead-budget"):
-        _child_environment(args, "/tmp/out")
+        child_environment(args, "/tmp/out")
 
 
 @pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])

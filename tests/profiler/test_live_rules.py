@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from tests.profiler._synthetic import write_steps, write_system
-from trainguard.cli import _rule_specs, build_parser
+from trainguard.cli import build_parser
 from trainguard.errors import ConfigError
+from trainguard.launch.options import rule_specs
 from trainguard.rules import RuleSpec, create_rule
 from trainguard.rules.defaults import DEFAULT_RULES
 from trainguard.rules.profiler_defaults import DEFAULT_PROFILER_RULES
@@ -22,7 +23,7 @@ from trainguard.rules.profiler_defaults import DEFAULT_PROFILER_RULES
 
 def _specs(*argv: str) -> list[RuleSpec]:
     args = build_parser().parse_args(["run", *argv, "--", "python", "x.py"])
-    return _rule_specs(args)
+    return rule_specs(args)
 
 
 def test_profile_adds_the_profiler_rules_to_the_default_set() -> None:

@@ -227,12 +227,12 @@ def test_rule_list_syntax() -> None:
 
 
 def test_run_flags_choose_rules_and_actions() -> None:
-    from trainguard.cli import _rule_specs
+    from trainguard.launch.options import rule_specs
 
     def specs(*argv: str) -> list[RuleSpec]:
         args = build_parser().parse_args(["run", *argv, "--", "python", "x.py"])
         assert isinstance(args, argparse.Namespace)
-        return _rule_specs(args)
+        return rule_specs(args)
 
     assert specs() == []
     defaults = specs("--stop-on-issue")
