@@ -57,7 +57,6 @@ from typing import Any
 from trainguard.errors import (
     ConfigError,
     FormatError,
-    MissingCollectionFiles,
     NoMoreData,
     StepNotYetAvailable,
     StorageError,
@@ -73,6 +72,8 @@ from trainguard.rules.progress import (
     load_progress,
 )
 from trainguard.rules.read_cache import StepReadCache
+from trainguard.rules.runner_notes import capture_stopped_note, damage_note, describe_missing
+from trainguard.rules.runner_open import NothingCaptured, RunOpener
 from trainguard.rules.runner_results import RunnerResults, issue_steps
 from trainguard.rules.runner_workers import RunnerWorkers
 from trainguard.rules.spec import RuleSpec
@@ -98,9 +99,8 @@ _STORE_FAILURE_GRACE_S = 120.0
 
 class _StoreUnavailable(Exception):
     """A rule's read of a step failed in the store (endpoint unreachable, object gone): the loop
-    retries that step like a failed poll instead of ending the rule in Error. Measured on the
-    compose stack (bench/chaos_stack.py, restart-s3-empty): a rule reading while S3 restarted
-    ended Error after evaluating 1 of 200 steps, although every file was back on S3 seconds later."""
+    retries that step like a failed poll instead of ending the rule in Error, since an S3 that
+    restarts has every file back seconds later (bench/chaos_stack.py, restart-s3-empty)."""
 
 
 def evaluates_per_worker(rule: Rule) -> bool:
@@ -173,7 +173,6 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             output_dir = sidecar_root(self.trial_path) if is_remote(self.trial_path) else self.trial_path
         self.output_dir = output_dir
         self._output_store: Any = None
-        self._probe: Any = None  # see _probe_store
         self.start_step = start_step
         self.end_step = end_step
         self.endpoint_url = endpoint_url
@@ -184,6 +183,10 @@ class RuleRunner(RunnerResults, RunnerWorkers):
         self.wait_timeout = float(wait_timeout)
         self.progress_interval = float(progress_interval)
         self.other_trials = list(other_trials)
+        self._opener = RunOpener(
+            self.trial_path, endpoint_url=endpoint_url, poll_interval=self.poll_interval,
+            wait_timeout=self.wait_timeout, stop_event=self.stop_event, training_done=self.training_done,
+        )  # fmt: skip
         self.trial: Any = None
         self.rules: dict[str, Rule] = {}
         # configuration -> worker -> that worker's instance (per-worker rules only)
@@ -198,9 +201,8 @@ class RuleRunner(RunnerResults, RunnerWorkers):
         self._last_output = 0.0
         self._progress_dirty = False
         self._dirty: set[str] = set()
-        # the first finding per (kind, worker) of each configuration, and the diagnosis from them
-        self._first_findings: dict[str, dict[tuple[str, str | None], dict[str, Any]]] = {}
-        self._diagnosis: dict[str, Any] | None = None
+        self._first_findings = {}
+        self._diagnosis = None
         self._diagnosis_stale = True
 
     # -- public --------------------------------------------------------------------------------
@@ -208,7 +210,7 @@ class RuleRunner(RunnerResults, RunnerWorkers):
         """Evaluate until training ends (or ``stop_event``); the final update per configuration."""
         self._load_progress()
         try:
-            self.trial = self._open_trial()
+            self.trial = self._opener.open()
         except NothingCaptured as error:
             # Nothing to judge is "not evaluated", never "no issues" (and never a hang).
             for name in self.progress:
@@ -248,70 +250,6 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             for finding in state.findings:  # a restart resumes the diagnosis too
                 if finding.get("fired"):
                     self._note_finding(spec.name, finding)
-
-    def _open_trial(self) -> Any:
-        from trainguard.trial import create_trial
-
-        deadline = time.monotonic() + self.wait_timeout
-        last_error: Exception | None = None
-        while not self.stop_event.is_set():
-            try:
-                if not self._run_appeared():
-                    raise MissingCollectionFiles(f"no collections file at {self.trial_path} yet")
-                # Rules ask the trial many questions per step (tensor_names, has_tensor...); each
-                # would list the run again (measured: ~90 listings per evaluated step, 55 % of a
-                # live runner's CPU). The loop's own questions refresh it once per poll.
-                return create_trial(
-                    self.trial_path, endpoint_url=self.endpoint_url, collection_wait_timeout=0,
-                    refresh_interval=self._refresh_interval(),
-                )  # fmt: skip
-            except (MissingCollectionFiles, StorageError) as error:
-                last_error = error
-            if self.training_done.is_set() or self._ended_without_capture():
-                raise NothingCaptured(f"training ended without capturing anything at {self.trial_path}")
-            if time.monotonic() >= deadline:
-                raise TrialError(
-                    f"the run at {self.trial_path} did not appear within {self.wait_timeout:.0f} s ({last_error}). "
-                    "Check that the path is the training job's tensor output (the hook's out_dir), or wait longer "
-                    "(--wait-timeout)"
-                )
-            self.stop_event.wait(min(self.poll_interval, 1.0))
-        return None
-
-    def _refresh_interval(self) -> float:
-        from trainguard.storage import is_remote
-
-        return max(1.0, self.poll_interval) if is_remote(self.trial_path) else self.poll_interval
-
-    def _probe_store(self) -> Any:
-        """One store to look for the run while it is not there: opening a trial (or an S3 client)
-        on every poll cost a tenth of a second of CPU each, twice a second, on a loaded machine."""
-        if self._probe is None:
-            from trainguard.storage import is_remote, open_store
-
-            remote = is_remote(self.trial_path)
-            self._probe = open_store(
-                self.trial_path, **({"endpoint_url": self.endpoint_url} if self.endpoint_url and remote else {})
-            )
-        return self._probe
-
-    def _run_appeared(self) -> bool:
-        from trainguard.format.layout import COLLECTIONS_PREFIX
-
-        try:
-            return bool(self._probe_store().list(COLLECTIONS_PREFIX))
-        except (StorageError, OSError, ValueError):
-            return True  # let opening the trial say what is wrong
-
-    def _ended_without_capture(self) -> bool:
-        """The end marker is there but no collections file: a job that captured nothing (its
-        uploader writes the marker alone). Waiting longer cannot help."""
-        from trainguard.format.layout import END_OF_TRAINING
-
-        try:
-            return self._probe_store().exists(END_OF_TRAINING)
-        except (StorageError, OSError, ValueError):
-            return False
 
     def _create_rules(self) -> None:
         for spec in self.specs:
@@ -355,9 +293,10 @@ class RuleRunner(RunnerResults, RunnerWorkers):
                 if not self.stop_event.is_set():
                     self._catch_up_late_workers()
                 store_failures = 0
-            except (StorageError, TrialError, _StoreUnavailable) as error:
-                if isinstance(error, _StoreUnavailable) and error.__cause__ is not None:
-                    error = error.__cause__
+            except (StorageError, TrialError, _StoreUnavailable) as failure:
+                error: BaseException = failure
+                if isinstance(failure, _StoreUnavailable) and failure.__cause__ is not None:
+                    error = failure.__cause__  # the store's own error, named in the log and status
                 if store_failures == 0:
                     failing_since = time.monotonic()
                 store_failures += 1
@@ -374,11 +313,8 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             if self.stop_event.is_set():
                 continue
             self._idle_checks(had_steps=bool(steps))
-            past_end = (
-                self.end_step is not None
-                and self._last_seen_step() is not None
-                and self._last_seen_step() >= self.end_step - 1
-            )
+            last_seen = self._last_seen_step()
+            past_end = self.end_step is not None and last_seen is not None and last_seen >= self.end_step - 1
             if ended or past_end or not self.active:
                 self._finish_all()
                 return
@@ -491,8 +427,8 @@ class RuleRunner(RunnerResults, RunnerWorkers):
                 self._record(name, _on_worker(result, worker))
 
     def _finish_all(self) -> None:
-        stopped_early = self._capture_stopped_note()
-        damaged = self._damage_note()
+        stopped_early = capture_stopped_note(self.trial)
+        damaged = damage_note(self.trial)
         for name in self.active:
             state = self.progress[name]
             for worker, instance in self._instances(name):
@@ -507,7 +443,7 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             if state.finished:  # a stop action after the final finding, or an error
                 continue
             state.finished = True
-            missing = "; ".join(_describe_missing(item) for item in state.missing)
+            missing = "; ".join(describe_missing(item) for item in state.missing)
             final = self._final_details(name)
             if final is not None and (final[0] == RuleStatus.ISSUES_FOUND or not (damaged or stopped_early)):
                 self._set_status(name, *final)  # advice on damaged or cut data is not "no issues"
@@ -541,36 +477,6 @@ class RuleRunner(RunnerResults, RunnerWorkers):
                 state.not_evaluated, state.not_applicable = reason, True
             return
 
-    def _capture_stopped_note(self) -> str:
-        """Why some worker's capture ended before training did (the hook's capture_stopped/
-        record: a full disk, an internal error), or ""."""
-        try:
-            stopped = self.trial.capture_stopped()
-        except Exception:  # noqa: BLE001 - the verdict stands without the note
-            return ""
-        parts = [
-            f"{worker} at step {info.get('step')} ({info.get('reason')})" for worker, info in sorted(stopped.items())
-        ]
-        return f"capture stopped early on {', '.join(parts)}; later steps were never written" if parts else ""
-
-    def _damage_note(self) -> str:
-        """The run's damaged files (Trial.damage: truncated or missing index, index entries
-        without their checksum, corrupt records), the first one named with its step, or ""."""
-        try:
-            damage = self.trial.damage()
-        except Exception:  # noqa: BLE001 - the verdict stands without the note
-            return ""
-        if not damage:
-            return ""
-        first = damage[0]
-        where = (
-            f"step {first.step}" + (f" of {first.worker}" if first.worker else "")
-            if first.step is not None
-            else "a file"
-        )
-        more = f"; {len(damage) - 1} more damaged file(s)" if len(damage) > 1 else ""
-        return f"{where} is damaged: {first.key}: {first.problem}{more}"
-
     def _stop_all(self, why: str) -> None:
         for name, state in self.progress.items():
             if state.finished or state.status in (RuleStatus.ERROR.value,):
@@ -588,15 +494,3 @@ def _on_worker(result: StepResult | None, worker: str | None) -> StepResult | No
     if result is None or worker is None or result.worker is not None:
         return result
     return dataclasses.replace(result, worker=worker)
-
-
-class NothingCaptured(TrialError):
-    """Training ended and the run holds no capture at all."""
-
-
-def _describe_missing(item: dict[str, Any]) -> str:
-    collection = item.get("collection")
-    what = item.get("what", "")
-    if collection:
-        return f"{what} (save the collection {collection!r} in the hook config)"
-    return str(what)

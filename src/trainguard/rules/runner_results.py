@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainguard.errors import StorageError
@@ -44,9 +45,20 @@ class RunnerResults:
     latest: dict[str, StatusUpdate]
     progress_file: str | None
     progress_interval: float
-    output_dir: str | None
+    output_dir: str
     endpoint_url: str | None
     trial_path: str
+    on_update: Callable[[StatusUpdate], None] | None
+    _stop_on_fire: dict[str, bool]
+    _dirty: set[str]
+    _last_save: float
+    _last_output: float
+    _output_store: Any
+    # the first finding per (kind, worker, certain, advice) of each configuration, and the
+    # diagnosis from them
+    _first_findings: dict[str, dict[tuple[str, str | None, bool, bool], dict[str, Any]]]
+    _diagnosis: dict[str, list[dict[str, Any]]] | None
+    _diagnosis_stale: bool
 
     # -- results -------------------------------------------------------------------------------
     def _record(self, name: str, result: StepResult | None) -> None:
@@ -121,7 +133,9 @@ class RunnerResults:
         state = self.progress[name]
         if issue_steps(state.findings):
             return RuleStatus.ISSUES_FOUND, self._first_fired_details(name)
-        advice = sorted((f for f in state.findings if f.get("fired") and f.get("advice")), key=lambda f: f["step"])
+        advice: list[Mapping[str, Any]] = sorted(
+            (f for f in state.findings if f.get("fired") and f.get("advice")), key=lambda f: f["step"]
+        )
         if advice:
             return RuleStatus.NO_ISSUES_FOUND, advice_details(advice)
         return None

@@ -81,7 +81,7 @@ class RunnerWorkers:
             cursor = min(cursor, self.end_step - 1)
         done = state.worker_steps or {}
         floor = self._worker_floor.get(name, -1)
-        late = []
+        late: list[tuple[str, int]] = []
         for worker, steps in list(self.trial._state.steps_of_worker.items()):
             low = done.get(worker, floor)
             if self.start_step is not None:
