@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import bisect
 import enum
-import logging
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -19,7 +18,6 @@ from trainguard.errors import (
     InvalidWorker,
     MissingCollectionFiles,
     NoMoreData,
-    ObjectNotFound,
     StepNotYetAvailable,
     StepUnavailable,
     StorageError,
@@ -28,12 +26,11 @@ from trainguard.errors import (
     TrialError,
     WaitTimeout,
 )
-from trainguard.format.index import declares_payload_checksums
-from trainguard.format.layout import COLLECTIONS_PREFIX, END_OF_TRAINING, is_collections_key
 from trainguard.modes import ModeKeys
 from trainguard.storage.base import Store
-from trainguard.storage.cache import MAX_SEPARATE_RANGES, WHOLE_OBJECT_FRACTION, read_ranges
 from trainguard.storage.capture_status import status_dir_from_environment
+from trainguard.trial.collections_file import load_collections
+from trainguard.trial.event_reads import EventReads
 from trainguard.trial.records import decode_record
 from trainguard.trial.run_health import RunHealth
 from trainguard.trial.state import REDUCTION_PREFIX as _REDUCTION_PREFIX
@@ -41,8 +38,6 @@ from trainguard.trial.state import Damage, Location, RunState
 from trainguard.trial.tensor import Tensor
 
 __all__ = ["Damage", "StepState", "Trial"]
-
-logger = logging.getLogger("trainguard")
 
 
 class StepState(enum.Enum):
@@ -71,7 +66,6 @@ class Trial(RunHealth):
         self.path = store.url
         self.name = name or store.url.rstrip("/").rsplit("/", 1)[-1]
         self._refresh_interval = refresh_interval
-        self._missing_event_wait = missing_event_wait
         self._last_refresh = 0.0
         self._framework: str | None = None
         self._independent_optimizers = 1
@@ -93,6 +87,7 @@ class Trial(RunHealth):
         self._modes_cache: tuple[int, list[ModeKeys]] = (-1, [])
         # event files named by an index that were still absent after the wait: waited for once
         self._missing_event_files: set[str] = set()
+        self._event_reads = EventReads(store, self.path, missing_event_wait, self._missing_event_files)
         # event file -> what was wrong with a record read from it (corrupt, checksum refused)
         self._damaged_records: dict[str, str] = {}
         self.refresh(force=True)
@@ -102,44 +97,13 @@ class Trial(RunHealth):
 
     # -- loading ------------------------------------------------------------------------------
     def _load_collections(self, timeout: float) -> tuple[CollectionManager, int]:
-        deadline = time.monotonic() + timeout
-        while True:
-            keys = [key for key in self.store.list(COLLECTIONS_PREFIX) if is_collections_key(key)]
-            if keys:
-                manager = CollectionManager()
-                num_workers = 1
-                for key in keys:
-                    try:
-                        data = self.store.read(key)
-                        parsed, workers = CollectionManager.parse(data)
-                        self._framework = self._framework or CollectionManager.framework_of(data)
-                        optimizers = CollectionManager.meta_of(data).get("independent_optimizers", 1)
-                        if isinstance(optimizers, int):
-                            self._independent_optimizers = max(self._independent_optimizers, optimizers)
-                        scopes = CollectionManager.meta_of(data).get("model_scopes")
-                        if isinstance(scopes, dict):
-                            self._model_scopes.update(scopes)
-                        # once declared, never taken back: a rewritten file must not lift the check
-                        if declares_payload_checksums(CollectionManager.meta_of(data)):
-                            self._checksums_declared = True
-                    except (ValueError, KeyError, TypeError) as error:
-                        raise MissingCollectionFiles(f"{self.store.url}/{key} is corrupt: {error}") from None
-                    num_workers = max(num_workers, workers)
-                    for collection in parsed:
-                        if collection.name not in manager:
-                            manager._collections[collection.name] = collection
-                return manager, num_workers
-            ended = self.store.exists(END_OF_TRAINING)
-            if ended or time.monotonic() >= deadline:
-                found = self.store.list("")[:5]
-                what = f"it contains {found}" if found else "it is empty or does not exist"
-                why = "training has ended without writing any" if ended else f"none appeared within {timeout:.0f} s"
-                raise MissingCollectionFiles(
-                    f"{self.store.url} has no collections file ({COLLECTIONS_PREFIX}<worker>_collections.json): "
-                    f"{why}; {what}. Check that the path is the hook's out_dir and that the hook saved at least "
-                    "one step"
-                )
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        run = load_collections(self.store, timeout)
+        self._framework = self._framework or run.framework
+        self._independent_optimizers = max(self._independent_optimizers, run.independent_optimizers)
+        self._model_scopes.update(run.model_scopes)
+        # once declared, never taken back: a rewritten file must not lift the check
+        self._checksums_declared = self._checksums_declared or run.checksums_declared
+        return run.manager, run.num_workers
 
     def refresh(self, force: bool = False) -> None:
         if self._state.loaded_all_steps:
@@ -499,7 +463,7 @@ class Trial(RunHealth):
         values: dict[str, np.ndarray] = {}
         for event_file, items in by_file.items():
             ranges = [(location.entry.start, location.entry.length) for _, location in items]
-            chunks, buffer_size = self._read_event_ranges(event_file, ranges)
+            chunks, buffer_size = self._event_reads.read(event_file, ranges)
             path = f"{self.path}/{event_file}"
             for (name, location), chunk in zip(items, chunks, strict=True):
                 try:
@@ -511,37 +475,3 @@ class Trial(RunHealth):
                     self._note_damaged_record(event_file, name, global_step, error)
                     raise
         return values
-
-    def _read_event_ranges(self, event_file: str, ranges: list[tuple[int, int]]) -> tuple[list[memoryview], int]:
-        """The records at ``ranges`` as views of what was read, and the size of the buffer they
-        share when one whole-file read served them all (many records wanted: one read, no
-        per-record copy), else 0."""
-        # The index is written after its event file, but on eventually consistent stores or
-        # with several writers the event file can lag a moment: retry briefly, never forever,
-        # and only once per file (a report reads a step many times).
-        wait = 0.0 if event_file in self._missing_event_files else self._missing_event_wait
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                return self._read_slices(event_file, ranges)
-            except ObjectNotFound:
-                if time.monotonic() >= deadline:
-                    message = f"{self.path}/{event_file} is listed in an index but does not exist (waited {wait:.0f} s)"
-                    if event_file not in self._missing_event_files:
-                        self._missing_event_files.add(event_file)
-                        logger.warning("trainguard: %s", message)
-                    raise TensorUnavailableForStep(message) from None
-                time.sleep(0.2)
-
-    def _read_slices(self, key: str, ranges: list[tuple[int, int]]) -> tuple[list[memoryview], int]:
-        if getattr(self.store, "read_ranges", None) is None and ranges:
-            # read_ranges' own choice between one whole read and separate ones, without its
-            # per-range copies of the whole object
-            many = len(ranges) > MAX_SEPARATE_RANGES
-            if many or sum(length for _, length in ranges) > WHOLE_OBJECT_FRACTION * self.store.size(key):
-                read_mapped = getattr(self.store, "read_mapped", None)  # local files: no copy
-                data = read_mapped(key) if read_mapped is not None else memoryview(self.store.read(key))
-                return [data[start : start + length] for start, length in ranges], len(data)
-        # each record its own buffer: nothing to copy out of (buffer size 0)
-        return [memoryview(chunk) for chunk in read_ranges(self.store, key, ranges)], 0
-
