@@ -13,8 +13,8 @@ logger = logging.getLogger("trainguard")
 
 def yield_to_training(nice: int) -> None:
     """Run the calling process as batch work at ``nice``: a message from the training process
-    wakes it without preempting the sender (a normal process would: measured, 0.47 ms per
-    step's message on a busy 2-core machine), and when cores are short, training runs first."""
+    wakes it without preempting the sender (a normal process would, on every step's message
+    when cores are few), and when cores are short, training runs first."""
     try:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError):  # not Linux, or not allowed: normal scheduling

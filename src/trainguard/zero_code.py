@@ -26,10 +26,8 @@ logger = logging.getLogger("trainguard")
 # The capture's default share of training time under ``trainguard run`` (1 %): the budget counts
 # what it can measure (the training thread's extra time on saved steps, the writer's CPU); the
 # rest (the hook's per-step checks, cache effects on later steps) must fit in the 5 % users accept.
-# Measured on the 1 ms-step MLP (bench/real_stacks.py, 6 repetitions in turns, two plain copies):
-# at 2 % the whole run took 1.060x quiet, while the saves the budget accounted for came to ~1.6 %
-# of per-step time (losses kept every 10 steps at ~160 us each): the unaccounted rest is as large
-# as the budget, so the budget leaves it room.
+# On a fast step that unaccounted rest is about as large as what the budget counts
+# (bench/real_stacks.py shows both), so the budget is kept well below the 5 % to leave it room.
 DEFAULT_OVERHEAD_BUDGET = 0.01
 _DEFAULT_COLLECTIONS = ["weights", "biases", "gradients", "losses", "outputs", "scalars", "default"]
 _installed: list[Any] = []
@@ -194,7 +192,7 @@ def _is_launcher() -> bool:
     """torchrun's agent (``torchrun ...``, ``python -m torch.distributed.run|launch ...``): it
     starts the ranks and trains nothing; each rank arms its own hook. Armed, it imported torch
     and started a writer process ahead for nothing, and closed that hook at its exit, after the
-    ranks had ended: time added to every distributed run's end (issue 48)."""
+    ranks had ended: time added to every distributed run's end."""
     argv = list(getattr(sys, "orig_argv", []))[1:]  # after the interpreter: its options, then the program
     while argv and argv[0].startswith("-") and argv[0] not in ("-m", "-c"):
         argv.pop(0)

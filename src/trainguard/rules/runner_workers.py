@@ -5,8 +5,8 @@ it is complete, that is once the workers a reader waits for wrote it; under
 ``include_workers="one"`` that is worker 0 alone, while the other ranks still write their losses
 and scalars, and their files may land after worker 0's (a slower writer, or an uploader that sent
 them in a later round). Those steps are behind the cursor by then; without a second look a
-per-worker rule never saw them (measured: a 2-instance job on Ray whose rank 1 loss blew up at
-step 6 ended NoIssuesFound, its worker_1 files on S3 the same second as worker 0's last ones).
+per-worker rule never saw them, and a rank whose loss blew up could end NoIssuesFound when its
+files landed just after worker 0's.
 Each per-worker rule therefore keeps, per worker, the last step that worker's instance evaluated,
 and evaluates the steps a worker wrote up to the cursor that it has not seen, in order.
 """
