@@ -98,6 +98,16 @@ symptom) is a finding. A faulty run with no primary finding whose expected rule 
 as rightly diagnosed (its data property is reported as advice, as the contract says it must be),
 shown apart from those with the right primary.
 
+**What the rules cannot tell apart** (so those faulty runs stay undiagnosed rather than guessed):
+`fault-mse-on-class-index` regresses one output onto the class index with MSE; its loss falls
+(2.25 → 0.45) as a healthy regression's does, and nothing in the saved tensors says the targets are
+classes rather than an ordinal quantity (one output, float targets): only the accuracy the program
+computes itself (chance, 0.20) shows the fault, and no rule reads it. `fault-overfit-tiny-train-s1`
+has validation passes of two batches whose pass-to-pass noise (0.85) is larger than any one
+pass's rise above the best (0.34; the 18 passes after it average 1.85): Overfit asks every one
+of `patience` passes to clear the best by 4 x that noise, so a rise seen only in the mean of many
+passes is not reported.
+
 Targets (issue 43): 0 healthy runs with a finding (advice allowed, counted apart); ≥ 95 % of
 faulty runs with an expected rule as the primary finding; at most 2 findings (primary +
 consequences) per faulty run on median; median first detection within 2 save intervals of the

@@ -41,6 +41,11 @@ saved losses of each selected loss tensor, evaluated every ``num_steps`` mode st
   - when training ended, over the whole run (R the last losses), without the trend condition:
     a run that learned a little and flattened is judged on where it ended.
 
+What it cannot tell apart: a loss that falls is learning, whatever it learns. MSE between one
+output and the class index (a classification trained as a regression) falls as a healthy
+regression's loss does, and no saved tensor says the float targets are classes, so no rule
+reports it; only the program's own accuracy (chance) shows it.
+
 Competing objectives: in a run whose hook saw two or more optimizers step disjoint sets of
 parameters (a GAN's generator and discriminator, an actor and a critic; the collections file's
 ``independent_optimizers``), each loss is minimised against the other model, and a rising or
