@@ -50,12 +50,13 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
     def __init__(self, address: str, host: str, port: int, timeout: float, context: ssl.SSLContext) -> None:
         super().__init__(host, port, timeout=timeout, context=context)
         self._address = address
+        self._tls = context  # http.client keeps it too, but privately
 
     def connect(self) -> None:
         raw = socket.create_connection((self._address, self.port), self.timeout)
         self.sock = raw  # the deadline's watchdog can cut a stalled handshake too
         try:
-            self.sock = self._context.wrap_socket(raw, server_hostname=self.host)  # SNI and cert: the name
+            self.sock = self._tls.wrap_socket(raw, server_hostname=self.host)  # SNI and cert: the name
         except BaseException:
             raw.close()
             raise
@@ -116,7 +117,8 @@ def post(
             return PostResult(response.status, address, response.getheader("Location") or "")
         except (OSError, http.client.HTTPException) as error:
             late = time.monotonic() >= deadline
-            errors.append(f"{address}: {'no answer within the deadline' if late else error or type(error).__name__}")
+            said = "no answer within the deadline" if late else str(error) or type(error).__name__
+            errors.append(f"{address}: {said}")
         finally:
             watchdog.cancel()
             connection.close()

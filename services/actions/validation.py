@@ -54,7 +54,7 @@ def check_no_control_characters(value: str, field: str) -> str:
     return value
 
 
-def check_webhook_url(url: str, field: str = "url") -> str:
+def check_webhook_url(url: object, field: str = "url") -> str:
     """The URL if it is http(s) with a host and nothing a request line could be split on; ValueError otherwise."""
     if not isinstance(url, str):
         raise ValueError(f"{field}: must be a string")
@@ -73,7 +73,7 @@ def check_webhook_url(url: str, field: str = "url") -> str:
     return url
 
 
-def check_header(name: str, value: str, field: str = "headers") -> None:
+def check_header(name: object, value: object, field: str = "headers") -> None:
     """A header a webhook may send: a token name, a value without line breaks, not one the sender sets itself."""
     if not isinstance(name, str) or not _HEADER_NAME.match(name):
         raise ValueError(f"{field}: header name {str(name)[:64]!r} is not a valid HTTP header name (RFC 9110 token)")
@@ -86,7 +86,7 @@ def check_header(name: str, value: str, field: str = "headers") -> None:
         raise ValueError(f"{field}[{name!r}]: must not contain {_describe(match.group())} (line breaks are refused)")
 
 
-def check_email_address(address: str, field: str = "endpoint") -> str:
+def check_email_address(address: object, field: str = "endpoint") -> str:
     """One plain address ``local@domain``: no line break, display name, list or quoting."""
     if not isinstance(address, str):
         raise ValueError(f"{field}: must be a string")

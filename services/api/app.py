@@ -43,8 +43,12 @@ def _printable(value: Any, limit: int | None = 256) -> Any:
     return None  # a whole object echoed back helps nobody (and may be a megabyte)
 
 
-async def _validation_failed(request: Request, error: RequestValidationError) -> JSONResponse:
-    """FastAPI's 422, minus what its default handler cannot encode (a NaN or a lone surrogate crashed it)."""
+async def _validation_failed(request: Request, error: Exception) -> JSONResponse:
+    """FastAPI's 422, minus what its default handler cannot encode (a NaN or a lone surrogate crashed it).
+
+    Registered for RequestValidationError only; typed as Starlette's handlers are (any exception)."""
+    if not isinstance(error, RequestValidationError):
+        raise error
     detail = []
     for item in error.errors():
         entry = {

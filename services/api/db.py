@@ -7,12 +7,14 @@ alarms and the actions they ran.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, create_engine, event, inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.schema import DefaultClause
 from trainguard.services.api.policy import OPERATOR
 
 __all__ = [
@@ -169,7 +171,7 @@ def make_engine(url: str, *, durable_commits: bool = True) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(connection, _record) -> None:  # noqa: ANN001 - DBAPI connection
+        def _sqlite_pragmas(connection: sqlite3.Connection, _record: object) -> None:
             cursor = connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA foreign_keys=ON")
@@ -206,7 +208,7 @@ def _add_missing_columns(engine: Engine) -> None:
             continue
         column = Base.metadata.tables[table_name].columns[column_name]
         kind = column.type.compile(dialect=engine.dialect)
-        default = column.server_default.arg if column.server_default is not None else None
+        default = column.server_default.arg if isinstance(column.server_default, DefaultClause) else None
         clause = f" NOT NULL DEFAULT '{default}'" if default is not None else ""
         try:
             with engine.begin() as connection:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import json
 import logging
 import math
@@ -66,10 +67,9 @@ _RE2_MAX_MEM = 8 << 20
 def _re2() -> Any:
     """The ``re2`` module, or None where google-re2 is not installed (then no regex is accepted)."""
     try:
-        import re2
+        return importlib.import_module("re2")  # google-re2 ships no type information: used untyped
     except ImportError:
         return None
-    return re2
 
 
 @functools.lru_cache(maxsize=4096)

@@ -27,6 +27,7 @@ import threading
 import time
 
 from sqlalchemy import select
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from trainguard.services.api.db import ComponentRow, JobRow, RuleRow, checkpoint_wal
 from trainguard.services.api.jobs import JobService
@@ -141,7 +142,10 @@ class Reconciler:
         if time.monotonic() - self._last_checkpoint > _CHECKPOINT_EVERY_S:
             self._last_checkpoint = time.monotonic()
             try:
-                checkpoint_wal(self._session().get_bind())
+                with self._session() as session:
+                    bind = session.get_bind()
+                if isinstance(bind, Engine):
+                    checkpoint_wal(bind)
             except Exception as error:  # noqa: BLE001 - SQLite's own threshold still checkpoints
                 log.warning("checkpointing the database log failed: %s", error)
         known = {name for name, _status, _modified in jobs}

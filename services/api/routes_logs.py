@@ -34,10 +34,12 @@ _PAGE_BYTES = 1_048_576
 _MAX_NAME = 512  # CloudWatch's limit on log group and stream names
 
 
-def _string(body: dict[str, Any], member: str, *, required: bool = True) -> str | None:
+def _optional_string(body: dict[str, Any], member: str) -> str | None:
+    return None if body.get(member) is None else _string(body, member)
+
+
+def _string(body: dict[str, Any], member: str) -> str:
     value = body.get(member)
-    if value is None and not required:
-        return None
     if not isinstance(value, str) or not value or len(value) > _MAX_NAME:
         raise SageMakerError("InvalidParameterException", f"{member} must be a string of 1 to {_MAX_NAME} characters")
     problem = unsafe_text(value)
@@ -70,6 +72,8 @@ def _job_start_ms(service: JobService, job_name: str, caller: Caller) -> tuple[i
     except JobNotFound:
         return None
     start = description.get("TrainingStartTime") or description.get("CreationTime")
+    if start is None:
+        return None  # every described job has a CreationTime: nothing to anchor a stream on otherwise
     return int(float(start) * 1000), description
 
 
@@ -87,7 +91,7 @@ def _log_lines(service: JobService, job_name: str, caller: Caller) -> list[str]:
 
 def describe_log_streams(service: JobService, body: dict[str, Any], caller: Caller) -> dict[str, Any]:
     _check_group(body)
-    prefix = _string(body, "logStreamNamePrefix", required=False) or ""
+    prefix = _optional_string(body, "logStreamNamePrefix") or ""
     _integer(body, "limit", 1, 50)
     job_name = prefix.split("/", 1)[0]
     found = _job_start_ms(service, job_name, caller) if job_name else None

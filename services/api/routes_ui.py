@@ -189,8 +189,9 @@ def mount_ui(app: FastAPI) -> None:
 
     @router.get("/login")
     def one_time_login(request: Request, once: str = "") -> Response:
-        if once and sessions.redeem(once):
-            token, _ = sessions.open(*sessions.caller_for_token(app.state.settings.api_token))
+        operator = sessions.caller_for_token(app.state.settings.api_token) if once else None
+        if operator is not None and sessions.redeem(once):
+            token, _ = sessions.open(*operator)
             return with_cookie(RedirectResponse("/ui/", status_code=303, headers=security_headers()), request, token)
         return RedirectResponse("/ui/login.html", status_code=303, headers=security_headers())
 
@@ -224,13 +225,18 @@ def mount_ui(app: FastAPI) -> None:
     @router.get("/")
     def page(request: Request, page: str = "") -> Response:
         if page == "login.html":
-            body, kind = static_file("login.html")
-            return Response(body, media_type=kind, headers=security_headers())
+            login = static_file("login.html")
+            if login is None:
+                return _json(404, {"error": "not found"})  # a package built without the dashboard's files
+            return Response(login[0], media_type=login[1], headers=security_headers())
         if page not in PAGES:
             return _json(404, {"error": "not found"})
         if session_of(request) is None:
             return RedirectResponse("/ui/login.html", status_code=303, headers=security_headers())
-        body, kind = static_file(PAGES[page])
+        found = static_file(PAGES[page])
+        if found is None:
+            return _json(404, {"error": "not found"})
+        body, kind = found
         return Response(body, media_type=kind, headers={**security_headers(), "Cache-Control": "no-store"})
 
     @router.get("/api/{path:path}")

@@ -194,8 +194,9 @@ def validation_message(error: ValidationError, labels: dict[int, str]) -> str:
         index = 0
         while index < len(location):
             part = location[index]
-            if part == "rules" and index + 1 < len(location) and isinstance(location[index + 1], int):
-                words.append(labels.get(location[index + 1], f"DebugRuleConfigurations[{location[index + 1]}]"))
+            following = location[index + 1] if index + 1 < len(location) else None
+            if part == "rules" and isinstance(following, int):
+                words.append(labels.get(following, f"DebugRuleConfigurations[{following}]"))
                 index += 2
                 continue
             words.append(_MEMBERS.get(str(part), str(part)))

@@ -117,8 +117,8 @@ def _training_seconds(job: JobRow) -> dict[str, int]:
     provisioning or spot discount to take off. A job that ended before its training started ran 0 s.
     The SDK's ``logs()`` prints them (times InstanceCount) when a job ends.
     """
-    start = job.training_start_time
-    seconds = 0 if start is None else max(0, round(job.training_end_time - start))
+    start, end = job.training_start_time, job.training_end_time
+    seconds = 0 if start is None or end is None else max(0, round(end - start))
     return {"TrainingTimeInSeconds": seconds, "BillableTimeInSeconds": seconds}
 
 

@@ -117,7 +117,7 @@ class ContainerSpecJudge:
     # -- Config ------------------------------------------------------------------------------------
     @staticmethod
     def _anonymous_volumes(value: Any, where: str) -> dict[str, dict[str, Any]]:
-        targets = {}
+        targets: dict[str, dict[str, Any]] = {}
         for target, member in map_of(value, where).items():
             if member is not None and not (isinstance(member, JsonObject) and not member.pairs):
                 raise BadRequest(f"{where}[{target!r}] must be {{}}")

@@ -45,6 +45,7 @@ from trainguard.services.launchers.base import (
     ComponentStatus,
     JobLaunch,
     LauncherError,
+    LauncherSupport,
     bounded_int,
     read_host_file,
 )
@@ -155,6 +156,7 @@ class LocalLauncher:
     """Runs components as local processes; state lives in files under ``root``."""
 
     name = "local"
+    support = LauncherSupport()  # one instance per job, working directories on this machine
 
     def __init__(
         self,

@@ -289,10 +289,11 @@ def create_in_workspace(workspace: Path, *parts: str) -> bool:
                               dir_fd=descriptor)  # fmt: skip
         except FileExistsError:
             return False
-        try:
-            os.fchown(created, owner.st_uid, owner.st_gid)
-        finally:
-            os.close(created)
-        return True
+        else:
+            try:
+                os.fchown(created, owner.st_uid, owner.st_gid)
+            finally:
+                os.close(created)
+            return True
     finally:
         os.close(descriptor)

@@ -138,7 +138,9 @@ def _run(instances: int, bundle: dict[str, float], command: list[str], cwd: str 
     _wait_for_group(group, instances, bundle)
     custom = {key: value for key, value in bundle.items() if key not in ("CPU", "GPU", "memory")}
     rank_actor = ray.remote(_Rank)
-    ranks = [
+    # Any: ray types an actor handle's methods as the class's own functions, while at run time
+    # each is an actor method with .remote(); the calls below are the actor API's.
+    ranks: list[Any] = [
         rank_actor.options(
             num_cpus=bundle.get("CPU", 0),
             num_gpus=bundle.get("GPU", 0),
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--instances >= 1 and a command are required")
     grace = max(1.0, float(os.environ.get("RAY_JOB_STOP_WAIT_TIME_S") or 30) - 2)
     # Every rank's lines verbatim in the job's log: Ray would fold similar lines of different
-    # ranks into one ("repeated 86x across cluster") and colour the prefixes. Read when ray is imported.
+    # ranks into one ("repeated Nx across cluster") and colour the prefixes. Read when ray is imported.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     return _run(arguments.instances, json.loads(arguments.bundle), command, arguments.cwd, grace)

@@ -311,11 +311,12 @@ def _channels(request: Mapping[str, Any]) -> tuple[Channel, ...]:
         source = (
             (item.get("DataSource") or {}).get("S3DataSource") if isinstance(item.get("DataSource"), dict) else None
         )
-        _member(isinstance(source, dict), f"{label}.DataSource.S3DataSource",
-                "trainguard reads channels from S3 only (FileSystemDataSource is not supported)")  # fmt: skip
+        if not isinstance(source, dict):
+            raise ContractError(f"{label}.DataSource.S3DataSource: trainguard reads channels from S3 only "
+                                "(FileSystemDataSource is not supported)")  # fmt: skip
         uri = source.get("S3Uri")
-        _member(isinstance(uri, str) and uri.startswith("s3://") and len(uri) > 5,
-                f"{label}.DataSource.S3DataSource.S3Uri", "must be an s3:// URI")  # fmt: skip
+        if not (isinstance(uri, str) and uri.startswith("s3://") and len(uri) > 5):
+            raise ContractError(f"{label}.DataSource.S3DataSource.S3Uri: must be an s3:// URI")
         data_type = source.get("S3DataType", "S3Prefix")
         _member(data_type in _DATA_TYPES, f"{label}.DataSource.S3DataSource.S3DataType",
                 f"must be one of {sorted(_DATA_TYPES)} (trainguard does not serve AugmentedManifestFile)")  # fmt: skip
@@ -337,7 +338,8 @@ def _channels(request: Mapping[str, Any]) -> tuple[Channel, ...]:
 def contract_from_request(request: Mapping[str, Any], *, region: str = "us-east-1") -> JobContract:
     """The contract of a ``CreateTrainingJob`` request; ContractError names a bad member."""
     name = request.get("TrainingJobName")
-    _member(isinstance(name, str) and bool(name), "TrainingJobName", "is required")
+    if not isinstance(name, str) or not name:
+        raise ContractError("TrainingJobName: is required")
     hyperparameters = request.get("HyperParameters") or {}
     _member(isinstance(hyperparameters, dict), "HyperParameters", "must be a map of strings")
     for key, value in hyperparameters.items():
