@@ -161,8 +161,8 @@ def make_engine(url: str, *, durable_commits: bool = True) -> Engine:
     ``durable_commits=False`` (SQLite only) commits without an fsync (``synchronous=NORMAL`` in WAL
     mode: never corrupt, but the last commits may roll back after a power loss or OS crash, not
     after a process crash). For writes that can be derived again, such as the reconciler's, which
-    re-reads every job's state from the launcher on each tick: an fsync per job transition held
-    SQLite's single write lock 5-20 ms at a time under load, and creations queued behind it.
+    re-reads every job's state from the launcher on each tick: an fsync per job transition would
+    hold SQLite's single write lock for its whole duration, and creations would queue behind it.
     """
     if url.startswith("sqlite"):
         path = url.split("///", 1)[1] if "///" in url else ""
