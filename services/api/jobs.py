@@ -13,7 +13,7 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -52,7 +52,7 @@ _SUMMARY_COLUMNS = (
 
 MAX_FINDINGS = 50
 # The rows that belong to one job (their job_name column): what _rows reads.
-_JobChild = TransitionRow | ComponentRow | RuleRow | AlarmRow | ActionRow
+_JobChild: TypeAlias = TransitionRow | ComponentRow | RuleRow | AlarmRow | ActionRow
 
 
 class JobNotFound(ServiceError, KeyError):
