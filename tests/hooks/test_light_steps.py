@@ -54,10 +54,10 @@ def _train(hook, model: nn.Module, loss_kind: str, *, swap_at: int | None = None
             loss = model(x, y)
         else:
             logits = model(x)
-            narrow.append(hook._io_narrow is not None)
+            narrow.append(hook._module_io.narrow is not None)
             loss = criterion(logits, y) if loss_kind == "module" else F.cross_entropy(logits, y)
         if loss_kind == "inside":
-            narrow.append(hook._io_narrow is not None)
+            narrow.append(hook._module_io.narrow is not None)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())

@@ -20,14 +20,14 @@ def test_output_reused_as_input_is_saved_under_both_names_and_inplace_changes_ar
     hook = make_hook(save_config=tg.SaveConfig(save_interval=1), save_all=True)
     hook.register_module(model)
     copies = []
-    original = hook._snapshot_once
+    original = hook._saver._snapshot_once
 
     def counting(tensor):
         copy = original(tensor)
         copies.append(copy)
         return copy
 
-    hook._snapshot_once = counting
+    hook._saver._snapshot_once = counting
     x = torch.randn(5, 4)
     model(x).sum().backward()
     hook.close()

@@ -551,6 +551,11 @@ class BaseHook(SaveSchedule):
         self.close()
 
     @property
+    def step_writer(self) -> StepWriter | ProcessStepWriter | None:
+        """The writer the open step goes to (None before the first save, or in a dry run)."""
+        return self._writer
+
+    @property
     def writer_failure(self) -> BaseException | None:
         return self._writer.failure if self._writer is not None else None
 

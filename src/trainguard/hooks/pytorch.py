@@ -30,13 +30,7 @@ from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.quiet_run import CountsQuietSteps, EndsQuietRuns, QuietRun, UnsavedSteps
 from trainguard.hooks.sentinel import StepSentinel
 from trainguard.hooks.step_losses import StepLosses
-from trainguard.hooks.torch_activations import (
-    _ACTIVATION_KINDS,
-    ActivationCapture,
-    FunctionalActivations,
-    has_class_targets,
-    is_loss_module,
-)
+from trainguard.hooks.torch_activations import _ACTIVATION_KINDS, ActivationWatch, has_class_targets, is_loss_module
 from trainguard.hooks.torch_compiled import (
     CompiledWrapperSteps,
     ForcedEager,
@@ -47,13 +41,12 @@ from trainguard.hooks.torch_compiled import (
 from trainguard.hooks.torch_data_identity import DataIdentity
 from trainguard.hooks.torch_fingerprint import ReplicaFingerprints
 from trainguard.hooks.torch_global_hooks import register_global_forward_pre_hook
-from trainguard.hooks.torch_io_sources import LeftOutOfCopies, ModuleIOSources
+from trainguard.hooks.torch_io_sources import LeftOutOfCopies, ModuleIOHooks
 from trainguard.hooks.torch_model_scopes import ModelScopes
 from trainguard.hooks.torch_optimizer import OptimizerSteps
 from trainguard.hooks.torch_parameters import ParameterRoles
 from trainguard.hooks.torch_root_call import RootCall, RootDriving
-from trainguard.hooks.torch_saving import TorchTensorSaving
-from trainguard.hooks.torch_tensors import HostSnapshot
+from trainguard.hooks.torch_saving import TensorSaver
 from trainguard.modes import ModeKeys
 
 __all__ = ["TorchHook", "eager", "is_loss_module"]
@@ -105,9 +98,6 @@ class TorchHook(
     RootDriving,
     CompiledWrapperSteps,
     OptimizerSteps,
-    FunctionalActivations,
-    ModuleIOSources,
-    TorchTensorSaving,
     UnsavedSteps,
     EndsQuietRuns,
     CountsQuietSteps,
@@ -158,12 +148,8 @@ class TorchHook(
         # Host copies taken this step, by tensor: in a Sequential, a module's output is the next
         # one's input, and both names are saved; one copy serves both (same object, unchanged
         # version), which halves the copying of activations.
-        self._step_snapshots: dict[int, tuple[torch.Tensor, int, HostSnapshot]] = {}
+        self._saver = TensorSaver(self)
         self._step_losses = StepLosses()  # a loss passed on as a module's output is saved once (step_losses.py)
-        # (tensor name, requested reductions) -> the reductions' tensor names
-        self._reduction_names: dict[tuple[str, tuple[tuple[str, bool], ...]], list[str]] = {}
-        # name -> (raw snapshot, reductions snapshot, requested reductions), written at step end
-        self._held: dict[str, tuple[HostSnapshot | None, HostSnapshot | None, tuple[tuple[str, bool], ...]]] = {}
         self._explicit_mode = False
         self._optimizer_driven = False
         self._optimizer_parameters: dict[int, frozenset[int]] = {}
@@ -185,18 +171,14 @@ class TorchHook(
         self._init_end_signal()
         # Functional activations (torch_activations.py): a torch-function mode that exists only
         # during the root forward of a step saving an activation collection.
-        self._activation_mode: ActivationCapture | None = None
-        self._activation_root: torch.nn.Module | None = None
-        self._activation_calls: dict[tuple[str, str], int] = {}
-        self._module_stack: list[torch.nn.Module] = []
-        self._module_stack_handles: list[Any] = []
+        self._activations = ActivationWatch(self, self._saver.save)
         # Forward hooks exist only during saved steps (torch_io_sources.py). Under torch.compile
         # the root's pre-hook sits on the OptimizedModule wrapper instead, and a saved step runs
         # the model eagerly (torch_compiled.py): Dynamo never traces a hook of ours.
         self._registered_roots: list[weakref.ref[torch.nn.Module]] = []
         self._loss_modules: list[weakref.ref[torch.nn.Module]] = []
-        self._init_io_sources()
         self._forward_hook = LeftOutOfCopies(eager(self._after_forward))
+        self._module_io = self._module_io_hooks()
         # The root's pre-hook: its quiet path (the usual unsaved step) runs no Python of ours but
         # these two functions, which Dynamo skips; the rest goes through eager() ones.
         skipped = skip_in_dynamo(TorchHook._root_pre_forward, TorchHook._quiet_step)
@@ -289,8 +271,8 @@ class TorchHook(
             self._drive_from_wrapper(wrapper)
         elif self._watch_handle is None:
             self._watch_handle = register_global_forward_pre_hook(self._watch_for_wrapper)
-        if self._module_hook_handles:  # registered during a saved step: capture it now too
-            self._hook_tree(module, self._module_hook_handles)
+        if self._module_io.handles:  # registered during a saved step: capture it now too
+            self._module_io.hook_tree(module)
 
     register_hook = register_module  # smdebug's older name
 
@@ -298,8 +280,8 @@ class TorchHook(
         """Capture a loss module's output (``<LossClass>_output_0``) and its inputs."""
         self._module_names[loss_module] = loss_module._get_name()
         self._loss_modules.append(weakref.ref(loss_module))
-        if self._module_hook_handles:
-            self._module_hook_handles.append(loss_module.register_forward_hook(self._forward_hook))
+        if self._module_io.handles:
+            self._module_io.hook_loss(loss_module)
 
     # -- step boundaries ----------------------------------------------------------------------
     def set_mode(self, mode: ModeKeys) -> None:
@@ -336,10 +318,10 @@ class TorchHook(
         self._released = True
         try:
             self._stop_signalling()
-            self._stop_activation_capture()
+            self._activations.stop()
             self._leave_eager()
             self._unwatch()
-            self._detach_module_hooks()
+            self._module_io.detach()
             self._detach_step_hooks()
             self._sentinel.close()
             self._fingerprints.close()
@@ -376,12 +358,12 @@ class TorchHook(
         else:
             self.begin_step()
         if self.saving_this_step:
-            self._attach_module_hooks()
-        self._start_activation_capture(module)
+            self._module_io.attach()
+        self._activations.start(module)
 
     def _on_step_begin(self) -> None:
         self._fingerprints.step_began()
-        self._io_plan = self._narrow_modules()
+        self._module_io.plan_step()
         weights_due, gradients_due = self._parameter_capture_due()
         if gradients_due:
             self._attach_step_hooks()
@@ -394,7 +376,7 @@ class TorchHook(
             module = reference()
             if module is None:
                 continue
-            self.save_torch_tensors(
+            self._saver.save_many(
                 (f"{root_name}_{parameter_name}", parameter) for parameter_name, parameter in module.named_parameters()
             )
 
@@ -433,12 +415,12 @@ class TorchHook(
                         self._signal_ends_through_optimizer()
             if self._step_handles:
                 self._detach_step_hooks()
-            self._detach_module_hooks()
+            self._module_io.detach()
 
     def end_step(self) -> None:
         self._quiet.pending = False
         super().end_step()
-        self._step_snapshots.clear()
+        self._saver.step_ended()
         self._sentinel.step_ended()
 
     def _on_step_end(self) -> None:
@@ -446,19 +428,27 @@ class TorchHook(
         if self._optimizer_driven:
             self._take_gradients()  # a step that ends without optimizer.step() (mode change, close)
         self._grad_parameters.clear()
-        self._settle_io_sources()
-        self._io_plan = None
-        held, self._held = self._held, {}
-        self.write_tensors([(name, raw[0], raw[1], raw[2]) for name, (raw, _, _) in held.items() if raw is not None])
-        for name, (_, reduced, requested) in held.items():
-            self._write_reductions(name, reduced, requested)
+        self._module_io.settle()
+        self._saver.write_held()
+
+    def _module_io_hooks(self) -> ModuleIOHooks:
+        """The saved steps' module hooks (the zero-code hook's capture more)."""
+        return ModuleIOHooks(self, self._saver, self._forward_hook, self._registered_roots, self._loss_modules)
 
     # -- capture ------------------------------------------------------------------------------
+    def save_torch_tensor(self, name: str, tensor: torch.Tensor) -> bool:
+        """Save ``tensor`` now, if ``name`` is due at this step; True if it was."""
+        return self._saver.save(name, tensor)
+
+    def hold_torch_tensor(self, name: str, tensor: torch.Tensor) -> None:
+        """Save ``tensor`` as the step ends; a later value of the same name replaces this one."""
+        self._saver.hold(name, tensor)
+
     def _after_forward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         if self.saving_this_step:
             self._capture_after_forward(module, inputs, output)
-        if module is self._activation_root:
-            self._stop_activation_capture()
+        if module is self._activations.root:
+            self._activations.stop()
 
     @fail_open
     def _capture_after_forward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
@@ -491,13 +481,13 @@ class TorchHook(
             self._data_identity.saved_root_call(name, self.step, flat_inputs, outputs)
         saved = False
         for index, tensor in enumerate(flat_inputs):
-            saved = self.save_torch_tensor(f"{name}_input_{index}", tensor) or saved
+            saved = self._saver.save(f"{name}_input_{index}", tensor) or saved
         for index, tensor in enumerate(outputs):
             if tensor in self._step_losses:
                 continue  # the step's loss, passed on: saved under its loss name already
-            saved = self.save_torch_tensor(f"{name}_output_{index}", tensor) or saved
+            saved = self._saver.save(f"{name}_output_{index}", tensor) or saved
         if saved:
-            self._note_io_source(module)
+            self._module_io.note_source(module)
         elif self.saving_this_step:
             self._plan_cache[silent_key] = weakref.ref(module)
         return outputs
@@ -554,7 +544,7 @@ class TorchHook(
         self._match_cache.pop(tensor_name, None)
         self.ensure_step()
         if isinstance(tensor_value, torch.Tensor):
-            self.save_torch_tensor(tensor_name, tensor_value)
+            self._saver.save(tensor_name, tensor_value)
         else:
             plan = self.plan(tensor_name)
             if plan is not None:
@@ -577,7 +567,7 @@ class TorchHook(
 
     def close(self) -> None:
         self._stop_signalling()
-        self._stop_activation_capture()
+        self._activations.stop()
         self._leave_eager()
         self._unwatch()
         for handle in [*self._handles, *self._root_hooks.values(), *self._wrapper_shims]:
@@ -589,4 +579,4 @@ class TorchHook(
         self._sentinel.close()
         self._fingerprints.close()
         self._detach_step_hooks()
-        self._detach_module_hooks()
+        self._module_io.detach()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +26,12 @@ from torch.overrides import TorchFunctionMode
 from trainguard.config import loss_kinds
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.torch_global_hooks import register_global_forward_hook, register_global_forward_pre_hook
+from trainguard.hooks.torch_part import CoreSwitch, HookPart
 
 __all__ = [
     "ACTIVATION_COLLECTIONS",
     "ActivationCapture",
-    "FunctionalActivations",
+    "ActivationWatch",
     "activation_kind",
     "inside_compiled_call",
     "has_class_targets",
@@ -135,61 +136,91 @@ def has_class_targets(loss: torch.nn.Module | str) -> bool:
     return loss_kinds.has_class_targets(loss if isinstance(loss, str) else type(loss).__name__)
 
 
-class FunctionalActivations:
-    """TorchHook's part that watches functional activations during a saved step's root forward."""
+class ActivationCore(CoreSwitch, Protocol):
+    """What the activation watch reads of the hook: the step's due collections and its names."""
 
-    # set by TorchHook.__init__
-    _activation_mode: ActivationCapture | None
-    _activation_root: torch.nn.Module | None
-    _activation_calls: dict[tuple[str, str], int]
-    _module_stack: list[torch.nn.Module]
-    _module_stack_handles: list[Any]
+    saving_this_step: bool
+    _due: frozenset[str]
+    _light_worker: bool  # a rank > 0 under include_workers="one": saves no activations
 
-    def _start_activation_capture(self, root: torch.nn.Module) -> None:
+    def module_name(self, module: torch.nn.Module) -> str: ...
+
+    def add_membership(self, tensor_name: str, collection_name: str) -> None: ...
+
+
+class ActivationWatch(HookPart):
+    """Watches functional activations during a saved step's root forward.
+
+    It knows the running module from global hooks of its own while it watches, or, given one
+    (:meth:`share_stack`), from a module stack the hook keeps anyway (the zero-code hook's)."""
+
+    __slots__ = ("_save", "_mode", "root", "_calls", "_stack", "_own_stack", "_stack_handles")
+
+    _core: ActivationCore
+
+    def __init__(self, core: ActivationCore, save: Callable[[str, torch.Tensor], bool]) -> None:
+        super().__init__(core)
+        self._save = save
+        self._mode: ActivationCapture | None = None
+        self.root: torch.nn.Module | None = None  # the root whose forward is watched
+        self._calls: dict[tuple[str, str], int] = {}
+        self._stack: list[torch.nn.Module] = []
+        self._own_stack = True
+        self._stack_handles: list[Any] = []
+
+    @property
+    def active(self) -> bool:
+        return self._mode is not None
+
+    def share_stack(self, stack: list[torch.nn.Module]) -> None:
+        """Read the running module from ``stack``, kept by the hook, instead of tracking it."""
+        self._stack = stack
+        self._own_stack = False
+
+    def start(self, root: torch.nn.Module) -> None:
         """Watch activation calls during this root forward, if the step saves any of them."""
-        if self._activation_mode is not None:
-            self._stop_activation_capture()  # left over from a forward that raised
-        if not (self.saving_this_step and self._due & ACTIVATION_COLLECTIONS) or self._light_worker:
-            return  # (a rank > 0 under include_workers="one" saves no activations)
+        if self._mode is not None:
+            self.stop()  # left over from a forward that raised
+        core = self._core
+        if not (core.saving_this_step and core._due & ACTIVATION_COLLECTIONS) or core._light_worker:
+            return
         if inside_compiled_call():
             return
-        self._activation_calls.clear()
-        self._activation_root = root
-        self._track_module_stack()
+        self._calls.clear()
+        self.root = root
+        if self._own_stack:
+            self._stack_handles.append(register_global_forward_pre_hook(self._push_module))
+            self._stack_handles.append(register_global_forward_hook(self._pop_module, always_call=True))
         mode = ActivationCapture(self._on_activation)
         mode.__enter__()
-        self._activation_mode = mode
+        self._mode = mode
 
-    def _stop_activation_capture(self) -> None:
-        mode, self._activation_mode = self._activation_mode, None
-        self._activation_root = None
-        handles, self._module_stack_handles = self._module_stack_handles, []
+    def stop(self) -> None:
+        mode, self._mode = self._mode, None
+        self.root = None
+        handles, self._stack_handles = self._stack_handles, []
         for handle in handles:
             handle.remove()
-        self._module_stack.clear()
+        if self._own_stack:
+            self._stack.clear()
         if mode is not None:
             try:
                 mode.__exit__(None, None, None)
             except Exception as error:  # noqa: BLE001 - someone else's mode on top: never break training
                 self.disable(error)
 
-    def _track_module_stack(self) -> None:
-        """Know the running module while activations are watched (global hooks, removed after)."""
-        self._module_stack_handles.append(register_global_forward_pre_hook(self._push_module))
-        self._module_stack_handles.append(register_global_forward_hook(self._pop_module, always_call=True))
-
     def _push_module(self, module: torch.nn.Module, args: Any) -> None:
-        self._module_stack.append(module)
+        self._stack.append(module)
 
     def _pop_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self._module_stack and self._module_stack[-1] is module:
-            self._module_stack.pop()
+        if self._stack and self._stack[-1] is module:
+            self._stack.pop()
 
     def _current_module(self) -> torch.nn.Module | None:
-        return self._module_stack[-1] if self._module_stack else self._activation_root
+        return self._stack[-1] if self._stack else self.root
 
     def _on_activation(self, function: Any, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        names = self._activation_names(kind) if self.saving_this_step else None
+        names = self._activation_names(kind) if self._core.saving_this_step else None
         if names is None:
             return function(*args, **kwargs)
         tensor = args[0] if args else kwargs.get("input")
@@ -205,15 +236,15 @@ class FunctionalActivations:
         module = self._current_module()
         if module is not None and (isinstance(module, _ACTIVATION_MODULES) or is_loss_module(module)):
             return None  # nn.ReLU & co are captured as module I/O; a loss's internals are not activations
-        scope = self.module_name(module) if module is not None else "functional"
+        scope = self._core.module_name(module) if module is not None else "functional"
         key = (scope, kind)
-        index = self._activation_calls.get(key, 0)
-        self._activation_calls[key] = index + 1
+        index = self._calls.get(key, 0)
+        self._calls[key] = index + 1
         names = (f"{scope}.{kind}_{index}_input", f"{scope}.{kind}_{index}_output")
-        self.add_membership(names[0], f"{kind}_input")
-        self.add_membership(names[1], f"{kind}_output")
+        self._core.add_membership(names[0], f"{kind}_input")
+        self._core.add_membership(names[1], f"{kind}_output")
         return names
 
     @fail_open
     def _save_activation(self, name: str, tensor: torch.Tensor) -> None:
-        self.save_torch_tensor(name, tensor)
+        self._save(name, tensor)

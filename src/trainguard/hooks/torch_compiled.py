@@ -113,6 +113,7 @@ class CompiledWrapperSteps:
     _released: bool
     _call_shim: Any  # TorchHook._call_shim
     _wrapper_shims: list[RootCall]
+    _module_io: Any  # the saved steps' module hooks (torch_io_sources.py)
 
     def _watch_for_wrapper(self, module: torch.nn.Module, args: Any) -> None:
         # A global pre-hook, but only until a registered root first runs: it costs nothing later.
@@ -180,7 +181,7 @@ class CompiledWrapperSteps:
             # torch < 2.6 has no set_stance: the compiled graph runs, and module hooks would be
             # traced into it (a break per module, on every later step). Weights, gradients and
             # losses are still saved; the module I/O of compiled models is not.
-            self._detach_module_hooks()
+            self._module_io.detach()
 
     def _wrapper_post_forward(self, wrapper: torch.nn.Module, args: Any, output: Any) -> None:
         self._leave_eager()

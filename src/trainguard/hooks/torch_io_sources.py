@@ -26,13 +26,13 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from trainguard.hooks.overhead_budget import LIGHT_COLLECTIONS
 
-__all__ = ["RECHECK_EVERY", "LeftOutOfCopies", "ModuleIOSources", "same_modules"]
+__all__ = ["RECHECK_EVERY", "LeftOutOfCopies", "ModuleIOHooks", "same_modules"]
 
 RECHECK_EVERY = 8  # narrow light steps between two fully hooked ones
 
@@ -76,73 +76,102 @@ class _Sources:
         return None if any(module is None for module in modules) else modules  # type: ignore[return-value]
 
 
-class ModuleIOSources:
-    """Mixed into TorchHook: the forward hooks of saved steps. TorchHook.__init__ calls
-    :meth:`_init_io_sources`; ``capture_module_io`` calls :meth:`_note_io_source` when it saved."""
+class ModuleIOCore(Protocol):
+    """What the module hooks read of the hook: the step's due collections and the cache that is
+    forgotten whenever collections change."""
 
     _due: frozenset[str]
     _plan_cache: dict[tuple[Any, ...], Any]
-    _held: dict[str, Any]
-    _registered_roots: list[weakref.ref[torch.nn.Module]]
-    _loss_modules: list[weakref.ref[torch.nn.Module]]
-    _forward_hook: Any
 
-    def _init_io_sources(self) -> None:
-        self._module_hook_handles: list[Any] = []
-        self._module_hooks_on = False
-        # This step's choice, made as it begins (None: every module)
-        self._io_plan: list[torch.nn.Module] | None = None
-        self._io_key: tuple[Any, ...] | None = None  # set while this step observes or is narrow
-        self._io_narrow: list[torch.nn.Module] | None = None  # the modules this step hooks, if narrow
-        self._io_seen: dict[int, torch.nn.Module] = {}  # modules whose I/O this step saved
-        self._io_record: _Sources | None = None  # what was known as the step began
 
-    def _hook_tree(self, root: torch.nn.Module, handles: list[Any]) -> None:
+class HeldValues(Protocol):
+    held: dict[str, Any]  # name -> what the step holds until it ends (TensorSaver.held)
+
+
+class ModuleIOHooks:
+    """The forward hooks of saved steps on the registered roots' modules and the losses.
+    ``capture_module_io`` calls :meth:`note_source` when it saved a module's I/O."""
+
+    __slots__ = (
+        "_core", "_saved", "_forward_hook", "_roots", "_losses", "handles", "_on", "_plan", "_key",
+        "narrow", "_seen", "_record",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        core: ModuleIOCore,
+        saved: HeldValues,
+        forward_hook: Any,
+        roots: list[weakref.ref[torch.nn.Module]],
+        losses: list[weakref.ref[torch.nn.Module]],
+    ) -> None:
+        self._core = core
+        self._saved = saved
+        self._forward_hook = forward_hook
+        self._roots = roots  # the hook's registered roots and loss modules (lists it appends to)
+        self._losses = losses
+        self.handles: list[Any] = []
+        self._on = False
+        self._plan: list[torch.nn.Module] | None = None  # this step's choice, made as it begins (None: every module)
+        self._key: tuple[Any, ...] | None = None  # set while this step observes or is narrow
+        self.narrow: list[torch.nn.Module] | None = None  # the modules this step hooks, if narrow
+        self._seen: dict[int, torch.nn.Module] = {}  # modules whose I/O this step saved
+        self._record: _Sources | None = None  # what was known as the step began
+
+    def hook_tree(self, root: torch.nn.Module) -> None:
         for child in root.modules():
-            handles.append(child.register_forward_hook(self._forward_hook))
+            self.handles.append(child.register_forward_hook(self._forward_hook))
 
-    def _attach_module_hooks(self) -> None:
-        plan = self._io_plan
-        if self._module_hooks_on:
-            if same_modules(plan, self._io_narrow):
+    def hook_loss(self, loss: torch.nn.Module) -> None:
+        self.handles.append(loss.register_forward_hook(self._forward_hook))
+
+    def attach(self) -> None:
+        plan = self._plan
+        if self._on:
+            if same_modules(plan, self.narrow):
                 return  # a later forward of the same step, or a saved step like the one before
-            self._detach_module_hooks()
-        self._module_hooks_on = True
-        self._io_narrow = plan
+            self.detach()
+        self._on = True
+        self.narrow = plan
         if plan is not None:
             for module in plan:
-                self._hook_io_source(module, self._module_hook_handles)
+                self.hook_source(module)
             return
-        for reference in self._registered_roots:
+        for reference in self._roots:
             root = reference()
             if root is not None:
-                self._hook_tree(root, self._module_hook_handles)
-        for reference in self._loss_modules:
+                self.hook_tree(root)
+        for reference in self._losses:
             loss = reference()
             if loss is not None:
-                self._module_hook_handles.append(loss.register_forward_hook(self._forward_hook))
+                self.hook_loss(loss)
 
-    def _hook_io_source(self, module: torch.nn.Module, handles: list[Any]) -> None:
+    def hook_source(self, module: torch.nn.Module) -> None:
         """Hook one module of a narrow (light) step."""
-        handles.append(module.register_forward_hook(self._forward_hook))
+        self.handles.append(module.register_forward_hook(self._forward_hook))
 
-    def _detach_module_hooks(self) -> None:
-        self._module_hooks_on = False
-        self._io_narrow = None
-        handles, self._module_hook_handles = self._module_hook_handles, []
+    def detach(self) -> None:
+        self._on = False
+        self.narrow = None
+        handles, self.handles = self.handles, []
         for handle in handles:
             handle.remove()
 
+    def plan_step(self) -> None:
+        """A saved step begins: choose the modules it hooks (:meth:`attach`)."""
+        self._plan = self._narrow_modules()
+
     def _narrow_modules(self) -> list[torch.nn.Module] | None:
         """The modules a light step may hook instead of all of them; None: hook them all."""
-        self._io_seen.clear()
-        self._io_key = None
-        if not self._due <= LIGHT_COLLECTIONS:
+        self._seen.clear()
+        self._key = None
+        due = self._core._due
+        if not due <= LIGHT_COLLECTIONS:
             return None
-        key = ("io sources", self._due)
-        self._io_key = key
-        sources: _Sources | None = self._plan_cache.get(key)
-        self._io_record = sources
+        key = ("io sources", due)
+        self._key = key
+        sources: _Sources | None = self._core._plan_cache.get(key)
+        self._record = sources
         if sources is None or sources.confirmed < 2 or sources.narrowed >= RECHECK_EVERY:
             return None
         modules = sources.alive()
@@ -150,32 +179,35 @@ class ModuleIOSources:
             sources.narrowed += 1
         return modules
 
-    def _note_io_source(self, module: torch.nn.Module) -> None:
-        if self._io_key is not None:
-            self._io_seen[id(module)] = module
+    def note_source(self, module: torch.nn.Module) -> None:
+        if self._key is not None:
+            self._seen[id(module)] = module
 
-    def _settle_io_sources(self) -> None:
+    def settle(self) -> None:
         """At a saved step's end, before what it held is written: learn from a fully hooked light
         step, check a narrow one."""
-        key, self._io_key = self._io_key, None
-        seen, self._io_seen = list(self._io_seen.values()), {}
-        sources, self._io_record = self._io_record, None
+        self._plan = None
+        key, self._key = self._key, None
+        seen, self._seen = list(self._seen.values()), {}
+        sources, self._record = self._record, None
         if key is None:
             return
-        held = frozenset(self._held)
-        if self._io_narrow is not None and sources is not None:
+        plan_cache = self._core._plan_cache
+        held_values = self._saved.held
+        held = frozenset(held_values)
+        if self.narrow is not None and sources is not None:
             if not (sources.same(seen) and held == sources.held):
                 # A module gave nothing, or a loss came from elsewhere (a new loss module, not
                 # hooked: its loss reached backward() unclaimed): look at every module again, and
                 # drop what a fully hooked step would have named differently.
                 for name in held - sources.held:
-                    del self._held[name]
-                self._plan_cache.pop(key, None)
+                    del held_values[name]
+                plan_cache.pop(key, None)
             return
-        if self._plan_cache.get(key) is not sources:
+        if plan_cache.get(key) is not sources:
             sources = None  # collections changed during the step (a new membership): learn anew
         if sources is not None and sources.same(seen) and held == sources.held:
             sources.confirmed += 1
             sources.narrowed = 0
         else:
-            self._plan_cache[key] = _Sources(seen, held)
+            plan_cache[key] = _Sources(seen, held)

@@ -34,11 +34,11 @@ from trainguard.hooks.pytorch import TorchHook, eager, is_loss_module
 from trainguard.hooks.torch_activations import has_class_targets
 from trainguard.hooks.torch_compiled import is_compile_wrapper
 from trainguard.hooks.torch_global_hooks import register_global_forward_hook, register_global_forward_pre_hook
-from trainguard.hooks.torch_io_sources import LeftOutOfCopies
+from trainguard.hooks.torch_io_sources import LeftOutOfCopies, ModuleIOHooks
 from trainguard.hooks.torch_process_groups import ProcessGroupKeeper
 from trainguard.hooks.torch_root_call import RootCall
 
-__all__ = ["FUNCTIONAL_LOSSES", "SwappedAttributes", "ZeroCodeHook"]
+__all__ = ["FUNCTIONAL_LOSSES", "SwappedAttributes", "ZeroCodeHook", "ZeroCodeModuleIO"]
 
 FUNCTIONAL_LOSSES = (
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
@@ -84,8 +84,9 @@ class ZeroCodeHook(TorchHook):
     """A TorchHook that finds models, losses and steps by itself."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._stack: list[torch.nn.Module] = []  # the running modules, as the global hooks see them
         super().__init__(*args, **kwargs)
-        self._stack: list[torch.nn.Module] = []
+        self._activations.share_stack(self._stack)  # functional activations run in its top module
         self._loss_tensor_ids: set[int] = set()
         self._scaled_losses: dict[int, torch.Tensor] = {}  # id(scaler.scale(loss)) -> loss
         # The global module hooks find roots and losses and capture module I/O. A global hook
@@ -145,30 +146,11 @@ class ZeroCodeHook(TorchHook):
             handle.remove()
         self._stack.clear()  # the post-hooks that would have emptied it will not run
 
-    def _attach_module_hooks(self) -> None:
-        super()._attach_module_hooks()
-        self._loss_wrappers.put_on()
-        if self._io_narrow is None:
-            self._attach_globals()
-
-    def _hook_io_source(self, module: torch.nn.Module, handles: list[Any]) -> None:
-        # What the global hooks would do for this module alone: keep it on the stack (a
-        # functional loss inside a loss module is that module's) and capture its I/O.
-        handles.append(module.register_forward_pre_hook(self._source_pre_hook))
-        handles.append(module.register_forward_hook(self._global_post_hook, always_call=True))
+    def _module_io_hooks(self) -> ModuleIOHooks:
+        return ZeroCodeModuleIO(self)
 
     def _push_source(self, module: torch.nn.Module, args: Any) -> None:
         self._stack.append(module)
-
-    def _detach_module_hooks(self) -> None:
-        super()._detach_module_hooks()
-        if self._roots:  # until a root is found, the global hooks are how one is found
-            self._detach_globals()
-            if self._quiet.left:
-                # Off while steps are certainly unsaved; back on at the last of them: in
-                # ``F.cross_entropy(model(x), y)`` the function is looked up before the forward
-                # that begins a saved step runs (_before_possibly_saved_step).
-                self._loss_wrappers.take_off()
 
     _ends_quiet_windows = True
 
@@ -249,8 +231,8 @@ class ZeroCodeHook(TorchHook):
             del self._stack[len(self._stack) - 1 - self._stack[::-1].index(module) :]
         if self.saving_this_step:
             self._capture(module, args, output)
-        if not self._stack and self._activation_mode is not None:
-            self._stop_activation_capture()  # the root forward is over
+        if not self._stack and self._activations.active:
+            self._activations.stop()  # the root forward is over
 
     @fail_open
     def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -261,13 +243,6 @@ class ZeroCodeHook(TorchHook):
             self._loss_tensor_ids.update(id(tensor) for tensor in outputs)
             for tensor in outputs:
                 self._step_losses.add(tensor)
-
-    # -- functional activations: this hook's own module stack says where they run ------------
-    def _track_module_stack(self) -> None:
-        pass
-
-    def _current_module(self) -> torch.nn.Module | None:
-        return self._stack[-1] if self._stack else self._activation_root
 
     def _on_step_begin(self) -> None:
         self._loss_tensor_ids.clear()
@@ -367,3 +342,38 @@ class ZeroCodeHook(TorchHook):
         self._wrappers.take_off()
         super().close()
         self._detach_globals()
+
+
+class ZeroCodeModuleIO(ModuleIOHooks):
+    """The zero-code hook's saved-step module hooks: its global hooks capture every module, and
+    the functional losses' wrappers are on, while a step saves."""
+
+    __slots__ = ("_hook",)
+
+    def __init__(self, hook: ZeroCodeHook) -> None:
+        super().__init__(hook, hook._saver, hook._forward_hook, hook._registered_roots, hook._loss_modules)
+        self._hook = hook
+
+    def attach(self) -> None:
+        super().attach()
+        self._hook._loss_wrappers.put_on()
+        if self.narrow is None:
+            self._hook._attach_globals()
+
+    def hook_source(self, module: torch.nn.Module) -> None:
+        # What the global hooks would do for this module alone: keep it on the stack (a
+        # functional loss inside a loss module is that module's) and capture its I/O.
+        hook = self._hook
+        self.handles.append(module.register_forward_pre_hook(hook._source_pre_hook))
+        self.handles.append(module.register_forward_hook(hook._global_post_hook, always_call=True))
+
+    def detach(self) -> None:
+        super().detach()
+        hook = self._hook
+        if hook._roots:  # until a root is found, the global hooks are how one is found
+            hook._detach_globals()
+            if hook._quiet.left:
+                # Off while steps are certainly unsaved; back on at the last of them: in
+                # ``F.cross_entropy(model(x), y)`` the function is looked up before the forward
+                # that begins a saved step runs (_before_possibly_saved_step).
+                hook._loss_wrappers.take_off()
