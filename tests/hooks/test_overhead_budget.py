@@ -332,8 +332,8 @@ def test_configured_steps_the_budget_thins_take_the_quiet_path(run_dir, monkeypa
     budget.light_floor = budget.heavy_floor = 0  # ...from the first save on
     budget.light_stride, budget.heavy_stride = 5, 2
     general: list[int] = []
-    general_path = hook._general_root_pre_forward
-    monkeypatch.setattr(hook, "_general_root_pre_forward", lambda *a: (general.append(hook.step + 1), general_path(*a)))
+    general_path = hook._driver._general_root_pre_forward
+    monkeypatch.setattr(hook._driver, "_general_root_pre_forward", lambda *a: (general.append(hook.step + 1), general_path(*a)))
     _train_mlp(hook, 400, register=not zero_code)
     hook.close()
     trial = create_trial(run_dir)

@@ -121,7 +121,7 @@ def test_shims_and_pre_hooks_see_the_same_steps_modes_and_tensors(make_hook, tmp
                     criterion(model(x), y)
         hook.close()
         assert hook.enabled
-        assert isinstance(hook._root_hooks.get(id(model)), RootCall) or not hook._root_hooks  # closed: none
+        assert isinstance(hook._driver.root_hooks.get(id(model)), RootCall) or not hook._driver.root_hooks  # closed: none
         return _steps_and_values(out_dir)
 
     with_shims, with_pre_hooks = run(True), run(False)
@@ -152,7 +152,7 @@ def test_torch_compile_gives_every_shimmed_root_its_pre_hook_first(make_hook, ru
             optimizer.step()
 
     train(model, 2)
-    assert isinstance(hook._root_hooks[id(model)], RootCall) and not model._forward_pre_hooks
+    assert isinstance(hook._driver.root_hooks[id(model)], RootCall) and not model._forward_pre_hooks
     step_function = torch.compile(lambda x: model(x), backend="eager")  # a function, not the model
     assert "_compiled_call_impl" not in model.__dict__ and len(model._forward_pre_hooks) == 1
     train(step_function, 10)
@@ -217,7 +217,7 @@ def test_compiled_code_the_watch_did_not_see_is_reported(make_hook, run_dir, cap
     hook.close()
     assert hook.enabled
     assert any("without its forward being seen" in record.getMessage() for record in caplog.records)
-    assert not isinstance(hook._root_hooks.get(id(model)), RootCall)
+    assert not isinstance(hook._driver.root_hooks.get(id(model)), RootCall)
 
 
 def test_shims_only_where_every_compile_was_watched(tmp_path):
@@ -230,7 +230,7 @@ def test_shims_only_where_every_compile_was_watched(tmp_path):
         first = TorchHook(out_dir={str(tmp_path / "a")!r})
         import torch._dynamo
         second = TorchHook(out_dir={str(tmp_path / "b")!r})
-        print("watched", first._root_shims, second._root_shims)
+        print("watched", first._driver._root_shims, second._driver._root_shims)
         first.close(); second.close()
     """)
     late = textwrap.dedent("""
@@ -261,7 +261,7 @@ def test_two_optimizers_on_one_backward_keep_the_shim_and_warn_nothing(make_hook
             model(torch.randn(5, 4)).square().mean().backward()
             first.step()
             second.step()
-    assert isinstance(hook._root_hooks[id(model)], RootCall)
+    assert isinstance(hook._driver.root_hooks[id(model)], RootCall)
     hook.close()
     assert hook.enabled
     assert not [record for record in caplog.records if "forward being seen" in record.getMessage()]

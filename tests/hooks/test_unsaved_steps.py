@@ -393,7 +393,7 @@ def test_an_unsaved_step_runs_a_few_python_calls_more_than_without_trainguard(ma
         hook.register_module(model)
     hooked_calls = _trainguard_calls(model, 8, only_ours=False)
     hooked = [sum(calls.values()) for calls in hooked_calls]
-    shimmed = isinstance(hook._root_hooks.get(id(model)), RootCall)
+    shimmed = isinstance(hook._driver.root_hooks.get(id(model)), RootCall)
     hook.close()
     assert len(set(plain[2:])) == 1, plain  # the same calls every step once warm
     assert plain_calls[-1]["_optimizer_step_code"] == 1
@@ -429,7 +429,7 @@ def test_an_unsaved_compiled_step_runs_the_shim_only(make_hook, tmp_path, zero_c
         hook.register_loss(criterion)
     hooked_calls = _trainguard_calls(compiled, 8, criterion, only_ours=False)
     hooked = [sum(calls.values()) for calls in hooked_calls]
-    shims = list(hook._wrapper_shims)
+    shims = list(hook._driver._wrapper_shims)
     hook.close()
     assert hook.enabled
     assert len(shims) == 1 and shims[0].module() is compiled
@@ -466,7 +466,7 @@ def test_a_wrapper_shim_that_is_never_called_gives_way_to_a_pre_hook(make_hook, 
     hook.close()
     assert hook.enabled
     assert "without its forward being seen" in caplog.text
-    assert not hook._wrapper_shims
+    assert not hook._driver._wrapper_shims
     steps = create_trial(str(tmp_path / "run")).steps()
     assert steps and len(steps) >= 2 and all(step % 2 == 0 for step in steps), steps
 
@@ -514,7 +514,7 @@ def _compiled_after_six_steps(make_hook, run_dir, zero_code: bool | None, save_i
         loss.backward()
         optimizer.step()
         found["losses"].append(loss.item())
-        found["from_wrapper"].append(hook is not None and id(eager_model) in hook._wrapped_roots)
+        found["from_wrapper"].append(hook is not None and id(eager_model) in hook._driver.wrapped_roots)
     if hook is not None:
         found["counted"] = hook.step
         hook.close()
@@ -761,9 +761,9 @@ def test_the_call_shim_decides_every_step_as_quiet_step_does(make_hook):
     model = _mlp(4, 1)
     hook = make_hook(tg.Hook, save_config=tg.SaveConfig(save_interval=10**6))
     calls: list[str] = []
-    hook._root_pre_hook = lambda module, args: calls.append("general")
-    hook._eager_end_quiet_window = lambda: calls.append("mark")
-    root_call = hook._root_call(model, lambda *args, **kwargs: calls.append("call_impl"))
+    hook._driver._root_pre_hook = lambda module, args: calls.append("general")
+    hook._driver._eager_end_quiet_window = lambda: calls.append("mark")
+    root_call = hook._driver._root_call(model, lambda *args, **kwargs: calls.append("call_impl"))
     quiet_run = hook._quiet
     combinations = itertools.product((0, 1, 3), (False, True), (0, 1), (False, True), (False, True), (None, object()))
     quiet_taken = 0
@@ -783,7 +783,7 @@ def test_the_call_shim_decides_every_step_as_quiet_step_does(make_hook):
                     quiet = "general" not in calls
                     assert calls[-1] == "call_impl"
                 else:
-                    quiet = hook._quiet_step(model)
+                    quiet = hook._driver.quiet_step(model)
             outcomes.append((quiet, quiet_run.left, quiet_run.pending, hook.step, hook.mode_steps[ModeKeys.TRAIN],
                              calls.count("mark")))  # fmt: skip
         assert outcomes[0] == outcomes[1], (left, pending, added, training, grad, budget)
@@ -840,7 +840,7 @@ def test_a_change_to_what_a_run_of_unsaved_steps_was_counted_under_ends_it(make_
         model(torch.randn(3, 4)).sum().backward()
         optimizer.step()
     if change == "disable":
-        assert not hook.enabled and hook._released  # the general path took the hooks away
+        assert not hook.enabled and hook._driver.released  # the general path took the hooks away
     elif change == "set_mode":
         assert general == [2, 3]  # a mode set by the script: no runs of unsaved steps from then on
     else:

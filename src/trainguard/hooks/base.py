@@ -69,7 +69,7 @@ _exiting = False  # set by the atexit close: training is over
 OTHER_WORKERS_COLLECTIONS: tuple[str, ...] = ("losses", "scalars", "metrics", "sm_metrics")
 # Which writer a hook uses unless told (Hook(writer=...) or TRAINGUARD_WRITER): the writer process
 # for CPU training into a local directory (it keeps serialising and writing off the training
-# process's GIL and core; see bench/RESULTS.md), the thread writer elsewhere.
+# process's GIL and core), the thread writer elsewhere.
 DEFAULT_WRITER = "auto"
 
 
@@ -86,10 +86,9 @@ class BaseHook(SaveSchedule):
     """Configuration, step accounting and writing shared by every framework hook."""
 
     # The state a training step reads first lives in slots, inside the hook object itself (two
-    # cache lines) rather than in its ~90-entry __dict__: the PyTorch hook's unsaved step
-    # (TorchHook._root_call, the optimizer's post-hook) reads a dozen of these after forward,
-    # backward and the optimizer have pushed the hook out of the CPU's caches. Measured on the
-    # bench MLP (bench/unsaved_hook_ab.py, two runs each): 1.0098x/1.0099x -> 1.0087x/1.0088x.
+    # cache lines) rather than in its large __dict__: the PyTorch hook's optimizer post-hook and
+    # the general path read several of these after forward, backward and the optimizer have
+    # pushed the hook out of the CPU's caches, where each further cache line read costs.
     # Every other attribute stays in __dict__ (the bases give one).
     __slots__ = (
         "enabled",

@@ -31,9 +31,9 @@ competes with training for a core) and the seconds training waited for it (a ful
 The time is the training thread's CPU time (:class:`TrainingThreadClock`), not the wall clock:
 seconds in which the process does not run (another process has its core, it is stopped, it
 sleeps waiting for data) are neither training time to take a share of nor a cost of saving.
-On the wall clock, a Lightning job run in turns with four other processes (stopped four seconds
-in five) first measured its saving at 2.5 % of training where alone it read 34 %, and kept
-weights every 30 steps instead of every 350 (bench/RESULTS.md).
+On the wall clock, a job run in turns with other processes would read the time it is stopped as
+training time, under-measure what saving costs, and keep heavy collections far more often than
+the budget allows.
 """
 
 from __future__ import annotations

@@ -18,70 +18,34 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from trainguard.config.collections import Collection
 from trainguard.hooks.base import BaseHook
 from trainguard.hooks.fail_open import fail_open
-from trainguard.hooks.quiet_run import CountsQuietSteps, EndsQuietRuns, QuietRun, UnsavedSteps
+from trainguard.hooks.quiet_run import CountsQuietSteps, QuietRun
 from trainguard.hooks.sentinel import StepSentinel
+from trainguard.hooks.step_driver import StepDriver, eager
 from trainguard.hooks.step_losses import StepLosses
 from trainguard.hooks.torch_activations import _ACTIVATION_KINDS, ActivationWatch, has_class_targets, is_loss_module
-from trainguard.hooks.torch_compiled import (
-    CompiledWrapperSteps,
-    ForcedEager,
-    find_compile_wrapper,
-    in_compile_wrapper,
-    is_compile_wrapper,
-)
+from trainguard.hooks.torch_compiled import is_compile_wrapper
 from trainguard.hooks.torch_data_identity import DataIdentity
 from trainguard.hooks.torch_fingerprint import ReplicaFingerprints
-from trainguard.hooks.torch_global_hooks import register_global_forward_pre_hook
 from trainguard.hooks.torch_io_sources import LeftOutOfCopies, ModuleIOHooks
 from trainguard.hooks.torch_model_scopes import ModelScopes
 from trainguard.hooks.torch_optimizer import OptimizerSteps
 from trainguard.hooks.torch_parameters import ParameterRoles
-from trainguard.hooks.torch_root_call import RootCall, RootDriving
 from trainguard.hooks.torch_saving import TensorSaver
 from trainguard.modes import ModeKeys
 
 __all__ = ["TorchHook", "eager", "is_loss_module"]
 
 logger = logging.getLogger("trainguard")
-
-
-def eager(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` run as plain Python even inside a ``torch.compile``d model.
-
-    Dynamo never sees our hooks in the usual cases (torch_compiled.py: a compiled model's saved
-    steps run eagerly, its unsaved steps carry no hook). This covers the others, e.g. a model
-    compiled after its first eager forward, or one called from a compiled training step:
-    Dynamo would otherwise trace the hook's bookkeeping (locks, files, weak references), which
-    it cannot, and capture would stop; disabled, it breaks the graph around the hook instead.
-    In eager mode the wrapper costs about half a microsecond per call.
-    """
-    return torch.compiler.disable(function, recursive=True)
-
-
-def skip_in_dynamo(*functions: Callable[..., Any]) -> bool:
-    """Mark plain functions (not bound methods) so that Dynamo neither compiles their frames nor
-    inlines them (a traced model breaks its graph where it would call one), at no cost per call:
-    :func:`eager` wraps with a function that costs about five Python calls, each one more thing an
-    unsaved step pays. Frames they call are not covered: such functions may call only C
-    functions, each other and :func:`eager` ones. False where this PyTorch has no such marking
-    (``torch._dynamo.decorators.skip``, not public): then use :func:`eager`."""
-    try:
-        from torch._dynamo.decorators import skip
-    except ImportError:
-        return False
-    for function in functions:
-        if not getattr(function, "_torchdynamo_disable", False):
-            skip(function)
-    return True
 
 
 def _flatten_tensors(value: Any) -> list[torch.Tensor]:
@@ -94,15 +58,7 @@ def _flatten_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-class TorchHook(
-    RootDriving,
-    CompiledWrapperSteps,
-    OptimizerSteps,
-    UnsavedSteps,
-    EndsQuietRuns,
-    CountsQuietSteps,
-    BaseHook,
-):
+class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
     """Captures weights, biases, gradients, losses and module inputs/outputs of PyTorch models."""
 
     starts_writer_ahead = True  # its writer process starts before the first step (writer/spawn.py)
@@ -126,7 +82,9 @@ class TorchHook(
         super().__init__(*args, **kwargs)
         # one gradient of every optimizer step, saved or not: a non-finite one gets its step saved (sentinel.py)
         self._sentinel = StepSentinel(self, self._quiet)
-        self._init_root_driving()  # first: what follows imports Dynamo (torch_root_call.shims_safe)
+        # how each root's calls reach the hook, and the unsaved step's check (step_driver.py);
+        # first: what follows imports Dynamo (torch_root_call.shims_safe)
+        self._driver = StepDriver(self, self._quiet)
         self._handles: list[Any] = []
         self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
         self._model_scopes = ModelScopes()  # which model a module tensor name belongs to
@@ -179,23 +137,6 @@ class TorchHook(
         self._loss_modules: list[weakref.ref[torch.nn.Module]] = []
         self._forward_hook = LeftOutOfCopies(eager(self._after_forward))
         self._module_io = self._module_io_hooks()
-        # The root's pre-hook: its quiet path (the usual unsaved step) runs no Python of ours but
-        # these two functions, which Dynamo skips; the rest goes through eager() ones.
-        skipped = skip_in_dynamo(TorchHook._root_pre_forward, TorchHook._quiet_step)
-        self._root_pre_hook = self._root_pre_forward if skipped else eager(self._root_pre_forward)
-        self._general_root_pre_forward = eager(self._root_pre_forward_general)
-        self._eager_end_quiet_window = eager(self._end_quiet_window)
-        # id(root) -> its call shim's or pre-hook's handle, while the root itself drives its
-        # steps (not a wrapper): torch_root_call.py
-        self._root_hooks: dict[int, Any] = {}
-        self._wrapped_roots: set[int] = set()
-        self._wrapper_shims: list[RootCall] = []  # torch.compile wrappers' call shims
-        self._forced_eager = ForcedEager()
-        self._wrapper_post_handle: Any = None
-        # Until a registered root first runs: a global pre-hook that spots torch.compile's
-        # wrapper around it (then removed, so it costs nothing per step).
-        self._watch_handle: Any = None
-        self._released = False  # per-step hooks removed after capture was disabled
 
     # -- distributed --------------------------------------------------------------------------
     def _rank_and_world(self) -> tuple[int, int]:
@@ -266,11 +207,11 @@ class TorchHook(
             wrapper, module = module, module._orig_mod
         self._name_tree(module)
         self._registered_roots.append(weakref.ref(module))
-        self._root_hooks[id(module)] = self._drive_root(module)
+        self._driver.drive_root(module)
         if wrapper is not None:
-            self._drive_from_wrapper(wrapper)
-        elif self._watch_handle is None:
-            self._watch_handle = register_global_forward_pre_hook(self._watch_for_wrapper)
+            self._driver.drive_from_wrapper(wrapper)
+        else:
+            self._driver.watch_for_wrappers()
         if self._module_io.handles:  # registered during a saved step: capture it now too
             self._module_io.hook_tree(module)
 
@@ -282,6 +223,26 @@ class TorchHook(
         self._loss_modules.append(weakref.ref(loss_module))
         if self._module_io.handles:
             self._module_io.hook_loss(loss_module)
+
+    # -- what a run of unsaved steps was counted under ends it -----------------------------------
+    def disable(self, reason: BaseException | str) -> None:
+        self._quiet.end()  # the next step takes the general path, which takes the hooks away
+        super().disable(reason)
+
+    def get_collection(self, name: str) -> Collection:
+        self._quiet.end()  # the caller may change the collection's schedule or patterns
+        return super().get_collection(name)
+
+    def add_collection(self, collection: Collection) -> None:
+        self._quiet.end()
+        super().add_collection(collection)
+
+    # Whether _before_possibly_saved_step does anything (else the end of a run of unsaved steps
+    # is only the budget's business, and costs no call without one)
+    _ends_quiet_windows = False
+
+    def _before_possibly_saved_step(self) -> None:
+        """Called at the last step of a run of certainly unsaved steps (ZeroCodeHook's)."""
 
     # -- step boundaries ----------------------------------------------------------------------
     def set_mode(self, mode: ModeKeys) -> None:
@@ -295,19 +256,12 @@ class TorchHook(
             return self.mode
         return ModeKeys.TRAIN if module.training and torch.is_grad_enabled() else ModeKeys.EVAL
 
-    def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
-        # Registered as it is where Dynamo can skip it (skip_in_dynamo), through eager() elsewhere
-        if self._released:
-            return  # capture was disabled and every other hook taken away: one check per step
-        if not self._quiet_step(module):
-            self._general_root_pre_forward(module, args)
-
     def _root_pre_forward_general(self, module: torch.nn.Module, args: Any) -> None:
         if self._data_identity.watching:
             self._data_identity.next_root_call(self.module_name(module), _flatten_tensors(args))
         if self.enabled:
             self._root_step(module)
-        elif not self._released:
+        elif not self._driver.released:
             self._release_hooks()
 
     def _release_hooks(self) -> None:
@@ -315,12 +269,12 @@ class TorchHook(
         training runs as without trainguard. Done here, in the training thread at its next
         forward: the writer thread that may have disabled the hook must not edit hook dicts
         PyTorch is reading."""
-        self._released = True
+        self._driver.released = True
         try:
             self._stop_signalling()
             self._activations.stop()
-            self._leave_eager()
-            self._unwatch()
+            self._driver.leave_eager()
+            self._driver.unwatch()
             self._module_io.detach()
             self._detach_step_hooks()
             self._sentinel.close()
@@ -330,19 +284,11 @@ class TorchHook(
 
     @fail_open
     def _root_step(self, module: torch.nn.Module) -> None:
-        if self._watch_handle is not None:
-            self._unwatch()  # the root runs eagerly: no wrapper to look for
-        if in_compile_wrapper() and id(module) not in self._wrapped_roots:
-            # Compiled after it first ran eagerly: drive it from the wrapper from now on. This
-            # one forward is already inside Dynamo; its saved-step hooks are removed before
-            # the next unsaved step, and Dynamo handles removed hooks (tested).
-            wrapper = find_compile_wrapper(module)
-            if wrapper is not None:
-                self._drive_from_wrapper(wrapper)
+        self._driver.root_called(module)
         self.root_forward(module)
 
     def root_forward(self, module: torch.nn.Module) -> None:
-        if self._quiet_step(module):
+        if self._driver.quiet_step(module):
             return
         if self._signalling is not None:
             self._stop_signalling()
@@ -568,13 +514,10 @@ class TorchHook(
     def close(self) -> None:
         self._stop_signalling()
         self._activations.stop()
-        self._leave_eager()
-        self._unwatch()
-        for handle in [*self._handles, *self._root_hooks.values(), *self._wrapper_shims]:
+        self._driver.close()
+        for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._root_hooks.clear()
-        self._wrapper_shims.clear()
         super().close()
         self._sentinel.close()
         self._fingerprints.close()

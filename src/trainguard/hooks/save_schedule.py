@@ -112,9 +112,9 @@ class SaveSchedule:
         """How many steps of ``mode`` after ``mode_step`` are certainly saved by no collection
         (at most ``limit``): adapters skip their per-step bookkeeping for those. Valid while
         ``_groups`` is the same list (it is rebuilt whenever collections or schedules change).
-        Each run of such steps begins with one step on the general path (about 0.12 ms on the
-        bench MLP's 0.36 ms step, 0.13 % of its steps at a limit of 256): 1,024 covers the whole
-        gap between saves at an interval of 1,000. What only the general path notices (a
+        Each run of such steps begins with one step on the general path, which costs a good
+        part of a small model's step: 1,024 covers the whole gap between saves at an interval
+        of 1,000. What only the general path notices (a
         PyTorch profiler started in the middle of a run) waits at most that many steps.
 
         Under an overhead budget, configured TRAIN steps it thins to nothing count as unsaved

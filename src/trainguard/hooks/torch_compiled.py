@@ -30,10 +30,7 @@ from typing import Any
 
 import torch
 
-from trainguard.hooks.fail_open import fail_open
-from trainguard.hooks.torch_root_call import RootCall, install_root_call
-
-__all__ = ["CompiledWrapperSteps", "ForcedEager", "find_compile_wrapper", "in_compile_wrapper", "is_compile_wrapper"]
+__all__ = ["ForcedEager", "find_compile_wrapper", "in_compile_wrapper", "is_compile_wrapper"]
 
 
 def is_compile_wrapper(module: Any) -> bool:
@@ -96,99 +93,3 @@ class ForcedEager:
         stance, self._stance = self._stance, None
         if stance is not None:
             stance.__exit__(None, None, None)  # back to the stance that was set before
-
-
-class CompiledWrapperSteps:
-    """TorchHook's part that drives a compiled model's steps from its OptimizedModule wrapper."""
-
-    # set by TorchHook.__init__
-    _root_hooks: dict[int, Any]
-    _wrapped_roots: set[int]
-    _forced_eager: ForcedEager
-    _wrapper_post_handle: Any
-    _watch_handle: Any
-    _handles: list[Any]
-    saving_this_step: bool
-    enabled: bool
-    _released: bool
-    _call_shim: Any  # TorchHook._call_shim
-    _wrapper_shims: list[RootCall]
-    _module_io: Any  # the saved steps' module hooks (torch_io_sources.py)
-
-    def _watch_for_wrapper(self, module: torch.nn.Module, args: Any) -> None:
-        # A global pre-hook, but only until a registered root first runs: it costs nothing later.
-        if is_compile_wrapper(module):
-            root = module._orig_mod
-            if id(root) in self._root_hooks and id(root) not in self._wrapped_roots:
-                self._unwatch()
-                self._drive_from_wrapper(module)
-                # The wrapper's hooks for this call were listed before ours was added: run it.
-                self._wrapper_pre_forward(module, args)
-
-    def _unwatch(self) -> None:
-        handle, self._watch_handle = self._watch_handle, None
-        if handle is not None:
-            handle.remove()
-
-    def _drive_from_wrapper(self, wrapper: torch.nn.Module) -> None:
-        """Steps of ``wrapper._orig_mod`` begin at the wrapper, outside the compiled region."""
-        root = wrapper._orig_mod
-        self._wrapped_roots.add(id(root))
-        handle = self._root_hooks.pop(id(root), None)
-        if handle is not None:
-            handle.remove()  # Dynamo would trace it (a graph break) for torch.nn containers
-        # The wrapper's own call is plain Python (OptimizedModule.__call__ sets a flag and calls
-        # Module.__call__, which takes the shim's slot: read in torch 2.13; a version whose call
-        # bypassed it is caught by _roots_unseen): Dynamo never traces it, so its shim, unlike a
-        # root's, stays when something is compiled later. Pickling or copying the wrapper
-        # rebuilds it from its model (OptimizedModule.__reduce__): no copy carries the shim.
-        shim = install_root_call(wrapper, self._wrapper_call, own_call_reaches_slot=True)
-        if shim is None:
-            self._handles.append(wrapper.register_forward_pre_hook(self._wrapper_pre_forward))
-        else:
-            self._wrapper_shims.append(shim)
-
-    def _wrappers_unseen(self) -> None:
-        """The wrappers' shims were not called (_roots_unseen): pre-hooks on them instead."""
-        shims, self._wrapper_shims = self._wrapper_shims, []
-        for shim in shims:
-            wrapper = shim.module()
-            shim.remove()
-            if wrapper is not None:
-                self._handles.append(wrapper.register_forward_pre_hook(self._wrapper_pre_forward))
-
-    def _wrapper_call(self, wrapper: torch.nn.Module, call_impl: Any) -> Any:
-        return self._call_shim(wrapper._orig_mod, wrapper, call_impl, self._wrapper_pre_forward)
-
-    def _wrapper_pre_forward(self, wrapper: torch.nn.Module, args: Any) -> None:
-        if self.enabled:
-            if not self._quiet_step(wrapper._orig_mod):  # type: ignore[attr-defined]
-                self._wrapper_step(wrapper)
-        elif not self._released:
-            self._release_hooks()
-
-    @fail_open
-    def _wrapper_step(self, wrapper: torch.nn.Module) -> None:
-        self._leave_eager()  # left over from a forward that raised
-        self.root_forward(wrapper._orig_mod)
-        if not self.saving_this_step:
-            return
-        if self._forced_eager.enter():
-            # This step's module hooks see the model run eagerly: eager names and values, and
-            # no graph traced with our hooks in it. Restored by the wrapper's post-hook.
-            self._wrapper_post_handle = wrapper.register_forward_hook(self._wrapper_post_forward, always_call=True)
-        else:
-            # torch < 2.6 has no set_stance: the compiled graph runs, and module hooks would be
-            # traced into it (a break per module, on every later step). Weights, gradients and
-            # losses are still saved; the module I/O of compiled models is not.
-            self._module_io.detach()
-
-    def _wrapper_post_forward(self, wrapper: torch.nn.Module, args: Any, output: Any) -> None:
-        self._leave_eager()
-
-    def _leave_eager(self) -> None:
-        if self._forced_eager.active:
-            self._forced_eager.leave()
-        handle, self._wrapper_post_handle = self._wrapper_post_handle, None
-        if handle is not None:
-            handle.remove()

@@ -9,8 +9,8 @@ calls no Python of ours at all. A hook on each parameter's AccumulateGrad node w
 same, but it outlives its removal: the node is shared by every later step as long as the last
 step's graph is alive when the next forward runs (``loss = ...`` kept across iterations, the
 usual loop), and a node that once had a Python hook keeps calling into Python (taking the GIL,
-wrapping the gradient) at every backward after the hook was removed: 0.8-1 % of the bench MLP's
-step, for ever after the first saved step. Runs with no optimizer to step (a hand-written
+wrapping the gradient) at every backward after the hook was removed, for ever after the first
+saved step. Runs with no optimizer to step (a hand-written
 update) still need those hooks, to copy each gradient before the loop zeroes it: only they get
 them. Both work outside any compiled graph: a ``torch.compile``d model needs nothing more.
 """
@@ -24,7 +24,7 @@ import logging
 import operator
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -33,6 +33,9 @@ from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.quiet_run import QuietRun
 from trainguard.hooks.sentinel import StepSentinel
 from trainguard.modes import ModeKeys
+
+if TYPE_CHECKING:
+    from trainguard.hooks.step_driver import StepDriver
 
 __all__ = ["OptimizerSteps"]
 
@@ -89,14 +92,10 @@ class OptimizerSteps:
     _post_handle: Any  # ...and its handle
     _signalling: weakref.ref[Any] | None  # the optimizer whose _optimizer_step_code ends steps now
     _end_signal: Any
-    _released: bool
+    _driver: StepDriver  # how roots reach the hook (step_driver.py)
     _collections_dirty: bool
     saving_this_step: bool
     mode: ModeKeys
-
-    def _redrive_displaced_roots(self) -> None: ...  # TorchHook's
-
-    def _roots_unseen(self) -> None: ...  # TorchHook's
 
     # Forwards one presumed optimizer step may span before the guess is given up: far more
     # micro-batches than any accumulation window uses, few enough to keep a step small.
@@ -199,9 +198,9 @@ class OptimizerSteps:
             after_another = self._quiet.pending  # an optimizer stepped since the last forward
             # ...or the root's forward was not seen: its call shim replaced (model.compile())
             # or bypassed (compiled code that torch.compile's watch did not see being made)
-            self._redrive_displaced_roots()
+            self._driver.redrive_displaced_roots()
             if after_another and list(self._optimizer_parameters) == [id(optimizer)]:
-                self._roots_unseen()  # the run's only optimizer, twice: not a second optimizer
+                self._driver.roots_unseen()  # the run's only optimizer, twice: not a second optimizer
             self._optimizer_driven = True
             self._presumed_forwards = None  # not presumed any more: seen
             self._quiet.pending = True
@@ -216,10 +215,10 @@ class OptimizerSteps:
 
     def _signal_ends_through_optimizer(self) -> None:
         """A run of unsaved steps begins (begin_step). The global post-hook is one Python call a
-        step (0.2-0.3 % of the bench MLP's 0.36 ms step in one process: bench/unsaved_hook_ab.py,
-        bench/RESULTS.md); with one optimizer stepping the run, its own ``_optimizer_step_code``
-        (which ``Optimizer.step`` calls after every step, for PyTorch's profiler) ends the step
-        instead, set to C callables, and the post-hook is taken away. Everything that could need
+        step, a measurable share of a small model's step; with one optimizer stepping the run,
+        its own ``_optimizer_step_code`` (which ``Optimizer.step`` calls after every step, for
+        PyTorch's profiler) ends the step instead, set to C callables, and the post-hook is taken
+        away. Everything that could need
         it back comes through the general path first (root_forward, set_mode, torch.compile,
         close, a new optimizer under zero-code), which puts it back (:meth:`_stop_signalling`).
         Not while PyTorch's profiler runs (it watches that method), nor where another optimizer
@@ -290,7 +289,7 @@ class OptimizerSteps:
             if optimizer is not None and vars(optimizer).get("_optimizer_step_code") is signal:
                 del optimizer._optimizer_step_code
             hooks = self._post_handle.hooks_dict_ref()
-            if hooks is not None and not self._released:
+            if hooks is not None and not self._driver.released:
                 hooks[self._post_handle.id] = self._post_hook
         except Exception:  # noqa: BLE001 - fail open: at worst steps are counted less exactly
             logger.debug("trainguard: could not put the optimizer post-hook back", exc_info=True)

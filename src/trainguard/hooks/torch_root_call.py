@@ -1,8 +1,8 @@
 """How a registered root module's calls reach the hook: a call shim instead of a forward pre-hook.
 
 Any forward hook on a module sends each of its calls down ``Module._call_impl``'s slow path (a
-closure, a set and tuples of hooks built per call): on a small model that was half of what an
-unsaved step cost over plain PyTorch (bench/RESULTS.md). ``nn.Module`` has one slot of its own
+closure, a set and tuples of hooks built per call): on a small model, much of what an unsaved
+step would cost over plain PyTorch. ``nn.Module`` has one slot of its own
 for "call this instead of ``_call_impl``": ``_compiled_call_impl``, which ``Module.compile()``
 fills and ``Module.__getstate__`` leaves out, so a pickled or deep-copied model (``torch.save
 (model)``, an EMA copy) carries none of it. The shim put there runs the hook's step logic, then
@@ -28,9 +28,7 @@ from typing import Any
 
 import torch
 
-from trainguard.hooks.quiet_run import QuietRun
-
-__all__ = ["RootCall", "RootDriving", "before_compile", "displaced", "install_root_call", "shims_safe"]
+__all__ = ["RootCall", "before_compile", "displaced", "install_root_call", "shims_safe"]
 
 logger = logging.getLogger("trainguard")
 
@@ -97,74 +95,6 @@ def shims_safe() -> bool:
     in a process no hook watched before drives its roots with pre-hooks. The zero-code hook is
     created as soon as torch is imported, before them.)"""
     return _watched_before_dynamo or "torch._dynamo" not in sys.modules
-
-
-class RootDriving:
-    """TorchHook's part that chooses how each root's calls reach it (whose __init__ sets these)."""
-
-    _root_hooks: dict[int, Any]
-    _root_shims: bool
-    _quiet: QuietRun  # the run of unsaved steps (TorchHook._quiet_step)
-    _root_pre_hook: Callable[[torch.nn.Module, Any], None]
-    _root_call: Callable[[torch.nn.Module, Callable[..., Any]], Callable[..., Any]]
-    _wrapper_shims: list[RootCall]  # torch.compile wrappers' shims (torch_compiled.py)
-    _wrappers_unseen: Callable[[], None]
-    _stop_signalling: Callable[[], None]  # torch_optimizer.py
-
-    def _init_root_driving(self) -> None:
-        # Shims until something is compiled; none in a process that may have compiled before this
-        # hook watched torch.compile (shims_safe)
-        self._root_shims = shims_safe()
-        if self._root_shims:
-            before_compile(self._roots_before_compile)
-
-    def _drive_root(self, module: torch.nn.Module) -> Any:
-        """Begin ``module``'s steps at each of its calls: through a call shim (no hook on the
-        module, so its calls keep PyTorch's fast path; torch_root_call.py) until something is
-        compiled, else a forward pre-hook."""
-        shim = install_root_call(module, self._root_call) if self._root_shims else None
-        return shim if shim is not None else module.register_forward_pre_hook(self._root_pre_hook)
-
-    def _roots_before_compile(self) -> None:
-        """torch.compile was called: Dynamo may trace a root without calling its shim, and calls no
-        hook added after it traced. Every root gets its pre-hook now, before anything is traced."""
-        self._stop_signalling()  # (steps end through the post-hook again: it sees a displaced root)
-        # The run of unsaved steps ends at the next step: a root compiled after it ran eagerly is
-        # found on the general path (TorchHook._root_step); its pre-hook breaks the graph until then
-        self._quiet.shorten(1)
-        self._root_shims = False
-        for key, handle in list(self._root_hooks.items()):
-            if isinstance(handle, RootCall):
-                module = handle.module()
-                handle.remove()
-                if module is None:
-                    del self._root_hooks[key]
-                else:
-                    self._root_hooks[key] = module.register_forward_pre_hook(self._root_pre_hook)
-
-    def _roots_unseen(self) -> None:
-        """The same optimizer stepped twice with no root forward seen between: where roots have
-        shims, compiled code may be calling them past the shim (compiled before this hook was
-        watching), or a torch.compile wrapper's own ``__call__`` does not reach its shim (a torch
-        version not checked). Pre-hooks from now on; code already traced calls none until it
-        retraces."""
-        if any(isinstance(handle, RootCall) for handle in self._root_hooks.values()) or self._wrapper_shims:
-            logger.warning(
-                "trainguard: the model ran without its forward being seen (compiled code made before "
-                "trainguard watched torch.compile?); steps are counted from its next traced forward"
-            )
-            self._roots_before_compile()
-            self._wrappers_unseen()
-
-    def _redrive_displaced_roots(self) -> None:
-        """A root whose shim was replaced (``model.compile()`` after registration) gets a pre-hook."""
-        for key, handle in list(self._root_hooks.items()):
-            if displaced(handle):
-                module = handle.module()
-                if module is None:
-                    del self._root_hooks[key]
-                else:
-                    self._root_hooks[key] = module.register_forward_pre_hook(self._root_pre_hook)
 
 
 # Callbacks (weakly held bound methods) to run before torch.compile does anything

@@ -15,7 +15,7 @@ Nothing in the user's script or in PyTorch is edited. Installed once per process
   (which ``Tensor.backward`` calls): the tensor a backward starts from is the step's loss even
   when no loss module exists. These module functions are wrapped, not edited, and only while a
   step saves something (until a root is found, and then during saved steps): on the usual
-  unsaved step they are PyTorch's own functions, two Python calls less (bench/RESULTS.md).
+  unsaved step they are PyTorch's own functions, two Python calls less.
   ``torch.Tensor`` itself is never changed. :meth:`close` restores them.
 
 TRAIN and EVAL are told apart by ``module.training`` and ``torch.is_grad_enabled()``.
@@ -174,7 +174,7 @@ class ZeroCodeHook(TorchHook):
         )
 
     def _is_root(self, module: torch.nn.Module) -> bool:
-        return id(module) in self._root_hooks or id(module) in self._wrapped_roots
+        return id(module) in self._driver.root_hooks or id(module) in self._driver.wrapped_roots
 
     def _release_hooks(self) -> None:
         super()._release_hooks()
@@ -183,13 +183,13 @@ class ZeroCodeHook(TorchHook):
 
     def _global_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         if not self.enabled:
-            if not self._released:
+            if not self._driver.released:
                 self._release_hooks()  # capture was disabled: stop costing a call per module
             return
         if is_compile_wrapper(module):
             # The model it wraps runs next, with its own names: that one is the root, and its
             # steps begin at the wrapper, outside the compiled region.
-            if not self._stack and id(module._orig_mod) not in self._wrapped_roots:
+            if not self._stack and id(module._orig_mod) not in self._driver.wrapped_roots:
                 self._on_wrapper_found(module, args)
             return
         if not self._stack and not is_loss_module(module) and not self._is_root(module):
@@ -202,7 +202,7 @@ class ZeroCodeHook(TorchHook):
     def _on_root_forward(self, module: torch.nn.Module) -> None:
         if not any(reference() is module for reference, _ in self._roots):
             self._name_tree(module)
-        self._root_hooks[id(module)] = self._drive_root(module)
+        self._driver.drive_root(module)
         self.root_forward(module)
 
     @fail_open
@@ -210,13 +210,13 @@ class ZeroCodeHook(TorchHook):
         root = wrapper._orig_mod
         if not any(reference() is root for reference, _ in self._roots):
             self._name_tree(root)
-        self._drive_from_wrapper(wrapper)
-        self._wrapper_pre_forward(wrapper, args)
+        self._driver.drive_from_wrapper(wrapper)
+        self._driver.wrapper_pre_forward(wrapper, args)
 
     def _root_pre_forward_general(self, module: torch.nn.Module, args: Any) -> None:
         active = bool(self._global_handles)
         super()._root_pre_forward_general(module, args)
-        if self._global_handles and not active and not isinstance(self._root_hooks.get(id(module)), RootCall):
+        if self._global_handles and not active and not isinstance(self._driver.root_hooks.get(id(module)), RootCall):
             # A saved step begins in the root's pre-hook: the global hooks came too late for this
             # root's own call. (Called from its shim instead, the call is yet to start: they see it.)
             self._stack.append(module)

@@ -1,12 +1,11 @@
 """Starting the writer process (child.py) and its shared-memory ring, possibly before the
 worker it writes for is known.
 
-A writer process's start (an interpreter, numpy, protobuf: about 0.2 s of CPU here) used to
-begin at the first saved step, usually the first step of training. With the other cores busy
-(data-loader workers) it took that CPU from training's own core: the bench MLP's first 250 steps
-ran a ~5 ms stall every 6 steps, 120-150 ms in all, 0.4-0.6 % of a 30 s benchmark loop
-(bench/RESULTS.md, "The writer process's start"). A hook that will most likely write from a
-process starts it as the hook is created instead (``trainguard run``: when the script imports
+A writer process's start (an interpreter, numpy, protobuf: a fraction of a second of CPU) would
+otherwise begin at the first saved step, usually the first step of training, and with the other
+cores busy (data-loader workers) take that CPU from training's own core: stalls across the first
+hundreds of steps. A hook that will most likely write from a process starts it as the hook is
+created instead (``trainguard run``: when the script imports
 torch, seconds before its first step); the first save adopts it and names its worker then, since
 a distributed rank is known only once the script has set up its process group.
 """
