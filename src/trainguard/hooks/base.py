@@ -18,13 +18,12 @@ import sys
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainguard.config.collections import SCALAR_COLLECTIONS, Collection, CollectionManager, compile_regex
+from trainguard.config.collections import Collection, CollectionManager
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig
-from trainguard.errors import ConfigError, StorageError
+from trainguard.errors import ConfigError
 from trainguard.format.index import PAYLOAD_CHECKSUMS_META
 from trainguard.format.layout import (
     CAPTURE_STOPPED_PREFIX,
@@ -34,20 +33,25 @@ from trainguard.format.layout import (
     worker_name,
 )
 from trainguard.hooks.fail_open import log_disabled
+from trainguard.hooks.hook_arguments import (
+    check_configs,
+    check_out_dir,
+    included_collections,
+    overhead_budget_of,
+    writer_kind_of,
+)
 from trainguard.hooks.overhead_budget import (
-    DEFAULT_MAX_INTERVAL,
     HEAVY,
     LIGHT,
     LIGHT_COLLECTIONS,
     QUIET,
-    OverheadBudget,
 )
 from trainguard.hooks.run_end import mark_end_after_peers, peer_wait_seconds, start_end_marker_thread
+from trainguard.hooks.save_plan import SavePlan, plan_of
 from trainguard.hooks.save_schedule import SaveSchedule
 from trainguard.modes import ModeKeys
-from trainguard.storage import LocalStore, Store, open_store
+from trainguard.storage import Store, open_store
 from trainguard.storage.options import StorageOptions
-from trainguard.writer.kinds import WRITER_KINDS
 
 if TYPE_CHECKING:
     # The writers load numpy and the protobuf codec: imported when a hook first saves (or, for a
@@ -71,15 +75,6 @@ OTHER_WORKERS_COLLECTIONS: tuple[str, ...] = ("losses", "scalars", "metrics", "s
 # for CPU training into a local directory (it keeps serialising and writing off the training
 # process's GIL and core), the thread writer elsewhere.
 DEFAULT_WRITER = "auto"
-
-
-@dataclass(frozen=True)
-class SavePlan:
-    """What to write for one tensor at the current step."""
-
-    save_raw: bool
-    reductions: tuple[tuple[str, bool], ...]  # (reduction, absolute)
-    save_shape: bool
 
 
 class BaseHook(SaveSchedule):
@@ -148,26 +143,10 @@ class BaseHook(SaveSchedule):
             out_dir = os.environ.get("TRAINGUARD_OUT_DIR")
         if not out_dir:
             raise ConfigError("no out_dir given: pass Hook(out_dir=...) or set TRAINGUARD_OUT_DIR")
-        if include_workers not in ("one", "all"):
-            raise ConfigError(f"include_workers={include_workers!r} is invalid: use 'one' or 'all'")
-        if save_config is not None and not isinstance(save_config, SaveConfig):
-            raise ConfigError(f"save_config must be a trainguard SaveConfig, got {type(save_config).__name__}")
-        if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
-            raise ConfigError(f"reduction_config must be a ReductionConfig, got {type(reduction_config).__name__}")
-        writer = writer or os.environ.get("TRAINGUARD_WRITER") or DEFAULT_WRITER
-        if writer not in WRITER_KINDS:
-            raise ConfigError(f"writer={writer!r} (or TRAINGUARD_WRITER) is invalid: use {', '.join(WRITER_KINDS)}")
+        check_configs(include_workers, save_config, reduction_config)
+        writer = writer_kind_of(writer, DEFAULT_WRITER)
         self.writer_kind = writer
-        if overhead_max_interval is not None and (type(overhead_max_interval) is not int or overhead_max_interval < 1):
-            raise ConfigError(f"overhead_max_interval={overhead_max_interval!r} must be a whole number of steps >= 1")
-        try:
-            self._budget = (
-                OverheadBudget(float(overhead_budget), max_interval=overhead_max_interval or DEFAULT_MAX_INTERVAL)
-                if overhead_budget
-                else None
-            )
-        except (TypeError, ValueError):
-            raise ConfigError(f"overhead_budget={overhead_budget!r} must be a fraction between 0 and 1") from None
+        self._budget = overhead_budget_of(overhead_budget, overhead_max_interval)
         self.out_dir = os.fspath(out_dir)
         self.dry_run = dry_run
         self.export_tensorboard = export_tensorboard
@@ -182,33 +161,14 @@ class BaseHook(SaveSchedule):
         self.save_config = save_config or SaveConfig()
         self.reduction_config = reduction_config or ReductionConfig(save_raw_tensor=True)
         self.collection_manager = collection_manager or CollectionManager.pytorch_defaults()
-        if isinstance(include_regex, str):
-            include_regex = [include_regex]
-        for pattern in include_regex or []:
-            compile_regex(pattern, "include_regex")
-            self.collection_manager.get("default").include(pattern)
-        if save_all:
-            self.collection_manager.get("all").include(".*")
-        names = list(include_collections) if include_collections is not None else list(self.default_collections)
-        if save_all and "all" not in names:
-            names.append("all")
-        if include_regex and "default" not in names:
-            names.append("default")
-        for name in self.always_included:
-            if name not in names:
-                names.append(name)
-        unknown = [name for name in names if name not in self.collection_manager]
-        if unknown:
-            raise ConfigError(
-                f"unknown collection(s) {', '.join(map(repr, unknown))} in include_collections: "
-                f"known collections are {', '.join(self.collection_manager.names())}; "
-                "add your own with hook.get_collection(name).include(regex) before training"
-            )
-        self.include_collections = names
+        self.include_collections = included_collections(
+            self.collection_manager, include_collections, include_regex, save_all,
+            self.default_collections, self.always_included,
+        )  # fmt: skip
         self.storage_options = StorageOptions(endpoint_url, profile, region)
         self.store: Store = open_store(self.out_dir, **self.storage_options.store_kwargs())
         if not dry_run:
-            self._check_out_dir()
+            check_out_dir(self.store, self.out_dir)
 
         self.enabled = True
         self.step = -1
@@ -245,25 +205,6 @@ class BaseHook(SaveSchedule):
                 logger.debug("trainguard: writer process not started ahead: %s", error)
 
     # -- configuration ------------------------------------------------------------------------
-    def _check_out_dir(self) -> None:
-        """Refuse a finished run and an unwritable directory before training starts."""
-        try:
-            finished = self.store.exists(END_OF_TRAINING)
-        except StorageError as error:
-            raise ConfigError(f"cannot use out_dir {self.out_dir!r}: {error}") from error
-        if finished:
-            raise ConfigError(
-                f"out_dir {self.out_dir!r} already holds a finished run ({END_OF_TRAINING} exists): "
-                "runs are never merged; choose a new out_dir or delete the old run"
-            )
-        if isinstance(self.store, LocalStore):
-            probe = f".trainguard-write-probe-{os.getpid()}"
-            try:
-                self.store.write(probe, b"")
-                self.store.delete(probe)
-            except StorageError as error:
-                raise ConfigError(f"out_dir {self.out_dir!r} is not writable: {error}") from error
-
     def get_collection(self, name: str) -> Collection:
         self._match_cache.clear()
         self._plan_cache.clear()
@@ -442,20 +383,7 @@ class BaseHook(SaveSchedule):
         due = [collection for collection in self._matching(tensor_name) if collection.name in self._due]
         if self._light_worker:
             due = [collection for collection in due if collection.name in self.other_workers_collections]
-        plan = None
-        if due:
-            save_raw = False
-            save_shape = False
-            reductions: list[tuple[str, bool]] = []
-            for collection in due:
-                if collection.name in SCALAR_COLLECTIONS:
-                    save_raw = True
-                    continue
-                config = collection.reduction_config or self.reduction_config
-                save_raw = save_raw or config.save_raw_tensor or not config.has_reductions
-                save_shape = save_shape or config.save_shape
-                reductions.extend(item for item in config.requested() if item not in reductions)
-            plan = SavePlan(save_raw=save_raw, reductions=tuple(reductions), save_shape=save_shape)
+        plan = plan_of(due, self.reduction_config)
         self._plan_cache[key] = plan
         return plan
 

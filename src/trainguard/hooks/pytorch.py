@@ -32,7 +32,7 @@ from trainguard.hooks.quiet_run import CountsQuietSteps, QuietRun
 from trainguard.hooks.sentinel import StepSentinel
 from trainguard.hooks.step_driver import StepDriver, eager
 from trainguard.hooks.step_losses import StepLosses
-from trainguard.hooks.torch_activations import _ACTIVATION_KINDS, ActivationWatch, has_class_targets, is_loss_module
+from trainguard.hooks.torch_activations import ActivationWatch, is_loss_module, typed_memberships
 from trainguard.hooks.torch_compiled import is_compile_wrapper
 from trainguard.hooks.torch_data_identity import DataIdentity
 from trainguard.hooks.torch_fingerprint import ReplicaFingerprints
@@ -41,21 +41,12 @@ from trainguard.hooks.torch_model_scopes import ModelScopes
 from trainguard.hooks.torch_optimizer import OptimizerSteps
 from trainguard.hooks.torch_parameters import ParameterRoles
 from trainguard.hooks.torch_saving import TensorSaver
+from trainguard.hooks.torch_tensors import flatten_tensors
 from trainguard.modes import ModeKeys
 
 __all__ = ["TorchHook", "eager", "is_loss_module"]
 
 logger = logging.getLogger("trainguard")
-
-
-def _flatten_tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [tensor for item in value for tensor in _flatten_tensors(item)]
-    if isinstance(value, dict):
-        return [tensor for item in value.values() for tensor in _flatten_tensors(item)]
-    return []
 
 
 class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
@@ -204,7 +195,7 @@ class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
             raise TypeError(f"register_module needs a torch.nn.Module, got {type(module).__name__}")
         wrapper = None
         if is_compile_wrapper(module):  # hook.register_module(torch.compile(model))
-            wrapper, module = module, module._orig_mod
+            wrapper, module = module, module._orig_mod  # type: ignore[assignment]
         self._name_tree(module)
         self._registered_roots.append(weakref.ref(module))
         self._driver.drive_root(module)
@@ -258,7 +249,7 @@ class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
 
     def _root_pre_forward_general(self, module: torch.nn.Module, args: Any) -> None:
         if self._data_identity.watching:
-            self._data_identity.next_root_call(self.module_name(module), _flatten_tensors(args))
+            self._data_identity.next_root_call(self.module_name(module), flatten_tensors(args))
         if self.enabled:
             self._root_step(module)
         elif not self._driver.released:
@@ -408,8 +399,8 @@ class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
         return name
 
     def capture_module_io(self, module: torch.nn.Module, inputs: Any, output: Any) -> list[torch.Tensor]:
-        flat_inputs = _flatten_tensors(inputs)
-        outputs = _flatten_tensors(output)
+        flat_inputs = flatten_tensors(inputs)
+        outputs = flatten_tensors(output)
         # Most modules' I/O matches no due collection (e.g. only weights and gradients are
         # saved): remember that per module, I/O arity and step schedule, and skip the name
         # lookups on every later forward. Keyed by id() with a weak reference that proves the
@@ -439,28 +430,13 @@ class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
         return outputs
 
     def _add_typed_memberships(self, module: torch.nn.Module, name: str, flat_inputs: Sequence[torch.Tensor]) -> None:
-        """Put activation and loss I/O into the collections rules look for (relu_output, labels...).
-
-        Rules need to know which tensors are ReLU outputs or a loss's labels, and PyTorch's
-        tensor names do not say it (``features.1_output_0``); the module's type does. The data
-        the model is fed (``model_inputs``: a root module's inputs that are data, filed by
-        DataIdentity, and integer inputs anywhere, such as an embedding's token ids) is what the
-        data rules read; ``inputs`` would also save every layer's input, each a copy of the layer
-        before's output.
-        """
-        if any(reference() is module for reference, _ in self._roots):
+        """Put activation and loss I/O into the collections rules look for (typed_memberships);
+        a root's inputs that are data are filed by DataIdentity."""
+        is_root = any(reference() is module for reference, _ in self._roots)
+        if is_root:
             self._data_identity.add_root(module)
-        else:
-            for index, tensor in enumerate(flat_inputs):
-                if not (tensor.is_floating_point() or tensor.is_complex()):
-                    self.add_membership(f"{name}_input_{index}", "model_inputs")
-        kind = next((kind for types, kind in _ACTIVATION_KINDS if isinstance(module, types)), None)
-        if kind is not None:
-            self.add_membership(f"{name}_input_0", f"{kind}_input")
-            self.add_membership(f"{name}_output_0", f"{kind}_output")
-        elif is_loss_module(module) and has_class_targets(module):
-            self.add_membership(f"{name}_input_0", "predictions")
-            self.add_membership(f"{name}_input_1", "labels")
+        for tensor_name, collection_name in typed_memberships(module, name, flat_inputs, is_root=is_root):
+            self.add_membership(tensor_name, collection_name)
 
     def add_membership(self, tensor_name: str, collection_name: str) -> None:
         """Make ``tensor_name`` a member of a collection without including the collection."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sized
+from typing import Any
 
 from trainguard.hooks.base import BaseHook
 from trainguard.modes import ModeKeys
@@ -26,8 +27,8 @@ __all__ = ["CountsQuietSteps", "QuietRun"]
 
 _TRAIN = ModeKeys.TRAIN
 # BaseHook's own slots, which CountsQuietSteps' properties of the same names shadow
-_STEP_SLOT = BaseHook.step
-_MODE_STEPS_SLOT = BaseHook.mode_steps
+_STEP_SLOT: Any = BaseHook.step
+_MODE_STEPS_SLOT: Any = BaseHook.mode_steps
 
 
 class QuietRun:

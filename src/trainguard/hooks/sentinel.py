@@ -134,7 +134,8 @@ class StepSentinel:
                     return
         except (TypeError, RuntimeError):  # a step without a gradient, several shapes: one by one
             pass
-        gradients, where = [], []
+        gradients: list[Any] = []
+        where: list[Any] = []
         for gradient, left, removed, name in batch:
             # (one shape: with several optimizers, the first one's parameter is judged)
             if isinstance(gradient, torch.Tensor) and (not gradients or gradient.shape == gradients[0].shape):

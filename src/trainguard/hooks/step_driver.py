@@ -356,12 +356,12 @@ class StepDriver(HookPart):
                 self._wrapper_handles.append(wrapper.register_forward_pre_hook(self.wrapper_pre_forward))
 
     def _wrapper_call(self, wrapper: torch.nn.Module, call_impl: Any) -> Any:
-        return self._call_shim(wrapper._orig_mod, wrapper, call_impl, self.wrapper_pre_forward)
+        return self._call_shim(wrapper._orig_mod, wrapper, call_impl, self.wrapper_pre_forward)  # type: ignore[arg-type]
 
     def wrapper_pre_forward(self, wrapper: torch.nn.Module, args: Any) -> None:
         core = self._core
         if core.enabled:
-            if not self.quiet_step(wrapper._orig_mod):
+            if not self.quiet_step(wrapper._orig_mod):  # type: ignore[arg-type]
                 self._wrapper_step(wrapper)
         elif not self.released:
             core._release_hooks()
@@ -370,7 +370,7 @@ class StepDriver(HookPart):
     def _wrapper_step(self, wrapper: torch.nn.Module) -> None:
         self.leave_eager()  # left over from a forward that raised
         core = self._core
-        core.root_forward(wrapper._orig_mod)
+        core.root_forward(wrapper._orig_mod)  # type: ignore[arg-type]
         if not core.saving_this_step:
             return
         if self._forced_eager.enter():

@@ -16,7 +16,8 @@ the family since the root forward began, in call order.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any, Protocol
 
 import torch
@@ -36,6 +37,7 @@ __all__ = [
     "inside_compiled_call",
     "has_class_targets",
     "is_loss_module",
+    "typed_memberships",
 ]
 
 ACTIVATION_COLLECTIONS = frozenset(
@@ -80,7 +82,7 @@ def inside_compiled_call(max_depth: int = 40) -> bool:
     model and breaking its graph at every operation), so functional activations are not
     captured there. Only looked at on the steps that would capture them.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     depth = 0
     # The hook's callbacks run under torch.compiler.disable (see hooks/pytorch.py ``eager``),
     # whose wrapper frames are the first Dynamo frames above them: skip that group; any Dynamo
@@ -248,3 +250,28 @@ class ActivationWatch(HookPart):
     @fail_open
     def _save_activation(self, name: str, tensor: torch.Tensor) -> None:
         self._save(name, tensor)
+
+
+def typed_memberships(
+    module: torch.nn.Module, name: str, flat_inputs: Sequence[torch.Tensor], *, is_root: bool
+) -> list[tuple[str, str]]:
+    """The (tensor name, collection) memberships of a module's I/O by its type: activations and
+    loss inputs go into the collections rules look for (relu_output, labels...).
+
+    Rules need to know which tensors are ReLU outputs or a loss's labels, and PyTorch's tensor
+    names do not say it (``features.1_output_0``); the module's type does. The data the model is
+    fed (``model_inputs``: a root module's inputs that are data, which the hook files itself, and
+    integer inputs anywhere else, such as an embedding's token ids) is what the data rules read;
+    ``inputs`` would also save every layer's input, each a copy of the layer before's output.
+    """
+    memberships: list[tuple[str, str]] = []
+    if not is_root:
+        for index, tensor in enumerate(flat_inputs):
+            if not (tensor.is_floating_point() or tensor.is_complex()):
+                memberships.append((f"{name}_input_{index}", "model_inputs"))
+    kind = next((kind for types, kind in _ACTIVATION_KINDS if isinstance(module, types)), None)
+    if kind is not None:
+        memberships += [(f"{name}_input_0", f"{kind}_input"), (f"{name}_output_0", f"{kind}_output")]
+    elif is_loss_module(module) and has_class_targets(module):
+        memberships += [(f"{name}_input_0", "predictions"), (f"{name}_input_1", "labels")]
+    return memberships

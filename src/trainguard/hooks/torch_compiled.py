@@ -26,6 +26,7 @@ gradients from ``.grad`` through post-accumulate-grad hooks (autograd, outside D
 from __future__ import annotations
 
 import sys
+from types import FrameType
 from typing import Any
 
 import torch
@@ -56,12 +57,12 @@ def find_compile_wrapper(module: torch.nn.Module, max_depth: int = 60) -> torch.
     Only needed when a model registered eagerly is compiled later: a model compiled before
     its first forward is seen at the wrapper itself.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     depth = 0
     while frame is not None and depth < max_depth:
         candidate = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
-        if is_compile_wrapper(candidate) and candidate._orig_mod is module:
-            return candidate  # type: ignore[no-any-return]
+        if is_compile_wrapper(candidate) and candidate._orig_mod is module:  # type: ignore[union-attr]
+            return candidate  # type: ignore[no-any-return, union-attr]
         frame = frame.f_back
         depth += 1
     return None

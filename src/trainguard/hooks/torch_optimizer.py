@@ -61,8 +61,8 @@ class AccumulationHook:
 
     def __init__(self, parameter: torch.Tensor, hook: Any) -> None:
         with torch.enable_grad():  # (a saved step may begin under no_grad: an explicit mode)
-            self._node = parameter.view_as(parameter).grad_fn.next_functions[0][0]
-        self._handle = self._node.register_hook(lambda grad_inputs, grad_outputs: hook(parameter))
+            self._node = parameter.view_as(parameter).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
+        self._handle = self._node.register_hook(lambda grad_inputs, grad_outputs: hook(parameter))  # type: ignore[union-attr]
 
     def remove(self) -> None:
         self._handle.remove()
@@ -95,7 +95,10 @@ class OptimizerSteps:
     _driver: StepDriver  # how roots reach the hook (step_driver.py)
     _collections_dirty: bool
     saving_this_step: bool
+    enabled: bool
     mode: ModeKeys
+    plan: Any  # BaseHook's
+    hold_torch_tensor: Any  # TorchHook's
 
     # Forwards one presumed optimizer step may span before the guess is given up: far more
     # micro-batches than any accumulation window uses, few enough to keep a step small.
@@ -332,7 +335,7 @@ class OptimizerSteps:
         self._grad_baseline = None if node_hooked else self._gradients_now()
 
     def _gradients_now(self) -> list[tuple[str, torch.Tensor, weakref.ref[torch.Tensor] | None, int]]:
-        now = []
+        now: list[tuple[str, torch.Tensor, weakref.ref[torch.Tensor] | None, int]] = []
         for reference, name, _ in self._gradient_sources:
             parameter = reference()
             if parameter is None or not parameter.requires_grad or self.plan(name) is None:

@@ -9,6 +9,7 @@ the training stream.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ __all__ = [
     "HostSnapshot",
     "compute_reductions",
     "compute_reductions_many",
+    "flatten_tensors",
     "reduce_on_device",
     "snapshot",
 ]
@@ -29,6 +31,17 @@ HostSnapshot = tuple[np.ndarray | Callable[[], np.ndarray], int, int | None]  # 
 # dtypes numpy holds as they are (no bfloat16/float8 bits to re-tag, no quantized values)
 _NUMPY_NATIVE = frozenset((torch.float32, torch.float64, torch.float16, torch.bool))
 _NUMPY_NATIVE |= {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
+
+
+def flatten_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in a module's inputs or output (nested lists, tuples and dicts), in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in flatten_tensors(item)]
+    if isinstance(value, dict):
+        return [tensor for item in value.values() for tensor in flatten_tensors(item)]
+    return []
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:

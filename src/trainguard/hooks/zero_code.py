@@ -207,7 +207,7 @@ class ZeroCodeHook(TorchHook):
 
     @fail_open
     def _on_wrapper_found(self, wrapper: torch.nn.Module, args: Any) -> None:
-        root = wrapper._orig_mod
+        root: torch.nn.Module = wrapper._orig_mod  # type: ignore[assignment]
         if not any(reference() is root for reference, _ in self._roots):
             self._name_tree(root)
         self._driver.drive_from_wrapper(wrapper)
