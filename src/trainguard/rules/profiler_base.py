@@ -244,7 +244,7 @@ class GpuIdleSnapshotRule(ProfilerRule):
         self._count(self._grouper.flush())
 
     def assess(self, now: float | None, final: bool) -> StepResult | None:
-        details = {"datapoints": self.datapoints, "bottlenecks": self.bottlenecks,
+        details: dict[str, Any] = {"datapoints": self.datapoints, "bottlenecks": self.bottlenecks,
                    "snapshots_without_gpu": self.snapshots_without_gpu}  # fmt: skip
         if self.datapoints == 0:
             if self.snapshots_without_gpu:

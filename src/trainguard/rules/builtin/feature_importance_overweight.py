@@ -27,6 +27,8 @@ their documented defaults.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from trainguard.rules.base import MissingTensor, Rule, StepResult
@@ -92,8 +94,12 @@ class FeatureImportanceOverweight(Rule):
         ranked = sorted(((value / total, name) for name, value in importances.items()), reverse=True)
         top = ranked[: self.nfeatures]
         share = sum(weight for weight, _ in top)
-        details = {"top": {name: weight for weight, name in top}, "share": share, "features": features_in_run,
-                   "dominant_share": top[0][0]}  # fmt: skip
+        details: dict[str, Any] = {
+            "top": {name: weight for weight, name in top},
+            "share": share,
+            "features": features_in_run,
+            "dominant_share": top[0][0],
+        }
         listed = ", ".join(f"{name.rsplit('/', 1)[-1]} ({fmt(100 * weight)} %)" for weight, name in top)
         if self.semantics == SAGEMAKER:
             if share > self.threshold:

@@ -52,7 +52,7 @@ class MaxInitializationTime(ProfilerRule):
         limit_s = self.threshold * 60.0
         if self.first_step is not None:
             waited = self.first_step.start - self.first_timestamp
-            details = {"initialization_s": round(waited, 3), "first_step_mode": self.first_step.mode}
+            details: dict[str, Any] = {"initialization_s": round(waited, 3), "first_step_mode": self.first_step.mode}
             if waited > limit_s:
                 return self.issue(
                     self.last_step,

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Any
 
 from trainguard.modes import ModeKeys
 from trainguard.rules.base import Rule, StepResult
@@ -164,7 +165,7 @@ class Overtraining(Rule):
             progressed = self._add_validation_passes(step, final) or progressed
         if not progressed:
             return None
-        details = {
+        details: dict[str, Any] = {
             "best_train": self._train.best, "best_train_step": self._train.best_step,
             "train_values_since_best": self._train.since,
             "best_validation": self._validation.best, "best_validation_step": self._validation.best_step,
@@ -205,11 +206,16 @@ class Overtraining(Rule):
         self._judged_any = True
         passes = self._passes
         facts = passes.risen(self.patience_validation, self.delta)
-        details = {"best_validation": passes.best, "best_validation_step": passes.steps[passes.best_index],
-                   "validation_passes_since_best": passes.since_best, "validation_loss": passes.values[-1]}
+        details: dict[str, Any] = {
+            "best_validation": passes.best,
+            "best_validation_step": passes.steps[passes.best_index],
+            "validation_passes_since_best": passes.since_best,
+            "validation_loss": passes.values[-1],
+        }
         step = max(step, passes.steps[-1])
         if facts is None:
             return self.no_issue(step, **details)
+        rises: dict[str, Any] = {f"rise_{key}": value for key, value in facts.items()}
         return self.issue(
             step,
             f"validation loss {fmt(facts['latest'])} has stayed above its best {fmt(facts['best'])} (step "
@@ -217,7 +223,8 @@ class Overtraining(Rule):
             f"above it by more than {fmt(facts['margin'])} (4 x its pass-to-pass noise {fmt(facts['noise'])}, at "
             f"least delta {fmt(100 * self.delta)} %)",
             certain=True,
-            **details, **{f"rise_{key}": value for key, value in facts.items()},
+            **details,
+            **rises,
         )
 
     def _add_training(self, step: int, final: bool) -> bool:

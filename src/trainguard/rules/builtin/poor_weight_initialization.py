@@ -257,7 +257,7 @@ class PoorWeightInitialization(TensorRule):
                 return self.missing(step, MissingTensor("ReLU inputs, gradients or losses", "relu_input"))
             return None
         values = read_values(trial, list(dict.fromkeys(activations + squashing + gradients + losses)), step)
-        details: dict[str, object] = {}
+        details: dict[str, Any] = {}
         # every condition runs every step: the loss history must not skip steps where another fired
         found = [
             self._variance(step, activations, values, details),
