@@ -127,7 +127,7 @@ def _convert(value: Any, default: Any) -> Any:
 class SmdebugRuleAdapter(NativeRule):
     """A trainguard rule that runs an smdebug-style rule object. Made per class by :func:`adapt`."""
 
-    wrapped_class: ClassVar[type] = object
+    wrapped_class: ClassVar[type[Any]] = object
     abstract = True
 
     def __init__(self, base_trial: Any, *, action_json: Any = None, other_trials: Any = (), **parameters: Any) -> None:

@@ -231,7 +231,7 @@ def _without_chained_inputs(trial: Any, step: int, inputs: list[str]) -> list[st
     return kept
 
 
-def fmt(value: float) -> str:
+def fmt(value: float | None) -> str:
     """A number for a finding's message: short, exact enough to compare with a threshold."""
     if value is None:
         return "None"

@@ -95,7 +95,9 @@ class Persistence:
     def persistent(self, key: Hashable, needed: int | None = None) -> bool:
         """Held now and at most of the window (or at ``needed`` of its steps)."""
         history = self._held.get(key)
-        return bool(history) and history[-1] and sum(history) >= min(self.window, needed or self.needed)
+        if not history:
+            return False
+        return history[-1] and sum(history) >= min(self.window, needed or self.needed)
 
     def confirmed(self, key: Hashable) -> bool:
         """Held at every step of a full window."""

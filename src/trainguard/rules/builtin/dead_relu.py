@@ -28,7 +28,7 @@ from collections import deque
 
 import numpy as np
 
-from trainguard.rules.base import MissingTensor, Rule, StepResult
+from trainguard.rules.base import MissingTensor, StepResult
 from trainguard.rules.builtin._helpers import (
     activation_axes,
     all_finite,
@@ -187,7 +187,7 @@ class DeadRelu(PersistentRule):
         return 100.0 * float(np.mean(activity < self.threshold_inactivity))
 
 
-def select_any(rule: Rule) -> bool:
+def select_any(rule: DeadRelu) -> bool:
     """Whether the run has any ReLU output at all (at any step)."""
     trial = rule.base_trial
     if "relu_output" in trial.collections() and trial.tensor_names(collection="relu_output"):

@@ -138,8 +138,8 @@ class UnchangedTensor(PersistentRule):
                 self._values[(name, p)] = np.asarray(value)
         unchanged: dict[str, list[int]] = {}
         for name, window in windows.items():
-            arrays = [self._values.get((name, p)) for p in window]
-            if any(array is None for array in arrays):
+            arrays = [array for p in window if (array := self._values.get((name, p))) is not None]
+            if len(arrays) < len(window):
                 continue
             if all(self._close(a, b) for a, b in zip(arrays, arrays[1:], strict=False)):
                 unchanged[name] = window

@@ -38,6 +38,8 @@ that run. Non-finite updates and too-small ratios are unaffected.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from trainguard.modes import ModeKeys
@@ -64,6 +66,11 @@ def _as_real(value: np.ndarray) -> np.ndarray | None:
         return array.ravel()
     converted = as_float(array)
     return None if converted is None else converted.ravel()
+
+
+def _at_or_before(reference: int) -> Callable[[int], bool]:
+    """Where a walk back from a later step ends: at the reference step or before it."""
+    return lambda p: p <= reference
 
 
 def _norm(array: np.ndarray) -> float:
@@ -229,7 +236,7 @@ class WeightUpdateRatio(PersistentRule):
             # too large wins: a diverging update is the more urgent of the two
             direction, found = ("large", large) if large else ("small", small)
             name = (max if large else min)(found, key=found.__getitem__)
-            ratio, before = found[name], previous_steps[name]
+            ratio, reference_step = found[name], previous_steps[name]
             size = f"{fmt(ratio)} times" if large else f"only {fmt(ratio)} of"
             threshold = self.large_threshold if large else self.small_threshold
             framework = self.framework() or ""
@@ -243,14 +250,14 @@ class WeightUpdateRatio(PersistentRule):
             )
             return self.issue(
                 step,
-                f"update of {name} is {size} its norm (step {before} → {step}){how_long}; "
+                f"update of {name} is {size} its norm (step {reference_step} → {step}){how_long}; "
                 f"{direction}_threshold {fmt(threshold)}",
                 fix_hint=hint,
                 certain=certain,
                 tensor=name,
                 ratio=ratio,
                 direction=direction,
-                previous_step=before,
+                previous_step=reference_step,
                 ratios=ratios,
             )
         return self.no_issue(step, min_ratio=min(ratios.values()), max_ratio=max(ratios.values()))
@@ -288,16 +295,16 @@ class WeightUpdateRatio(PersistentRule):
             return set()  # no weight of the model gets a gradient: report it
         excused = {name for name in names if f"gradient/{name}" not in saved}
         for name in names:
-            if name in excused or previous_steps.get(name) is None:
+            reference = previous_steps.get(name)
+            if name in excused or reference is None:
                 continue
-            reference = previous_steps[name]
             gradient = f"gradient/{name}"
             between = [reference] + earlier_steps(
                 trial,
                 gradient,
                 step,
                 lambda p: mode == ModeKeys.GLOBAL or trial.mode(p) == mode,
-                stop=lambda p, reference=reference: p <= reference,
+                stop=_at_or_before(reference),
             )
             values = [read_values(trial, [gradient], p).get(gradient) for p in sorted(set(between))]
             present = [value for value in values if value is not None]
