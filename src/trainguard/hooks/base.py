@@ -421,12 +421,14 @@ class BaseHook(SaveSchedule):
             self._started_writer = None
         try:
             self.end_step()
+            # Every worker, before its end key: worker 0 writes the run's end marker once the
+            # other workers' end keys are there, and a rank whose timings came later was judged
+            # "one rank's step timings only" by the rules that compare ranks.
+            _flush_profilers()
             writer = self._writer
             if writer is None:
                 return
             self._write_collections()  # again: tensor names added during training
-            if self._worker == worker_name(0) or (self._num_workers == 1 and not self._light_worker):
-                _flush_profilers()
             if writer.failure is None:
                 for key, data in self._final_objects():
                     writer.write_object(key, data)  # in order, after the last step
