@@ -8,6 +8,7 @@ python -m pip install --quiet --disable-pip-version-check torch==2.13.0
 python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 # The project's own lint settings (pyproject.toml [tool.ruff]) over the code that ships.
 python -m ruff check src services
+python -m mypy  # src/trainguard and services/, the settings in pyproject.toml [tool.mypy]
 # System packages some tests drive for real: headless Chromium renders the HTML report, a
 # PostgreSQL server backs the API's Postgres test. Installed where we may (root, as in CI);
 # elsewhere those tests skip and say why.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,7 +177,7 @@ def _length_header(field: int, length: int) -> bytes:
 
 
 def encode_scalar_events(
-    tags: list[str], values: np.ndarray, *, step: int, mode: ModeKeys, mode_step: int, wall_time: float
+    tags: Sequence[str], values: np.ndarray, *, step: int, mode: ModeKeys, mode_step: int, wall_time: float
 ) -> list[bytes]:
     """Many float64 scalars of one step as event payloads, byte-identical to
     :func:`encode_tensor_event` of ``np.float64(value)`` each.

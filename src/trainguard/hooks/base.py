@@ -497,7 +497,7 @@ def _flush_profilers() -> None:
         profiler_core.flush_running_profilers(training_ended=True)
 
 
-def _close_at_exit(reference: weakref.WeakMethod) -> None:  # type: ignore[type-arg]
+def _close_at_exit(reference: weakref.WeakMethod) -> None:
     global _exiting
     _exiting = True  # training is over: worker 0 waits for its peers on this thread
     close = reference()

@@ -188,7 +188,7 @@ def jax_capture_variant(
         box: dict[str, Any] = {}
         optimizer = getattr(model, "optimizer", None)
         spied_optimizer = kind == "train" and optimizer is not None
-        if spied_optimizer:
+        if spied_optimizer and optimizer is not None:
             original_apply = optimizer.stateless_apply
 
             def stateless_apply(optimizer_variables: Any, grads: Any, trainable_variables: Any) -> Any:

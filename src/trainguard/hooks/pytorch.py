@@ -136,7 +136,7 @@ class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
             return distributed.get_rank(), distributed.get_world_size()
         return 0, 1
 
-    def _ensure_writer(self):  # type: ignore[no-untyped-def]
+    def _ensure_writer(self) -> Any:
         if torch.utils.data.get_worker_info() is not None:
             # A DataLoader worker (forked or spawned) running modules: only the training process
             # writes. A worker forked before the writer existed would otherwise create its own

@@ -27,8 +27,8 @@ __all__ = ["CountsQuietSteps", "QuietRun"]
 
 _TRAIN = ModeKeys.TRAIN
 # BaseHook's own slots, which CountsQuietSteps' properties of the same names shadow
-_STEP_SLOT: Any = BaseHook.step
-_MODE_STEPS_SLOT: Any = BaseHook.mode_steps
+_STEP_SLOT: Any = BaseHook.__dict__["step"]
+_MODE_STEPS_SLOT: Any = BaseHook.__dict__["mode_steps"]
 
 
 class QuietRun:
@@ -113,7 +113,7 @@ class CountsQuietSteps:
     @property
     def step(self) -> int:
         self._take_quiet_steps()
-        return _STEP_SLOT.__get__(self)  # type: ignore[no-any-return]
+        return _STEP_SLOT.__get__(self)
 
     @step.setter
     def step(self, value: int) -> None:
@@ -123,7 +123,7 @@ class CountsQuietSteps:
     @property
     def mode_steps(self) -> dict[ModeKeys, int]:
         self._take_quiet_steps()
-        return _MODE_STEPS_SLOT.__get__(self)  # type: ignore[no-any-return]
+        return _MODE_STEPS_SLOT.__get__(self)
 
     @mode_steps.setter
     def mode_steps(self, value: dict[ModeKeys, int]) -> None:

@@ -62,7 +62,7 @@ def find_compile_wrapper(module: torch.nn.Module, max_depth: int = 60) -> torch.
     while frame is not None and depth < max_depth:
         candidate = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
         if is_compile_wrapper(candidate) and candidate._orig_mod is module:  # type: ignore[union-attr]
-            return candidate  # type: ignore[no-any-return, union-attr]
+            return candidate
         frame = frame.f_back
         depth += 1
     return None

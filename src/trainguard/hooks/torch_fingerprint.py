@@ -140,6 +140,8 @@ def read_rows(*pending: PendingRows) -> list[np.ndarray]:
     see the module doc; a None tensor gets ``[-1, nan, nan, 0]``), read back together."""
     integer_sums = [value for part in pending for value in part.integer_sums]
     floats = [value for part in pending for value in (*part.float_sums, *part.norms)]
+    hashes: list[int] = []  # nothing present: no row reads them
+    read = np.empty(0)
     if integer_sums:
         try:
             hashes = torch.stack(integer_sums).tolist()

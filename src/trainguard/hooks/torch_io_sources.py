@@ -37,7 +37,7 @@ __all__ = ["RECHECK_EVERY", "LeftOutOfCopies", "ModuleIOHooks", "same_modules"]
 RECHECK_EVERY = 8  # narrow light steps between two fully hooked ones
 
 
-class LeftOutOfCopies(functools.partial):  # type: ignore[type-arg]
+class LeftOutOfCopies(functools.partial):
     """A module hook that copies of the module do not carry: called, it is its function (a
     partial runs in C: no Python frame more); pickled or deep-copied with the module, it becomes
     ``sys.audit`` with an event no one listens to, a no-op that needs nothing of trainguard to

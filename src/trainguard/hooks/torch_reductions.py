@@ -25,6 +25,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+# what torch._foreach_* take and return (lists in, tuples out)
+_Tensors = list[torch.Tensor] | tuple[torch.Tensor, ...]
+
 __all__ = ["as_float", "compute_reductions", "compute_reductions_many"]
 
 # Elements per chunk of a float32 accumulation. torch.dot's error grows with the chunk: for 200k
@@ -32,7 +35,7 @@ __all__ = ["as_float", "compute_reductions", "compute_reductions_many"]
 # 64k by 3e-5, chunks of 32k by 2e-7 (measured here, one thread); 32k-element chunks cost
 # 0.77 ms per 4 M elements against 0.49 ms for 1 M-element chunks.
 CHUNK = 1 << 15
-# Tensors up to this size share one multi-tensor norm kernel (its error is ~1e-6 there).
+# _Tensors up to this size share one multi-tensor norm kernel (its error is ~1e-6 there).
 SMALL = 1 << 16
 # The moments formula var = E[x^2] - mean^2 is used only where var >= 10 % of E[x^2]: its
 # relative error is then at most ten times that of the sum of squares (~1e-6).
@@ -75,13 +78,13 @@ class _ReductionTable:
         self.tensors = [tensor.reshape(-1) for tensor in tensors]
         self.requested = requested
         self.sizes = np.array([tensor.numel() for tensor in self.tensors], dtype=np.float64)
-        self._bases: dict[bool, list[torch.Tensor]] = {False: self.tensors}
+        self._bases: dict[bool, _Tensors] = {False: self.tensors}
         self._columns: dict[tuple[str, bool], np.ndarray] = {}
 
     def table(self) -> np.ndarray:
         return np.stack([self._column(name, use_abs) for name, use_abs in self.requested], axis=1)
 
-    def _base(self, use_abs: bool) -> list[torch.Tensor]:
+    def _base(self, use_abs: bool) -> _Tensors:
         if use_abs not in self._bases:
             self._bases[use_abs] = torch._foreach_abs(self.tensors)
         return self._bases[use_abs]
@@ -121,7 +124,7 @@ class _ReductionTable:
             return 1.0 - np.array([int(torch.count_nonzero(y)) for y in ys], dtype=np.float64) / self.sizes
         raise ValueError(f"unknown reduction {name!r}")  # validated at configuration time
 
-    def _variances(self, ys: list[torch.Tensor], use_abs: bool) -> np.ndarray:
+    def _variances(self, ys: _Tensors, use_abs: bool) -> np.ndarray:
         means = self._column("mean", use_abs)
         second_moments = self._column("\0sumsq", use_abs) / self.sizes
         squared_means = means * means
@@ -146,7 +149,7 @@ def _min_max(y: torch.Tensor) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def _sums_of_squares(ys: list[torch.Tensor]) -> np.ndarray:
+def _sums_of_squares(ys: _Tensors) -> np.ndarray:
     """Sum of squares of each tensor, in float64 across chunks of float32 accumulation."""
     result = np.empty(len(ys), dtype=np.float64)
     small = [index for index, y in enumerate(ys) if y.numel() <= SMALL]
@@ -163,7 +166,7 @@ def _sums_of_squares(ys: list[torch.Tensor]) -> np.ndarray:
 def _on_device(tensors: list[torch.Tensor], requested: Requested) -> torch.Tensor:
     """Accelerator path: every value stays on the device, no host synchronisation."""
     columns: dict[tuple[str, bool], list[torch.Tensor]] = {}
-    bases: dict[bool, list[torch.Tensor]] = {False: tensors}
+    bases: dict[bool, _Tensors] = {False: tensors}
     for name, use_abs in requested:
         key = (name, use_abs)
         if key in columns:

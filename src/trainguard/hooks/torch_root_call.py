@@ -56,7 +56,7 @@ class RootCall:
 
     def remove(self) -> None:
         if self.installed():
-            del self._module().__dict__[_SLOT]  # type: ignore[union-attr]  # the class's None: _call_impl as usual
+            del self._module().__dict__[_SLOT]  # the class's None: _call_impl as usual
 
 
 def install_root_call(
@@ -106,7 +106,7 @@ def before_compile(callback: Callable[[], None]) -> None:
     """Have ``callback`` (a bound method, held weakly) called whenever ``torch.compile`` is, before
     it returns: compiling is lazy, so nothing has been traced by then."""
     _watch_compile()
-    _compile_listeners.append(weakref.WeakMethod(callback))  # type: ignore[arg-type]
+    _compile_listeners.append(weakref.WeakMethod(callback))
 
 
 def _watch_compile() -> None:

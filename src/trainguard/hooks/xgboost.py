@@ -147,8 +147,9 @@ class XGBoostHook(BaseHook, TrainingCallback):
         )
         TrainingCallback.__init__(self)
         for data, argument in ((train_data, "train_data"), (validation_data, "validation_data")):
+            # callers without a type checker pass anything: refused here, not deep in xgboost
             if data is not None and not isinstance(data, xgboost.DMatrix):
-                from trainguard.errors import ConfigError
+                from trainguard.errors import ConfigError  # type: ignore[unreachable]
 
                 raise ConfigError(f"{argument} must be an xgboost.DMatrix, got {type(data).__name__}")
         self.hyperparameters = dict(hyperparameters) if hyperparameters is not None else None
@@ -264,7 +265,8 @@ class XGBoostHook(BaseHook, TrainingCallback):
         features = self._feature_names(model)
         for importance_type in IMPORTANCE_TYPES:
             scores = model.get_score(importance_type=importance_type)
-            values = np.array([float(scores.get(feature, 0.0)) for feature in features])
+            # float per feature for tree boosters (the stub allows the lists of linear ones)
+            values = np.array([float(scores.get(feature, 0.0)) for feature in features])  # type: ignore[arg-type]
             total = values.sum()
             if total > 0:
                 values = values / total

@@ -341,7 +341,8 @@ class ProcessStepWriter(WriterBase):
         self._head += skip + size
         if nbytes:
             begin = HEADER_BYTES + start
-            self._map[begin : begin + nbytes] = memoryview(array.reshape(-1).view(np.uint8))  # one memcpy
+            # one memcpy; numpy's stubs do not declare ndarray a Buffer
+            self._map[begin : begin + nbytes] = memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
         return ("ring", start, nbytes, array.dtype.str, array.shape, self._head)
 
     def _place_in_own_file(self, array: np.ndarray) -> tuple[Any, ...] | None:
