@@ -121,7 +121,8 @@ def test_shims_and_pre_hooks_see_the_same_steps_modes_and_tensors(make_hook, tmp
                     criterion(model(x), y)
         hook.close()
         assert hook.enabled
-        assert isinstance(hook._driver.root_hooks.get(id(model)), RootCall) or not hook._driver.root_hooks  # closed: none
+        # closed: none
+        assert isinstance(hook._driver.root_hooks.get(id(model)), RootCall) or not hook._driver.root_hooks
         return _steps_and_values(out_dir)
 
     with_shims, with_pre_hooks = run(True), run(False)
@@ -243,6 +244,29 @@ def test_shims_only_where_every_compile_was_watched(tmp_path):
     assert all(output.returncode == 0 for output in outputs), [output.stderr[-2000:] for output in outputs]
     assert "watched True True" in outputs[0].stdout
     assert "late False" in outputs[1].stdout
+
+
+def test_an_optimizer_made_before_the_hook_keeps_the_shims_and_an_unheard_compile_ends_them(tmp_path):
+    """Constructing an optimizer imports Dynamo (torch 2.13), and scripts make theirs before the
+    hook: trainguard watches torch.compile from its import, so that hook still gets shims. A
+    compile while no hook listened may have traced a root unseen: hooks after it get pre-hooks."""
+    script = textwrap.dedent(f"""
+        import gc, sys, torch
+        from trainguard.hooks.pytorch import TorchHook
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        assert "torch._dynamo" in sys.modules
+        hook = TorchHook(out_dir={str(tmp_path / "a")!r})
+        print("after the optimizer", hook._driver._root_shims)
+        hook.close(); del hook; gc.collect()
+        compiled = torch.compile(torch.nn.Linear(4, 2))
+        later = TorchHook(out_dir={str(tmp_path / "b")!r})
+        print("after an unheard compile", later._driver._root_shims)
+        later.close()
+    """)
+    output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert output.returncode == 0, output.stderr[-2000:]
+    assert "after the optimizer True" in output.stdout and "after an unheard compile False" in output.stdout
 
 
 def test_two_optimizers_on_one_backward_keep_the_shim_and_warn_nothing(make_hook, run_dir, caplog):

@@ -93,12 +93,15 @@ def shims_safe() -> bool:
     was first imported, or Dynamo was never imported. (Dynamo does not say whether anything was
     compiled, and Lightning and Transformers import it: an API hook created after their import
     in a process no hook watched before drives its roots with pre-hooks. The zero-code hook is
-    created as soon as torch is imported, before them.)"""
-    return _watched_before_dynamo or "torch._dynamo" not in sys.modules
+    created as soon as torch is imported, before them; the API's hooks watch from the import of
+    this module, since constructing an optimizer imports Dynamo (torch 2.13) and scripts make
+    theirs before the hook. A compile while no hook listened may have traced a root unseen.)"""
+    return (_watched_before_dynamo and not _unheard_compile) or "torch._dynamo" not in sys.modules
 
 
 # Callbacks (weakly held bound methods) to run before torch.compile does anything
 _watched_before_dynamo = False  # torch.compile watched since before anything could be compiled
+_unheard_compile = False  # torch.compile was called while no hook listened
 _compile_listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
 
 
@@ -118,16 +121,25 @@ def _watch_compile() -> None:
 
     @functools.wraps(original)
     def compile(*args: Any, **kwargs: Any) -> Any:  # noqa: A001 - it stands in for torch.compile
+        global _unheard_compile
+        heard = False
         for reference in list(_compile_listeners):
             callback = reference()
             if callback is None:
                 _compile_listeners.remove(reference)
                 continue
+            heard = True
             try:
                 callback()
             except Exception:  # noqa: BLE001 - the user's compile goes on whatever our part does
                 logger.debug("trainguard: preparing for torch.compile failed", exc_info=True)
+        if not heard:
+            _unheard_compile = True
         return original(*args, **kwargs)
 
     setattr(compile, _MARK, True)
     torch.compile = compile
+
+
+# From the import on (see shims_safe): the wrapper only calls the listeners hooks add.
+_watch_compile()
