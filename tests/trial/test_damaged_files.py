@@ -89,6 +89,22 @@ def test_missing_index_of_one_worker_leaves_the_others_readable(tmp_path, caplog
     assert len(_warnings(caplog, "has no index file")) == 1
 
 
+def test_an_event_file_missing_when_read_but_there_later_is_not_damage(tmp_path) -> None:
+    """A store that lost its objects and had them uploaded again (the compose stack's S3 restarted
+    empty): the file came late, the run is whole, and a later read gets its values."""
+    write_steps(LocalStore(tmp_path), STEPS)
+    path = tmp_path / event_key(1, "worker_0")
+    saved = path.read_bytes()
+    path.unlink()
+    trial = Trial(LocalStore(tmp_path), missing_event_wait=0.2)
+    with pytest.raises(TensorUnavailableForStep, match="does not exist"):
+        trial.tensor("Net_fc.weight").value(1)
+    assert trial.unreadable_files() == {event_key(1, "worker_0"): "event file named by an index but missing"}
+    path.write_bytes(saved)
+    assert trial.unreadable_files() == {} and trial.damage() == []
+    np.testing.assert_array_equal(trial.tensor("Net_fc.weight").value(1), np.full((2, 3), 1.0, np.float32))
+
+
 def test_missing_event_file_is_waited_for_once_and_reported(tmp_path, caplog) -> None:
     write_steps(LocalStore(tmp_path), STEPS)
     (tmp_path / event_key(1, "worker_0")).unlink()

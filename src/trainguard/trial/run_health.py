@@ -82,6 +82,11 @@ class RunHealth:
         """
         self.refresh()
         found = self._state.damage()
+        # A file that was missing when read but is there now came late (a store that lost its
+        # objects and had them uploaded again, a lagging replica): not damage, and a read waits
+        # for it again.
+        late = {key for key in self._missing_event_files if self._exists_now(key)}
+        self._missing_event_files.difference_update(late)
         for key in self._missing_event_files:
             step, worker = parse_event_key(key) or (None, None)
             found.append(Damage(step, worker, key, "event file named by an index but missing"))
@@ -89,6 +94,12 @@ class RunHealth:
             step, worker = parse_event_key(key) or (None, None)
             found.append(Damage(step, worker, key, problem))
         return sorted(found, key=lambda item: (item.step is None, item.step or 0, item.key))
+
+    def _exists_now(self, key: str) -> bool:
+        try:
+            return bool(self.store.exists(key))
+        except StorageError:  # cannot tell: it stays reported
+            return False
 
     def damaged_steps(self) -> dict[int, list[str]]:
         """Global steps whose data is damaged, each with ``"<file>: <problem>"`` (see :meth:`damage`)."""
