@@ -134,8 +134,10 @@ def test_a_two_rank_torchrun_job_under_rules_and_stop_on_issue_ends_and_leaves_n
 @pytest.mark.slow
 def test_a_distributed_run_stopped_by_a_rule_leaves_no_process(tmp_path):
     """Rank 1's inputs turn NaN at step 3: ExplodingTensor (certain) stops the job. torchrun
-    starts each rank in a session of its own, out of the process group trainguard signals."""
-    record = torchrun_job(tmp_path, "--nan-at", "1:3", "--epochs", "20")
+    starts each rank in a session of its own, out of the process group trainguard signals.
+    Training would last 960 steps: at a load of 10 on two cores the rules' stop once came after
+    20 epochs (320 steps, 16 s) had ended; a stopped run ends at the stop, not later."""
+    record = torchrun_job(tmp_path, "--nan-at", "1:3", "--epochs", "60")
     assert not record["hung"], (record, dumps(tmp_path))
     assert record["returncode"] == 3, record  # stopped by a rule
     assert record["training_s"] is None, record  # it did not train to the end
