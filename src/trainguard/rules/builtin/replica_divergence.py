@@ -282,7 +282,10 @@ class ReplicaDivergence(Rule):
         reference = main[0].reference_rank
         against = f"on {_ranks(odd)} against rank {reference}" if reference >= 0 else (
             f"between {_ranks(odd)} (no majority: which rank is off cannot be told)")
-        first = min(self._first[(kind, item.name)][0] for item in main)
+        # every tensor that differs now, parameters and gradients: the confirmation may come from
+        # either kind (a parameter left out of DDP shows in its gradients first)
+        differing = [("parameter", item) for item in diverged] + [("gradient", item) for item in gradient_diverged]
+        first = min(self._first[(which, item.name)][0] for which, item in differing)
         shown = ", ".join(item.name for item in main[:_SHOWN]) + (
             f" and {len(main) - _SHOWN} more" if len(main) > _SHOWN else ""
         )
@@ -290,7 +293,7 @@ class ReplicaDivergence(Rule):
         sums = ", ".join(f"rank {rank} {value:.6g}" for rank, value in sorted(example.sums.items()))
         judged = len(gradient_rows[next(iter(gradient_rows))][0]) if gradient_rows else 0
         hint = self._hint(step, odd, diverged, gradient_diverged, judged - len(self._unjudged), unchanged)
-        latest = max(max(self._seen_at.get((kind, item.name)) or {step}) for item in main)
+        latest = max(max(self._seen_at.get((which, item.name)) or {step}) for which, item in differing)
         message = (
             f"{len(main)} {kind}(s) differ between ranks: {shown} {against}, "
             f"first at step {first} (fingerprint of step {latest}; {example.name} sums at step {step}: {sums})"
