@@ -235,3 +235,20 @@ def test_fingerprints_judged_out_of_order_report_the_first_step_and_confirm_on_t
     again = rule.evaluate(4)  # step 0 arrives: a second fingerprint that differs
     assert again.certain and again.details["first_step"] == 0
     assert "fingerprint of step 4" in again.message, again.message
+
+
+def test_confirmed_by_gradients_the_first_step_is_the_gradients_first() -> None:
+    """A parameter outside DDP: its gradients differ from step 0, its values only after updates.
+    Confirmed at step 4 by the gradients seen twice, the finding's first step is 0 and the message
+    names the later fingerprint, not 'first at step 4 (fingerprint of step 4)'."""
+    steps = [0, 4]
+
+    def outside(step: int, rank: int, kind: str, index: int, values: np.ndarray) -> np.ndarray:
+        if index == 2 and (kind == GRADIENTS_TENSOR or step >= 4):
+            return values + rank
+        return values
+
+    results = _results(_training(2, steps, outside), steps)
+    assert results[1].fired and results[1].certain, results[1].message
+    assert results[1].details["first_step"] == 0, results[1].message
+    assert "first at step 0 (fingerprint of step 4" in results[1].message, results[1].message
