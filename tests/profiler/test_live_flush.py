@@ -45,24 +45,29 @@ def test_default_flush_is_seconds_not_a_minute() -> None:
     assert DEFAULT_FLUSH_S <= 10
 
 
-def test_hook_close_writes_every_step_timing_before_the_end_marker(tmp_path: Path) -> None:
+def _train(hook: tg.Hook, steps: int) -> None:
+    """``steps`` training steps of the tiny model, registered with ``hook``."""
     import torch
 
+    model = small_model("tiny")
+    hook.register_module(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        x, y = torch.randn(4, 1, 28, 28, generator=generator), torch.randint(0, 10, (4,), generator=generator)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def test_hook_close_writes_every_step_timing_before_the_end_marker(tmp_path: Path) -> None:
     # A rotation interval far longer than the job: without the flush at close, nothing would be
     # written until profiler.stop(), after the end marker.
     profiler = Profiler(tmp_path, interval_ms=100, system=False, rotate_interval_s=600).start()
     try:
         hook = tg.Hook(out_dir=tmp_path, save_config=tg.SaveConfig(save_interval=1), include_collections=["losses"])
-        model = small_model("tiny")
-        hook.register_module(model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        generator = torch.Generator().manual_seed(0)
-        for _ in range(6):
-            x, y = torch.randn(4, 1, 28, 28, generator=generator), torch.randint(0, 10, (4,), generator=generator)
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        _train(hook, 6)
         assert read_step_timings(tmp_path) == []  # still in memory: the interval is not over
         hook.close()
         assert (tmp_path / END_OF_TRAINING).exists()
@@ -105,24 +110,13 @@ def test_stall_in_a_ten_second_job_is_seen_by_a_live_rule(tmp_path: Path) -> Non
 def test_every_worker_writes_its_step_timings_before_its_end_key(tmp_path: Path) -> None:
     """Worker 0 writes the end marker once the others' end keys are there: a rank that flushed
     only at exit left the rules comparing ranks (Straggler) with one rank's timings."""
-    import torch
-
     from trainguard.format.layout import worker_end_key
 
     profiler = Profiler(tmp_path, interval_ms=100, system=False, rotate_interval_s=600, rank=1).start()
     try:
         hook = tg.Hook(out_dir=tmp_path, save_config=tg.SaveConfig(save_interval=1), include_collections=["losses"])
         hook._rank_and_world = lambda: (1, 2)  # type: ignore[method-assign]  # rank 1 of 2, no process group
-        model = small_model("tiny")
-        hook.register_module(model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        generator = torch.Generator().manual_seed(0)
-        for _ in range(4):
-            x, y = torch.randn(4, 1, 28, 28, generator=generator), torch.randint(0, 10, (4,), generator=generator)
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        _train(hook, 4)
         hook.close()
         assert (tmp_path / worker_end_key("worker_1")).exists()
         seen_at_end = [s.step for s in read_step_timings(tmp_path) if s.mode == "TRAIN"]
