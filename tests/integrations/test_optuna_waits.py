@@ -90,14 +90,23 @@ def test_pruning_works_without_wait_for_step(tmp_path: Path, monkeypatch: pytest
     training (each step's evaluation made slow here) still prune the bad configuration at the
     first report whose written steps hold the finding, not whenever the rules happen to get there."""
     from trainguard.rules.runner import RuleRunner
+    from trainguard.rules.runner_open import RunOpener
 
     original = RuleRunner._evaluate_step
+    original_open = RunOpener.open
 
     def slow_evaluation(self, step):  # noqa: ANN001, ANN202
         threading.Event().wait(1.0)
         return original(self, step)
 
+    def late_open(self):  # noqa: ANN001, ANN202
+        # the runner opens the run seconds after it appeared, as on a loaded machine (CI: reports
+        # made meanwhile judged nothing and let the bad trial go on past its finding)
+        threading.Event().wait(4.0)
+        return original_open(self)
+
     monkeypatch.setattr(RuleRunner, "_evaluate_step", slow_evaluation)
+    monkeypatch.setattr(RunOpener, "open", late_open)
     toy = load_example("toy_training")
     study = optuna.create_study(pruner=optuna.pruners.NopPruner())
     config = _config(BAD)

@@ -95,6 +95,7 @@ class LiveRuleMonitor:
         from trainguard.rules.defaults import default_rule_specs
 
         self.out_dir = str(out_dir)
+        self.endpoint_url = endpoint_url
         specs = default_rule_specs() if rules is None else [RuleSpec(r) if isinstance(r, str) else r for r in rules]
         self.specs = list(specs)
         self.certain_only = certain_only
@@ -112,6 +113,8 @@ class LiveRuleMonitor:
         self._training_done = threading.Event()
         self._stop = threading.Event()
         self._runner: RuleRunner | None = None
+        self._written: Any = None  # the trial last_written_step reads (see there)
+        self._written_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         try:
             self._runner = RuleRunner(
@@ -194,15 +197,27 @@ class LiveRuleMonitor:
         return self._runner is not None and self._runner.trial is not None
 
     def last_written_step(self) -> int | None:
-        """The newest complete step of the capture the rules see; None before it appears."""
-        trial = self._runner.trial if self._runner is not None else None
-        if trial is None:
-            return None
-        # A fresh look, not the runner's last one: the runner refreshes between evaluations, so
-        # with slow rules its view can lag the disk by several steps, and a guard judging
-        # "the steps written so far" would wait for too few of them.
-        trial.refresh(force=True)
-        return trial.last_complete_step
+        """The newest complete step of the capture on disk; None before it appears.
+
+        Read through a trial of the monitor's own, never the runner's: the runner opens the run
+        only after polling for it (seconds on a loaded machine, while training has written dozens
+        of steps) and refreshes between evaluations, so its view lags the disk; a guard judging
+        "the steps written so far" through it waited for too few of them, or for none. The
+        runner's trial is also read by the runner's thread, and a trial is not thread-safe.
+        """
+        from trainguard.errors import TrainguardError
+        from trainguard.trial import create_trial
+
+        with self._written_lock:
+            try:
+                if self._written is None:
+                    self._written = create_trial(
+                        self.out_dir, endpoint_url=self.endpoint_url, collection_wait_timeout=0
+                    )
+                self._written.refresh(force=True)
+                return self._written.last_complete_step
+            except TrainguardError:
+                return None  # not there yet, or the store failed: nothing written that we can see
 
     def evaluated_through(self, step: int) -> bool:
         """Whether every rule still running has evaluated ``step`` (or a later one)."""
