@@ -22,6 +22,7 @@ from tests.ui.conftest import save_screenshot
 from trainguard.ui import serve_paths
 
 pytest.importorskip("selenium")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -29,7 +30,11 @@ WAIT_S = 120  # generous: the machine is loaded; nothing here measures time
 
 
 def _wait(driver, condition, timeout: float = WAIT_S, message: str = ""):  # noqa: ANN001
-    return WebDriverWait(driver, timeout, poll_frequency=0.25).until(lambda d: condition(d), message)
+    # the page re-renders what it polls: an element found just before a refresh is stale when read
+    ignored = (StaleElementReferenceException,)
+    return WebDriverWait(driver, timeout, poll_frequency=0.25, ignored_exceptions=ignored).until(
+        lambda d: condition(d), message
+    )
 
 
 def _chart(driver, chart_id: str) -> dict[str, str]:

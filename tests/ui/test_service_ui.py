@@ -123,6 +123,7 @@ def test_ui_shows_a_caller_its_own_jobs_only_and_stop_needs_csrf_and_origin(ui_a
 
 
 def test_browser_logs_in_watches_the_job_train_and_stops_it(ui_api, browser, tmp_path: Path) -> None:  # noqa: ANN001
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -130,7 +131,12 @@ def test_browser_logs_in_watches_the_job_train_and_stops_it(ui_api, browser, tmp
     _create(api, "alice", "watched-job")
 
     def wait(condition, timeout: float = 180):  # noqa: ANN001, ANN202
-        return WebDriverWait(browser, timeout, poll_frequency=0.25).until(lambda d: condition(d))
+        # the page re-renders what it polls: an element found just before a refresh is stale by
+        # the time it is read (a loaded CI machine hit it), so the next poll looks again
+        ignored = (StaleElementReferenceException,)
+        return WebDriverWait(browser, timeout, poll_frequency=0.25, ignored_exceptions=ignored).until(
+            lambda d: condition(d)
+        )
 
     browser.delete_all_cookies()
     browser.get(api.url + "/ui/")
