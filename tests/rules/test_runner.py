@@ -118,6 +118,25 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+def test_a_subclass_sees_every_result_through_record(tmp_path: Path) -> None:
+    """services/rule_runner counts each evaluated step by overriding ``RuleRunner._record``: every
+    result of every step passes there before the statuses record it."""
+    run = write_run(tmp_path / "run", _values({3, 6}))
+    seen: list[tuple[int, bool]] = []
+
+    class Watching(RuleRunner):
+        def _record(self, name, result):  # type: ignore[no-untyped-def]
+            if result is not None:
+                seen.append((result.step, result.fired))
+            super()._record(name, result)
+
+    runner = Watching(run, [_spec("ValueAbove", "r")], poll_interval=0.05)
+    final = runner.run()
+    assert seen == [(step, step in (3, 6)) for step in range(10)]
+    assert final["r"].status == RuleStatus.ISSUES_FOUND and runner.latest["r"] is final["r"]
+    assert [f["step"] for f in runner.progress["r"].findings if f["fired"]] == [3, 6]
+
+
 def test_finished_run_statuses_wording_and_output_file(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", _values({3, 6}))
     updates: list[StatusUpdate] = []

@@ -75,7 +75,7 @@ from trainguard.rules.read_cache import StepReadCache
 from trainguard.rules.runner_notes import capture_stopped_note, damage_note, describe_missing
 from trainguard.rules.runner_open import NothingCaptured, RunOpener
 from trainguard.rules.runner_results import RunnerResults, issue_steps
-from trainguard.rules.runner_workers import RunnerWorkers
+from trainguard.rules.runner_workers import RunnerWorkers, evaluates_per_worker, overrides
 from trainguard.rules.spec import RuleSpec
 from trainguard.rules.status_update import StatusUpdate
 
@@ -103,21 +103,11 @@ class _StoreUnavailable(Exception):
     restarts has every file back seconds later (bench/chaos_stack.py, restart-s3-empty)."""
 
 
-def evaluates_per_worker(rule: Rule) -> bool:
-    """Whether the runner gives each worker its own instance of ``rule`` (see the module doc)."""
-    declared = getattr(type(rule), "per_worker", None)
-    if declared is not None:
-        return bool(declared)
-    return getattr(rule, "kind", "debugger") == "debugger" and not _overrides(rule, "check_idle")
-
-
-def _overrides(rule: Rule, method: str) -> bool:
-    """Whether the rule implements ``method`` itself (a profiler rule may have no ``check``)."""
-    return getattr(type(rule), method) is not getattr(Rule, method)
-
-
-class RuleRunner(RunnerResults, RunnerWorkers):
+class RuleRunner:
     """Evaluates rule configurations on one run as it is written. See the module docstring.
+
+    The runner holds the loop; it has a :class:`RunnerResults` (statuses, findings, files), and once
+    the run is open a :class:`RunnerWorkers` (per-worker instances, late workers' steps).
 
     Args:
         trial_path: the run (hook ``out_dir``): a directory or ``s3://bucket/prefix``.
@@ -172,12 +162,10 @@ class RuleRunner(RunnerResults, RunnerWorkers):
         if output_dir is None:
             output_dir = sidecar_root(self.trial_path) if is_remote(self.trial_path) else self.trial_path
         self.output_dir = output_dir
-        self._output_store: Any = None
         self.start_step = start_step
         self.end_step = end_step
         self.endpoint_url = endpoint_url
         self.poll_interval = float(poll_interval)
-        self.on_update = on_update
         self.stop_event = stop_event or threading.Event()
         self.training_done = training_done or threading.Event()
         self.wait_timeout = float(wait_timeout)
@@ -189,21 +177,13 @@ class RuleRunner(RunnerResults, RunnerWorkers):
         )  # fmt: skip
         self.trial: Any = None
         self.rules: dict[str, Rule] = {}
-        # configuration -> worker -> that worker's instance (per-worker rules only)
-        self.worker_rules: dict[str, dict[str, Rule]] = {}
-        self._per_worker: dict[str, bool] = {}
-        self._worker_floor: dict[str, int] = {}
         self.progress: dict[str, RuleProgress] = {}
-        self.latest: dict[str, StatusUpdate] = {}
-        self._stop_on_fire = {spec.name: stops_training(spec_actions(spec)) for spec in self.specs}
         self._rule_names = {spec.name: cls.name() for spec, cls in zip(self.specs, self.classes.values(), strict=True)}
-        self._last_save = 0.0
-        self._last_output = 0.0
-        self._progress_dirty = False
-        self._dirty: set[str] = set()
-        self._first_findings = {}
-        self._diagnosis = None
-        self._diagnosis_stale = True
+        self._results = RunnerResults(
+            self.progress, trial_path=self.trial_path, progress_file=progress_file,
+            progress_interval=self.progress_interval, output_dir=output_dir, endpoint_url=endpoint_url,
+            stop_on_fire={spec.name: stops_training(spec_actions(spec)) for spec in self.specs}, on_update=on_update,
+        )  # fmt: skip
 
     # -- public --------------------------------------------------------------------------------
     def run(self) -> dict[str, StatusUpdate]:
@@ -214,25 +194,53 @@ class RuleRunner(RunnerResults, RunnerWorkers):
         except NothingCaptured as error:
             # Nothing to judge is "not evaluated", never "no issues" (and never a hang).
             for name in self.progress:
-                self._set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {error}"[:1024])
-            self._save(force=True)
+                self._results.set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {error}"[:1024])
+            self._results.save(force=True)
             return dict(self.latest)
         except TrialError as error:
             for name in self.progress:
-                self._set_error(name, f"TrialUnavailable: {error}")
-            self._save(force=True)
+                self._results.set_error(name, f"TrialUnavailable: {error}")
+            self._results.save(force=True)
             return dict(self.latest)
         if self.trial is None:  # stopped while waiting
             self._stop_all("rule evaluation was stopped before the run appeared")
             return dict(self.latest)
         self.read_cache = StepReadCache(self.trial)
+        self._workers = RunnerWorkers(
+            self.trial, self.specs, self.progress, other_trials=self.other_trials,
+            start_step=self.start_step, end_step=self.end_step,
+        )  # fmt: skip
         self._create_rules()
         self._loop()
         return dict(self.latest)
 
     @property
     def active(self) -> list[str]:
+        """The configurations still evaluating."""
         return [name for name in self.rules if not self.progress[name].finished]
+
+    @property
+    def latest(self) -> dict[str, StatusUpdate]:
+        """The latest update per configuration."""
+        return self._results.latest
+
+    @property
+    def on_update(self) -> Callable[[StatusUpdate], None] | None:
+        return self._results.on_update
+
+    @on_update.setter
+    def on_update(self, callback: Callable[[StatusUpdate], None] | None) -> None:
+        self._results.on_update = callback
+
+    @property
+    def worker_rules(self) -> dict[str, dict[str, Rule]]:
+        """Configuration -> worker -> that worker's instance (per-worker rules; empty until the run opens)."""
+        workers = getattr(self, "_workers", None)
+        return workers.worker_rules if workers is not None else {}
+
+    def diagnosis(self) -> dict[str, Any]:
+        """The run's diagnosis so far over every configuration (see :mod:`trainguard.rules.diagnosis`)."""
+        return self._results.diagnosis()
 
     # -- setup ---------------------------------------------------------------------------------
     def _load_progress(self) -> None:
@@ -244,12 +252,10 @@ class RuleRunner(RunnerResults, RunnerWorkers):
                 state.status, state.status_details, state.error = RuleStatus.IN_PROGRESS.value, "", False
             if not state.finished and state.status == RuleStatus.NO_ISSUES_FOUND.value:
                 state.status = RuleStatus.IN_PROGRESS.value
-            if state.worker_steps is None and state.last_evaluated_step is not None:
-                self._worker_floor[spec.name] = state.last_evaluated_step  # saved before worker_steps
             self.progress[spec.name] = state
             for finding in state.findings:  # a restart resumes the diagnosis too
                 if finding.get("fired"):
-                    self._note_finding(spec.name, finding)
+                    self._results.note_finding(spec.name, finding)
 
     def _create_rules(self) -> None:
         for spec in self.specs:
@@ -259,18 +265,17 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             except Exception as error:  # noqa: BLE001 - one bad rule must not stop the others
                 self.rules[spec.name] = None  # type: ignore[assignment]
                 state.finished = True
-                self._set_error(spec.name, f"{type(error).__name__}: {error}")
+                self._results.set_error(spec.name, f"{type(error).__name__}: {error}")
                 continue
-            self._per_worker[spec.name] = evaluates_per_worker(self.rules[spec.name])
-            self.worker_rules[spec.name] = {}
+            self._workers.add(spec.name, self.rules[spec.name], evaluates_per_worker(self.rules[spec.name]))
             if state.finished:
-                self._emit(spec.name, RuleStatus(state.status), state.status_details)
+                self._results.emit(spec.name, RuleStatus(state.status), state.status_details)
             else:
                 status = RuleStatus.ISSUES_FOUND if issue_steps(state.findings) else RuleStatus.IN_PROGRESS
                 state.status = status.value
-                self._emit(spec.name, status, state.status_details if state.fired_steps else "")
+                self._results.emit(spec.name, status, state.status_details if state.fired_steps else "")
         self.rules = {name: rule for name, rule in self.rules.items() if rule is not None}
-        self._save(force=True)
+        self._results.save(force=True)
 
     # -- the loop ------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -303,10 +308,10 @@ class RuleRunner(RunnerResults, RunnerWorkers):
                 logger.warning("trainguard rules: reading %s failed (%s); retrying", self.trial_path, error)
                 if store_failures >= _MAX_STORE_FAILURES and time.monotonic() - failing_since >= _STORE_FAILURE_GRACE_S:
                     for name in self.active:
-                        self._set_error(
+                        self._results.set_error(
                             name, f"{type(error).__name__}: reading the run failed {store_failures} times: {error}"
                         )
-                    self._save(force=True)
+                    self._results.save(force=True)
                     return
                 self.stop_event.wait(self.poll_interval)
                 continue
@@ -318,7 +323,7 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             if ended or past_end or not self.active:
                 self._finish_all()
                 return
-            self._save()
+            self._results.save()
             self.stop_event.wait(self.poll_interval)
 
     def _cursor(self) -> int | None:
@@ -354,12 +359,12 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             if state.last_evaluated_step is not None and step <= state.last_evaluated_step:
                 continue
             rule = self.rules[name]
-            if _overrides(rule, "check"):
+            if overrides(rule, "check"):
                 self.read_cache.share_read_only = type(rule).__module__.startswith(_BUILTIN_PREFIX)
                 try:
-                    instances = self._instances(name, step)
+                    instances = self._workers.instances(name, step)
                 except Exception as error:  # noqa: BLE001 - a rule that cannot be made for a worker
-                    self._rule_failed(name, error, f"while creating it for the workers of step {step}")
+                    self._results.rule_failed(name, error, f"while creating it for the workers of step {step}")
                     continue
                 for worker, instance in instances:
                     if not self._evaluate_instance(name, worker, instance, step):
@@ -368,9 +373,13 @@ class RuleRunner(RunnerResults, RunnerWorkers):
                     continue
                 state.last_evaluated_step = step
             state.last_evaluated_step = step
-            self._dirty.add(name)
-            self._progress_dirty = True
-        self._save()
+            self._results.step_evaluated(name)
+        self._results.save()
+
+    def _record(self, name: str, result: StepResult | None) -> None:
+        """Every result of every rule instance passes here (services/rule_runner overrides it to
+        count each evaluated step), then goes to the results part."""
+        self._results.record(name, result)
 
     def _evaluate_instance(self, name: str, worker: str | None, instance: Rule, step: int) -> bool:
         """One rule instance on one step, its result recorded; False once the rule is done for
@@ -385,9 +394,9 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             raise _StoreUnavailable(str(error)) from error
         except Exception as error:  # noqa: BLE001 - isolate the rule
             where = f"while evaluating step {step}" + (f" of {worker}" if worker else "")
-            self._rule_failed(name, error, where)
+            self._results.rule_failed(name, error, where)
             return False
-        self._worker_evaluated(name, worker, step)
+        self._workers.worker_evaluated(name, worker, step)
         self._record(name, _on_worker(result, worker))
         return not self.progress[name].finished
 
@@ -396,33 +405,32 @@ class RuleRunner(RunnerResults, RunnerWorkers):
         :mod:`trainguard.rules.runner_workers`), evaluated by that worker's instance."""
         evaluated = False
         for name in self.active:
-            if not _overrides(self.rules[name], "check"):
+            if not overrides(self.rules[name], "check"):
                 continue
-            for worker, step in self._late_steps(name):
+            for worker, step in self._workers.late_steps(name):
                 try:
-                    instance = self._worker_instance(name, worker)
+                    instance = self._workers.worker_instance(name, worker)
                 except Exception as error:  # noqa: BLE001 - a rule that cannot be made for a worker
-                    self._rule_failed(name, error, f"while creating it for {worker}")
+                    self._results.rule_failed(name, error, f"while creating it for {worker}")
                     break
                 evaluated = True
-                self._dirty.add(name)
-                self._progress_dirty = True
+                self._results.step_evaluated(name)
                 if not self._evaluate_instance(name, worker, instance, step):
                     break
         if evaluated:
-            self._save()
+            self._results.save()
 
     def _idle_checks(self, had_steps: bool) -> None:
         now = time.time()
         for name in self.active:
             rule = self.rules[name]
-            if not _overrides(rule, "check_idle") or (had_steps and rule.kind != "profiler"):
+            if not overrides(rule, "check_idle") or (had_steps and rule.kind != "profiler"):
                 continue
-            for worker, instance in self._instances(name):
+            for worker, instance in self._workers.instances(name):
                 try:
                     result = instance.check_idle(now)
                 except Exception as error:  # noqa: BLE001
-                    self._rule_failed(name, error, "in check_idle")
+                    self._results.rule_failed(name, error, "in check_idle")
                     break
                 self._record(name, _on_worker(result, worker))
 
@@ -431,11 +439,11 @@ class RuleRunner(RunnerResults, RunnerWorkers):
         damaged = damage_note(self.trial)
         for name in self.active:
             state = self.progress[name]
-            for worker, instance in self._instances(name):
+            for worker, instance in self._workers.instances(name):
                 try:
                     result = instance.finish()
                 except Exception as error:  # noqa: BLE001
-                    self._rule_failed(name, error, "in finish() after training ended")
+                    self._results.rule_failed(name, error, "in finish() after training ended")
                     break
                 self._record(name, _on_worker(result, worker))
                 if state.finished:
@@ -444,22 +452,23 @@ class RuleRunner(RunnerResults, RunnerWorkers):
                 continue
             state.finished = True
             missing = "; ".join(describe_missing(item) for item in state.missing)
-            final = self._final_details(name)
+            final = self._results.final_details(name)
             if final is not None and (final[0] == RuleStatus.ISSUES_FOUND or not (damaged or stopped_early)):
-                self._set_status(name, *final)  # advice on damaged or cut data is not "no issues"
+                self._results.set_status(name, *final)  # advice on damaged or cut data is not "no issues"
             elif not state.evaluated:
                 self._note_inapplicable(name)
                 why = state.not_evaluated or (f"missing data: {missing}" if missing else "")
                 why = why or "no evaluated step had the data this rule needs"
-                self._set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {why}"[:1024])
+                self._results.set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {why}"[:1024])
             elif damaged:  # "no issues" in data that cannot be trusted is not "no issues"
-                self._set_status(name, RuleStatus.ERROR, f"{DAMAGED_PREFIX} {damaged}"[:1024])
+                self._results.set_status(name, RuleStatus.ERROR, f"{DAMAGED_PREFIX} {damaged}"[:1024])
             elif stopped_early:  # "no issues" in a tenth of the run is not "no issues"
                 why = f"evaluated up to step {state.last_evaluated_step} only: {stopped_early}"
-                self._set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {why}"[:1024])
+                self._results.set_status(name, RuleStatus.ERROR, f"{NOT_EVALUATED_PREFIX} {why}"[:1024])
             else:
-                self._set_status(name, RuleStatus.NO_ISSUES_FOUND, f"Missing data: {missing}" if missing else "")
-        self._save(force=True)
+                details = f"Missing data: {missing}" if missing else ""
+                self._results.set_status(name, RuleStatus.NO_ISSUES_FOUND, details)
+        self._results.save(force=True)
 
     def _note_inapplicable(self, name: str) -> None:
         """Ask a rule that never evaluated a step whether it applies to this run at all
@@ -467,7 +476,7 @@ class RuleRunner(RunnerResults, RunnerWorkers):
         state = self.progress[name]
         if state.not_applicable:
             return
-        for _worker, instance in self._instances(name):
+        for _worker, instance in self._workers.instances(name):
             try:
                 reason = instance.inapplicable()
             except Exception:  # noqa: BLE001 - no answer: the rule stays "could not evaluate"
@@ -482,11 +491,11 @@ class RuleRunner(RunnerResults, RunnerWorkers):
             if state.finished or state.status in (RuleStatus.ERROR.value,):
                 continue
             if issue_steps(state.findings):
-                self._set_status(name, RuleStatus.ISSUES_FOUND, self._first_fired_details(name))
+                self._results.set_status(name, RuleStatus.ISSUES_FOUND, self._results.first_fired_details(name))
             else:
                 step = state.last_evaluated_step
-                self._set_status(name, RuleStatus.STOPPED, f"{why} (last evaluated step: {step})")
-        self._save(force=True)
+                self._results.set_status(name, RuleStatus.STOPPED, f"{why} (last evaluated step: {step})")
+        self._results.save(force=True)
 
 
 def _on_worker(result: StepResult | None, worker: str | None) -> StepResult | None:

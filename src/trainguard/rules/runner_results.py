@@ -1,7 +1,8 @@
 """What a rule runner does with its rules' results: statuses, findings, the run's diagnosis, the
-progress file and the rule-output files. A mixin of :class:`trainguard.rules.runner.RuleRunner`,
-whose state (``progress``, ``latest``, the dirty sets, the output settings) it works on; kept apart
-so that the runner module holds the evaluation loop only."""
+progress file and the rule-output files. :class:`trainguard.rules.runner.RuleRunner` has one
+:class:`RunnerResults` and hands it every result; this part owns the latest update per
+configuration and what is still to be written, and shares the runner's ``progress`` (the runner
+loads it and moves the cursors, this part records what the rules said)."""
 
 from __future__ import annotations
 
@@ -38,30 +39,60 @@ def issue_steps(findings: list[dict[str, Any]]) -> set[int]:
 
 
 class RunnerResults:
-    """Statuses, findings and their files for :class:`~trainguard.rules.runner.RuleRunner`."""
+    """Statuses, findings and their files for one :class:`~trainguard.rules.runner.RuleRunner`.
 
-    # Set by RuleRunner.__init__ (declared for readers and type checkers).
-    progress: dict[str, RuleProgress]
-    latest: dict[str, StatusUpdate]
-    progress_file: str | None
-    progress_interval: float
-    output_dir: str
-    endpoint_url: str | None
-    trial_path: str
-    on_update: Callable[[StatusUpdate], None] | None
-    _stop_on_fire: dict[str, bool]
-    _dirty: set[str]
-    _last_save: float
-    _last_output: float
-    _output_store: Any
-    # the first finding per (kind, worker, certain, advice) of each configuration, and the
-    # diagnosis from them
-    _first_findings: dict[str, dict[tuple[str, str | None, bool, bool], dict[str, Any]]]
-    _diagnosis: dict[str, list[dict[str, Any]]] | None
-    _diagnosis_stale: bool
+    Args:
+        progress: the runner's state per configuration (the same dict, not a copy).
+        trial_path: the run, as the progress file names it.
+        progress_file: JSON file the progress is saved to, or None.
+        progress_interval: at most this often (seconds) the progress file is rewritten for steps
+            without findings.
+        output_dir: where ``rule-output/<name>.json`` goes (a directory or ``s3://`` prefix).
+        endpoint_url: S3-compatible endpoint for an ``s3://`` output_dir.
+        stop_on_fire: configuration -> whether its actions stop training on a certain finding.
+        on_update: called with every :class:`StatusUpdate` (a broken callback is logged only).
+    """
+
+    def __init__(
+        self,
+        progress: dict[str, RuleProgress],
+        *,
+        trial_path: str,
+        progress_file: str | None,
+        progress_interval: float,
+        output_dir: str,
+        endpoint_url: str | None,
+        stop_on_fire: Mapping[str, bool],
+        on_update: Callable[[StatusUpdate], None] | None,
+    ) -> None:
+        self.progress = progress
+        self.trial_path = trial_path
+        self.progress_file = progress_file
+        self.progress_interval = progress_interval
+        self.output_dir = output_dir
+        self.endpoint_url = endpoint_url
+        self.on_update = on_update
+        self.latest: dict[str, StatusUpdate] = {}
+        self._stop_on_fire = dict(stop_on_fire)
+        self._output_store: Any = None
+        self._last_save = 0.0
+        self._last_output = 0.0
+        self._progress_dirty = False  # the progress file is behind
+        self._dirty: set[str] = set()  # configurations whose rule-output file is behind
+        self._save_failure_logged: object = None
+        # the first finding per (kind, worker, certain, advice) of each configuration, and the
+        # diagnosis from them
+        self._first_findings: dict[str, dict[tuple[str, str | None, bool, bool], dict[str, Any]]] = {}
+        self._diagnosis: dict[str, Any] | None = None
+        self._diagnosis_stale = True
+
+    def step_evaluated(self, name: str) -> None:
+        """The runner moved ``name``'s cursor: its progress and rule-output file are due."""
+        self._dirty.add(name)
+        self._progress_dirty = True
 
     # -- results -------------------------------------------------------------------------------
-    def _record(self, name: str, result: StepResult | None) -> None:
+    def record(self, name: str, result: StepResult | None) -> None:
         if result is None:
             return
         state = self.progress[name]
@@ -79,8 +110,8 @@ class RunnerResults:
                 details = "Missing data: " + "; ".join(m.describe() for m in new)
                 if not state.fired_steps:
                     state.status_details = details
-                self._emit(name, RuleStatus(state.status), details, result)
-                self._save(force=True)
+                self.emit(name, RuleStatus(state.status), details, result)
+                self.save(force=True)
             return
         if not state.evaluated:
             state.evaluated = True
@@ -91,7 +122,7 @@ class RunnerResults:
         finding = result.to_dict()
         if not state.add_finding(finding):
             return  # already recorded before a restart
-        self._note_finding(name, finding)
+        self.note_finding(name, finding)
         if result.advice:
             self._record_advice(name, result)
             return
@@ -102,11 +133,11 @@ class RunnerResults:
         state.status = RuleStatus.ISSUES_FOUND.value
         if self._stop_on_fire.get(name) and result.certain:
             state.finished = True  # its action stops training: nothing more to evaluate
-        self._emit(name, RuleStatus.ISSUES_FOUND, details, result)
+        self.emit(name, RuleStatus.ISSUES_FOUND, details, result)
         # The first finding (a transition) and a stop are saved at once; later findings of a rule
         # that keeps firing with the progress (every progress_interval) and the output file (every
         # OUTPUT_INTERVAL): rewriting files of up to 1,000 findings on every step was quadratic.
-        self._save(force=first or state.finished)
+        self.save(force=first or state.finished)
 
     def _keep_statistics(self, name: str, result: StepResult) -> None:
         """A no-issue result's ``details["statistics"]`` (OverallSystemUsage's percentiles per
@@ -124,15 +155,15 @@ class RunnerResults:
         first = not issue_steps(state.findings) and not state.status_details.startswith("Advice:")
         if first:
             state.status_details = advice_details([result.to_dict()])
-        self._emit(name, RuleStatus(state.status), state.status_details, result)
-        self._save(force=first)
+        self.emit(name, RuleStatus(state.status), state.status_details, result)
+        self.save(force=first)
 
-    def _final_details(self, name: str) -> tuple[RuleStatus, str] | None:
+    def final_details(self, name: str) -> tuple[RuleStatus, str] | None:
         """IssuesFound with the first real finding, or NoIssuesFound with the first advice; None
         when the rule found neither."""
         state = self.progress[name]
         if issue_steps(state.findings):
-            return RuleStatus.ISSUES_FOUND, self._first_fired_details(name)
+            return RuleStatus.ISSUES_FOUND, self.first_fired_details(name)
         advice: list[Mapping[str, Any]] = sorted(
             (f for f in state.findings if f.get("fired") and f.get("advice")), key=lambda f: f["step"]
         )
@@ -140,7 +171,7 @@ class RunnerResults:
             return RuleStatus.NO_ISSUES_FOUND, advice_details(advice)
         return None
 
-    def _first_fired_details(self, name: str) -> str:
+    def first_fired_details(self, name: str) -> str:
         state = self.progress[name]
         first = min(issue_steps(state.findings))
         return (
@@ -148,18 +179,18 @@ class RunnerResults:
             "resulted in the condition being met\n"
         )
 
-    def _rule_failed(self, name: str, error: BaseException, where: str) -> None:
+    def rule_failed(self, name: str, error: BaseException, where: str) -> None:
         logger.warning("trainguard rules: %s raised %s %s", name, type(error).__name__, where, exc_info=error)
         self.progress[name].finished = True
-        self._set_error(name, f"{type(error).__name__}: {error} ({where})")
+        self.set_error(name, f"{type(error).__name__}: {error} ({where})")
 
-    def _set_error(self, name: str, details: str) -> None:
+    def set_error(self, name: str, details: str) -> None:
         state = self.progress[name]
         state.error = True
         state.finished = True
-        self._set_status(name, RuleStatus.ERROR, details[:1024])
+        self.set_status(name, RuleStatus.ERROR, details[:1024])
 
-    def _set_status(self, name: str, status: RuleStatus, details: str) -> None:
+    def set_status(self, name: str, status: RuleStatus, details: str) -> None:
         state = self.progress[name]
         latest = self.latest.get(name)
         changed = (
@@ -173,9 +204,9 @@ class RunnerResults:
         self._diagnosis_stale = True  # a rule that ends not evaluated is in the diagnosis
         self._dirty.add(name)
         if changed:
-            self._emit(name, status, details)
+            self.emit(name, status, details)
 
-    def _emit(self, name: str, status: RuleStatus, details: str, result: StepResult | None = None) -> None:
+    def emit(self, name: str, status: RuleStatus, details: str, result: StepResult | None = None) -> None:
         state = self.progress[name]
         state.status = status.value
         update = StatusUpdate(
@@ -198,7 +229,7 @@ class RunnerResults:
                 logger.exception("trainguard rules: on_update callback failed for %s", name)
 
     # -- persistence ---------------------------------------------------------------------------
-    def _save(self, force: bool = False) -> None:
+    def save(self, force: bool = False) -> None:
         """Progress file at most every ``progress_interval`` s (at once when ``force``); the
         rule-output files of rules that changed on ``force`` (a status or finding) and otherwise
         at most every ``OUTPUT_INTERVAL`` s: they are for people and reports, not for resuming."""
@@ -222,7 +253,7 @@ class RunnerResults:
         except (OSError, StorageError) as error:  # never stop evaluating over a file we keep for people
             # said once per kind of failure: a read-only run would repeat it at every save
             kind = getattr(error, "errno", None) or type(error).__name__
-            if getattr(self, "_save_failure_logged", None) != kind:
+            if self._save_failure_logged != kind:
                 self._save_failure_logged = kind
                 logger.warning("trainguard rules: cannot save rule progress or output (not repeated): %s", error)
             else:
@@ -243,7 +274,7 @@ class RunnerResults:
             self._diagnosis, self._diagnosis_stale = diagnose(results), False
         return self._diagnosis
 
-    def _note_finding(self, name: str, finding: dict[str, Any]) -> None:
+    def note_finding(self, name: str, finding: dict[str, Any]) -> None:
         firsts = self._first_findings.setdefault(name, {})
         # the first certain finding too: the diagnosis leads with the cause of the earliest certain one
         kind = finding_kind({**finding, "rule": self.progress[name].rule})

@@ -1,7 +1,8 @@
 """Per-worker rule instances of a rule runner, and the steps a worker wrote late.
 
-A mixin of :class:`trainguard.rules.runner.RuleRunner`. The runner evaluates a global step once
-it is complete, that is once the workers a reader waits for wrote it; under
+:class:`trainguard.rules.runner.RuleRunner` has one :class:`RunnerWorkers` once the run is open.
+The runner evaluates a global step once it is complete, that is once the workers a reader waits
+for wrote it; under
 ``include_workers="one"`` that is worker 0 alone, while the other ranks still write their losses
 and scalars, and their files may land after worker 0's (a slower writer, or an uploader that sent
 them in a later round). Those steps are behind the cursor by then; without a second look a
@@ -14,6 +15,7 @@ and evaluates the steps a worker wrote up to the cursor that it has not seen, in
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from typing import Any
 
 from trainguard.rules.base import Rule
@@ -21,47 +23,94 @@ from trainguard.rules.compat import make_rule
 from trainguard.rules.progress import RuleProgress
 from trainguard.rules.spec import RuleSpec
 
-__all__ = ["RunnerWorkers"]
+__all__ = ["RunnerWorkers", "evaluates_per_worker", "overrides"]
+
+
+def evaluates_per_worker(rule: Rule) -> bool:
+    """Whether the runner gives each worker its own instance of ``rule`` (see the module doc)."""
+    declared = getattr(type(rule), "per_worker", None)
+    if declared is not None:
+        return bool(declared)
+    return getattr(rule, "kind", "debugger") == "debugger" and not overrides(rule, "check_idle")
+
+
+def overrides(rule: Rule, method: str) -> bool:
+    """Whether the rule implements ``method`` itself (a profiler rule may have no ``check``)."""
+    return getattr(type(rule), method) is not getattr(Rule, method)
 
 
 class RunnerWorkers:
-    """Worker instances and late workers' steps for :class:`~trainguard.rules.runner.RuleRunner`."""
+    """Worker instances and late workers' steps for :class:`~trainguard.rules.runner.RuleRunner`.
 
-    # Set by RuleRunner.__init__ (declared for readers and type checkers).
-    trial: Any
-    specs: list[RuleSpec]
-    rules: dict[str, Rule]
-    worker_rules: dict[str, dict[str, Rule]]
-    progress: dict[str, RuleProgress]
-    other_trials: list[Any]
-    start_step: int | None
-    end_step: int | None
-    _per_worker: dict[str, bool]
-    # configuration -> the step workers unknown to its progress file count as evaluated up to
-    _worker_floor: dict[str, int]
+    Args:
+        trial: the open run the rules read.
+        specs: the rule configurations (a worker's instance is made from its spec).
+        progress: the runner's state per configuration (the same dict, not a copy): the cursors
+            it reads, the per-worker steps it moves.
+        other_trials: passed to every instance, as to the runner's own.
+        start_step, end_step: the runner's step range.
 
-    def _worker_instance(self, name: str, worker: str) -> Rule:
+    Made before any step is evaluated: a progress file saved before ``worker_steps`` existed has
+    its workers count as evaluated up to the cursor it was saved with.
+    """
+
+    def __init__(
+        self,
+        trial: Any,
+        specs: list[RuleSpec],
+        progress: dict[str, RuleProgress],
+        *,
+        other_trials: Sequence[Any] = (),
+        start_step: int | None = None,
+        end_step: int | None = None,
+    ) -> None:
+        self.trial = trial
+        self.progress = progress
+        self.other_trials = list(other_trials)
+        self.start_step = start_step
+        self.end_step = end_step
+        self._specs = {spec.name: spec for spec in specs}
+        # configuration -> its one instance (the runner's), whether it runs per worker, and then
+        # worker -> that worker's instance
+        self._rules: dict[str, Rule] = {}
+        self._per_worker: dict[str, bool] = {}
+        self.worker_rules: dict[str, dict[str, Rule]] = {}
+        # configuration -> the step workers unknown to its progress file count as evaluated up to
+        self._worker_floor: dict[str, int] = {
+            name: state.last_evaluated_step
+            for name, state in progress.items()
+            if state.worker_steps is None and state.last_evaluated_step is not None
+        }
+
+    def add(self, name: str, rule: Rule, per_worker: bool) -> None:
+        """``rule`` is configuration ``name``'s instance; with ``per_worker`` each worker gets its own."""
+        self._rules[name] = rule
+        self._per_worker[name] = per_worker
+        self.worker_rules[name] = {}
+
+    def worker_instance(self, name: str, worker: str) -> Rule:
+        """``worker``'s instance of configuration ``name``, made when first asked for."""
         instances = self.worker_rules[name]
         if worker not in instances:
             from trainguard.trial.worker_view import WorkerTrial
 
-            spec = next(spec for spec in self.specs if spec.name == name)
-            instances[worker] = make_rule(WorkerTrial(self.trial, worker), spec, self.other_trials)
+            instances[worker] = make_rule(WorkerTrial(self.trial, worker), self._specs[name], self.other_trials)
         return instances[worker]
 
-    def _instances(self, name: str, step: int | None = None) -> list[tuple[str | None, Rule]]:
+    def instances(self, name: str, step: int | None = None) -> list[tuple[str | None, Rule]]:
         """(worker, rule instance) pairs to evaluate: one per worker that wrote ``step`` for a
         per-worker rule (created when the worker first appears), else the one instance. Without
         a step: every worker instance so far (or the one instance if none was made)."""
         if not self._per_worker.get(name):
-            return [(None, self.rules[name])]
+            return [(None, self._rules[name])]
         if step is None:
-            return list(self.worker_rules[name].items()) or [(None, self.rules[name])]
+            return list(self.worker_rules[name].items()) or [(None, self._rules[name])]
         record = self.trial._state.steps.get(step)
         workers = sorted(record.workers) if record is not None else []
-        return [(worker, self._worker_instance(name, worker)) for worker in workers]
+        return [(worker, self.worker_instance(name, worker)) for worker in workers]
 
-    def _worker_evaluated(self, name: str, worker: str | None, step: int) -> None:
+    def worker_evaluated(self, name: str, worker: str | None, step: int) -> None:
+        """``worker``'s instance of ``name`` evaluated ``step`` (None: the one instance, nothing kept)."""
         if worker is None:
             return
         state = self.progress[name]
@@ -70,7 +119,7 @@ class RunnerWorkers:
         if state.worker_steps.get(worker, -1) < step:
             state.worker_steps[worker] = step
 
-    def _late_steps(self, name: str) -> list[tuple[str, int]]:
+    def late_steps(self, name: str) -> list[tuple[str, int]]:
         """(worker, step) a per-worker rule has not evaluated although its cursor passed them,
         per worker in step order."""
         state = self.progress[name]
