@@ -354,7 +354,7 @@ class StepWriter(WriterBase):
 def _hand_back_gil() -> None:
     # Writing is background work: hand the GIL back after every record. Without this the
     # training thread, which drops the GIL in every torch op, can wait a whole switch
-    # interval (5 ms) to get it back while this thread encodes (measured: 1.4x slowdown).
+    # interval (5 ms) to get it back while this thread encodes, and training slows down.
     time.sleep(0)
 
 
