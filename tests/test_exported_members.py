@@ -15,7 +15,7 @@ _HOOK_FACE = ["Collection", "CollectionManager", "Hook", "ModeKeys", "ReductionC
 
 PINNED: dict[str, list[str]] = {
     "trainguard": ["ConfigError", "FormatError", "ModeKeys", "StorageError", "TrainguardError", "TrialError", "modes"],
-    "trainguard.config": ["Collection", "CollectionManager", "ReductionConfig", "SaveConfig", "SaveConfigMode"],
+    "trainguard.config": ["CaptureConfig", "Collection", "CollectionManager", "ReductionConfig", "SaveConfig", "SaveConfigMode"],
     "trainguard.errors": [
         "ChecksumMissing", "ConfigError", "FormatError", "InvalidWorker", "MissingCollectionFiles",
         "MissingDependencyError", "NoMoreData", "ObjectNotFound", "StepNotYetAvailable", "StepUnavailable",

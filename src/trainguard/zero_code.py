@@ -1,9 +1,11 @@
 """Arming the zero-code hook in a process started by ``trainguard run``.
 
 Configuration comes from the environment that ``trainguard run`` sets (read when arming, never
-at import): ``TRAINGUARD_ZERO_CODE=1``, ``TRAINGUARD_OUT_DIR``, optional ``TRAINGUARD_CONFIG``
-(a DebugHookConfig JSON), ``TRAINGUARD_SAVE_INTERVAL``, ``TRAINGUARD_OVERHEAD_BUDGET`` and
-``TRAINGUARD_OVERHEAD_MAX_INTERVAL``.
+at import): ``TRAINGUARD_ZERO_CODE=1`` and ``TRAINGUARD_CAPTURE``, the run's whole
+:class:`~trainguard.config.capture_config.CaptureConfig` as one JSON value. A container that arms
+the hook by hand may set ``TRAINGUARD_OUT_DIR``, ``TRAINGUARD_CONFIG`` (a DebugHookConfig JSON),
+``TRAINGUARD_SAVE_INTERVAL``, ``TRAINGUARD_OVERHEAD_BUDGET`` and
+``TRAINGUARD_OVERHEAD_MAX_INTERVAL`` instead.
 
 PyTorch scripts are captured by ``hooks/zero_code.py`` once they import torch; Keras 3 scripts by
 ``hooks/keras_zero_code.py`` once they import keras (its torch backend's layers are left to it).
@@ -16,11 +18,14 @@ import importlib.machinery
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["DEFAULT_OVERHEAD_BUDGET", "arm_from_environment", "zero_code_hook_kwargs"]
+if TYPE_CHECKING:
+    from trainguard.config.capture_config import CaptureConfig
+
+__all__ = ["DEFAULT_OVERHEAD_BUDGET", "arm_from_environment", "capture_config"]
 
 logger = logging.getLogger("trainguard")
 # The capture's default share of training time under ``trainguard run`` (1 %): the budget counts
@@ -29,7 +34,6 @@ logger = logging.getLogger("trainguard")
 # On a fast step that unaccounted rest is about as large as what the budget counts
 # (bench/real_stacks.py shows both), so the budget is kept well below the 5 % to leave it room.
 DEFAULT_OVERHEAD_BUDGET = 0.01
-_DEFAULT_COLLECTIONS = ["weights", "biases", "gradients", "losses", "outputs", "scalars", "default"]
 _installed: list[Any] = []
 _profilers: list[Any] = []
 # Keras under zero-code capture: Keras 3 on the torch backend runs its layers as torch modules,
@@ -39,57 +43,26 @@ _profilers: list[Any] = []
 _keras: dict[str, Any] = {"importing": False, "torch_waiting": False, "zero_code": None}
 
 
-def zero_code_hook_kwargs(
-    environ: dict[str, str] | os._Environ[str], *, drop_unknown_collections: bool = True
-) -> dict[str, Any]:
-    """Hook arguments from the environment; raises ConfigError for bad values. An unknown
-    collection in the config is dropped with a warning (training has started: fail open) unless
-    ``drop_unknown_collections=False`` (``trainguard run`` checking before training)."""
-    from trainguard.config.json_config import hook_kwargs_from_json
-    from trainguard.config.save_config import SaveConfig
-    from trainguard.errors import ConfigError
+def capture_config(environ: Mapping[str, str], *, drop_unknown_collections: bool = True) -> CaptureConfig:
+    """The zero-code hook's capture config from the environment (see
+    :meth:`CaptureConfig.from_environment`), checked as the hook will check it; raises
+    ConfigError. An unknown collection in a hook config is dropped with a warning (training has
+    started: fail open) unless ``drop_unknown_collections=False`` (``trainguard run`` checking
+    before training)."""
+    from trainguard.config.capture_config import CaptureConfig
 
-    kwargs: dict[str, Any] = {}
-    config_path = environ.get("TRAINGUARD_CONFIG")
-    if config_path:
-        kwargs = hook_kwargs_from_json(config_path, drop_unknown_collections=drop_unknown_collections)
-    if environ.get("TRAINGUARD_OUT_DIR"):
-        kwargs["out_dir"] = environ["TRAINGUARD_OUT_DIR"]
-    if "save_config" not in kwargs:
-        interval = environ.get("TRAINGUARD_SAVE_INTERVAL", "10")
-        try:
-            kwargs["save_config"] = SaveConfig(save_interval=int(interval))
-        except ValueError:
-            raise ConfigError(f"TRAINGUARD_SAVE_INTERVAL={interval!r} is not a positive integer") from None
-    kwargs.setdefault("include_collections", list(_DEFAULT_COLLECTIONS))
-    raw = environ.get("TRAINGUARD_OVERHEAD_BUDGET")
-    if raw:
-        try:
-            budget = float(raw)
-        except ValueError:
-            budget = -1.0
-        if not 0 <= budget < 1:
-            raise ConfigError(f"TRAINGUARD_OVERHEAD_BUDGET={raw!r} is not a fraction from 0 to below 1")
-        kwargs["overhead_budget"] = budget or None
-    raw = environ.get("TRAINGUARD_OVERHEAD_MAX_INTERVAL")
-    if raw:
-        try:
-            kwargs["overhead_max_interval"] = int(raw)
-        except ValueError:
-            raise ConfigError(f"TRAINGUARD_OVERHEAD_MAX_INTERVAL={raw!r} is not a whole number of steps") from None
-    _check_hook_kwargs(kwargs)
-    return kwargs
+    config = CaptureConfig.from_environment(environ, drop_unknown_collections=drop_unknown_collections)
+    _check_with_a_dry_run(config)
+    return config
 
 
-def _check_hook_kwargs(kwargs: dict[str, Any]) -> None:
-    """Reject now what the hook would reject when the script imports torch (include_workers,
-    include_regex, unknown collections...): ``trainguard run`` must fail before the script starts,
-    not leave it running uncaptured. A framework-free dry-run hook on a copy does the checking."""
-    import copy
-
+def _check_with_a_dry_run(config: CaptureConfig) -> None:
+    """Reject now what the hook would reject when the script imports torch (unknown collections,
+    a writer kind...): ``trainguard run`` must fail before the script starts, not leave it running
+    uncaptured. A framework-free dry-run hook does the checking."""
     from trainguard.hooks.base import BaseHook
 
-    BaseHook(**{**copy.deepcopy(kwargs), "dry_run": True}).close()
+    BaseHook(config=config, dry_run=True).close()
 
 
 def install_now() -> None:
@@ -101,7 +74,7 @@ def install_now() -> None:
         return
     from trainguard.hooks.zero_code import ZeroCodeHook
 
-    _installed.append(ZeroCodeHook(**zero_code_hook_kwargs(os.environ)))
+    _installed.append(ZeroCodeHook(config=capture_config(os.environ)))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -167,7 +140,7 @@ def _arm_keras(keras: ModuleType) -> None:
         install_now()  # torch came with Keras, but the models are JAX's: torch scripts still captured
     from trainguard.hooks.keras_zero_code import KerasZeroCode
 
-    zero_code = KerasZeroCode(lambda: zero_code_hook_kwargs(os.environ), backend=backend)
+    zero_code = KerasZeroCode(lambda: capture_config(os.environ), backend=backend)
     if zero_code.arm():
         _keras["zero_code"] = zero_code
 

@@ -17,7 +17,7 @@ from trainguard.cli import main
 from trainguard.config.collection_names import FRAMEWORK_COLLECTIONS, known_collection_names
 from trainguard.config.json_config import hook_kwargs_from_document
 from trainguard.errors import ConfigError
-from trainguard.zero_code import zero_code_hook_kwargs
+from trainguard.zero_code import capture_config
 
 
 def _config(include: str = "weights,weigths", collections: list[dict] | None = None) -> dict:
@@ -67,8 +67,8 @@ def test_zero_code_capture_drops_the_unknown_name_and_goes_on(tmp_path: Path, ca
     config.write_text(json.dumps(_config("weights,weigths,losses")))
     environ = {"TRAINGUARD_CONFIG": str(config), "TRAINGUARD_OUT_DIR": str(tmp_path / "run")}
     with caplog.at_level(logging.WARNING, logger="trainguard"):
-        kwargs = zero_code_hook_kwargs(environ)
-    assert kwargs["include_collections"] == ["weights", "losses"]
+        config = capture_config(environ)
+    assert config.include_collections == ("weights", "losses")
     assert any("'weigths'" in record.getMessage() for record in caplog.records)
 
 

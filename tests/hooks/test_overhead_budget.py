@@ -15,10 +15,9 @@ import torch.nn as nn
 
 import trainguard.pytorch as tg
 from trainguard.errors import ConfigError
-from trainguard.zero_code import DEFAULT_OVERHEAD_BUDGET
 from trainguard.hooks.overhead_budget import HEAVY, LIGHT, QUIET, OverheadBudget
 from trainguard.trials import create_trial
-from trainguard.zero_code import zero_code_hook_kwargs
+from trainguard.zero_code import DEFAULT_OVERHEAD_BUDGET, capture_config
 
 
 class FakeTraining:
@@ -151,12 +150,12 @@ def test_the_hook_refuses_a_bad_budget(run_dir):
 
 
 def test_zero_code_reads_the_budget_from_the_environment(tmp_path):
-    kwargs = zero_code_hook_kwargs({"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "0.05"})
-    assert kwargs["overhead_budget"] == 0.05
-    kwargs = zero_code_hook_kwargs({"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "0"})
-    assert kwargs["overhead_budget"] is None
+    config = capture_config({"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "0.05"})
+    assert config.overhead_budget == 0.05
+    config = capture_config({"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "0"})
+    assert config.overhead_budget is None
     with pytest.raises(ConfigError, match="TRAINGUARD_OVERHEAD_BUDGET"):
-        zero_code_hook_kwargs({"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "-1"})
+        capture_config({"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "-1"})
 
 
 def _train_mlp(hook: tg.Hook, steps: int, *, register: bool = True) -> None:
@@ -227,10 +226,10 @@ def test_the_hook_refuses_a_bad_max_interval(run_dir, tmp_path):
         with pytest.raises(ConfigError, match="overhead_max_interval"):
             tg.Hook(out_dir=run_dir, overhead_budget=0.02, overhead_max_interval=bad)  # type: ignore[arg-type]
     environ = {"TRAINGUARD_OUT_DIR": str(tmp_path), "TRAINGUARD_OVERHEAD_BUDGET": "0.02"}
-    assert zero_code_hook_kwargs({**environ, "TRAINGUARD_OVERHEAD_MAX_INTERVAL": "100"})["overhead_max_interval"] == 100
+    assert capture_config({**environ, "TRAINGUARD_OVERHEAD_MAX_INTERVAL": "100"}).overhead_max_interval == 100
     for bad in ("often", "0"):
-        with pytest.raises(ConfigError, match="TRAINGUARD_OVERHEAD_MAX_INTERVAL|overhead_max_interval"):
-            zero_code_hook_kwargs({**environ, "TRAINGUARD_OVERHEAD_MAX_INTERVAL": bad})
+        with pytest.raises(ConfigError, match="TRAINGUARD_OVERHEAD_MAX_INTERVAL"):
+            capture_config({**environ, "TRAINGUARD_OVERHEAD_MAX_INTERVAL": bad})
 
 
 def test_without_a_budget_every_configured_step_is_saved(run_dir):
@@ -285,36 +284,43 @@ def test_trainguard_run_thins_with_a_budget_and_not_with_an_explicit_interval(tm
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        ([], str(DEFAULT_OVERHEAD_BUDGET)),
-        (["--save-interval", "10"], "0.0"),
-        (["--config", "hook.json"], "0.0"),
-        (["--rules"], str(DEFAULT_OVERHEAD_BUDGET)),
-        (["--stop-on-issue"], str(DEFAULT_OVERHEAD_BUDGET)),
-        (["--rules", "--overhead-budget", "0"], "0.0"),
-        (["--rules", "--save-interval", "10"], "0.0"),
-        (["--overhead-budget", "0.05"], "0.05"),
-        (["--save-interval", "10", "--overhead-budget", "0.05"], "0.05"),
+        ([], DEFAULT_OVERHEAD_BUDGET),
+        (["--save-interval", "10"], None),
+        (["--config", "hook.json"], None),
+        (["--rules"], DEFAULT_OVERHEAD_BUDGET),
+        (["--stop-on-issue"], DEFAULT_OVERHEAD_BUDGET),
+        (["--rules", "--overhead-budget", "0"], None),
+        (["--rules", "--save-interval", "10"], None),
+        (["--overhead-budget", "0.05"], 0.05),
+        (["--save-interval", "10", "--overhead-budget", "0.05"], 0.05),
     ],
 )
-def test_trainguard_run_budgets_1_percent_unless_the_schedule_is_fixed(flags, expected):
+def test_trainguard_run_budgets_1_percent_unless_the_schedule_is_fixed(flags, expected, tmp_path, monkeypatch):
+    from trainguard.launch.options import LIVE_RULES_MAX_INTERVAL
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hook.json").write_text('{"HookParameters": {"save_interval": "5"}}')
+    config = _run_capture(flags)
+    assert config.overhead_budget == expected
+    # rules judging the run live keep weights and gradients at most 100 steps apart
+    live = "--rules" in flags or "--stop-on-issue" in flags
+    assert config.overhead_max_interval == (LIVE_RULES_MAX_INTERVAL if live else None)
+
+
+def _run_capture(flags: list[str]):  # noqa: ANN202
+    """The capture config `trainguard run <flags>` hands its training command, read back as it does."""
     from trainguard.cli import build_parser
-    from trainguard.launch.options import LIVE_RULES_MAX_INTERVAL, child_environment
+    from trainguard.launch.options import child_environment, configure_capture, rule_specs
 
     args = build_parser().parse_args(["run", *flags, "--", "python", "train.py"])
     environment = child_environment(args, "/tmp/out")
-    assert environment["TRAINGUARD_OVERHEAD_BUDGET"] == expected
-    # rules judging the run live keep weights and gradients at most 100 steps apart
-    live = "--rules" in flags or "--stop-on-issue" in flags
-    assert environment.get("TRAINGUARD_OVERHEAD_MAX_INTERVAL") == (str(LIVE_RULES_MAX_INTERVAL) if live else None)
+    configure_capture(args, rule_specs(args), environment, "/tmp/out")
+    return capture_config(environment, drop_unknown_collections=False)
 
 
 def test_trainguard_run_refuses_a_budget_of_one_or_more():
-    from trainguard.cli import build_parser
-    from trainguard.launch.options import child_environment
-
-    args = build_parser().parse_args(["run", "--overhead-budget", "1.5", "--", "python", "train.py"])
     with pytest.raises(ConfigError, match="--overhead-budget"):
-        child_environment(args, "/tmp/out")
+        _run_capture(["--overhead-budget", "1.5"])
 
 
 @pytest.mark.parametrize("zero_code", [False, True], ids=["api", "zero_code"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainguard.config.collection_names import unknown_collection_error, unknown_collections
@@ -23,12 +24,18 @@ from trainguard.config.save_config import SaveConfig, SaveConfigMode
 from trainguard.errors import ConfigError
 from trainguard.modes import ModeKeys
 
-__all__ = ["DEFAULT_CONFIG_PATH", "hook_kwargs_from_json", "hook_kwargs_from_document"]
+__all__ = [
+    "DEFAULT_CONFIG_PATH", "configure_collections", "hook_kwargs_from_document", "hook_kwargs_from_json",
+    "read_hook_config",
+]  # fmt: skip
 
 DEFAULT_CONFIG_PATH = "/opt/ml/input/config/debughookconfig.json"
 _SCHEDULE_KEYS = ("save_interval", "save_steps", "start_step", "end_step")
 _MODE_PREFIXES = {
-    "train": ModeKeys.TRAIN, "eval": ModeKeys.EVAL, "predict": ModeKeys.PREDICT, "global": ModeKeys.GLOBAL,
+    "train": ModeKeys.TRAIN,
+    "eval": ModeKeys.EVAL,
+    "predict": ModeKeys.PREDICT,
+    "global": ModeKeys.GLOBAL,
 }
 _HOOK_KEYS = {
     "save_all", "include_regex", "include_workers", "reductions", "save_raw_tensor", "save_shape",
@@ -152,19 +159,8 @@ def hook_kwargs_from_document(document: dict[str, Any], *, drop_unknown_collecti
 
     manager = CollectionManager.pytorch_defaults()
     include = _split(params["include_collections"]) if "include_collections" in params else []
-    merged: dict[str, dict[str, Any]] = {}
-    for entry in document.get("CollectionConfigurations") or []:
-        name = entry.get("CollectionName") if isinstance(entry, dict) else None
-        if not name:
-            raise ConfigError(f"CollectionConfigurations entry {entry!r} has no CollectionName")
-        collection_params = dict(entry.get("CollectionParameters") or {})
-        _check_keys(collection_params, _COLLECTION_KEYS, f"collection {name!r}")
-        target = merged.setdefault(name, {})
-        regexes = target.get("include_regex", []) + _split(collection_params.pop("include_regex", ""))
-        target.update(collection_params)
-        target["include_regex"] = regexes
-        if name not in include:
-            include.append(name)
+    merged = _merged_collections(document.get("CollectionConfigurations") or [])
+    include += [name for name in merged if name not in include]
     unknown = unknown_collections(include, [name for name, values in merged.items() if values["include_regex"]])
     if unknown:
         error = unknown_collection_error(unknown, "the hook config")
@@ -173,13 +169,7 @@ def hook_kwargs_from_document(document: dict[str, Any], *, drop_unknown_collecti
         logger.warning("trainguard: %s; capturing without them", error)
         include = [name for name in include if name not in unknown]
         merged = {name: values for name, values in merged.items() if name not in unknown}
-    for name, collection_params in merged.items():
-        collection = manager.get(name)
-        collection.include(collection_params["include_regex"])
-        collection.save_config = _save_config(collection_params, f"collection {name!r}")
-        collection.reduction_config = _reduction_config(collection_params, f"collection {name!r}")
-        if "save_histogram" in collection_params:
-            collection.save_histogram = parse_bool("save_histogram", collection_params["save_histogram"])
+    _apply_collections(manager, merged)
     if include:
         defaults = ["weights", "biases", "gradients", "losses", "default", "scalars"]
         kwargs["include_collections"] = (
@@ -196,6 +186,11 @@ def hook_kwargs_from_json(
     path = (
         path or os.environ.get("SMDEBUG_CONFIG_FILE_PATH") or os.environ.get("TRAINGUARD_CONFIG") or DEFAULT_CONFIG_PATH
     )
+    return hook_kwargs_from_document(read_hook_config(path), drop_unknown_collections=drop_unknown_collections)
+
+
+def read_hook_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The DebugHookConfig document in the file ``path`` (a ConfigError naming it if unreadable)."""
     try:
         with open(path, encoding="utf-8") as file:
             document = json.load(file)
@@ -203,4 +198,39 @@ def hook_kwargs_from_json(
         raise ConfigError(f"hook config {path} does not exist: pass the path of a debughookconfig.json") from None
     except json.JSONDecodeError as error:
         raise ConfigError(f"hook config {path} is not valid JSON: {error}") from None
-    return hook_kwargs_from_document(document, drop_unknown_collections=drop_unknown_collections)
+    if not isinstance(document, dict):
+        raise ConfigError(f"hook config {path} must hold a JSON object (SageMaker's DebugHookConfig)")
+    return document
+
+
+def configure_collections(manager: CollectionManager, entries: Sequence[Mapping[str, Any]]) -> CollectionManager:
+    """Apply DebugHookConfig ``CollectionConfigurations`` entries (regexes, schedules, reductions)
+    to ``manager``'s collections, adding those it lacks; returns ``manager``."""
+    _apply_collections(manager, _merged_collections(entries))
+    return manager
+
+
+def _merged_collections(entries: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """Each collection's parameters, its entries merged in order (their regexes added up)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        name = entry.get("CollectionName") if isinstance(entry, Mapping) else None
+        if not name:
+            raise ConfigError(f"CollectionConfigurations entry {entry!r} has no CollectionName")
+        collection_params = dict(entry.get("CollectionParameters") or {})
+        _check_keys(collection_params, _COLLECTION_KEYS, f"collection {name!r}")
+        target = merged.setdefault(name, {})
+        regexes = target.get("include_regex", []) + _split(collection_params.pop("include_regex", ""))
+        target.update(collection_params)
+        target["include_regex"] = regexes
+    return merged
+
+
+def _apply_collections(manager: CollectionManager, merged: Mapping[str, Mapping[str, Any]]) -> None:
+    for name, collection_params in merged.items():
+        collection = manager.get(name)
+        collection.include(collection_params["include_regex"])
+        collection.save_config = _save_config(dict(collection_params), f"collection {name!r}")
+        collection.reduction_config = _reduction_config(dict(collection_params), f"collection {name!r}")
+        if "save_histogram" in collection_params:
+            collection.save_histogram = parse_bool("save_histogram", collection_params["save_histogram"])

@@ -11,6 +11,7 @@ Two deliberate differences from smdebug 1.0.34 (its bug list, items 9):
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,6 +150,32 @@ class SaveConfig:
 
     def to_json(self) -> dict[str, Any]:
         return {mode.name: self._modes[mode].to_json() for mode in ModeKeys}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything this config holds, for :meth:`from_dict` (``to_json`` is smdebug's shape,
+        which drops which modes were given explicitly, and with it how collections merge)."""
+        return {
+            "modes": {mode.name: dataclasses.asdict(self._modes[mode]) for mode in ModeKeys},
+            "explicit": sorted(mode.name for mode in self._explicit),
+        }
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any]) -> SaveConfig:
+        """The config :meth:`to_dict` described; a ConfigError names what is malformed."""
+        modes = document.get("modes") if isinstance(document, Mapping) else None
+        explicit = document.get("explicit", []) if isinstance(document, Mapping) else None
+        if not isinstance(modes, Mapping) or not isinstance(explicit, list):
+            raise ConfigError("save_config must be an object with 'modes' and 'explicit'")
+        config = cls()
+        for name, values in modes.items():
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"save_config.modes.{name} must be an object")
+            try:
+                config._modes[ModeKeys.parse(name)] = SaveConfigMode(**values)
+            except TypeError as error:
+                raise ConfigError(f"save_config.modes.{name}: {error}") from None
+        config._explicit = {ModeKeys.parse(name) for name in explicit}
+        return config
 
     def __repr__(self) -> str:
         return f"SaveConfig({ {mode.name: config for mode, config in self._modes.items()} })"

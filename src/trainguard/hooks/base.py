@@ -20,7 +20,9 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from trainguard.config.capture_config import DEFAULT_MAX_PENDING_BYTES, CaptureConfig
 from trainguard.config.collections import Collection, CollectionManager
+from trainguard.config.json_config import configure_collections
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig
 from trainguard.errors import ConfigError
@@ -34,7 +36,7 @@ from trainguard.format.layout import (
 )
 from trainguard.hooks.fail_open import log_disabled
 from trainguard.hooks.hook_arguments import (
-    check_configs,
+    capture_arguments,
     check_out_dir,
     included_collections,
     overhead_budget_of,
@@ -117,8 +119,9 @@ class BaseHook(SaveSchedule):
         save_all: bool = False,
         include_workers: str = "one",
         *,
+        config: CaptureConfig | None = None,
         collection_manager: CollectionManager | None = None,
-        max_pending_bytes: int = 256 << 20,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         other_workers_collections: Sequence[str] | None = None,
         writer: str | None = None,
         overhead_budget: float | None = None,
@@ -127,7 +130,9 @@ class BaseHook(SaveSchedule):
         profile: str | None = None,
         region: str | None = None,
     ) -> None:
-        """``other_workers_collections``: with ``include_workers="one"``, the collections every
+        """The capture's settings come as ``config`` (a :class:`CaptureConfig`) or as the
+        arguments of the same names, smdebug's; not both.
+        ``other_workers_collections``: with ``include_workers="one"``, the collections every
         rank but 0 still saves (default ``OTHER_WORKERS_COLLECTIONS``: losses and scalars, a few
         numbers per saved step); ``()`` makes the other ranks write nothing at all.
         ``writer``: "thread", "process" (a writer process, for local directories) or "auto"
@@ -139,33 +144,39 @@ class BaseHook(SaveSchedule):
         in steps (default 500; ``trainguard run --rules`` uses 100, so live rules see a fault within
         a few hundred steps). ``endpoint_url``, ``profile``, ``region``: for an ``s3://`` out_dir
         (default: the environment, as :mod:`trainguard.storage.options` says)."""
-        if out_dir is None:
-            out_dir = os.environ.get("TRAINGUARD_OUT_DIR")
+        given = capture_arguments(locals())
+        if config is None:
+            config = CaptureConfig(**given)
+        elif given:
+            raise ConfigError(f"pass the capture settings as config= or as arguments, not both: got {', '.join(given)}")
+        self.config = config
+        out_dir = config.out_dir or os.environ.get("TRAINGUARD_OUT_DIR")
         if not out_dir:
             raise ConfigError("no out_dir given: pass Hook(out_dir=...) or set TRAINGUARD_OUT_DIR")
-        check_configs(include_workers, save_config, reduction_config)
-        writer = writer_kind_of(writer, DEFAULT_WRITER)
+        writer = writer_kind_of(config.writer, DEFAULT_WRITER)
         self.writer_kind = writer
-        self._budget = overhead_budget_of(overhead_budget, overhead_max_interval)
-        self.out_dir = os.fspath(out_dir)
+        self._budget = overhead_budget_of(config.overhead_budget, config.overhead_max_interval)
+        self.out_dir = out_dir
         self.dry_run = dry_run
-        self.export_tensorboard = export_tensorboard
-        self.tensorboard_dir = tensorboard_dir
-        self.include_workers = include_workers
+        self.export_tensorboard = config.export_tensorboard
+        self.tensorboard_dir = config.tensorboard_dir
+        self.include_workers = config.include_workers
         self.other_workers_collections = frozenset(
-            OTHER_WORKERS_COLLECTIONS if other_workers_collections is None else other_workers_collections
+            OTHER_WORKERS_COLLECTIONS if config.other_workers_collections is None else config.other_workers_collections
         )
         # set when this process turns out to be a rank > 0 under include_workers="one"
         self._light_worker = False
-        self.save_all = save_all
-        self.save_config = save_config or SaveConfig()
-        self.reduction_config = reduction_config or ReductionConfig(save_raw_tensor=True)
-        self.collection_manager = collection_manager or CollectionManager.pytorch_defaults()
+        self.save_all = config.save_all
+        self.save_config = config.save_config or SaveConfig()
+        self.reduction_config = config.reduction_config or ReductionConfig(save_raw_tensor=True)
+        self.collection_manager = configure_collections(
+            collection_manager or CollectionManager.pytorch_defaults(), config.collection_configurations
+        )
         self.include_collections = included_collections(
-            self.collection_manager, include_collections, include_regex, save_all,
+            self.collection_manager, config.include_collections, config.include_regex, config.save_all,
             self.default_collections, self.always_included,
         )  # fmt: skip
-        self.storage_options = StorageOptions(endpoint_url, profile, region)
+        self.storage_options = StorageOptions(config.endpoint_url, config.profile, config.region)
         self.store: Store = open_store(self.out_dir, **self.storage_options.store_kwargs())
         if not dry_run:
             check_out_dir(self.store, self.out_dir)
@@ -190,7 +201,7 @@ class BaseHook(SaveSchedule):
         self._worker: str | None = None
         self._num_workers = 1  # the workers a reader waits for: 1 under include_workers="one"
         self._world = 1
-        self._max_pending_bytes = max_pending_bytes
+        self._max_pending_bytes = config.max_pending_bytes
         self._peer_wait_s = peer_wait_seconds()
         self._closed = False
         self._atexit_ref = weakref.WeakMethod(self.close)
@@ -200,7 +211,7 @@ class BaseHook(SaveSchedule):
             try:
                 from trainguard.writer.process import start_ahead
 
-                self._started_writer = start_ahead(self.store, writer, max_pending_bytes)
+                self._started_writer = start_ahead(self.store, writer, config.max_pending_bytes)
             except Exception as error:  # noqa: BLE001 - fail open: the first save starts one, or says why not
                 logger.debug("trainguard: writer process not started ahead: %s", error)
 

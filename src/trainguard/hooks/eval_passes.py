@@ -48,8 +48,9 @@ def _limit_from_environment() -> int:
         value = -1
     if value < 0:
         # fail open: a typo in an environment variable must not stop training
-        logger.warning("trainguard: %s=%r is not a whole number >= 0; using %d", EVAL_PASS_ENV, raw,
-                       DEFAULT_EVAL_PASS_STEPS)
+        logger.warning(
+            "trainguard: %s=%r is not a whole number >= 0; using %d", EVAL_PASS_ENV, raw, DEFAULT_EVAL_PASS_STEPS
+        )
         return DEFAULT_EVAL_PASS_STEPS
     return value
 
@@ -84,4 +85,3 @@ class EvalPassSaves:
         if self.limit and PASS_COLLECTIONS.intersection(included):
             return {"eval_pass_steps": self.limit}
         return {}
-

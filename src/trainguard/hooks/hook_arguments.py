@@ -4,27 +4,41 @@ hook keeps, or raises a ConfigError that names the argument (before training sta
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from trainguard.config.capture_config import DEFAULT_MAX_PENDING_BYTES
 from trainguard.config.collections import CollectionManager, compile_regex
-from trainguard.config.reduction_config import ReductionConfig
-from trainguard.config.save_config import SaveConfig
 from trainguard.errors import ConfigError, StorageError
 from trainguard.format.layout import END_OF_TRAINING
 from trainguard.hooks.overhead_budget import DEFAULT_MAX_INTERVAL, OverheadBudget
 from trainguard.storage import LocalStore, Store
 from trainguard.writer.kinds import WRITER_KINDS
 
-__all__ = ["check_configs", "check_out_dir", "included_collections", "overhead_budget_of", "writer_kind_of"]
+__all__ = ["capture_arguments", "check_out_dir", "included_collections", "overhead_budget_of", "writer_kind_of"]
 
 
-def check_configs(include_workers: str, save_config: object, reduction_config: object) -> None:
-    if include_workers not in ("one", "all"):
-        raise ConfigError(f"include_workers={include_workers!r} is invalid: use 'one' or 'all'")
-    if save_config is not None and not isinstance(save_config, SaveConfig):
-        raise ConfigError(f"save_config must be a trainguard SaveConfig, got {type(save_config).__name__}")
-    if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
-        raise ConfigError(f"reduction_config must be a ReductionConfig, got {type(reduction_config).__name__}")
+# A hook constructor's capture arguments and their defaults: the CaptureConfig fields of the same
+# names. A config given as ``config=`` takes the place of every one of them.
+_CAPTURE_DEFAULTS: dict[str, Any] = {
+    "out_dir": None, "export_tensorboard": False, "tensorboard_dir": None, "reduction_config": None,
+    "save_config": None, "include_regex": None, "include_collections": None, "save_all": False,
+    "include_workers": "one", "max_pending_bytes": DEFAULT_MAX_PENDING_BYTES, "other_workers_collections": None,
+    "writer": None, "overhead_budget": None, "overhead_max_interval": None, "endpoint_url": None,
+    "profile": None, "region": None,
+}  # fmt: skip
+
+
+def capture_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The capture settings among a hook constructor's ``arguments`` (its ``locals()``) that are
+    not at their defaults, as :class:`CaptureConfig` keyword arguments."""
+    given = {}
+    for name, default in _CAPTURE_DEFAULTS.items():
+        value = arguments.get(name, default)
+        if value is default or (type(value) is type(default) and value == default):
+            continue
+        given[name] = value
+    return given
 
 
 def writer_kind_of(writer: str | None, default: str) -> str:

@@ -43,6 +43,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from trainguard.config.capture_config import DEFAULT_MAX_PENDING_BYTES, CaptureConfig
 from trainguard.config.collections import DEFAULT_PYTORCH_COLLECTIONS, Collection, CollectionManager
 from trainguard.config.reduction_config import ReductionConfig, reduction_tensor_name
 from trainguard.config.save_config import SaveConfig
@@ -140,17 +141,22 @@ class KerasHook(BaseHook, keras.callbacks.Callback):
         save_all: bool = False,
         include_workers: str = "one",
         *,
+        config: CaptureConfig | None = None,
         collection_manager: CollectionManager | None = None,
-        max_pending_bytes: int = 256 << 20,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         other_workers_collections: Sequence[str] | None = None,
         endpoint_url: str | None = None,
         profile: str | None = None,
         region: str | None = None,
     ) -> None:
         keras.callbacks.Callback.__init__(self)
+        if config is not None:
+            # the writer process and the overhead budget are the PyTorch hook's: Keras writes
+            # from its own thread, on the schedule as configured
+            config = config.replace(writer=None, overhead_budget=None, overhead_max_interval=None)
         super().__init__(
             out_dir, export_tensorboard, tensorboard_dir, dry_run, reduction_config, save_config,
-            include_regex, include_collections, save_all, include_workers,
+            include_regex, include_collections, save_all, include_workers, config=config,
             collection_manager=collection_manager or keras_collections(), max_pending_bytes=max_pending_bytes,
             other_workers_collections=other_workers_collections,
             endpoint_url=endpoint_url, profile=profile, region=region,

@@ -19,11 +19,12 @@ import atexit
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import keras
 
+from trainguard.config.capture_config import CaptureConfig
 from trainguard.hooks.keras_capture import BACKEND
 
 __all__ = ["SUPPORTED_BACKENDS", "KerasZeroCode", "unsupported_backend_message"]
@@ -32,8 +33,6 @@ logger = logging.getLogger("trainguard")
 
 SUPPORTED_BACKENDS = ("torch", "jax")
 _WRAPPED_METHODS = ("fit", "evaluate", "predict")
-# Hook arguments of PyTorch's zero-code hook that the Keras hook does not take.
-_TORCH_ONLY_KWARGS = ("overhead_budget", "overhead_max_interval", "writer")
 
 
 def unsupported_backend_message(backend: str) -> str:
@@ -46,8 +45,8 @@ def unsupported_backend_message(backend: str) -> str:
 class KerasZeroCode:
     """Puts one zero-code KerasHook into every ``fit``/``evaluate``/``predict`` of the process."""
 
-    def __init__(self, hook_kwargs: Callable[[], Mapping[str, Any]], backend: str = BACKEND) -> None:
-        self._hook_kwargs = hook_kwargs  # called once, at the first fit/evaluate/predict
+    def __init__(self, capture_config: Callable[[], CaptureConfig], backend: str = BACKEND) -> None:
+        self._capture_config = capture_config  # called once, at the first fit/evaluate/predict
         self.backend = backend
         self.hook: Any = None
         self._failed = False
@@ -117,11 +116,9 @@ class KerasZeroCode:
 
     def _hook(self) -> Any:
         if self.hook is None and not self._failed:
-            from trainguard.hooks.keras import KerasHook, keras_collections
+            from trainguard.hooks.keras import KerasHook
 
-            kwargs = {key: value for key, value in self._hook_kwargs().items() if key not in _TORCH_ONLY_KWARGS}
-            kwargs["collection_manager"] = keras_collections(kwargs.get("collection_manager"))
-            self.hook = KerasHook(**kwargs)
+            self.hook = KerasHook(config=self._capture_config())
         return self.hook
 
     def _give_up(self, error: BaseException) -> None:

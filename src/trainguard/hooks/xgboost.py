@@ -39,10 +39,13 @@ import numpy as np
 import xgboost
 from xgboost.callback import TrainingCallback
 
+from trainguard.config.capture_config import CaptureConfig
 from trainguard.config.collections import Collection, CollectionManager
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig
+from trainguard.errors import ConfigError
 from trainguard.hooks.base import BaseHook
+from trainguard.hooks.hook_arguments import capture_arguments
 
 __all__ = ["IMPORTANCE_TYPES", "XGBoostHook", "tree_columns", "xgboost_collections"]
 
@@ -121,37 +124,32 @@ class XGBoostHook(BaseHook, TrainingCallback):
         train_data: xgboost.DMatrix | None = None,
         validation_data: xgboost.DMatrix | None = None,
         *,
+        config: CaptureConfig | None = None,
         collection_manager: CollectionManager | None = None,
         other_workers_collections: Sequence[str] | None = None,
         endpoint_url: str | None = None,
         profile: str | None = None,
         region: str | None = None,
     ) -> None:
+        given = capture_arguments(locals())
+        if config is None:
+            config = CaptureConfig(**given)
+        elif given:
+            raise ConfigError(f"pass the capture settings as config= or as arguments, not both: got {', '.join(given)}")
         # reduction_config is accepted for smdebug compatibility and ignored, as smdebug does:
-        # XGBoost's tensors are small and saved raw.
-        super().__init__(
-            out_dir,
-            export_tensorboard=export_tensorboard,
-            tensorboard_dir=tensorboard_dir,
-            dry_run=dry_run,
-            save_config=save_config or SaveConfig(save_interval=DEFAULT_XGBOOST_SAVE_INTERVAL),
-            include_regex=include_regex,
-            include_collections=include_collections,
-            save_all=save_all,
-            include_workers=include_workers,
-            collection_manager=collection_manager or xgboost_collections(),
-            other_workers_collections=other_workers_collections,
-            endpoint_url=endpoint_url,
-            profile=profile,
-            region=region,
-        )
+        # XGBoost's tensors are small and saved raw; the writer process and the overhead budget
+        # are the PyTorch hook's.
+        config = config.replace(
+            reduction_config=None, writer=None, overhead_budget=None, overhead_max_interval=None,
+            save_config=config.save_config or SaveConfig(save_interval=DEFAULT_XGBOOST_SAVE_INTERVAL),
+        )  # fmt: skip
+        super().__init__(dry_run=dry_run, config=config, collection_manager=collection_manager or xgboost_collections())
         TrainingCallback.__init__(self)
         for data, argument in ((train_data, "train_data"), (validation_data, "validation_data")):
             # callers without a type checker pass anything: refused here, not deep in xgboost
             if data is not None and not isinstance(data, xgboost.DMatrix):
-                from trainguard.errors import ConfigError  # type: ignore[unreachable]
-
-                raise ConfigError(f"{argument} must be an xgboost.DMatrix, got {type(data).__name__}")
+                message = f"{argument} must be an xgboost.DMatrix, got {type(data).__name__}"  # type: ignore[unreachable]
+                raise ConfigError(message)
         self.hyperparameters = dict(hyperparameters) if hyperparameters is not None else None
         self.train_data = train_data
         self.validation_data = validation_data

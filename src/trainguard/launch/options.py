@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from trainguard.errors import ConfigError
 
 __all__ = [
     "BOOTSTRAP_DIR", "DEFAULT_TEARDOWN_WARNING_SECONDS", "LIVE_RULES_MAX_INTERVAL", "TEARDOWN_WARNING_VARIABLE",
-    "child_environment", "configure_capture_for_rules", "default_out_dir", "judged_live", "overhead_budget",
+    "child_environment", "configure_capture", "default_out_dir", "judged_live", "overhead_budget",
     "rule_specs", "teardown_warning_seconds", "validate_before_start",
 ]  # fmt: skip
 
@@ -31,6 +29,10 @@ DEFAULT_TEARDOWN_WARNING_SECONDS = 300.0
 # this many steps apart (500 otherwise): rules judging a run live need recent steps, and at 500 a
 # fault such as a learning rate set to 0 can go unfound for the rest of the run.
 LIVE_RULES_MAX_INTERVAL = 100
+# What a container may set by hand to configure zero-code capture (CaptureConfig.from_environment).
+_HAND_SET_CAPTURE_VARIABLES = (
+    "TRAINGUARD_CONFIG", "TRAINGUARD_SAVE_INTERVAL", "TRAINGUARD_OVERHEAD_BUDGET", "TRAINGUARD_OVERHEAD_MAX_INTERVAL",
+)  # fmt: skip
 
 
 def default_out_dir() -> str:
@@ -45,16 +47,13 @@ def child_environment(args: argparse.Namespace, out_dir: str) -> dict[str, str]:
     existing = environment.get("PYTHONPATH", "")
     environment["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), package_root, existing) if p)
     environment["TRAINGUARD_ZERO_CODE"] = "1"
-    environment["TRAINGUARD_OUT_DIR"] = out_dir
-    if args.config:
-        environment["TRAINGUARD_CONFIG"] = str(Path(args.config).resolve())
-    if args.save_interval is not None:
-        if args.save_interval < 1:
-            raise ConfigError(f"--save-interval {args.save_interval} must be a positive number of steps")
-        environment["TRAINGUARD_SAVE_INTERVAL"] = str(args.save_interval)
-    environment["TRAINGUARD_OVERHEAD_BUDGET"] = str(overhead_budget(args))
-    if judged_live(args):
-        environment["TRAINGUARD_OVERHEAD_MAX_INTERVAL"] = str(LIVE_RULES_MAX_INTERVAL)
+    environment["TRAINGUARD_OUT_DIR"] = out_dir  # the profiler's and the bootstrap's; the capture's is in its config
+    # The capture's settings travel as one value (TRAINGUARD_CAPTURE, configure_capture); what a
+    # container sets by hand must not mix in with them.
+    for name in _HAND_SET_CAPTURE_VARIABLES:
+        environment.pop(name, None)
+    if args.save_interval is not None and args.save_interval < 1:
+        raise ConfigError(f"--save-interval {args.save_interval} must be a positive number of steps")
     if args.profile:
         environment["TRAINGUARD_PROFILER"] = "1"
     if args.profile_interval_ms is not None:
@@ -144,15 +143,19 @@ def _configuration(spec: Any) -> Any:
     return dataclasses.replace(spec, parameters=parameters, configuration_name=str(name).strip())
 
 
-def configure_capture_for_rules(args: argparse.Namespace, specs: list[Any], environment: dict[str, str]) -> str | None:
-    """Write the hook config the rules need (their collections on top of the user's); returns
-    the temporary directory holding it.
+def configure_capture(args: argparse.Namespace, specs: list[Any], environment: dict[str, str], out_dir: str) -> None:
+    """The run's capture config, with the collections the rules need on top of the user's, put into
+    ``environment`` as one value (``TRAINGUARD_CAPTURE``) that the training command reads back.
 
     Without rules the capture is for judging later (``trainguard rules run RUN``): it saves what
     the default rules read, unless ``--config`` says exactly what to save (then nothing is added).
     """
+    from trainguard.config.capture_config import CAPTURE_VARIABLE, CaptureConfig
+    from trainguard.config.json_config import read_hook_config
+    from trainguard.config.save_config import SaveConfig
     from trainguard.rules.defaults import DEFAULT_RULE_COLLECTIONS, hook_config_for_rules
 
+    collections: list[str] | None
     if specs:
         from trainguard.rules.defaults import rule_collections
         from trainguard.rules.runner import validate_specs
@@ -162,16 +165,20 @@ def configure_capture_for_rules(args: argparse.Namespace, specs: list[Any], envi
         if any(getattr(cls, "kind", "debugger") == "profiler" for cls in classes):
             environment.setdefault("TRAINGUARD_PROFILER", "1")  # a profiler rule named: its data is recorded
     elif args.config:
-        return None
+        collections = None
     else:
         collections = list(DEFAULT_RULE_COLLECTIONS)  # no rule imported: numpy stays unloaded before the start
-    document = hook_config_for_rules(collections, base_config=args.config, save_interval=args.save_interval)
-    directory = tempfile.mkdtemp(prefix="trainguard-run-")
-    path = os.path.join(directory, "debughookconfig.json")
-    with open(path, "w", encoding="utf-8") as file:
-        json.dump(document, file, indent=1)
-    environment["TRAINGUARD_CONFIG"] = path
-    return directory
+    if collections is None:
+        document = read_hook_config(Path(args.config).resolve())
+    else:
+        document = hook_config_for_rules(collections, base_config=args.config, save_interval=args.save_interval)
+    config = CaptureConfig.from_hook_config(document, drop_unknown_collections=False)
+    changes: dict[str, Any] = {"out_dir": out_dir, "overhead_budget": overhead_budget(args)}
+    if judged_live(args):
+        changes["overhead_max_interval"] = LIVE_RULES_MAX_INTERVAL
+    if config.save_config is None and args.save_interval is not None:
+        changes["save_config"] = SaveConfig(save_interval=args.save_interval)
+    environment[CAPTURE_VARIABLE] = config.replace(**changes).with_zero_code_defaults().to_json()
 
 
 def validate_before_start(environment: dict[str, str], out_dir: str) -> None:
@@ -179,9 +186,9 @@ def validate_before_start(environment: dict[str, str], out_dir: str) -> None:
     from trainguard.format.layout import END_OF_TRAINING
     from trainguard.hooks.run_end import peer_wait_seconds
     from trainguard.storage import LocalStore, open_store
-    from trainguard.zero_code import zero_code_hook_kwargs
+    from trainguard.zero_code import capture_config
 
-    zero_code_hook_kwargs(environment, drop_unknown_collections=False)
+    capture_config(environment, drop_unknown_collections=False)  # as the training command will read it
     peer_wait_seconds(environment)
     teardown_warning_seconds(environment)
     store = open_store(out_dir)

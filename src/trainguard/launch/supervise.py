@@ -19,7 +19,7 @@ from typing import Any
 from trainguard.errors import ConfigError
 from trainguard.launch.options import (
     child_environment,
-    configure_capture_for_rules,
+    configure_capture,
     default_out_dir,
     rule_specs,
     teardown_warning_seconds,
@@ -43,7 +43,7 @@ def run_command(args: argparse.Namespace) -> int:
     out_dir = args.out or default_out_dir()
     environment = child_environment(args, out_dir)
     specs = rule_specs(args)
-    config_dir = configure_capture_for_rules(args, specs, environment)
+    configure_capture(args, specs, environment, out_dir)
     from trainguard.format.layout import CAPTURE_STATUS_DIR_VARIABLE
 
     # A private directory where the hook keeps its capture_stopped record when the run refuses it
@@ -55,8 +55,6 @@ def run_command(args: argparse.Namespace) -> int:
         validate_before_start(environment, out_dir)
         return _supervise(args, command, environment, out_dir, specs)
     finally:
-        if config_dir:
-            shutil.rmtree(config_dir, ignore_errors=True)
         shutil.rmtree(status_dir, ignore_errors=True)
         if previous is None:
             os.environ.pop(CAPTURE_STATUS_DIR_VARIABLE, None)
@@ -121,9 +119,7 @@ def _supervise(
         rules = rule_results_from_updates(latest, watch.findings)
     from trainguard.summary import print_summary
 
-    print_summary(
-        out_dir, rules=rules, stopped=watch.stop_record if watch is not None else None, returncode=returncode
-    )
+    print_summary(out_dir, rules=rules, stopped=watch.stop_record if watch is not None else None, returncode=returncode)
     if watch is not None and watch.stopped:
         return EXIT_STOPPED_BY_RULE
     if returncode == 0 and rules and not args.allow_not_evaluated:
@@ -135,14 +131,12 @@ def _supervise(
         # for Overfit, and a healthy run must exit 0.
         named: set[str] = getattr(args, "named_rules", set())
         if any(
-            is_not_evaluated(rule.get("status"), rule.get("status_details"))
-            and rule.get("configuration_name") in named
+            is_not_evaluated(rule.get("status"), rule.get("status_details")) and rule.get("configuration_name") in named
             for rule in rules
         ):
             return EXIT_NOT_EVALUATED
     # A child killed by a signal: the shell convention 128 + signal, not a wrapped negative number.
     return 128 - returncode if returncode < 0 else returncode
-
 
 
 def _record_exit(out_dir: str, returncode: int | None) -> None:
@@ -155,9 +149,11 @@ def _record_exit(out_dir: str, returncode: int | None) -> None:
 
     if not is_remote(out_dir):
         now = time.time()
-        record = {"returncode": None, "started_at": now} if returncode is None else {
-            "returncode": returncode, "ended_at": now
-        }
+        record = (
+            {"returncode": None, "started_at": now}
+            if returncode is None
+            else {"returncode": returncode, "ended_at": now}
+        )
         try:
             write_json_atomic(Path(out_dir) / RUN_EXIT_RECORD, record)
         except OSError:

@@ -21,6 +21,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from trainguard.config.capture_config import ZERO_CODE_SAVE_INTERVAL
 from trainguard.errors import ConfigError
 from trainguard.rules.spec import RuleSpec
 
@@ -95,7 +96,7 @@ def hook_config_for_rules(
     """A DebugHookConfig document that saves ``collections`` on top of the user's config.
 
     Without ``base_config`` it reproduces zero-code capture's defaults (``BASE_COLLECTIONS``
-    every ``save_interval`` steps, default 10); with it, the user's document is kept as is and
+    every ``save_interval`` steps, default ``ZERO_CODE_SAVE_INTERVAL``); with it, the user's document is kept as is and
     the rules' collections are added to its ``CollectionConfigurations`` (an entry without
     parameters changes nothing about a collection the user configured).
     """
@@ -110,7 +111,7 @@ def hook_config_for_rules(
         if not isinstance(document, dict):
             raise ConfigError(f"--config {base_config} must hold a JSON object (SageMaker's DebugHookConfig)")
     else:
-        interval = 10 if save_interval is None else int(save_interval)
+        interval = ZERO_CODE_SAVE_INTERVAL if save_interval is None else int(save_interval)
         if interval <= 0:
             raise ConfigError(f"--save-interval {save_interval} must be a positive number of steps")
         document = {
