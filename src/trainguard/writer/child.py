@@ -237,11 +237,10 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     root, worker, ring_path, ring_size, fd, nice, *idle = argv
-    # Background work: on a saturated machine training and the rule runners come first
-    # (measured, embedded SageMaker job at lr 100 with every step saved on 2 cores: with this
-    # process at nice 0 LossNotDecreasing stopped training at step 5,200 and 19,900 of 20,000;
-    # at nice 10, at step 1,100; the thread writer, 600). The ring's backpressure keeps capture at
-    # most a ring behind training.
+    # Background work: on a saturated machine training and the rule runners come first. A writer
+    # at training's own priority starves the rule runner, so a rule that should stop a diverging
+    # job stops it thousands of steps late; niced, it stops it about as early as the thread writer
+    # does. The ring's backpressure keeps capture at most a ring behind training.
     yield_to_training(int(nice))
     process = WriterProcess(root, worker, ring_path, int(ring_size))
     process.run(int(fd), float(idle[0]) if idle else UNNAMED_IDLE_SECONDS)
