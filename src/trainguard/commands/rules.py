@@ -41,7 +41,10 @@ from trainguard.errors import ConfigError, TrainguardError
 from trainguard.storage import require_local_path
 from trainguard.storage.options import add_storage_arguments
 
-__all__ = ["add_run_arguments", "exit_code", "module_main", "parse_rule_list", "register", "run_rules"]
+__all__ = [
+    "EXIT_NOT_EVALUATED", "add_run_arguments", "exit_code", "is_not_evaluated", "module_main", "parse_rule_list",
+    "register", "run_rules",
+]  # fmt: skip
 
 EXIT_NO_ISSUES, EXIT_ISSUES, EXIT_ERROR, EXIT_NOT_EVALUATED = 0, 1, 2, 4
 NOT_EVALUATED_PREFIX = "RuleNotEvaluated:"
