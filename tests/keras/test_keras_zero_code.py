@@ -17,6 +17,7 @@ pytest.importorskip("keras")
 
 import keras  # noqa: E402
 
+from trainguard.config import CaptureConfig  # noqa: E402
 from trainguard.hooks import keras as keras_hook_module  # noqa: E402
 from trainguard.hooks.keras_zero_code import KerasZeroCode  # noqa: E402
 from trainguard.modes import ModeKeys  # noqa: E402
@@ -65,7 +66,7 @@ def test_an_unmodified_keras_script_is_captured_on_the_jax_backend(tmp_path: Pat
 
 def test_the_tensorflow_backend_is_refused_in_one_line(tmp_path: Path, monkeypatch, caplog) -> None:
     original_fit = keras.Model.fit
-    zero_code = KerasZeroCode(lambda: {"out_dir": str(tmp_path / "zero")}, backend="tensorflow")
+    zero_code = KerasZeroCode(lambda: CaptureConfig(out_dir=str(tmp_path / "zero")), backend="tensorflow")
     with caplog.at_level(logging.WARNING, logger="trainguard"):
         assert zero_code.arm() is False
     assert keras.Model.fit is original_fit
@@ -84,11 +85,11 @@ def test_the_tensorflow_backend_is_refused_in_one_line(tmp_path: Path, monkeypat
 def test_zero_code_adds_one_hook_and_leaves_a_script_s_own_hook_alone(tmp_path: Path) -> None:
     made: list[dict] = []
 
-    def kwargs() -> dict:
+    def config() -> CaptureConfig:
         made.append({})
-        return {"out_dir": str(tmp_path / "zero")}
+        return CaptureConfig(out_dir=str(tmp_path / "zero"))
 
-    zero_code = KerasZeroCode(kwargs, backend=keras.backend.backend())
+    zero_code = KerasZeroCode(config, backend=keras.backend.backend())
     assert zero_code.arm()
     try:
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
@@ -108,7 +109,7 @@ def test_zero_code_adds_one_hook_and_leaves_a_script_s_own_hook_alone(tmp_path: 
 
 
 def test_a_script_that_never_calls_fit_is_told_at_exit(tmp_path: Path, caplog) -> None:
-    zero_code = KerasZeroCode(lambda: {"out_dir": str(tmp_path / "zero")}, backend=keras.backend.backend())
+    zero_code = KerasZeroCode(lambda: CaptureConfig(out_dir=str(tmp_path / "zero")), backend=keras.backend.backend())
     assert zero_code.arm()
     try:
         with caplog.at_level(logging.WARNING, logger="trainguard"):
