@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.polling import wait_for
 from tests.services.conftest import TOKEN, training_command
 
 pytest.importorskip("httpx", reason="TestClient needs httpx")
@@ -475,15 +476,20 @@ def test_a_launch_refused_half_way_ends_the_job_failed_with_the_reason_and_no_pr
     with TestClient(create_app(settings, launcher=launcher)) as client:
         response = post_json(client, "/v1/jobs", spec)
         assert response.status_code == 201, response.text
-        deadline = time.monotonic() + 20
+        # generous deadlines: the launch queue and the stop run in the background, and under a
+        # full-suite load starting and stopping a training process takes seconds
+        deadline = time.monotonic() + 90
         job = client.get(f"/v1/jobs/{NAME}", headers=AUTH).json()
         while job["status"] != "Failed" and time.monotonic() < deadline:
             time.sleep(0.1)
             job = client.get(f"/v1/jobs/{NAME}", headers=AUTH).json()
         assert job["status"] == "Failed", job
         assert "could not be launched: embedded null byte" in json.dumps(job), job
-        statuses = launcher.status(NAME)  # the training process that did start was stopped
-        assert all(status.state.value != "Running" for status in statuses.values()), statuses
+        # the training process that did start is stopped
+        wait_for(
+            lambda: all(status.state.value != "Running" for status in launcher.status(NAME).values()),
+            60, "the started training process stopped",
+        )  # fmt: skip
         status, body = sagemaker(client, "DescribeTrainingJob", {"TrainingJobName": NAME})
         assert status == 200 and body["TrainingJobStatus"] == "Failed", body
         assert "embedded null byte" in body["FailureReason"], body
