@@ -25,7 +25,8 @@ from trainguard.modes import ModeKeys
 from trainguard.reductions import reduce_array
 from trainguard.storage import open_store
 from trainguard.trials import create_trial
-from trainguard.writer.process import ProcessStepWriter, open_step_writer
+from trainguard.writer.opening import open_step_writer
+from trainguard.writer.process import ProcessStepWriter
 from trainguard.writer.thread import StepWriter
 
 REQUESTED = (("min", False), ("max", False), ("mean", False), ("std", False), ("l2", False), ("l1", True))

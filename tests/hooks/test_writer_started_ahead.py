@@ -16,7 +16,8 @@ import trainguard.pytorch as tg
 from trainguard.modes import ModeKeys
 from trainguard.storage import open_store
 from trainguard.trials import create_trial
-from trainguard.writer.process import ProcessStepWriter, open_step_writer, start_ahead
+from trainguard.writer.opening import open_step_writer, start_ahead
+from trainguard.writer.process import ProcessStepWriter
 from trainguard.writer.spawn import WriterChild, in_multiprocessing_child, shared_memory_dir
 from trainguard.writer.thread import StepWriter
 

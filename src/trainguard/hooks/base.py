@@ -11,10 +11,8 @@ are global and increase across modes; each mode also counts its own ``mode_step`
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
-import sys
 import time
 import weakref
 from collections.abc import Iterable, Sequence
@@ -28,10 +26,7 @@ from trainguard.config.save_config import SaveConfig
 from trainguard.errors import ConfigError
 from trainguard.format.index import PAYLOAD_CHECKSUMS_META
 from trainguard.format.layout import (
-    CAPTURE_STOPPED_PREFIX,
-    END_OF_TRAINING,
     collections_key,
-    worker_end_key,
     worker_name,
 )
 from trainguard.hooks.fail_open import log_disabled
@@ -48,7 +43,13 @@ from trainguard.hooks.overhead_budget import (
     LIGHT_COLLECTIONS,
     QUIET,
 )
-from trainguard.hooks.run_end import mark_end_after_peers, peer_wait_seconds, start_end_marker_thread
+from trainguard.hooks.run_end import (
+    final_objects,
+    flush_profilers,
+    mark_end_after_peers,
+    peer_wait_seconds,
+    start_end_marker_thread,
+)
 from trainguard.hooks.save_plan import SavePlan, plan_of
 from trainguard.hooks.save_schedule import SaveSchedule
 from trainguard.modes import ModeKeys
@@ -209,7 +210,7 @@ class BaseHook(SaveSchedule):
         self._started_writer: WriterChild | None = None
         if self.starts_writer_ahead and not dry_run:
             try:
-                from trainguard.writer.process import start_ahead
+                from trainguard.writer.opening import start_ahead
 
                 self._started_writer = start_ahead(self.store, writer, config.max_pending_bytes)
             except Exception as error:  # noqa: BLE001 - fail open: the first save starts one, or says why not
@@ -288,7 +289,7 @@ class BaseHook(SaveSchedule):
                 self.store.write(collections_key(self._worker), self._rendered_collections())
             except Exception as error:  # noqa: BLE001 - the writer writes it again; fail open
                 logger.debug("trainguard: could not write the collections file of %s: %s", self._worker, error)
-        from trainguard.writer.process import open_step_writer
+        from trainguard.writer.opening import open_step_writer
 
         self._writer = open_step_writer(
             self.store,
@@ -435,7 +436,7 @@ class BaseHook(SaveSchedule):
             # Every worker, before its end key: worker 0 writes the run's end marker once the
             # other workers' end keys are there, and a rank whose timings came later was judged
             # "one rank's step timings only" by the rules that compare ranks.
-            _flush_profilers()
+            flush_profilers()
             writer = self._writer
             if writer is None:
                 return
@@ -460,17 +461,8 @@ class BaseHook(SaveSchedule):
             log_disabled(f"{self.framework} hook close", error)
 
     def _final_objects(self) -> list[tuple[str, bytes]]:
-        objects = []
-        if self._stopped_because is not None and self._worker is not None:
-            # The end marker says "no more data"; this says the run is truncated, and why,
-            # so that readers and rules do not take a crippled capture for a full one.
-            document = json.dumps(self._stopped_because).encode()
-            objects.append((f"{CAPTURE_STOPPED_PREFIX}{self._worker}.json", document))
-        if self._world > 1 and self._worker is not None:
-            objects.append((worker_end_key(self._worker), b""))  # after this worker's last file
-        if self._world == 1 and not self._light_worker:
-            objects.append((END_OF_TRAINING, b""))
-        return objects
+        return final_objects(self._worker, self._world, stopped_because=self._stopped_because,
+                             light_worker=self._light_worker)  # fmt: skip
 
     def _waits_for_peers(self) -> bool:
         """Worker 0 of a run of several workers writes the end marker after the others ended
@@ -498,14 +490,6 @@ class BaseHook(SaveSchedule):
     @property
     def writer_failure(self) -> BaseException | None:
         return self._writer.failure if self._writer is not None else None
-
-
-def _flush_profilers() -> None:
-    """Step timings still in a profiler's memory go out before the end marker: a live rule
-    runner stops reading at that marker. Only when the profiler is in use (never imported here)."""
-    profiler_core = sys.modules.get("trainguard.profiler.core")
-    if profiler_core is not None:
-        profiler_core.flush_running_profilers(training_ended=True)
 
 
 def _close_at_exit(reference: weakref.WeakMethod) -> None:

@@ -18,13 +18,16 @@ daemon, so the interpreter waits for the marker before it exits (at most ``wait_
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import sys
 import threading
 import time
 
 from trainguard.errors import ConfigError, StorageError
 from trainguard.format.layout import (
+    CAPTURE_STOPPED_PREFIX,
     COLLECTIONS_PREFIX,
     END_OF_TRAINING,
     worker_end_key,
@@ -33,7 +36,14 @@ from trainguard.format.layout import (
 )
 from trainguard.storage import Store
 
-__all__ = ["DEFAULT_PEER_WAIT_SECONDS", "mark_end_after_peers", "peer_wait_seconds", "start_end_marker_thread"]
+__all__ = [
+    "DEFAULT_PEER_WAIT_SECONDS",
+    "final_objects",
+    "flush_profilers",
+    "mark_end_after_peers",
+    "peer_wait_seconds",
+    "start_end_marker_thread",
+]
 
 logger = logging.getLogger("trainguard")
 
@@ -117,3 +127,28 @@ def _exists(store: Store, key: str) -> bool:
         return store.exists(key)
     except StorageError:
         return False  # asked again at the next poll, until the wait is over
+
+
+def final_objects(
+    worker: str | None, world: int, *, stopped_because: dict[str, object] | None, light_worker: bool
+) -> list[tuple[str, bytes]]:
+    """What a worker writes after its last step, in this order: why its capture stopped (if it
+    did), its own end key in a run of several workers, the run's end marker in a run of one."""
+    objects = []
+    if stopped_because is not None and worker is not None:
+        # The end marker says "no more data"; this says the run is truncated, and why,
+        # so that readers and rules do not take a crippled capture for a full one.
+        objects.append((f"{CAPTURE_STOPPED_PREFIX}{worker}.json", json.dumps(stopped_because).encode()))
+    if world > 1 and worker is not None:
+        objects.append((worker_end_key(worker), b""))  # after this worker's last file
+    if world == 1 and not light_worker:
+        objects.append((END_OF_TRAINING, b""))
+    return objects
+
+
+def flush_profilers() -> None:
+    """Step timings still in a profiler's memory go out before the end marker: a live rule
+    runner stops reading at that marker. Only when the profiler is in use (never imported here)."""
+    profiler_core = sys.modules.get("trainguard.profiler.core")
+    if profiler_core is not None:
+        profiler_core.flush_running_profilers(training_ended=True)

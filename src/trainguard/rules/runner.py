@@ -47,7 +47,6 @@ Run as a process: ``python -m trainguard.rules RUN --rule NAME ...`` (same optio
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import logging
 import threading
 import time
@@ -67,15 +66,12 @@ from trainguard.modes import ModeKeys
 from trainguard.rules.actions import spec_actions, stops_training
 from trainguard.rules.base import Rule, RuleStatus, StepResult
 from trainguard.rules.compat import make_rule, validate_specs
-from trainguard.rules.progress import (
-    RuleProgress,
-    load_progress,
-)
+from trainguard.rules.progress import RuleProgress, load_progress
 from trainguard.rules.read_cache import StepReadCache
 from trainguard.rules.runner_notes import capture_stopped_note, damage_note, describe_missing
 from trainguard.rules.runner_open import NothingCaptured, RunOpener
 from trainguard.rules.runner_results import RunnerResults, issue_steps
-from trainguard.rules.runner_workers import RunnerWorkers, evaluates_per_worker, overrides
+from trainguard.rules.runner_workers import RunnerWorkers, evaluates_per_worker, on_worker, overrides
 from trainguard.rules.spec import RuleSpec
 from trainguard.rules.status_update import StatusUpdate
 
@@ -397,7 +393,7 @@ class RuleRunner:
             self._results.rule_failed(name, error, where)
             return False
         self._workers.worker_evaluated(name, worker, step)
-        self._record(name, _on_worker(result, worker))
+        self._record(name, on_worker(result, worker))
         return not self.progress[name].finished
 
     def _catch_up_late_workers(self) -> None:
@@ -432,7 +428,7 @@ class RuleRunner:
                 except Exception as error:  # noqa: BLE001
                     self._results.rule_failed(name, error, "in check_idle")
                     break
-                self._record(name, _on_worker(result, worker))
+                self._record(name, on_worker(result, worker))
 
     def _finish_all(self) -> None:
         stopped_early = capture_stopped_note(self.trial)
@@ -445,7 +441,7 @@ class RuleRunner:
                 except Exception as error:  # noqa: BLE001
                     self._results.rule_failed(name, error, "in finish() after training ended")
                     break
-                self._record(name, _on_worker(result, worker))
+                self._record(name, on_worker(result, worker))
                 if state.finished:
                     break
             if state.finished:  # a stop action after the final finding, or an error
@@ -496,10 +492,3 @@ class RuleRunner:
                 step = state.last_evaluated_step
                 self._results.set_status(name, RuleStatus.STOPPED, f"{why} (last evaluated step: {step})")
         self._results.save(force=True)
-
-
-def _on_worker(result: StepResult | None, worker: str | None) -> StepResult | None:
-    """``result`` attributed to ``worker`` unless the rule said otherwise."""
-    if result is None or worker is None or result.worker is not None:
-        return result
-    return dataclasses.replace(result, worker=worker)

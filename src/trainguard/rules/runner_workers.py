@@ -15,15 +15,16 @@ and evaluates the steps a worker wrote up to the cursor that it has not seen, in
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from trainguard.rules.base import Rule
+from trainguard.rules.base import Rule, StepResult
 from trainguard.rules.compat import make_rule
 from trainguard.rules.progress import RuleProgress
 from trainguard.rules.spec import RuleSpec
 
-__all__ = ["RunnerWorkers", "evaluates_per_worker", "overrides"]
+__all__ = ["RunnerWorkers", "evaluates_per_worker", "on_worker", "overrides"]
 
 
 def evaluates_per_worker(rule: Rule) -> bool:
@@ -141,3 +142,10 @@ class RunnerWorkers:
                 (worker, step) for step in steps[bisect.bisect_right(steps, low) : bisect.bisect_right(steps, cursor)]
             )
         return late
+
+
+def on_worker(result: StepResult | None, worker: str | None) -> StepResult | None:
+    """``result`` attributed to ``worker`` unless the rule said otherwise."""
+    if result is None or worker is None or result.worker is not None:
+        return result
+    return dataclasses.replace(result, worker=worker)

@@ -5,6 +5,7 @@ the hooks (it imports nothing from ``trainguard.hooks``).
   and the base both writers share;
 - ``process``: the writer process fed through shared memory (training side), ``spawn``: starting
   it and its ring, possibly ahead of the first save; ``child``: the writer process itself;
+- ``opening``: which writer a hook gets, and the writer process started ahead for it;
 - ``ring``: the shared-memory ring's layout, the one place both sides read it from;
 - ``step_file``: one worker's steps as event files and indexes (used by both writers);
 - ``kinds``: the writer names a configuration may give, checked without loading the writers.
