@@ -23,7 +23,7 @@ import trainguard.hooks.pytorch as hooks_pytorch
 import trainguard.hooks.torch_saving as hooks_torch_saving
 import trainguard.pytorch as tg
 import trainguard.storage.local as storage_local
-import trainguard.writer.process as hooks_writer_process
+import trainguard.writer.opening as hooks_writer_opening
 import trainguard.writer.step_file as hooks_step_file
 import trainguard.writer.thread as hooks_writer
 from tests.hooks._util import as_numpy
@@ -420,7 +420,7 @@ class WideNet(nn.Module):
 
 def test_backpressure_bounds_pending_bytes(make_hook, run_dir, monkeypatch):
     _pin_thread_writer(monkeypatch)
-    monkeypatch.setattr(hooks_writer_process, "StepWriter", InstrumentedWriter)
+    monkeypatch.setattr(hooks_writer_opening, "StepWriter", InstrumentedWriter)
     limit = 40_000
     hook = make_hook(save_all=True, save_config=tg.SaveConfig(save_interval=1), max_pending_bytes=limit)
     hook.store = SlowStore(hook.store, delay=0.002)
@@ -457,7 +457,7 @@ def test_stuck_writer_disables_instead_of_hanging(make_hook, run_dir, monkeypatc
     caplog.set_level(logging.WARNING, logger="trainguard")
     release = threading.Event()
     _pin_thread_writer(monkeypatch)
-    monkeypatch.setattr(hooks_writer_process, "StepWriter", _short_block_writer(0.5))
+    monkeypatch.setattr(hooks_writer_opening, "StepWriter", _short_block_writer(0.5))
     hook = make_hook(save_all=True, save_config=tg.SaveConfig(save_interval=1), max_pending_bytes=1000)
 
     class Stuck(SlowStore):

@@ -178,16 +178,16 @@ def test_the_started_process_is_named_before_its_first_step(tmp_path):
 
 def test_a_process_that_cannot_start_ahead_starts_at_the_first_save(tmp_path, monkeypatch):
     """Fail open: no shared memory (say) as the hook is created costs nothing but the head start."""
-    import trainguard.writer.process as writer_process
+    import trainguard.writer.opening as writer_opening
 
-    real = writer_process.WriterChild
+    real = writer_opening.WriterChild
 
     def unavailable(root, ring_size, nice, worker):
         if worker is None:
             raise OSError(28, "No space left on device")
         return real(root, ring_size, nice, worker)
 
-    monkeypatch.setattr(writer_process, "WriterChild", unavailable)
+    monkeypatch.setattr(writer_opening, "WriterChild", unavailable)  # start_ahead's
     hook = tg.Hook(out_dir=str(tmp_path / "run"), save_config=tg.SaveConfig(save_interval=2), writer="process")
     assert hook._started_writer is None
     _train(hook)
