@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainguard.hooks.torch_fingerprint import PendingRows, read_rows  # noqa: E402
+from trainguard.hooks.torch_fingerprint import PendingRows, bit_words, read_rows  # noqa: E402
 
 MODELS = {
     # bench/stacks/mlp.py's model; a wider one with about 2.2M parameters
@@ -70,11 +70,12 @@ def measure(name: str, steps: int, distributed: bool) -> dict[str, float]:
         if step >= 5:
             times.append(time.thread_time() - start)
     parameters = list(model.parameters())
+    words = [bit_words(parameter.detach()) for parameter in parameters]  # made once, as the hook does
     takes = []
     for _ in range(30):
         start = time.thread_time()
         gradients = PendingRows([parameter.grad for parameter in parameters])
-        read_rows(PendingRows(parameters), gradients)
+        read_rows(PendingRows(parameters, words), gradients)
         takes.append(time.thread_time() - start)
     return {
         "step_ms": statistics.median(times) * 1e3,

@@ -64,6 +64,43 @@ def test_gradients_and_parameters_read_back_together_give_their_own_rows() -> No
     assert [row[0] for row in together[0]] == [_oracle(tensor.numpy()) for tensor in parameters]
 
 
+def test_parameter_words_made_once_follow_in_place_updates_and_a_moved_storage() -> None:
+    """The hook keeps each parameter's integer view between due steps (an optimizer updates in
+    place); the rows stay the oracle's after an in-place update, and after ``.data`` is replaced
+    (another storage) the view is made again rather than reading the old one."""
+    from trainguard.hooks.torch_fingerprint import ReplicaFingerprints
+
+    class _Hook:  # what ReplicaFingerprints reads of a hook, nothing else
+        saving_this_step = True
+        _due = {"replica_fingerprints"}
+        _collections_dirty = False
+        written: dict = {}
+
+        def _rank_and_world(self) -> tuple[int, int]:
+            return 0, 1
+
+        def write_tensor(self, name: str, value: np.ndarray, nbytes: int) -> None:
+            self.written[name] = value
+
+    hook = _Hook()
+    fingerprints = ReplicaFingerprints(hook, always=True)
+    model = nn.Linear(6, 5)  # a (5, 6) weight: rows of 3 words of 8 bytes; a bias of 5 floats
+    fingerprints.add_model("m", model)
+    for change in ("none", "in place", "data replaced", "in place again"):
+        with torch.no_grad():
+            if change.startswith("in place"):
+                model.weight.add_(0.25)
+                model.bias.mul_(-3.0)
+            elif change == "data replaced":
+                model.weight.data = torch.randn(5, 6)
+                model.bias.data = torch.randn(5)
+        fingerprints.step_began()
+        fingerprints.step_ended()
+        rows = hook.written[PARAMETERS_TENSOR]
+        assert [row[0] for row in rows] == [_oracle(model.weight.detach().numpy()),
+                                            _oracle(model.bias.detach().numpy())], change  # fmt: skip
+
+
 def test_a_missing_gradient_has_its_own_row() -> None:
     rows = fingerprint_rows([None, torch.zeros(3)])
     assert rows[0, 0] == NO_GRADIENT and rows[0, 3] == 0

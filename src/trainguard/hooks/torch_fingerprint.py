@@ -58,6 +58,7 @@ __all__ = [
     "PARAMETERS_TENSOR",
     "PendingRows",
     "ReplicaFingerprints",
+    "bit_words",
     "fingerprint_rows",
     "read_rows",
 ]
@@ -81,19 +82,30 @@ def _is_sharded(parameter: torch.Tensor) -> bool:
     return hasattr(parameter, "ds_id") or hasattr(parameter, "ds_numel")  # DeepSpeed ZeRO
 
 
-def _bits_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """The wrapping integer sum of ``tensor``'s raw bits in its logical order (the bytes of its
-    flat contiguous copy), as a 0-d int64 tensor on its device."""
-    if tensor.dim() > 0 and tensor.is_contiguous() and tensor.shape[-1] * tensor.element_size() % 8 == 0:
+def bit_words(tensor: torch.Tensor) -> torch.Tensor | None:
+    """``tensor``'s raw bits as a flat integer view in its logical order (8-byte words, or 4- or
+    1-byte ones where the size asks), without a copy; None where that needs one (not contiguous)."""
+    if tensor.dim() == 0 or not tensor.is_contiguous():
+        return None
+    size = tensor.shape[-1] * tensor.element_size()
+    if size % 8 == 0:
         # rows of whole 8-byte words: the flat copy's words, without the reshape's dispatch
-        return tensor.view(torch.int64).sum()
-    flat = tensor.reshape(-1)  # a copy only where the tensor is not contiguous
+        return tensor.view(torch.int64)
+    flat = tensor.reshape(-1)  # contiguous: a view, no copy
     size = flat.numel() * flat.element_size()
     if size % 8 == 0:
-        return flat.view(torch.int64).sum()
-    if size % 4 == 0:
-        return flat.view(torch.int32).sum(dtype=torch.int64)
-    return flat.view(torch.uint8).sum(dtype=torch.int64)  # (odd sizes: rare and small)
+        return flat.view(torch.int64)
+    return flat.view(torch.int32) if size % 4 == 0 else flat.view(torch.uint8)  # (odd sizes: rare and small)
+
+
+def _bits_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The wrapping integer sum of ``tensor``'s raw bits in its logical order (the bytes of its
+    flat contiguous copy), as a 0-d int64 tensor on its device (an integer sum is int64)."""
+    words = bit_words(tensor)
+    if words is None:
+        words = bit_words(tensor.reshape(-1).clone()) if tensor.dim() else bit_words(tensor.reshape(1))
+    assert words is not None
+    return words.sum()
 
 
 def _hash(bits_sum: int) -> float:
@@ -109,26 +121,30 @@ class PendingRows:
 
     __slots__ = ("count", "present", "integer_sums", "float_sums", "norms", "sizes")
 
-    def __init__(self, tensors: list[torch.Tensor | None]) -> None:
+    def __init__(self, tensors: list[torch.Tensor | None], words: list[torch.Tensor | None] | None = None) -> None:
+        """``words``: :func:`bit_words` of ``tensors`` made earlier (None entries: made here), so
+        that tensors which keep their storage (parameters) do not pay for the view each time."""
         self.count = len(tensors)
         self.present: list[int] = []
         self.integer_sums: list[torch.Tensor] = []
         self.float_sums: list[torch.Tensor] = []
         self.sizes: list[int] = []
         values_of: list[torch.Tensor] = []
-        # A small model's fingerprint is mostly per-tensor dispatch, not arithmetic: each tensor
-        # costs its bits' sum and its float sum (plus a dtype view), and the norms are one call
-        # for all of them.
+        # A small model's fingerprint is mostly per-tensor dispatch and Python, not arithmetic:
+        # each tensor costs its bits' sum and its float sum (plus a dtype view), the norms are one
+        # call for all of them, and nothing else is done per tensor here.
+        integer_sums, float_sums, sizes, present = self.integer_sums, self.float_sums, self.sizes, self.present
         with torch.no_grad():
             for index, tensor in enumerate(tensors):
                 if tensor is None:
                     continue
-                values = tensor if tensor.dtype == torch.float32 else tensor.float()
-                self.integer_sums.append(_bits_sum(tensor))
-                self.float_sums.append(values.sum())
+                values = tensor if tensor.dtype is torch.float32 else tensor.float()
+                bits = words[index] if words is not None else None
+                integer_sums.append(_bits_sum(tensor) if bits is None else bits.sum())
+                float_sums.append(values.sum())
                 values_of.append(values)
-                self.sizes.append(tensor.numel())
-                self.present.append(index)
+                sizes.append(tensor.numel())
+                present.append(index)
             try:
                 self.norms = list(torch._foreach_norm(values_of)) if values_of else []
             except RuntimeError:  # tensors on several devices
@@ -153,14 +169,17 @@ def read_rows(*pending: PendingRows) -> list[np.ndarray]:
     at_int = at_float = 0
     for part in pending:
         rows = np.empty((part.count, 4), dtype=np.float64)
-        rows[:] = (NO_GRADIENT, np.nan, np.nan, 0)
-        if part.present:
-            count = len(part.present)
+        count = len(part.present)
+        # every tensor present (the usual case): slices, not index lists, fill the columns
+        where: slice | list[int] = slice(None) if count == part.count else part.present
+        if count < part.count:
+            rows[:] = (NO_GRADIENT, np.nan, np.nan, 0)
+        if count:
             norms = read[at_float + count : at_float + 2 * count]
-            rows[part.present, 0] = [_hash(value) for value in hashes[at_int : at_int + count]]
-            rows[part.present, 1] = read[at_float : at_float + count]
-            rows[part.present, 2] = norms * norms
-            rows[part.present, 3] = part.sizes
+            rows[where, 0] = [_hash(value) for value in hashes[at_int : at_int + count]]
+            rows[where, 1] = read[at_float : at_float + count]
+            rows[where, 2] = norms * norms
+            rows[where, 3] = part.sizes
             at_int += count
             at_float += 2 * count
         results.append(rows)
@@ -182,7 +201,7 @@ class ReplicaFingerprints:
     ``write_tensor`` and ``_collections_dirty``; nothing else of it is touched."""
 
     __slots__ = ("_hook", "_names", "_parameters", "_sharded", "_seen", "_disabled", "_always",
-                 "_grad_pending", "_pre_handle", "_world")  # fmt: skip
+                 "_grad_pending", "_pre_handle", "_world", "_words")  # fmt: skip
 
     def __init__(self, hook: Any, *, always: bool = False) -> None:
         self._hook = hook
@@ -195,6 +214,7 @@ class ReplicaFingerprints:
         self._grad_pending: PendingRows | None = None
         self._pre_handle: Any = None
         self._world: tuple[int, int] | None = None
+        self._words: list[tuple[torch.Tensor | None, int, int]] = []  # per parameter: bit_words, data_ptr, numel
 
     # -- what the hook calls ---------------------------------------------------------------------
     def add_model(self, root_name: str, module: torch.nn.Module) -> None:
@@ -275,13 +295,33 @@ class ReplicaFingerprints:
 
     def _write(self) -> None:
         parameters = [reference() for reference in self._parameters]
-        pending = [PendingRows(parameters)]
+        pending = [PendingRows(parameters, self._parameter_words(parameters))]
         if self._grad_pending is not None:
             pending.append(self._grad_pending)
         rows = read_rows(*pending)
         self._hook.write_tensor(PARAMETERS_TENSOR, rows[0], nbytes=rows[0].nbytes)
         if len(rows) > 1:
             self._hook.write_tensor(GRADIENTS_TENSOR, rows[1], nbytes=rows[1].nbytes)
+
+    def _parameter_words(self, parameters: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """The parameters' :func:`bit_words`, made once: an optimizer updates a parameter in
+        place, so the view stays its bits; made again where the storage moved (``.data``
+        replaced, ``module.to``) or the size changed."""
+        words = self._words
+        if len(words) < len(parameters):
+            words.extend([(None, 0, 0)] * (len(parameters) - len(words)))
+        views: list[torch.Tensor | None] = []
+        for index, parameter in enumerate(parameters):
+            if parameter is None:
+                words[index] = (None, 0, 0)  # a parameter gone: its storage is not kept alive here
+                views.append(None)
+                continue
+            view, pointer, size = words[index]
+            if view is None or pointer != parameter.data_ptr() or size != parameter.numel():
+                view = bit_words(parameter.detach())
+                words[index] = (view, parameter.data_ptr(), parameter.numel())
+            views.append(view)
+        return views
 
     def _detach(self) -> None:
         handle, self._pre_handle = self._pre_handle, None
