@@ -255,11 +255,13 @@ def test_gradient_accumulation_is_one_step_per_optimizer_step(make_hook, run_dir
 def test_optimizer_that_never_steps_falls_back_to_one_step_per_forward(make_hook, run_dir):
     """An optimizer exists but the loop updates the weights by hand: the presumption is dropped.
 
-    The presumed first step reads its gradients as an optimizer steps, or when the presumption is
-    dropped; this loop has zeroed them by then, so that step has none (the price of not hooking
-    every parameter's gradient node at step 0, which would cost every usual loop a call into
-    Python per parameter at every later backward: torch_optimizer.py). Every step after it
-    has its gradient."""
+    The weights changed in place between two forwards of the presumed first step, with no
+    optimizer step: that ends the step at once (closure_steps.py, the check LBFGS's evaluations
+    need), so every forward is a step from the first, not only after the presumption's limit.
+    The first step reads its gradients as an optimizer steps or as it ends; this loop has zeroed
+    them by then, so that step has none (the price of not hooking every parameter's gradient
+    node at step 0, which would cost every usual loop a call into Python per parameter at every
+    later backward: torch_optimizer.py). Every step after it has its gradient."""
     model, criterion, optimizer, hook = _setup(make_hook)
     limit = TorchHook.MAX_PRESUMED_FORWARDS
     forwards = limit + 6
@@ -271,9 +273,9 @@ def test_optimizer_that_never_steps_falls_back_to_one_step_per_forward(make_hook
                 parameter -= 0.01 * parameter.grad
     hook.close()
     trial = create_trial(run_dir)
-    # the presumed first step spans limit + 1 forwards; after it, one step per forward
+    # without the update check, the presumed first step spanned limit + 1 forwards
     steps = trial.steps(TRAIN)
-    assert steps == list(range(forwards - limit))
+    assert steps == list(range(forwards))
     assert trial.tensor("gradient/Net_fc1.weight").steps() == steps[1:]
 
 

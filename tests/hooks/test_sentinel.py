@@ -1,6 +1,6 @@
 """The per-step sentinel (hooks/sentinel.py): a NaN at a step the schedule does not save is saved
-at its own step, in runs of any length (LBFGS closures included), and healthy runs write nothing
-more than their schedule.
+at its own step, in runs of any length (LBFGS closures included: each evaluation is a step,
+closure_steps.py), and healthy runs write nothing more than their schedule.
 
 Each test fails without the sentinel: the NaN steps below are never scheduled saves.
 """
@@ -33,6 +33,7 @@ y = x.sum(1, keepdim=True)
 optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
 for step in range(steps):
     def closure():
+        print("evaluation of step", step, flush=True)
         optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         if step == nan_at:
@@ -52,9 +53,11 @@ def _lbfgs(hook_class, make_hook, steps: int, nan_at: int | None, **kwargs):
     x = torch.randn(64, 4)
     y = x.sum(1, keepdim=True)
     optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    hook.calls = calls = []  # the optimizer step of each closure evaluation (each one a step)
     for step in range(steps):
 
         def closure(step=step):
+            calls.append(step)
             optimizer.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)
             if step == nan_at:
@@ -93,13 +96,16 @@ def _sgd(make_hook, steps: int, nan_at: int | None, *, zero_code: bool = False, 
 
 @pytest.mark.parametrize("hook_class", [tg.Hook, ZeroCodeHook], ids=["api", "zero_code"])
 def test_a_nan_in_a_five_step_lbfgs_run_is_found_at_its_step(make_hook, run_dir, hook_class):
-    # the closure runs forward and backward several times per optimizer.step(): one step each
+    # the closure runs forward and backward several times per optimizer.step(), each evaluation a
+    # step (closure_steps.py): the NaN is dated to the last evaluation of optimizer step 3, whose
+    # gradient that step ends with
     hook = _lbfgs(hook_class, make_hook, 5, 3)
+    nan_step = len(hook.calls) - 1 - hook.calls[::-1].index(3)
     trial = open_trial(run_dir)
-    assert trial.steps() == [0, 3], trial.steps()  # without the sentinel: [0] only
-    assert [step for step, _ in hook._sentinel.found] == [3]
+    assert trial.steps() == [0, nan_step], (trial.steps(), hook.calls)  # without the sentinel: [0] only
+    assert [step for step, _ in hook._sentinel.found] == [nan_step]
     results = evaluate_rule(trial, "ExplodingTensor")
-    assert first_firing(results) == 3
+    assert first_firing(results) == nan_step
     assert next(result for result in results if result.fired).certain
 
 
@@ -146,5 +152,7 @@ def test_lbfgs_nan_run_is_stopped_at_its_step_by_the_cli(tmp_path):
     )  # fmt: skip
     assert result.returncode == 3, result.stdout + result.stderr
     record = json.loads((out / "trainguard-stop.json").read_text())
-    assert record["step"] == 3 and record["certain"], record
+    # each closure evaluation is a step: the NaN's is the last evaluation of optimizer step 3
+    calls = [int(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("evaluation of step")]
+    assert record["step"] == len(calls) - 1 - calls[::-1].index(3) and record["certain"], (record, calls)
     assert record["configuration_name"] == "ExplodingTensor"

@@ -27,6 +27,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from trainguard.config.collections import Collection
 from trainguard.hooks.base import BaseHook
+from trainguard.hooks.closure_steps import ClosureSteps
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.quiet_run import CountsQuietSteps, QuietRun
 from trainguard.hooks.sentinel import StepSentinel
@@ -101,6 +102,8 @@ class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
         self._step_losses = StepLosses()  # a loss passed on as a module's output is saved once (step_losses.py)
         self._explicit_mode = False
         self._optimizer_driven = False
+        self._forward_seen = False  # until then optimizer steps end steps (OptimizerSteps._step_without_forward)
+        self._closures = ClosureSteps()  # an LBFGS closure's evaluations are steps (closure_steps.py)
         self._optimizer_parameters: dict[int, frozenset[int]] = {}
         self._independent_optimizers = 1
         # Before any optimizer has stepped: whether one that holds our parameters exists (then
@@ -281,9 +284,11 @@ class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
     def root_forward(self, module: torch.nn.Module) -> None:
         if self._driver.quiet_step(module):
             return
+        self._forward_seen = True
         if self._signalling is not None:
             self._stop_signalling()
-        if self._quiet.pending:
+        if self._quiet.pending or (self.step_open and self.mode is ModeKeys.TRAIN
+                                   and self._closures.updated_within(self.step)):  # fmt: skip
             self.end_step()
         mode = self._mode_of(module)
         if mode != self.mode:
@@ -292,6 +297,7 @@ class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
             self._presume_optimizer()
         if mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL) and self._optimizer_driven:
             self.ensure_step()
+            self._closures.note(module, self.step)
         else:
             self.begin_step()
         if self.saving_this_step:
@@ -343,13 +349,17 @@ class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
         super().begin_step()
         self._quiet.end()
         if not self.saving_this_step:
-            if self._optimizer_driven and self._presumed_forwards is None and not self._explicit_mode:
-                if self.mode is ModeKeys.TRAIN and self.enabled:
-                    steps = self.unsaved_steps_ahead(ModeKeys.TRAIN, self.mode_steps[ModeKeys.TRAIN])
-                    self._quiet.begin(steps, self.include_collections)
-                    if steps:
-                        self._sentinel.run_begins(self.step, self.mode_steps[ModeKeys.TRAIN], steps)
-                        self._signal_ends_through_optimizer()
+            counted = self._optimizer_driven and self._presumed_forwards is None and not self._explicit_mode
+            if counted and self._forward_seen and self.mode is ModeKeys.TRAIN and self.enabled:
+                # Closure evaluations as steps: none on the fast path (closure_steps.py), but the
+                # sentinel still sees the gradient the optimizer step ends with, dated to this step
+                mode_step = self.mode_steps[ModeKeys.TRAIN]
+                steps = 0 if self._closures.active else self.unsaved_steps_ahead(ModeKeys.TRAIN, mode_step)
+                self._quiet.begin(steps, self.include_collections)
+                if steps or self._closures.active:
+                    self._sentinel.run_begins(self.step, mode_step, steps)
+                if steps:
+                    self._signal_ends_through_optimizer()
             if self._step_handles:
                 self._detach_step_hooks()
             self._module_io.detach()

@@ -24,8 +24,11 @@ the NaN at its step in a run of any length, and ``--stop-on-issue`` stops on it;
 see the NaN loss at the next saved step.
 
 Steps are counted as the hook counts them: an optimizer-driven TRAIN step ends with
-``optimizer.step()``, so an LBFGS step whose closure runs forward and backward several times is
-one step, and its gradient is the last closure call's. Not seen: a loss that is infinite while
+``optimizer.step()``, except that each evaluation of an LBFGS closure after an inner update is a
+step of its own (closure_steps.py); there every evaluation takes the general path, which arms the
+sentinel for that one step (``run_begins(step, mode_step, 0)``), and the gradient judged is the
+one the optimizer step ends with, the last evaluation's (a NaN stays: it is dated to the last
+evaluation of the optimizer step it appeared in). Not seen: a loss that is infinite while
 its gradients stay finite (cross-entropy of a ``-inf`` logit); gradients zeroed in place
 (``zero_grad(set_to_none=False)``: the references are one tensor, so only the run's last step is
 judged, and a NaN is dated there); loops without an optimizer (a hand-written update: every step

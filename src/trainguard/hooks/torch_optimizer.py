@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from trainguard.hooks.closure_steps import ClosureSteps
 from trainguard.hooks.fail_open import fail_open
 from trainguard.hooks.quiet_run import QuietRun
 from trainguard.hooks.sentinel import StepSentinel
@@ -80,6 +81,8 @@ class OptimizerSteps:
     # (name, parameter, its .grad when the saved step began or None, that .grad's version)
     _grad_baseline: list[tuple[str, torch.Tensor, weakref.ref[torch.Tensor] | None, int]] | None
     _optimizer_driven: bool
+    _forward_seen: bool  # a registered root's forward has run (TorchHook.root_forward)
+    _closures: ClosureSteps  # whether closure evaluations are steps (closure_steps.py)
     _optimizer_probed: bool
     _presumed_forwards: int | None
     _quiet: QuietRun  # the run of unsaved steps and the step-end signal (quiet_run.py)
@@ -99,6 +102,9 @@ class OptimizerSteps:
     mode: ModeKeys
     plan: Any  # BaseHook's
     hold_torch_tensor: Any  # TorchHook's
+    step: int  # BaseHook's, and its steps:
+    end_step: Any
+    begin_step: Any
 
     # Forwards one presumed optimizer step may span before the guess is given up: far more
     # micro-batches than any accumulation window uses, few enough to keep a step small.
@@ -209,6 +215,24 @@ class OptimizerSteps:
             self._quiet.pending = True
             if id(optimizer) not in self._optimizer_parameters:
                 self._note_optimizer(optimizer, after_another)
+            if not self._forward_seen:
+                self._step_without_forward()
+                self._quiet.pending = True  # (end_step cleared it) the next post-hook comes here again
+
+    def _step_without_forward(self) -> None:
+        """No registered model's forward has ever been seen, yet its parameters are stepped: a
+        forward-forward net trains each layer through ``layer.forward(x)`` called directly (no
+        module call at all), or compiled code calls the model past its call shim. Steps begin at
+        root forwards, so such a run saved nothing, not even a collections file. Here each
+        optimizer step ends the step and begins the next instead (its weights are those the next
+        step uses; its gradients are taken as that optimizer steps, as on any saved step). Every
+        such step comes through this general path: the fast path of unsaved steps counts root
+        forwards, and there are none (TorchHook.begin_step starts no run of unsaved steps)."""
+        if self.step < 0:
+            logger.info("trainguard: optimizer.step() without a forward of the registered model: "
+                        "a step per optimizer step")  # fmt: skip
+        self.end_step()
+        self.begin_step()
 
     # -- unsaved steps ended without a Python call ----------------------------------------------
     def _init_end_signal(self) -> None:
@@ -321,7 +345,9 @@ class OptimizerSteps:
         """Hook every optimizer step's start (the gradients it applies) for this saved step, and
         note each gradient as it is now; in a run without an optimizer, hook each parameter's
         gradient instead (_gradient_hook). Removed when a step saving no gradient begins."""
-        node_hooked = not self._optimizer_driven
+        # (closure evaluations as steps: the next evaluation's zero_grad() drops the gradient
+        # before its forward ends the step, so it is held as autograd accumulates it)
+        node_hooked = not self._optimizer_driven or self._closures.active
         if self._step_handles and self._node_hooked != node_hooked:
             self._detach_step_hooks()  # an optimizer has stepped since: its hook replaces theirs
         if not self._step_handles:
@@ -373,7 +399,7 @@ class OptimizerSteps:
         @fail_open
         def hook(self: Any, parameter: torch.Tensor) -> None:
             if self.saving_this_step and parameter.grad is not None and self.plan(name) is not None:
-                if not self._optimizer_driven or self._presumed_forwards is not None:
+                if not self._optimizer_driven or self._presumed_forwards is not None or self._closures.active:
                     # No optimizer has stepped (there may be none, and the step may then end after
                     # the gradients were zeroed): copy now; an optimizer.step() re-reads them.
                     self.hold_torch_tensor(name, parameter.grad)

@@ -20,7 +20,8 @@ gradients (their layer gets no signal in that batch or never: AllZero's and Vani
 findings), attention key biases (zero gradient: softmax is shift invariant), and parameters that
 get no gradient: frozen (the run saved gradients but none for this parameter) or with an
 all-zero gradient at every earlier saved step of its window (e.g. all-zero inputs in a batch of
-size 1; or a mean |gradient| below 1e-7: a bias followed by BatchNorm). When every parameter of
+size 1; or a mean |gradient| below 1e-7: a bias followed by BatchNorm), or none at all at those
+steps while they saved other parameters' gradients (trained in another phase: layer-wise). When every parameter of
 the model is unchanged, none is excused: nothing is learning. Unless ``rtol``/``atol`` are given,
 calibrated semantics compare with rtol 1e-6 and no atol (``CALIBRATED_RTOL``).
 Calibrated defaults inspect weights and biases only (a converged model's gradients legitimately
@@ -37,7 +38,14 @@ import numpy as np
 
 from trainguard.modes import ModeKeys
 from trainguard.rules.base import StepResult
-from trainguard.rules.builtin._helpers import check_regexes, earlier_steps, is_complete, read_values, select
+from trainguard.rules.builtin._helpers import (
+    check_regexes,
+    earlier_steps,
+    is_complete,
+    read_values,
+    saved_at,
+    select,
+)
 from trainguard.rules.builtin._persistence import Persistence, PersistentRule, is_key_bias
 from trainguard.rules.params import Param
 
@@ -199,12 +207,19 @@ class UnchangedTensor(PersistentRule):
         # the window's earlier saved steps was all zero (no signal: all-zero inputs, unused), that
         # is by construction; a non-zero gradient that was never applied is the fault (lr 0, not
         # given to the optimizer).
+        # A weight that got no gradient at all at those steps while they saved other weights'
+        # gradients was not being trained then (a forward-forward net trains layer by layer).
         earlier = sorted({p for name in present for p in windows[name][:-1]})
         zero: dict[str, list[bool]] = {name: [] for name in present}
         for p in earlier:
             wanted = [present[name] for name in present if p in windows[name][:-1]]
-            for gradient, value in read_values(trial, wanted, p).items():
-                zero[gradient.removeprefix("gradient/")].append(_no_signal(value))
+            values = read_values(trial, wanted, p)
+            saved_here = {gradient for gradient in saved if saved_at(trial, gradient, p)}
+            for gradient in wanted:
+                if gradient in values:
+                    zero[gradient.removeprefix("gradient/")].append(_no_signal(values[gradient]))
+                elif saved_here - {gradient}:
+                    zero[gradient.removeprefix("gradient/")].append(True)  # none: not trained here
         for name, flags in zero.items():
             if flags and all(flags):
                 excused.add(name)

@@ -18,9 +18,11 @@ frozen weight does not. A tensor fires when its ratio was too large at 2 of its
 last ``window`` evaluations, or too small at most of them (certain: all of a full window); \
 a non-finite update fires at once and
 is certain. Weights that get no gradient by construction are never "too small": frozen ones
-(the run saved gradients, none for this weight) and those whose gradient is all zero at this
-step (all-zero inputs). A weight that was all zero at the reference step is not judged (no scale:
-LoRA's zero-initialised B, zero-init residual branches). ``semantics="sagemaker"``: the previous
+(the run saved gradients, none for this weight), those whose gradient is all zero at this
+step (all-zero inputs), and those that got no gradient at any step of the span while those
+steps saved other weights' gradients (trained in another phase: layer-wise training). A weight
+that was all zero at the reference step is not judged (no scale: LoRA's zero-initialised B,
+zero-init residual branches). ``semantics="sagemaker"``: the previous
 saved step, single-step condition.
 
 A too-large ratio while the training loss fell is learning, not a learning rate too high: a weight
@@ -50,6 +52,7 @@ from trainguard.rules.builtin._helpers import (
     fmt,
     is_complete,
     read_values,
+    saved_at,
     select,
     training_mode,
 )
@@ -306,8 +309,17 @@ class WeightUpdateRatio(PersistentRule):
                 lambda p: mode == ModeKeys.GLOBAL or trial.mode(p) == mode,
                 stop=_at_or_before(reference),
             )
-            values = [read_values(trial, [gradient], p).get(gradient) for p in sorted(set(between))]
+            span = sorted(set(between))
+            values = [read_values(trial, [gradient], p).get(gradient) for p in span]
             present = [value for value in values if value is not None]
             if present and not any(np.any(np.asarray(value)) for value in present):
                 excused.add(name)
+            elif not present and all(self._saved_other_gradients(gradient, saved, p) for p in span):
+                # trained in another phase of the run only: while these steps saved other
+                # weights' gradients, it got none (a forward-forward net trains layer by layer)
+                excused.add(name)
         return excused
+
+    def _saved_other_gradients(self, gradient: str, saved: set[str], step: int) -> bool:
+        trial = self.base_trial
+        return any(saved_at(trial, other, step) for other in saved if other != gradient)
