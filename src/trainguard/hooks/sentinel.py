@@ -29,7 +29,11 @@ step of its own (closure_steps.py); there every evaluation takes the general pat
 sentinel for that one step (``run_begins(step, mode_step, 0)``), and the gradient judged is the
 one the optimizer step ends with, the last evaluation's (a NaN stays: it is dated to the last
 evaluation of the optimizer step it appeared in). Not seen: a loss that is infinite while
-its gradients stay finite (cross-entropy of a ``-inf`` logit); gradients zeroed in place
+its gradients stay finite (cross-entropy of a ``-inf`` logit); a NaN that first appears in the
+forward of a step that never reaches backward, the script dying there (a VAE at a far too high
+learning rate: finite loss 5.5e10 and finite gradients at step 1, weights still finite after its
+update, then NaN probabilities at step 2 that ``BCELoss`` refuses with an error): no gradient
+holds it, and nothing of an unsaved step's forward is kept; gradients zeroed in place
 (``zero_grad(set_to_none=False)``: the references are one tensor, so only the run's last step is
 judged, and a NaN is dated there); loops without an optimizer (a hand-written update: every step
 takes the general path, and a NaN shows at the next saved step, as before). Skipped steps of
