@@ -53,7 +53,8 @@ fault starts acting (its onset).
   (x..x⁴, small init, coefficients about 5), a CIFAR-style ResNet (padded random crops, then
   Normalize), the MNIST example's CNN on [0, 1] pixels (healthy) and on raw 0-255 pixels (a data
   fault), a tanh-RNN word LM at the example's lr 20 (its training loss rises), a 2-rank DDP
-  GPT-like model under `torchrun` (gloo; killed after 420 s, a hang recorded in its metrics), and
+  GPT-like model under `torchrun` (gloo; a run not ended within 420 s is killed and recorded as a
+  hang in its metrics), and
   Hugging Face `Trainer` runs of 5 and 8 epochs with an evaluation pass each epoch (saved every
   10 steps, so the saved EVAL steps are different batches of each pass) with lr 100 and lr 0
   twins. The healthy twin of the raw-pixel fault, images scaled to [0, 1] without mean
