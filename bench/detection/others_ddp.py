@@ -5,8 +5,9 @@ windows of the text (:func:`markov_text`), the model wrapped in ``DistributedDat
 after the hook has registered it.
 
 The builder launches ``torchrun --nproc_per_node 2`` on this file with a timeout: a run that
-does not end in time (issue 48 reports a teardown hang in some DDP runs) is killed, and its
-metrics file says where each rank was (``hang``), so it is scored as what it is, not lost.
+does not end in time (issue 48 reports a teardown hang in some DDP runs) is killed with every
+process it started, the stacks of each first dumped into ``hang-dump.txt``, and its metrics file
+says where each rank was (``hang``), so it is scored as what it is, not lost.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
+from bench.ddp_teardown import _alive, _descendants, _dump, _kill
 from bench.detection.others_common import Capture, OthersSpec, freeze_all, markov_text
 
 VOCAB, BLOCK, DIM, TIMEOUT_S = 200, 16, 32, 420
+HANG_DUMP = "hang-dump.txt"  # in the run's directory: the stacks of a run killed for its timeout
 
 
 def _gpt() -> Any:
@@ -145,6 +149,37 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _dump_and_kill(process: subprocess.Popen[bytes], dump: str) -> None:
+    """Where every process of the run is (py-spy where installed, the kernel stacks), then all of
+    them killed. torchrun starts each rank in a session of its own, so killing torchrun's group
+    alone would leave a hung rank, and the writer process it started, running for ever."""
+    try:
+        _dump({pid for pid, _ in _descendants(process.pid)} | {process.pid}, Path(dump))
+    finally:  # a dump that fails or times out still kills
+        tree = _frozen_tree(process.pid)
+        os.killpg(process.pid, signal.SIGKILL)
+        _kill(tree)
+        process.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(member) for member in tree) and time.monotonic() < deadline:
+            time.sleep(0.05)  # gone, not just signalled: the caller reads the run's directory next
+
+
+def _frozen_tree(root: int) -> set[tuple[int, str]]:
+    """``root`` and its descendants, each stopped (SIGSTOP) until none is left that could start
+    another: a rank killed before its child would leave that child to init, out of sight."""
+    os.kill(root, signal.SIGSTOP)  # an agent left going could start ranks again
+    frozen: set[tuple[int, str]] = set()
+    while found := _descendants(root) - frozen:
+        for pid, _ in found:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        frozen |= found
+    return frozen
+
+
 def train_ddp_gpt(out_dir: str, spec: OthersSpec) -> str:
     """``torchrun`` two ranks of :func:`_worker`; a run past ``TIMEOUT_S`` is killed and recorded."""
     from bench.detection.harness import METRICS_FILE
@@ -160,8 +195,7 @@ def train_ddp_gpt(out_dir: str, spec: OthersSpec) -> str:
         try:
             code = process.wait(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            _dump_and_kill(process, os.path.join(out_dir, HANG_DUMP))
             code = None
     metrics_path = os.path.join(out_dir, METRICS_FILE)
     if code is None or not os.path.exists(metrics_path):
@@ -170,7 +204,7 @@ def train_ddp_gpt(out_dir: str, spec: OthersSpec) -> str:
             path = os.path.join(out_dir, f"rank{rank}.log")
             ranks[rank] = open(path, encoding="utf-8").read().splitlines()[-1:] if os.path.exists(path) else []
         hang = {"timed_out": code is None, "exit_code": code, "seconds": round(time.time() - started, 1),
-                "last_line_per_rank": ranks}  # fmt: skip
+                "last_line_per_rank": ranks, "dump": HANG_DUMP if code is None else None}  # fmt: skip
         if os.path.exists(metrics_path):  # rank 0 finished its metrics; the hang came after
             metrics = json.load(open(metrics_path, encoding="utf-8"))
         else:

@@ -55,3 +55,19 @@ def test_a_gpt_ddp_job_with_an_explicit_hook_ends(tmp_path, monkeypatch):
     end = tmp_path / "run" / "training_job_end.ts"
     assert end.stat().st_mtime_ns >= peer_end.stat().st_mtime_ns
     assert _processes_naming(run) == []
+
+
+def test_a_job_past_its_timeout_is_killed_with_every_process_it_started(tmp_path, monkeypatch):
+    """torchrun starts each rank in a session of its own: the builder killing torchrun's process
+    group alone left the ranks (and their writer processes) running after it gave up."""
+    monkeypatch.setattr(others_ddp, "TIMEOUT_S", 25)
+    run = os.fspath(tmp_path / "run")
+    with pytest.raises(RuntimeError, match="did not finish"):  # killed before any loss was recorded
+        others_ddp.train_ddp_gpt(run, OthersSpec("ddp_gpt", lr=3e-3, steps=1_000_000, save_interval=5))
+
+    for rank in (0, 1):  # both ranks were training when the timeout came
+        assert (tmp_path / "run" / f"rank{rank}.log").read_text().splitlines()[-1].endswith(" training")
+    hang = json.loads((tmp_path / "run" / "corpus-metrics.json").read_text())["hang"]
+    assert hang["timed_out"] and hang["dump"] == others_ddp.HANG_DUMP
+    assert "others_ddp.py" in (tmp_path / "run" / others_ddp.HANG_DUMP).read_text()
+    assert _processes_naming(run) == []
