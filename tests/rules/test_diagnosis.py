@@ -121,6 +121,32 @@ def test_saturated_activations_explain_all_zero_gradients_at_the_same_step() -> 
     assert [f["rule"] for f in diagnose(results)["primary"]] == ["AllZero"]
 
 
+def test_oversized_updates_explain_the_all_zero_gradients_that_follow() -> None:
+    """REINFORCE at 1e4 times its learning rate (Adam lr 100), as the rules saw it: the updates are
+    thousands of times the weights' norm from step 20 (never certain), and from step 30 the
+    gradients behind the softmax pinned at 0 and 1 are all zeros (certain from step 50). The stop
+    names the learning rate, not the zeros it caused."""
+    results = [
+        {"rule": "WeightUpdateRatio", "findings": [
+            {"step": step, "message": "update of Policy_affine2.weight is 6312 times its norm", "certain": False}
+            for step in (20, 30, 40)]},
+        {"rule": "AllZero", "findings": [
+            {"step": step, "message": "4 tensor(s) are >= 100% zeros, e.g. gradient/Policy_affine1.bias",
+             "certain": step >= 50} for step in (30, 40, 50, 60)]},
+        {"rule": "UnchangedTensor", "findings": [{"step": 200, "message": "4 tensor(s) did not change",
+                                                  "certain": True}]},
+    ]  # fmt: skip
+    diagnosis = diagnose(results)
+    assert [f["rule"] for f in diagnosis["primary"]] == ["WeightUpdateRatio"]
+    consequences = {f["rule"]: f for f in diagnosis["consequences"]}
+    assert set(consequences) == {"AllZero", "UnchangedTensor"}
+    assert consequences["AllZero"]["explained_by"] == "WeightUpdateRatio"
+    assert "all zeros" in consequences["AllZero"]["why"]
+    # zeros seen before any oversized update are another problem, not its consequence
+    results[1]["findings"][0]["step"] = 10
+    assert [f["rule"] for f in diagnose(results)["primary"]] == ["AllZero"]
+
+
 def test_a_mispredicted_class_is_a_symptom_of_a_model_that_does_not_learn() -> None:
     """ClassImbalance's misprediction finding (labels balanced, one class predicted wrong) does not
     explain a stalled loss: with shuffled labels the stalled loss is the primary finding."""

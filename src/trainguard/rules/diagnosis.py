@@ -97,6 +97,11 @@ EXPLAINS: tuple[Edge, ...] = (
         "ExplodingTensor": "updates far too large make weights and gradients grow without bound",
         "DeadRelu": "updates far too large push pre-activations negative for good",
         "SaturatedActivation": "updates far too large pin tanh/sigmoid at their limits",
+        # the same dead or saturated units, seen in the gradients: a softmax pinned at exactly 0 and 1
+        # or a layer of dead ReLUs passes back gradients that are exactly zero; AllZero reads those
+        # gradients where DeadRelu/SaturatedActivation may have nothing to read (functional softmax)
+        "AllZero": "updates far too large kill or saturate the units after them (ReLUs dead, a softmax at exactly "
+        "0 and 1): the gradients behind them are all zeros",
         "UnchangedTensor": "updates far too small leave the weights unchanged",
         # through saturation the SaturatedActivation rule may not see (no tanh/sigmoid inputs saved)
         "VanishingGradient": "updates far too large drive tanh/sigmoid into their flat regions, where gradients vanish",
