@@ -90,6 +90,41 @@ def test_zero_by_construction_gradients_are_not_judged(tmp_path):
         assert fired(evaluate_rule(path, f"{rule}:semantics=sagemaker")), rule
 
 
+def test_a_bias_that_cancels_out_of_the_loss_is_not_all_zero(tmp_path):
+    """A siamese net compares the embeddings of two passes, |f(x1) - f(x2)|: the last embedding
+    layer's bias cancels, so autograd gives it an exactly-zero gradient while its weight's is not
+    (checked on a real torch layer). AllZero does not call that bias's gradient all zero; a layer
+    whose weight gradient is zero too (dead, or saturated behind) is still reported."""
+    import torch
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(6, 4)
+    x1, x2 = torch.randn(8, 6), torch.randn(8, 6)
+    torch.abs(layer(x1) - layer(x2)).sum().backward()
+    assert not torch.any(layer.bias.grad) and torch.any(layer.weight.grad)
+
+    rng = np.random.default_rng(0)
+    steps = {}
+    for step in range(10):
+        steps[step] = {
+            "gradient/SiameseNetwork_cnn.7.weight": rng.normal(size=(4, 6)) * 1e-2,
+            "gradient/SiameseNetwork_cnn.7.bias": np.zeros(4),
+            "gradient/SiameseNetwork_fc.0.weight": rng.normal(size=(3, 4)) * 1e-2,
+            "gradient/SiameseNetwork_fc.0.bias": rng.normal(size=3) * 1e-2,
+        }
+    path = write_run(tmp_path / "siamese", steps)
+    assert fired(evaluate_rule(path, "AllZero")) == []
+    assert fired(evaluate_rule(path, "AllZero:semantics=sagemaker"))
+    for step in range(3, 10):  # from step 3 the head is dead: weight and bias gradients all zero
+        steps[step]["gradient/SiameseNetwork_fc.0.weight"] = np.zeros((3, 4))
+        steps[step]["gradient/SiameseNetwork_fc.0.bias"] = np.zeros(3)
+    results = fired(evaluate_rule(write_run(tmp_path / "dead-head", steps), "AllZero"))
+    assert results and results[0].step == 5
+    assert set(results[0].details["tensors"]) == {
+        "gradient/SiameseNetwork_fc.0.weight", "gradient/SiameseNetwork_fc.0.bias"
+    }  # fmt: skip
+
+
 def test_frozen_parameters_are_excused_unless_nothing_learns(tmp_path):
     rng = np.random.default_rng(2)
     frozen = rng.normal(size=(4, 4))

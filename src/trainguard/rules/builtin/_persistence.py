@@ -15,6 +15,10 @@ Some gradients are zero by construction, and no rule may call them vanished, dea
 * frozen parameters: no gradient is saved at all (``requires_grad=False``);
 * weights fed by inputs that are all zero in a batch: dL/dW = δ·xᵀ = 0 while the same layer's
   bias gradient δ is not zero;
+* biases that cancel out of the loss: dL/db = Σδ = 0 exactly while the same layer's weight
+  gradient δ·xᵀ is not zero (a siamese net's shared embedding bias under |f(x₁) − f(x₂)|: the
+  two passes' δ are equal and opposite). A dead or saturated layer has δ = 0, so its weight
+  gradient is zero too and it is still judged;
 * embedding rows of tokens absent from a batch: exactly-zero elements inside a gradient that is
   otherwise non-zero (rules average over the non-zero elements).
 """
@@ -38,6 +42,7 @@ __all__ = [
     "PersistentRule",
     "TensorRule",
     "bias_partner",
+    "cancelled_bias",
     "is_key_bias",
     "zero_input_weight",
 ]
@@ -59,6 +64,25 @@ def bias_partner(name: str) -> str | None:
         if found and (not tail or re.fullmatch(r":\d+", tail)):
             return stem + bias + tail
     return None
+
+
+def weight_partner(name: str) -> str | None:
+    """The weight of the layer a bias (or bias gradient) ``name`` belongs to, or None."""
+    for suffix, weight in ((".bias", ".weight"), ("/bias", "/kernel"), ("_bias", "_weight")):
+        stem, found, tail = name.rpartition(suffix)
+        if found and (not tail or re.fullmatch(r":\d+", tail)):
+            return stem + weight + tail
+    return None
+
+
+def cancelled_bias(name: str, array: np.ndarray, values: Mapping[str, Any]) -> bool:
+    """A bias gradient that is exactly zero while its layer's weight gradient is not: the bias
+    cancels out of the loss (Σδ = 0 with δ ≠ 0), by construction, not a vanished or dead gradient."""
+    partner = weight_partner(name)
+    if partner is None or partner not in values or np.any(array):
+        return False
+    weight = np.asarray(values[partner])
+    return weight.dtype.kind in "fc" and bool(np.any(weight))
 
 
 def zero_input_weight(name: str, array: np.ndarray, values: Mapping[str, Any]) -> bool:

@@ -3,8 +3,10 @@
 Per tensor and step: ``100 · count(t_s == 0) / size(t_s) ≥ threshold``. Calibrated semantics
 (default): a tensor fires only when that held at most of its last ``window`` evaluated steps
 (certain: at all of a full window), and gradients zero by construction are not judged: attention
-key biases, and a weight gradient that is zero while its layer's bias gradient is not (all-zero
-inputs in that batch, e.g. batch size 1 with an all-zero row). Frozen parameters save no
+key biases, a weight gradient that is zero while its layer's bias gradient is not (all-zero
+inputs in that batch, e.g. batch size 1 with an all-zero row), and a bias gradient that is zero
+while its layer's weight gradient is not (the bias cancels out of the loss: a siamese net's shared
+embedding bias under the distance of two passes). Frozen parameters save no
 gradient at all. ``semantics="sagemaker"``: SageMaker's single-step condition.
 
 SageMaker ``rule_to_invoke``: ``AllZero``; parameters ``collection_names``, ``tensor_regex``
@@ -22,7 +24,7 @@ import numpy as np
 
 from trainguard.rules.base import MissingTensor, StepResult
 from trainguard.rules.builtin._helpers import check_regexes, fmt, is_complete, read_values, select
-from trainguard.rules.builtin._persistence import PersistentRule, is_key_bias, zero_input_weight
+from trainguard.rules.builtin._persistence import PersistentRule, cancelled_bias, is_key_bias, zero_input_weight
 from trainguard.rules.params import Param
 
 DEFAULT_COLLECTIONS = ("weights", "gradients")
@@ -97,7 +99,7 @@ class AllZero(PersistentRule):
             if array.size == 0 or array.dtype.kind not in "fciub":
                 continue
             if self.calibrated and name.startswith("gradient/"):
-                if is_key_bias(name) or zero_input_weight(name, array, values):
+                if is_key_bias(name) or zero_input_weight(name, array, values) or cancelled_bias(name, array, values):
                     not_judged.append(name)
                     continue
             percent = 100.0 * float(np.count_nonzero(array == 0)) / array.size
