@@ -45,6 +45,8 @@ def score_all(cases: list, cache: Path, jobs: int, rule_sets: dict[str, list[str
                 _write_json(checkpoint, results, rule_sets)
             if not quiet:
                 fired = ",".join(sorted(result.verdicts["all"].findings)) if "all" in result.verdicts else "-"
+                if "all" in result.verdicts and result.verdicts["all"].error:
+                    fired = f"no verdict ({result.verdicts['all'].error[:120]})"
                 print(
                     f"[{index}/{len(work)} {time.perf_counter() - started:5.0f}s] {result.name}: "
                     f"{result.error or fired or 'silent'}",

@@ -64,6 +64,8 @@ def summarise(results: list[CaseResult], split: str, rule_set: str) -> Summary:
         verdict = result.verdicts[rule_set]
         if verdict.error:
             summary.errors.append((result.name, verdict.error))
+            if result.label == "healthy":  # no rule judged it: its silence is no evidence (a faulty one is a miss)
+                continue
         if not result.symptom_ok:
             summary.unverified.append((result.name, result.symptom_seen))
         summary.diagnosis_from_cli += verdict.diagnosis_from_cli

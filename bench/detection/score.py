@@ -192,6 +192,7 @@ def subset_verdict(stdout: str, output_dir: Path, rules: list[str], exit_code: i
 def parse_output(stdout: str, exit_code: int = 0, stderr: str = "") -> Verdict:
     verdict = Verdict(exit_code=exit_code)
     promoted_rules: set[Any] = set()
+    failed: dict[str, str] = {}  # rule -> details, for rules that ended in error (not "not evaluated")
     for line in stdout.splitlines():
         line = line.strip()
         if not line.startswith("{"):
@@ -220,6 +221,8 @@ def parse_output(stdout: str, exit_code: int = 0, stderr: str = "") -> Verdict:
         details = document.get("status_details") or ""
         if "RuleNotEvaluated" in details:
             verdict.not_evaluated[name] = details
+        elif status == "Error":
+            failed[name] = details  # judged by the rule's last status below
         result = document.get("result") or {}
         if result.get("not_evaluated"):
             verdict.not_evaluated.setdefault(name, str(result["not_evaluated"]))
@@ -242,6 +245,11 @@ def parse_output(stdout: str, exit_code: int = 0, stderr: str = "") -> Verdict:
             verdict.findings[name] = finding
     if not verdict.statuses and not verdict.diagnosis_from_cli:
         verdict.error = (stderr or stdout).strip()[-600:] or f"no output (exit {exit_code})"
+    elif verdict.statuses and all(status == "Error" and name in failed for name, status in verdict.statuses.items()):
+        # no rule judged anything (the run could not be opened: nothing was captured): silence
+        # here is no verdict, and a healthy run must not be counted silent for it
+        name = sorted(failed)[0]
+        verdict.error = f"every rule ended in error, e.g. {name}: {failed[name].strip()[:400]}"
     if not verdict.diagnosis_from_cli:
         _fallback_diagnosis(verdict)
     return verdict

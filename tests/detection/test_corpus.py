@@ -227,3 +227,27 @@ def test_summary_counts_healthy_advice_apart_and_advice_as_the_right_answer_only
     assert summary.right_by_advice == ["fault-advised"] and summary.right_primary == []
     assert [name for name, _ in summary.wrong_primary] == ["fault-primary-elsewhere"]
     assert summary.delays == [3.0]
+
+
+def test_a_run_no_rule_could_open_is_an_error_not_a_silent_healthy_run():
+    """A program whose hook captured nothing (its registered model never called: forward-forward
+    layers' forward called directly) makes every rule end in TrialUnavailable: that is no verdict,
+    and the healthy run must not count as silent."""
+    from bench.detection.report import summarise
+    from bench.detection.score import CaseResult
+
+    unavailable = "TrialUnavailable: the run at /tmp/run did not appear within 10 s (no collections file)"
+    lines = [{"configuration_name": rule, "rule": rule, "status": "Error", "status_details": unavailable}
+             for rule in ("AllZero", "LossNotDecreasing", "WeightUpdateRatio")]  # fmt: skip
+    verdict = parse_output("\n".join(json.dumps(line) for line in lines), 2)
+    assert verdict.error.startswith("every rule ended in error, e.g. AllZero: TrialUnavailable")
+    # one rule that judged the run (or said why it could not) makes it a verdict again
+    judged = lines + [{"configuration_name": "Overfit", "rule": "Overfit", "status": "Error",
+                       "status_details": "RuleNotEvaluated: no EVAL losses"}]  # fmt: skip
+    assert parse_output("\n".join(json.dumps(line) for line in judged), 4).error == ""
+    healthy = CaseResult("healthy-x", "f", "healthy", "calibration", (), 0, 1, "", True, "", 0.0, 0.0, {"all": verdict})
+    faulty = CaseResult("fault-x", "f", "faulty", "calibration", ("ExplodingTensor",), 0, 1, "", True, "", 0.0, 0.0,
+                        {"all": verdict})  # fmt: skip
+    summary = summarise([healthy, faulty], "all", "all")
+    assert summary.healthy == 0 and [name for name, _ in summary.errors] == ["healthy-x", "fault-x"]
+    assert summary.faulty == 1 and [name for name, _ in summary.wrong_primary] == ["fault-x"]  # a miss, not left out
