@@ -107,7 +107,15 @@ computes itself (chance, 0.20) shows the fault, and no rule reads it. `fault-ove
 has validation passes of two batches whose pass-to-pass noise (0.85) is larger than any one
 pass's rise above the best (0.34; the 18 passes after it average 1.85): Overfit asks every one
 of `patience` passes to clear the best by 4 x that noise, so a rise seen only in the mean of many
-passes is not reported.
+passes is not reported. `fault-word-lm-rnn-tanh-lr-20` is told apart, but late and not for
+certain: its training loss rises at once from its first value 5.30 (ln 200, a uniform guess);
+the median of the last 16 saved losses is 6.9-8.1 from step 80 to the end, with a noise of
+0.65-1.4 per value (second differences). LossNotDecreasing's "risen above its start" asks that
+median to clear the one first loss by 3.09 x 1.05 = 3.24 noise units (alpha 0.001): it is
+1.7-3.2 units above it, and the window comparison's first window already holds the rise
+(5.3 → 8.1). It is reported as not learning (not certain) at training step 115 (step 195
+with the evaluation passes' steps), 23 saved training losses after the onset; a looser alpha for
+that check would be chosen for this one program.
 
 Targets (issue 43): 0 healthy runs with a finding (advice allowed, counted apart); ≥ 95 % of
 faulty runs with an expected rule as the primary finding; at most 2 findings (primary +
