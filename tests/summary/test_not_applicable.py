@@ -82,3 +82,40 @@ def test_summary_counts_not_applicable_in_one_line_and_keeps_could_not_evaluate(
     assert "    2 rules not applicable to this run: TreeDepth, SaturatedActivation" in text
     assert "LossNotDecreasing  not evaluated (Error): 1 finite saved loss" in text
     assert "TreeDepth  not evaluated" not in text and "SaturatedActivation  not evaluated" not in text
+
+
+class _WeightRule(Rule):  # a neural network's tensors
+    collections = ("weights", "gradients")
+
+    def check(self, step: int) -> None:
+        return None
+
+
+class _LabelRule(Rule):  # labels and predictions: an XGBoost run has them too
+    collections = ("labels", "predictions")
+
+    def check(self, step: int) -> None:
+        return None
+
+
+def test_neural_network_rules_do_not_apply_to_a_boosted_model() -> None:
+    """An XGBoost run has no weights, gradients, activations or model inputs: a rule reading only
+    those does not apply ("save the collection 'gradients'" is no advice for a booster); rules
+    reading labels, predictions or losses (the evaluation metrics) still do."""
+    xgboost_run = _Trial("xgboost", {"metrics": ["train-logloss"], "trees": ["trees/Depth"], "labels": ["labels"]})
+    assert _WeightRule(xgboost_run).inapplicable() == (
+        "reads weights, gradients, which a boosted model does not have; this is an xgboost run"
+    )
+    assert _LabelRule(xgboost_run).inapplicable() is None
+    assert _ByNameRule(xgboost_run).inapplicable() is None  # the losses: XGBoost's metrics
+    assert _WeightRule(_Trial("pytorch", {"weights": []})).inapplicable() is None
+
+
+def test_what_rules_can_read_in_an_xgboost_run_covers_the_hooks_collections() -> None:
+    import pytest
+
+    pytest.importorskip("xgboost")
+    from trainguard.hooks.xgboost import XGBOOST_COLLECTIONS
+    from trainguard.rules.base import XGBOOST_RULE_COLLECTIONS
+
+    assert set(XGBOOST_COLLECTIONS) - {"all", "default"} <= XGBOOST_RULE_COLLECTIONS

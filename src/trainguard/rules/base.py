@@ -29,6 +29,17 @@ from trainguard.statuses import RuleStatus  # defined with the job statuses; the
 __all__ = ["MissingTensor", "Rule", "RuleStatus", "StepResult"]
 
 
+# What a rule can read in an XGBoost run: the XGBoost hook's collections (hooks/xgboost.py, not
+# imported here: it imports xgboost), its labels and predictions, and its evaluation metrics, which
+# the loss rules read as the run's losses. A rule reading none of these (weights, gradients,
+# activations, model inputs: a neural network's) cannot apply to a boosted model. A test keeps it
+# in step with the hook.
+XGBOOST_RULE_COLLECTIONS = frozenset(
+    {"metrics", "hyperparameters", "feature_importance", "trees", "full_shap", "average_shap"}
+    | {"labels", "predictions", "losses"}
+)
+
+
 @dataclass(frozen=True)
 class MissingTensor:
     """What a rule needed and did not find, and how to make the hook save it."""
@@ -262,6 +273,9 @@ class Rule:
         framework = self.framework()
         if self.frameworks is not None and framework is not None and framework not in self.frameworks:
             return f"applies to {'/'.join(self.frameworks)} runs only; this is a {framework} run"
+        if framework == "xgboost" and self.collections and not set(self.collections) & XGBOOST_RULE_COLLECTIONS:
+            # a neural network's tensors: "save the collection 'gradients'" is no advice for a booster
+            return f"reads {', '.join(self.collections)}, which a boosted model does not have; this is an xgboost run"
         if not self.collections or not self.reads_only_collections:
             return None
         try:
