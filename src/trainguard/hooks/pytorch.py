@@ -168,13 +168,7 @@ class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
     # -- registration -------------------------------------------------------------------------
     def _name_tree(self, module: torch.nn.Module) -> str:
         """Name a root module and its children as smdebug does; return the root's name."""
-        root_name = module._get_name()
-        taken = {name for _, name in self._roots}
-        if root_name in taken:  # a second root of the same class: keep every name unique
-            index = 1
-            while f"{root_name}_{index}" in taken:
-                index += 1
-            root_name = f"{root_name}_{index}"
+        root_name = self._model_scopes.unique_root_name(module._get_name(), {name for _, name in self._roots})
         prefix = self._model_scopes.prefix(root_name, module)  # unique names across models too
         for child_name, child in module.named_modules():
             if child not in self._module_names:

@@ -26,6 +26,16 @@ class ModelScopes:
     def __init__(self) -> None:
         self._heads: dict[str, set[str]] = {}  # root name -> first components of its module names
 
+    @staticmethod
+    def unique_root_name(class_name: str, taken: set[str]) -> str:
+        """A root's name: its class name, numbered from ``_1`` when another root holds it."""
+        if class_name not in taken:
+            return class_name
+        index = 1
+        while f"{class_name}_{index}" in taken:
+            index += 1
+        return f"{class_name}_{index}"
+
     def prefix(self, root_name: str, module: Any) -> str:
         """The prefix ("" or ``<root>.``) for the child names of ``module``, a new root."""
         heads = {name.split(".", 1)[0] for name, _ in module.named_modules() if name}
