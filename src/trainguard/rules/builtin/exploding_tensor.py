@@ -24,11 +24,21 @@ import re
 
 import numpy as np
 
+from trainguard.modes import ModeKeys
 from trainguard.rules.base import StepResult
-from trainguard.rules.builtin._helpers import all_finite, check_regexes, is_complete, names_at, read_values, select
+from trainguard.rules.builtin._gradient_growth import GradientGrowth
+from trainguard.rules.builtin._helpers import (
+    all_finite,
+    check_regexes,
+    is_complete,
+    names_at,
+    read_values,
+    select,
+    training_mode,
+)
 from trainguard.rules.builtin._parallel import map_tensors
 from trainguard.rules.builtin._persistence import TensorRule
-from trainguard.rules.params import Param
+from trainguard.rules.params import SAGEMAKER, Param, semantics_param
 
 _INPUT_COLLECTIONS = ("model_inputs", "derived_inputs")
 _LAYER_INPUT = re.compile(r"_input_\d+$")
@@ -45,7 +55,10 @@ class ExplodingTensor(TensorRule):
 
     rule_name = "ExplodingTensor"
     needs = "no floating-point tensor was saved at a complete step"
-    stop_policy = "stops training at the first step with a NaN (or, unless only_nan, infinite) value"
+    stop_policy = (
+        "stops training at the first step with a NaN (or, unless only_nan, infinite) value, or when gradients "
+        "growing like a running sum held at window consecutive training steps (calibrated semantics)"
+    )
     fix_hint = "lower the learning rate or clip gradients; check for log(0), division by zero and unnormalised inputs"
     fix_hints = {
         "pytorch": (
@@ -71,9 +84,28 @@ class ExplodingTensor(TensorRule):
     collection_names = Param(list, None, "collections to inspect (comma-separated)")
     tensor_regex = Param(list, None, "regexes of tensor names to inspect (comma-separated)")
     only_nan = Param(bool, False, "only NaN counts, not +/-inf")
+    semantics = semantics_param()
+    growth = Param(float, 10.0, "calibrated: gradients this many times their first saved norm may be accumulating "
+                   "(trainguard)", check=lambda value: None if value > 1 else "must be > 1")
+    alignment = Param(float, 0.9, "calibrated: the cosine every saved gradient must have with the one before "
+                      "(trainguard)", check=lambda value: None if -1 < value < 1 else "must be in (-1, 1)")
+    window = Param(int, 5, "calibrated: saved training steps the growing-gradient signature must span (trainguard)",
+                   check=lambda value: None if value >= 2 else "must be >= 2")
+    growth_hints = {
+        "pytorch": (
+            "call optimizer.zero_grad() once per optimizer step, before loss.backward() (gradients add up in "
+            ".grad otherwise); if it is called, lower the learning rate or clip gradients"
+        ),
+    }
+    growth_hint = (
+        "reset the gradients once per optimizer step (zero_grad); if they are reset, lower the learning rate "
+        "or clip gradients"
+    )
 
     def validate(self) -> None:
         check_regexes(self, "tensor_regex")
+        self._growth = GradientGrowth(self.base_trial, self.growth, self.alignment, self.window)
+        self._growth_streak = 0
 
     def check(self, step: int) -> StepResult | None:
         trial = self.base_trial
@@ -102,6 +134,9 @@ class ExplodingTensor(TensorRule):
             if nan or inf:
                 bad[name] = {"nan": nan, "inf": inf, "size": int(array.size)}
         if not bad:
+            grown = self._grown(step, floats)
+            if grown is not None:
+                return grown
             return self.no_issue(step, tensors_checked=len(names))
         first = sorted(bad)[0]
         what = "NaN" if self.only_nan else "NaN/inf"
@@ -117,6 +152,30 @@ class ExplodingTensor(TensorRule):
             certain=True,
             tensor=first,
             tensors=bad,
+        )
+
+    def _grown(self, step: int, floats: dict[str, np.ndarray]) -> StepResult | None:
+        """The growing-gradient finding at a saved training step (calibrated semantics), or None."""
+        trial = self.base_trial
+        if self.semantics == SAGEMAKER or "gradients" not in trial.collections():
+            return None
+        mode = training_mode(trial)
+        if mode != ModeKeys.GLOBAL and trial.mode(step) != mode:
+            return None
+        saved = set(trial.tensor_names(collection="gradients"))
+        gradients = {name: array for name, array in floats.items() if name in saved and array.dtype.kind == "f"}
+        facts = self._growth.judge(step, gradients, mode)
+        self._growth_streak = self._growth_streak + 1 if facts is not None else 0
+        if facts is None:
+            return None
+        framework = self.framework() or ""
+        return self.issue(
+            step,
+            self._growth.message(facts, step),
+            fix_hint=self.growth_hints.get(framework, self.growth_hint),
+            certain=self._growth_streak >= self.window,
+            gradient_growth=dict(facts),
+            evaluations=self._growth_streak,
         )
 
     def _input_names(self) -> set[str]:

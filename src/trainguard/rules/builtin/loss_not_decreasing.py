@@ -23,6 +23,11 @@ saved losses of each selected loss tensor, evaluated every ``num_steps`` mode st
   ``alpha``-unlikely for the median to clear the margin); a loss that is not minimised towards
   a floor (a policy-gradient surrogate with unnormalised returns, which grows as returns grow)
   rises on a healthy run too, and the rule cannot tell that apart from a divergence;
+* far above chance (certain): the same test with the cross-entropy's chance level in place of S
+  (``_chance_loss``: log C summed over the batch's scored positions, the most a uniform guess
+  scores under any reduction). Logits orders of magnitude too large from the start (a ReLU RNN
+  whose recurrent weights grow its state through the time steps) give a loss of 10^8 that falls
+  but stays 10^6 above chance: neither window comparison nor the start sees it;
 * not learning (reported, never certain): with F the first ``window`` saved losses of the run
   and R up to the last 2 x ``window`` after them, the loss fell from mean(F) to mean(R) by less
   than ``min_progress_percent`` % with 99.5 % confidence (Welch's standard error of the
@@ -103,37 +108,15 @@ from typing import Any
 
 from trainguard.modes import ModeKeys
 from trainguard.rules.base import Rule, StepResult
+from trainguard.rules.builtin._chance_loss import chance_level
+from trainguard.rules.builtin._loss_hints import ABOVE_CHANCE_HINT, ABOVE_CHANCE_HINTS
+from trainguard.rules.builtin._loss_hints import DIVERGING_HINT as _DIVERGING_HINT
+from trainguard.rules.builtin._loss_hints import DIVERGING_HINTS as _DIVERGING_HINTS
+from trainguard.rules.builtin._loss_hints import PLATEAU_HINT as _PLATEAU_HINT
+from trainguard.rules.builtin._loss_hints import PLATEAU_HINTS as _PLATEAU_HINTS
 from trainguard.rules.builtin._loss_stats import decrease_upper_bound, mann_whitney_p, mean, robust_sd, trend_z
 from trainguard.rules.builtin._losses import LossHistory, fmt, is_complete, parse_mode
 from trainguard.rules.params import SAGEMAKER, Param, semantics_param
-
-_DIVERGING_HINTS = {
-    "pytorch": "the loss is rising: lower the learning rate (or warm it up with torch.optim.lr_scheduler), clip "
-    "gradients (torch.nn.utils.clip_grad_norm_), and check the loss gets the model's raw outputs",
-    "keras": "the loss is rising: lower the optimizer's learning_rate (or use a LearningRateSchedule), clip "
-    "gradients with the optimizer's clipnorm= argument, and check from_logits matches the model's last layer",
-    "xgboost": "the training metric is rising: lower eta (learning_rate), reduce max_depth, raise "
-    "min_child_weight, and check the objective matches the labels",
-}
-_DIVERGING_HINT = (
-    "the loss is rising: lower the learning rate or use a scheduler, clip gradients, and check the loss "
-    "gets the model's raw outputs"
-)
-_PLATEAU_HINTS = {
-    "pytorch": "the loss is not falling: raise the learning rate, check that the optimizer receives "
-    "model.parameters() (and that optimizer.step() runs), that labels match their inputs and that "
-    "CrossEntropyLoss gets raw logits",
-    "keras": "the loss is not falling: raise the optimizer's learning_rate, check that the layers are "
-    "trainable, that labels match their inputs and that from_logits matches the model's last layer",
-    "xgboost": "the training metric is not falling: raise eta (learning_rate) or max_depth, check that "
-    "num_boost_round is more than a few rounds and that labels match their rows",
-}
-_PLATEAU_HINT = (
-    "the loss is flat: if it never dropped, raise the learning rate, check that the optimizer "
-    "receives model.parameters() and that labels match their inputs; if it flattened after "
-    "progress, training has converged: stop early or decay the learning rate"
-)
-
 
 # Mann-Kendall z below which the recent losses are falling (one-sided 5 %): a run leaving a
 # plateau is not judged "not learning" while it still trains.
@@ -219,6 +202,7 @@ class LossNotDecreasing(Rule):
         self._consumed = -1  # last global loss step added to the calibrated windows
         self._judged = False
         self._last_step = -1
+        self._chance: dict[str, float | int] | None = None  # a uniform guess's loss (_chance_loss)
 
     # -- shared ------------------------------------------------------------------------------
     def finish(self) -> StepResult | None:
@@ -288,6 +272,7 @@ class LossNotDecreasing(Rule):
             if series.count < 2 * self.window:
                 continue
             series.last_evaluated = mode_step
+            self._chance = self._chance or chance_level(trial, step)
             evaluated[name] = self._judge_windows(name, series, mode_step)
             if evaluated[name]["fired"] and self._competing():
                 evaluated[name].update(kind="competing objectives", fired=False, certain=False)
@@ -299,11 +284,13 @@ class LossNotDecreasing(Rule):
         losses = {name: {k: v for k, v in facts.items() if k != "message"} for name, facts in evaluated.items()}
         if not fired:
             return self.no_issue(step, mode=shown, losses=losses)
-        diverging = [item for item in fired if item[1]["kind"] in ("non-finite", "diverging", "risen")]
+        diverging = [item for item in fired if item[1]["kind"] in ("non-finite", "diverging", "risen", "above chance")]
         name, facts = (diverging or fired)[0]
         framework = self.framework()
         hints = _DIVERGING_HINTS if diverging else _PLATEAU_HINTS
         hint = hints.get(framework or "", _DIVERGING_HINT if diverging else _PLATEAU_HINT)
+        if facts["kind"] == "above chance":
+            hint = ABOVE_CHANCE_HINTS.get(framework or "", ABOVE_CHANCE_HINT)
         return self.issue(step, facts["message"], fix_hint=hint, certain=bool(facts["certain"]),
                           mode=shown, losses=losses)
 
@@ -355,21 +342,34 @@ class LossNotDecreasing(Rule):
     def _judge_start(
         self, name: str, series: _Series, recent: list[float], mode_step: int, facts: dict[str, Any]
     ) -> None:
-        """The "risen above its start" check (module docstring): ``recent`` is B ∪ C."""
+        """The "risen above its start" and "far above chance" checks (module docstring): ``recent`` is B ∪ C."""
         start = series.first[0]
         level = statistics.median(recent)
         noise = robust_sd(recent)
         # the start is one draw, the median of n draws has a standard error of sqrt(pi / 2n) draws
         margin = statistics.NormalDist().inv_cdf(1 - self.alpha) * noise * math.sqrt(1 + math.pi / (2 * len(recent)))
-        rise = 100.0 * (level - start) / (abs(start) or 1.0)
-        facts.update(start=start, start_rise_percent=rise)
-        if min(recent) > start and level - start > margin and rise > self.increase_threshold_percent:
+        chance = self._chance
+        for kind, reference in (("risen", start), ("above chance", chance["bound"] if chance else None)):
+            if reference is None:
+                continue
+            rise = 100.0 * (level - reference) / (abs(reference) or 1.0)
+            facts.update({"start": start, "start_rise_percent": rise} if kind == "risen" else
+                         {"chance": reference, "chance_rise_percent": rise})  # fmt: skip
+            if not (min(recent) > reference and level - reference > margin and rise > self.increase_threshold_percent):
+                continue
+            if kind == "risen" or chance is None:
+                what = f"is above the first, {fmt(start)}; their median {fmt(level)} is {fmt(rise)} % higher"
+            else:
+                what = (f"is above {fmt(reference)}, what a uniform guess over {chance['classes']} classes scores even "
+                        f"summed over the batch's {chance['positions']} positions (log {chance['classes']} = "
+                        f"{fmt(float(chance['per_position']))} each); their median is {fmt(level)}")
+            how = "rose above its start and stayed there" if kind == "risen" else "stays far above chance"
             facts.update(
-                kind="risen", fired=True, certain=True,
-                message=f"{name}: loss rose above its start and stayed there: every one of the last {len(recent)} "
-                f"saved losses (to step {mode_step}) is above the first, {fmt(start)}; their median {fmt(level)} is "
-                f"{fmt(rise)} % higher, beyond their noise ({fmt(noise)} per value, margin {fmt(margin)})",
+                kind=kind, fired=True, certain=True,
+                message=f"{name}: loss {how}: every one of the last {len(recent)} saved losses (to step {mode_step}) "
+                f"{what}, beyond their noise ({fmt(noise)} per value, margin {fmt(margin)})",
             )
+            return
 
     def _competing(self) -> bool:
         return getattr(self.base_trial, "independent_optimizers", 1) > 1
