@@ -116,6 +116,16 @@ median to clear the one first loss by 3.09 x 1.05 = 3.24 noise units (alpha 0.00
 (5.3 → 8.1). It is reported as not learning (not certain) at training step 115 (step 195
 with the evaluation passes' steps), 23 saved training losses after the onset; a looser alpha for
 that check would be chosen for this one program.
+`fault-overfit-cnn-small-set` memorises its 16 training images by step 16
+(training loss below 1e-4), but its validation loss does not rise after that: its passes (two
+fresh batches of 32 each) average 0.70 over the 10 to step 64 and 0.74 over the 11 after, with a
+pass-to-pass noise of 0.49; its lowest pass (0.124 at step 39) is a low draw, and the label's own
+check (last pass above 1.3 x the lowest) is met by that noise. Overfit and Overtraining report a
+validation loss that rises above its best beyond its noise, and there is no rise to report; what
+the run shows is a gap that stays the same (0.7 above a training loss of 0), and the losses alone
+cannot tell that from the validation loss a small task cannot get below: a gap rule (SageMaker's
+ratio, relative to the training loss) grows without bound on any run whose training loss nears
+0, healthy ones included.
 
 Targets (issue 43): 0 healthy runs with a finding (advice allowed, counted apart); ≥ 95 % of
 faulty runs with an expected rule as the primary finding; at most 2 findings (primary +
