@@ -94,12 +94,13 @@ class ExplodingTensor(TensorRule):
     growth_hints = {
         "pytorch": (
             "call optimizer.zero_grad() once per optimizer step, before loss.backward() (gradients add up in "
-            ".grad otherwise); if it is called, lower the learning rate or clip gradients"
+            ".grad otherwise); if it is called, the update climbs the loss: check that the loss is not negated "
+            "(a maximised loss grows its gradients the same way), then lower the learning rate or clip gradients"
         ),
     }
     growth_hint = (
-        "reset the gradients once per optimizer step (zero_grad); if they are reset, lower the learning rate "
-        "or clip gradients"
+        "reset the gradients once per optimizer step (zero_grad); if they are reset, check that the loss is not "
+        "negated, then lower the learning rate or clip gradients"
     )
 
     def validate(self) -> None:
