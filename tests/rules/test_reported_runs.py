@@ -75,6 +75,27 @@ def test_tiny_hugging_face_trainer_is_not_stopped_and_its_lr_100_variant_is(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("epochs", [5, 8])
+def test_many_epoch_trainer_with_evaluation_each_epoch_is_not_stopped_and_its_lr_100_twin_is(
+    tmp_path: Path, epochs: int
+) -> None:
+    # issue 43: Overfit once stopped the healthy run at epoch 5 (certain), comparing the one EVAL
+    # batch saved of each 8-batch pass with another batch of the next pass
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    healthy = _run(tmp_path / "healthy", "hf_tiny_bert.py", "--epochs", str(epochs), "--steps", "40")
+    _assert_silent(healthy, tmp_path / "healthy")
+    assert _outputs(tmp_path / "healthy")["Overfit"]["status"] != "IssuesFound"
+    faulty = _run(tmp_path / "lr100", "hf_tiny_bert.py", "--epochs", str(epochs), "--steps", "40", "--lr", "100")
+    record = _assert_stopped(faulty, tmp_path / "lr100", 40 * epochs + 8 * epochs)
+    # the primary is the learning rate's own symptom, and its fix is the one shown
+    assert record["rule"] in ("ExplodingTensor", "WeightUpdateRatio", "LossNotDecreasing"), record
+    assert "learning rate" in record["fix_hint"], record
+    fix = next(line for line in faulty.stdout.splitlines() if line.startswith("  fix         : "))
+    assert record["fix_hint"] in fix
+
+
+@pytest.mark.slow
 def test_a_learning_rate_far_too_high_is_stopped_naming_the_learning_rate_not_a_consequence(tmp_path: Path) -> None:
     # sigmoid MLP, SGD lr=100: the update ratios explode first (not certain yet), the sigmoids then
     # saturate and their gradients vanish; the certain saturation triggers the stop, but the stop,
