@@ -44,6 +44,7 @@ def write_run(
     modes: Mapping[int, ModeLike] | ModeLike | None = None,
     collections: Mapping[str, Iterable[str]] | None = None,
     finished: bool = True,
+    mode_steps: Mapping[int, int] | None = None,
 ) -> str:
     """Write ``steps`` ({global step: {name: array or number}}) as a run at ``path``.
 
@@ -53,6 +54,8 @@ def write_run(
         collections: {collection name: tensor names} memberships written to the collections
             file, on top of the PyTorch default collections (whose regexes also apply).
         finished: write the end-of-training marker (False leaves a "live" run).
+        mode_steps: the mode step of each global step, where the run did not save every step
+            (a hook counts the steps it did not save too); default: counted over ``steps``.
 
     Returns:
         The run's path as a string (what ``create_trial`` takes).
@@ -67,11 +70,12 @@ def write_run(
     worker = worker_name(0)
     writer = StepWriter(open_store(path), worker)
     writer.write_object(collections_key(worker), manager.render(1))
-    mode_steps: dict[ModeKeys, int] = {}
+    counted: dict[ModeKeys, int] = {}
     for step in sorted(steps):
         mode = _mode_of(modes, step)
-        mode_steps[mode] = mode_steps.get(mode, -1) + 1
-        writer.begin_step(int(step), mode, mode_steps[mode])
+        counted[mode] = counted.get(mode, -1) + 1
+        mode_step = counted[mode] if mode_steps is None else mode_steps[step]
+        writer.begin_step(int(step), mode, mode_step)
         for name, value in steps[step].items():
             array = np.asarray(value)
             if array.ndim == 0:

@@ -86,3 +86,41 @@ def test_polynomial_regression_from_a_small_init_is_silent_and_its_lr_1e4_twin_i
     assert findings["WeightUpdateRatio"][0]["details"]["direction"] == "large"
     diagnosis = json.loads((tmp_path / "lr100" / "rule-output" / "WeightUpdateRatio.json").read_text())["diagnosis"]
     assert diagnosis["primary"] and diagnosis["primary"][0]["rule"] == "WeightUpdateRatio"
+
+
+def _frozen_from(first_moving: int, interval: int, saved: int = 8) -> dict[int, dict[str, np.ndarray]]:
+    """Saved steps 0, interval, ... of a weight that is bit for bit unchanged until step
+    ``first_moving`` and moves by 1 % of its norm per saved step after it."""
+    rng = np.random.default_rng(3)
+    weight = rng.normal(0.0, 1.0, (4, 4)).astype(np.float32)
+    steps = {}
+    for index in range(saved):
+        step = index * interval
+        if step >= first_moving:
+            weight = weight + np.float32(0.01) * rng.normal(0.0, 0.25, weight.shape).astype(np.float32)
+        steps[step] = {"Linear_weight": weight.copy()}
+    return steps
+
+
+def _write(path: Path, steps: dict[int, dict[str, np.ndarray]]) -> str:
+    return write_run(path, steps, mode_steps={step: step for step in steps})  # every step a TRAIN step
+
+
+def test_an_exactly_unchanged_weight_over_two_evaluations_is_found_without_waiting_for_most_of_the_window(
+    tmp_path,
+):
+    # learning rate 0 saved every 5 steps: two evaluations (steps 5 and 10, 10 training steps
+    # unchanged) suffice, where a small nonzero ratio waits for 3 of the window's 5
+    frozen = first_firing(evaluate_rule(_write(tmp_path / "frozen", _frozen_from(10**9, 5)), "WeightUpdateRatio"))
+    assert frozen == 10
+    # saved every step: two evaluations span 2 training steps only, fewer than a loss scaler's
+    # skipped steps or a warm-up from 0 can leave unchanged; most of the window is still needed
+    every = first_firing(evaluate_rule(_write(tmp_path / "every", _frozen_from(10**9, 1)), "WeightUpdateRatio"))
+    assert every == 3
+
+
+def test_a_weight_unchanged_for_its_first_steps_only_is_not_found(tmp_path):
+    # a warm-up from 0 or skipped loss-scaler steps leave the first steps' weights as they were
+    for first_moving, interval in ((1, 1), (2, 1), (5, 5)):
+        run = _write(tmp_path / f"run-{first_moving}-{interval}", _frozen_from(first_moving, interval, saved=12))
+        assert first_firing(evaluate_rule(run, "WeightUpdateRatio")) is None, (first_moving, interval)

@@ -15,7 +15,9 @@ Calibrated semantics (default): W_prev is the weights ``window − 1`` saved ste
 oldest saved step in the window when fewer were saved; ``num_steps`` still overrides it), so the
 ratio is the drift over the window — one step's ratio swings with its batch, a diverging or a
 frozen weight does not. A tensor fires when its ratio was too large at 2 of its
-last ``window`` evaluations, or too small at most of them (certain: all of a full window); \
+last ``window`` evaluations, or too small at most of them (certain: all of a full window), or
+exactly unchanged, bit for bit, at two evaluations running over at least ``NOT_MOVED_STEPS``
+training steps (no optimizer step moved it: nothing noisy to wait out); \
 a non-finite update fires at once and
 is certain. Weights that get no gradient by construction are never "too small": frozen ones
 (the run saved gradients, none for this weight), those whose gradient is all zero at this
@@ -60,6 +62,10 @@ from trainguard.rules.builtin._loss_progress import LossProgress
 from trainguard.rules.builtin._parallel import map_tensors
 from trainguard.rules.builtin._persistence import PersistentRule
 from trainguard.rules.params import Param
+
+# Training steps an exactly unchanged weight must span before two evaluations suffice: longer than
+# the steps a mixed-precision loss scaler skips at a run's start, or a warm-up's first step at 0
+NOT_MOVED_STEPS = 8
 
 
 def _as_real(value: np.ndarray) -> np.ndarray | None:
@@ -126,6 +132,16 @@ class WeightUpdateRatio(PersistentRule):
         # name -> (step, values, their L2 norm): the current step is the next step's previous one
         self._cache: dict[str, tuple[int, np.ndarray, float]] = {}
         self._progress = LossProgress(self.base_trial)
+
+    def _not_moved(self, name: str, ratio: float, step: int, previous_steps: dict[str, int | None]) -> bool:
+        """A weight bit for bit what it was at two evaluations running, across at least
+        ``NOT_MOVED_STEPS`` training steps: no optimizer step moved it, which no batch's noise
+        explains (a too-small but nonzero ratio waits for most of the window)."""
+        reference = previous_steps.get(name)
+        if ratio != 0.0 or reference is None or self.persistence.count((name, "small")) < 2:
+            return False
+        trial = self.base_trial
+        return trial.mode_step(step) - trial.mode_step(reference) >= NOT_MOVED_STEPS
 
     def validate(self) -> None:
         from trainguard.errors import ConfigError
@@ -230,7 +246,9 @@ class WeightUpdateRatio(PersistentRule):
                 for name, (is_large, is_small) in held.items()
             }
             large = {name: r for name, r in large.items() if fire[name][0]}
-            small = {name: r for name, r in small.items() if fire[name][1]}
+            small = {
+                name: r for name, r in small.items() if fire[name][1] or self._not_moved(name, r, step, previous_steps)
+            }
             certain = bool(immediate) or any(
                 self.persistence.confirmed((name, "large" if name in large else "small")) for name in {**large, **small}
             )
