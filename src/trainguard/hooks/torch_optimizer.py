@@ -208,16 +208,28 @@ class OptimizerSteps:
             # ...or the root's forward was not seen: its call shim replaced (model.compile())
             # or bypassed (compiled code that torch.compile's watch did not see being made)
             self._driver.redrive_displaced_roots()
-            if after_another and list(self._optimizer_parameters) == [id(optimizer)]:
+            if id(optimizer) not in self._optimizer_parameters:
+                self._note_optimizer(optimizer, after_another)
+            # An optimizer over none of the registered models' parameters (another hook's model,
+            # a side model this hook does not watch) says nothing about their forwards
+            only = after_another and list(self._optimizer_parameters) == [id(optimizer)]
+            if only and self._steps_a_root(optimizer):
                 self._driver.roots_unseen()  # the run's only optimizer, twice: not a second optimizer
             self._optimizer_driven = True
             self._presumed_forwards = None  # not presumed any more: seen
             self._quiet.pending = True
-            if id(optimizer) not in self._optimizer_parameters:
-                self._note_optimizer(optimizer, after_another)
-            if not self._forward_seen:
+            if not self._forward_seen and self._steps_a_root(optimizer):
                 self._step_without_forward()
                 self._quiet.pending = True  # (end_step cleared it) the next post-hook comes here again
+
+    def _steps_a_root(self, optimizer: Any) -> bool:
+        """Whether ``optimizer`` steps a parameter of a registered model (noted optimizers only)."""
+        stepped = self._optimizer_parameters.get(id(optimizer), frozenset())
+        return any(
+            not stepped.isdisjoint(id(parameter) for parameter in root.parameters())
+            for reference, _ in self._roots
+            if (root := reference()) is not None
+        )
 
     def _step_without_forward(self) -> None:
         """No registered model's forward has ever been seen, yet its parameters are stepped: a

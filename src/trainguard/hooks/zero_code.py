@@ -165,14 +165,6 @@ class ZeroCodeHook(TorchHook):
             # global hooks, which exist until the next step that saves nothing begins.
             self._attach_globals()
 
-    def _steps_a_root(self, optimizer: Any) -> bool:
-        stepped = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
-        return any(
-            not stepped.isdisjoint(id(parameter) for parameter in root.parameters())
-            for reference, _ in self._roots
-            if (root := reference()) is not None
-        )
-
     def _is_root(self, module: torch.nn.Module) -> bool:
         return id(module) in self._driver.root_hooks or id(module) in self._driver.wrapped_roots
 
