@@ -18,6 +18,9 @@ Faults (on ``--fault-rank`` from ``--fault-step`` on, unless said otherwise):
 Healthy variants: ``--accumulate K`` (K micro-batches per step, the first K-1 under
 ``no_sync()``), ``--batchnorm`` (BatchNorm1d, buffers broadcast by DDP), ``--bf16`` (CPU autocast).
 Each rank trains on batches of its own. Prints ``training completed`` at the end.
+
+``--hook-dir DIR``: the script's own ``Hook(DIR)`` with smdebug's defaults (collections,
+``include_workers="one"``) and saves every ``--hook-interval`` steps, instead of zero-code capture.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ def main() -> None:
     parser.add_argument("--batchnorm", action="store_true")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step (time for a stop to arrive)")
+    parser.add_argument("--hook-dir", default=None)
+    parser.add_argument("--hook-interval", type=int, default=4)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -81,6 +86,12 @@ def main() -> None:
     else:
         ddp = DistributedDataParallel(Net(args.batchnorm))
         model, parameters = ddp, list(ddp.parameters())
+    hook = None
+    if args.hook_dir:
+        import trainguard.pytorch as tg
+
+        hook = tg.Hook(args.hook_dir, save_config=tg.SaveConfig(save_interval=args.hook_interval))
+        hook.register_module(ddp if ddp is not None else model)
     optimizer = torch.optim.SGD(parameters, lr=0.05, momentum=0.9)
     data = torch.Generator().manual_seed(1000 + rank)  # every rank its own batches
     faulty = rank == args.fault_rank
@@ -108,6 +119,8 @@ def main() -> None:
             with torch.no_grad():
                 parameters[0][0, 0] += 1e-3
         time.sleep(args.sleep)
+    if hook is not None:
+        hook.close()
     dist.barrier()
     if rank == 0:
         print("training completed", flush=True)

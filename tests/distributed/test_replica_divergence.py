@@ -69,3 +69,36 @@ def test_healthy_ddp_with_accumulation_batchnorm_and_bf16_stays_silent(tmp_path:
     output = json.loads((run / "rule-output" / "ReplicaDivergence.json").read_text())
     assert output["status"] == "NoIssuesFound" and not output["findings"], output
     assert "training completed" in done.stdout
+
+
+def _explicit_hook_run(tmp_path: Path, ranks: int, *program: str) -> list[dict]:
+    """The program with its own ``Hook`` at smdebug's defaults (only rank 0 saves tensors), under
+    plain torchrun; then ReplicaDivergence offline (``trainguard rules run``): its JSON lines."""
+    run = tmp_path / "hook"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
+        str(PROGRAM), "--steps", "24", "--hook-dir", str(run), "--hook-interval", str(INTERVAL), *program,
+    ]  # fmt: skip
+    trained = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert trained.returncode == 0 and "training completed" in trained.stdout, trained.stdout + trained.stderr
+    judged = subprocess.run(
+        [sys.executable, "-m", "trainguard.cli", "rules", "run", str(run), "--rule", "ReplicaDivergence", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    return [json.loads(line) for line in judged.stdout.splitlines() if line.startswith("{")]
+
+
+def test_an_explicit_hook_at_its_defaults_fingerprints_every_rank(tmp_path: Path) -> None:
+    # include_workers="one" saves no tensors on the other ranks, but their fingerprints still
+    lines = _explicit_hook_run(tmp_path, 4, "--fault", "nudge", "--fault-rank", "2", "--fault-step", "7")
+    results = [line["result"] for line in lines if line.get("result")]
+    assert results and results[0]["details"]["ranks"] == [2], results[:1]
+    assert results[0]["step"] == 8 and results[0]["details"]["first_step"] == 8, results[0]["message"]
+    (primary,) = next(line["diagnosis"] for line in lines if "diagnosis" in line)["primary"]
+    assert primary["rule"] == "ReplicaDivergence" and primary["certain"] and primary["certain_from"] == 12, primary
+
+
+def test_an_explicit_hook_on_a_healthy_ddp_job_is_judged_and_silent(tmp_path: Path) -> None:
+    lines = _explicit_hook_run(tmp_path, 2, "--batchnorm")
+    final = [line for line in lines if line.get("status") and not line.get("result")][-1]
+    assert final["status"] == "NoIssuesFound" and final["last_evaluated_step"] == 20, final

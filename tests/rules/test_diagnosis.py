@@ -177,3 +177,17 @@ def test_unscaled_images_explain_the_oversized_updates_they_cause() -> None:
     consequences = {f["rule"]: f["explained_by"] for f in diagnosis["consequences"]}
     assert consequences == {"WeightUpdateRatio": "CheckInputImages", "VanishingGradient": "WeightUpdateRatio",
                             "DeadRelu": "CheckInputImages"}, consequences  # fmt: skip
+
+
+def test_a_finding_confirmed_later_is_certain_from_that_step() -> None:
+    # ReplicaDivergence: the first fingerprint that differs is not certain, the second one is
+    results = [_result("ReplicaDivergence", (8, "1 parameter(s) differ between ranks"), (12, "still differ"))]
+    results[0]["findings"][1]["certain"] = True
+    (primary,) = diagnose(results)["primary"]
+    assert (primary["step"], primary["certain"], primary["certain_from"]) == (8, True, 12)
+    assert "(certain from step 12)" in render_diagnosis(diagnose(results))[0]
+    # one never confirmed stays uncertain, and says so
+    results[0]["findings"][1]["certain"] = False
+    (primary,) = diagnose(results)["primary"]
+    assert not primary["certain"] and "certain_from" not in primary
+    assert "(not certain)" in render_diagnosis(diagnose(results))[0]

@@ -72,8 +72,9 @@ _exiting = False  # set by the atexit close: training is over
 # What every other rank saves under include_workers="one": the rank-local values the default
 # rules need to check each worker (a loss that goes non-finite on one rank only). Gradients are
 # not among them: in data-parallel training they are all-reduced, so rank 0's copy already holds
-# every rank's non-finite values; weights are the same on every rank.
-OTHER_WORKERS_COLLECTIONS: tuple[str, ...] = ("losses", "scalars", "metrics", "sm_metrics")
+# every rank's non-finite values; weights are the same on every rank, which only each rank's
+# replica fingerprint can show (ReplicaDivergence compares them).
+OTHER_WORKERS_COLLECTIONS: tuple[str, ...] = ("losses", "scalars", "metrics", "sm_metrics", "replica_fingerprints")
 # Which writer a hook uses unless told (Hook(writer=...) or TRAINGUARD_WRITER): the writer process
 # for CPU training into a local directory (it keeps serialising and writing off the training
 # process's GIL and core), the thread writer elsewhere.
@@ -134,8 +135,8 @@ class BaseHook(SaveSchedule):
         """The capture's settings come as ``config`` (a :class:`CaptureConfig`) or as the
         arguments of the same names, smdebug's; not both.
         ``other_workers_collections``: with ``include_workers="one"``, the collections every
-        rank but 0 still saves (default ``OTHER_WORKERS_COLLECTIONS``: losses and scalars, a few
-        numbers per saved step); ``()`` makes the other ranks write nothing at all.
+        rank but 0 still saves (default ``OTHER_WORKERS_COLLECTIONS``: losses, scalars and the
+        replica fingerprint, a few numbers per saved step); ``()`` makes the other ranks write nothing at all.
         ``writer``: "thread", "process" (a writer process, for local directories) or "auto"
         (the process for CPU training into a local directory); default ``TRAINGUARD_WRITER``.
         ``overhead_budget``: a fraction of training time (0.02 = 2 %); after its first saves the

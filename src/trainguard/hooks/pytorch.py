@@ -63,6 +63,9 @@ class TorchHook(CountsQuietSteps, OptimizerSteps, BaseHook):
     )
 
     framework = "pytorch"
+    # The replica fingerprint writes only in a distributed run (hooks/torch_fingerprint.py), a
+    # few numbers per parameter: on by default so that ReplicaDivergence can judge any DDP job
+    default_collections = (*BaseHook.default_collections, "replica_fingerprints")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # The current run of TRAIN steps the schedule saves nothing in (the unsaved step's fast

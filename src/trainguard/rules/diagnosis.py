@@ -35,7 +35,8 @@ kind ``NonFinite``, whichever rule reported it (ExplodingTensor, DeadRelu, a los
 Input: rule results as in ``rule-output/<name>.json`` (or :func:`trainguard.summary.
 rule_results_from_updates`); output: ``{"primary": [...], "consequences": [...], "other": [...],
 "possible_causes": [...], "advice": [...], "not_evaluated": [...]}`` where a finding is
-``{rule, step, worker, message, fix_hint, certain, advice}`` (promoted advice adds ``promoted: true``).
+``{rule, step, worker, message, fix_hint, certain, advice}`` (promoted advice adds ``promoted: true``;
+a finding first seen uncertain and certain at a later step adds ``certain_from``, that step).
 """
 
 from __future__ import annotations
@@ -217,6 +218,11 @@ class _Entry:
     def document(self, **extra: Any) -> dict[str, Any]:
         document = {key: self.finding.get(key) for key in _FINDING_KEYS}
         document["rule"] = self.rule
+        if self.certain_step is not None and not document.get("certain"):
+            # first seen uncertain, confirmed later (ReplicaDivergence's second fingerprint): the
+            # finding is certain, from that step on
+            document["certain"] = True
+            document["certain_from"] = self.certain_step
         if len(self.workers) > 1:
             document["workers"] = list(self.workers)
         return {**document, **extra}
@@ -384,6 +390,8 @@ def render_diagnosis(diagnosis: Mapping[str, Any], indent: str = "  ") -> list[s
     lines: list[str] = []
     for finding in diagnosis.get("primary") or ():
         certainty = "" if finding.get("certain") else " (not certain)"
+        if finding.get("certain_from") is not None:
+            certainty = f" (certain from step {finding['certain_from']})"
         lines.append(
             f"{indent}diagnosis   : {finding.get('rule')} at {_where(finding)}{certainty}: {finding.get('message')}"
         )
