@@ -4,9 +4,10 @@ on the DDP setup (2 ranks, gloo, CPU, one thread each) and in a single process.
 Per model, each rank trains plain steps (DDP forward, backward with its all-reduce, optimizer
 step) and times them (the training thread's CPU time: seconds another process holds the core are
 no step time); then it times one fingerprint as the hook takes it on a due step: the reductions of
-every gradient and of every parameter (``PendingRows``: the wrapping sum of the raw bits, the two
-float sums) and their one read-back (``read_rows``), the best of repeated timings, which load only
-lengthens. The figure is the fingerprint's share
+every gradient and of every parameter (``PendingRows``: the wrapping sum of the raw bits, the
+norms) and their one read-back (``read_rows``), the best of repeated timings, which load only
+lengthens. The step's wall time is printed beside (a DDP step also waits for its all-reduce,
+which the thread's CPU time leaves out: the figure against it is the smaller one). The figure is the fingerprint's share
 of training at a given interval: ``fingerprint / (interval x step)``, with the hook's default
 save interval 10 (a fingerprint on every saved step) and per fingerprinted step alone
 (``interval 1``). The handing of the two small arrays to the writer is not in it (a few
@@ -61,14 +62,15 @@ def measure(name: str, steps: int, distributed: bool) -> dict[str, float]:
     criterion = nn.CrossEntropyLoss()
     inputs = torch.randn(batch, sizes[0])
     labels = torch.randint(0, sizes[-1], (batch,))
-    times = []
+    times, walls = [], []
     for step in range(steps + 5):
-        start = time.thread_time()
+        start, began = time.thread_time(), time.perf_counter()
         optimizer.zero_grad()
         criterion(trained(inputs), labels).backward()
         optimizer.step()
         if step >= 5:
             times.append(time.thread_time() - start)
+            walls.append(time.perf_counter() - began)
     parameters = list(model.parameters())
     words = [bit_words(parameter.detach()) for parameter in parameters]  # made once, as the hook does
     takes = []
@@ -79,6 +81,7 @@ def measure(name: str, steps: int, distributed: bool) -> dict[str, float]:
         takes.append(time.thread_time() - start)
     return {
         "step_ms": statistics.median(times) * 1e3,
+        "wall_step_ms": statistics.median(walls) * 1e3,
         "fingerprint_ms": min(takes) * 1e3,
         "parameters": sum(parameter.numel() for parameter in parameters),
     }
@@ -96,7 +99,8 @@ def report(label: str, name: str, figures: dict[str, float], interval: int) -> s
     share = figures["fingerprint_ms"] / (interval * figures["step_ms"]) * 100
     per_step = figures["fingerprint_ms"] / figures["step_ms"] * 100
     return (
-        f"{label:<14} {name:<5} {figures['parameters']:>9,d} params  step {figures['step_ms']:7.3f} ms  "
+        f"{label:<14} {name:<5} {figures['parameters']:>9,d} params  step {figures['step_ms']:7.3f} ms "
+        f"(wall {figures['wall_step_ms']:7.3f})  "
         f"fingerprint {figures['fingerprint_ms']:6.3f} ms = {per_step:5.2f} % of a step, "
         f"{share:5.3f} % at interval {interval}"
     )
@@ -140,7 +144,9 @@ def main() -> None:
                     unit="% of training",
                     command=command,
                     note=(f"fingerprint {figures['fingerprint_ms']:.3f} ms (params + grads, best of 30), "
-                          f"step {figures['step_ms']:.3f} ms (median thread CPU), load {load:.1f}"),
+                          f"step {figures['step_ms']:.3f} ms (median thread CPU; wall {figures['wall_step_ms']:.3f} ms: "
+                          f"{figures['fingerprint_ms'] / (args.interval * figures['wall_step_ms']) * 100:.3f} %), "
+                          f"load {load:.1f}"),
                 )  # fmt: skip
 
 

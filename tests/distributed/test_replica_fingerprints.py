@@ -31,14 +31,14 @@ def test_equal_bits_equal_rows_one_ulp_changes_the_hash(dtype: torch.dtype, shap
     a = torch.randn(*shape).to(dtype)
     b = a.clone()
     rows = fingerprint_rows([a, b, a.t()])  # a transposed (non-contiguous) view: read in its own order
-    assert np.array_equal(rows[0], rows[1])
+    assert np.array_equal(rows[0], rows[1], equal_nan=True)
     bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64,
             torch.float16: torch.int16}[dtype]  # fmt: skip
     if a.numel() * a.element_size() % 4 == 0:
         assert rows[0, 0] == _oracle(a.view(bits).numpy())
         assert rows[2, 0] == _oracle(a.t().contiguous().view(bits).numpy())
     assert rows[0, 3] == a.numel()
-    assert np.isclose(rows[0, 1], a.double().sum().item(), rtol=1e-2, atol=1e-1)
+    assert np.isnan(rows[0, 1])  # the sum is not computed (a pass for what the norm says too)
     assert np.isclose(rows[0, 2], (a.double() ** 2).sum().item(), rtol=1e-2)
     for row, column in ((0, 0), (shape[0] - 1, shape[1] - 1), (2, 1)):
         changed = b.clone()
@@ -58,7 +58,7 @@ def test_gradients_and_parameters_read_back_together_give_their_own_rows() -> No
     parameters = [torch.randn(8, 6), torch.randn(7), torch.randn(3, 5)]
     gradients = [torch.randn(8, 6), None, torch.randn(3, 5).bfloat16()]
     together = read_rows(PendingRows(parameters), PendingRows(gradients), PendingRows([]))
-    assert np.array_equal(together[0], fingerprint_rows(parameters))
+    assert np.array_equal(together[0], fingerprint_rows(parameters), equal_nan=True)
     assert np.array_equal(together[1], fingerprint_rows(gradients), equal_nan=True)
     assert together[1][1, 0] == NO_GRADIENT and together[2].shape == (0, 4)
     assert [row[0] for row in together[0]] == [_oracle(tensor.numpy()) for tensor in parameters]

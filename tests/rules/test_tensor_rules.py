@@ -104,6 +104,18 @@ def test_exploding_tensor_selection_is_union_of_collections_and_regex(tmp_path):
     ) == [0, 1]
 
 
+
+def test_exploding_tensor_reads_no_replica_fingerprint_rows(tmp_path):
+    # a fingerprint row holds NaN where a parameter has no gradient or a figure is not computed:
+    # bookkeeping of the run, not a value that exploded; a NaN of the model's is still found
+    row = np.array([[1.5e15, np.nan, 4.0, 8.0], [-1.0, np.nan, np.nan, 0.0]])
+    steps = {
+        0: {"replica_fingerprint/gradients": row, "replica_fingerprint/parameters": row, "x.weight": np.ones(2)},
+        1: {"replica_fingerprint/gradients": row, "x.weight": np.array([np.nan, 1.0])},
+    }
+    path = write_run(tmp_path / "run", steps, collections={"replica_fingerprints": list(steps[0])[:2]})
+    assert fired_steps(evaluate_rule(path, sagemaker(RuleSpec("ExplodingTensor")))) == [1]
+
 # -- DeadRelu and SaturatedActivation ---------------------------------------------------------------
 
 

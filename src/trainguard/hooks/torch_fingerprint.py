@@ -12,20 +12,22 @@ check every N steps), each rank writes two tensors (smdebug's format, in that co
   the step applies (after DDP's all-reduce), taken by an optimizer pre-hook that exists only on
   those steps. A parameter without a gradient gets ``-1`` as its hash.
 
-Each row is ``[hash, sum, sum of squares, elements]`` (float64). The hash is what decides
+Each row is ``[hash, sum, sum of squares, elements]`` (float64); the sum is NaN, not computed
+(files written before it was dropped hold it: the rule reads both). The hash is what decides
 equality: the wrapping 64-bit integer sum of the tensor's raw bits (viewed as int64, or int32
 where its size is not a multiple of 8 bytes), multiplied by an odd constant and cut to its top 52
 bits so that a float64 holds it exactly. Integer addition modulo 2^64 does not depend on the
 order of the reduction, so equal bits give equal hashes bit for bit on any kernel, thread count
 or device; a change of any element changes the sum unless other changes cancel it exactly
 (unrelated changes: about 2^-52). Moving values between positions of the same parity goes
-unseen, which no replica fault does. Each tensor is reduced on its device, three passes at about
-memory speed (its bits' sum, its float sum, its norm; a CRC-32 of the bytes cost 20 times more on
-CPU: bench/ddp_fingerprint.py), and a due step's figures, the gradients' with the parameters',
+unseen, which no replica fault does. Each tensor is reduced on its device, two passes at about
+memory speed (its bits' sum, and its norm, one call for all tensors; a CRC-32 of the bytes cost
+20 times more on CPU, and a float sum besides the norm was a third of the cost for a figure the
+norm gives as well: bench/ddp_fingerprint.py), and a due step's figures, the gradients' with the parameters',
 come back to the host in one copy per kind at the step's end (``PendingRows``, ``read_rows``):
-on an accelerator one wait for the device per due step, none inside the optimizer step. The float sums
-(float32 accumulation) are not exact across reduction orders: they only say how far apart two
-replicas are, and let a rule compare within a tolerance where the reduction itself is not
+on an accelerator one wait for the device per due step, none inside the optimizer step. The sum
+of squares (float32 accumulation) is not exact across reduction orders: it only says how far apart
+two replicas are, and lets a rule compare within a tolerance where the reduction itself is not
 deterministic.
 
 The row order is the names in the collections file's ``_meta`` (``replica_fingerprints``:
@@ -114,12 +116,18 @@ def _hash(bits_sum: int) -> float:
     return float((((bits_sum & 0xFFFFFFFFFFFFFFFF) * _MIX) & 0xFFFFFFFFFFFFFFFF) >> 12)
 
 
+def _hashes(bits_sums: np.ndarray) -> np.ndarray:
+    """:func:`_hash` of each of ``bits_sums`` (uint64), at once: numpy's uint64 product wraps."""
+    with np.errstate(over="ignore"):
+        return ((bits_sums * np.uint64(_MIX)) >> np.uint64(12)).astype(np.float64)
+
+
 class PendingRows:
     """A fingerprint's reductions, launched on the tensors' devices and not yet read back, so that
     a step's gradients (taken before its optimizer step) and parameters (at its end) come back
     together in one copy per kind: on an accelerator one wait for the device per due step."""
 
-    __slots__ = ("count", "present", "integer_sums", "float_sums", "norms", "sizes")
+    __slots__ = ("count", "present", "integer_sums", "norms", "sizes")
 
     def __init__(self, tensors: list[torch.Tensor | None], words: list[torch.Tensor | None] | None = None) -> None:
         """``words``: :func:`bit_words` of ``tensors`` made earlier (None entries: made here), so
@@ -127,22 +135,19 @@ class PendingRows:
         self.count = len(tensors)
         self.present: list[int] = []
         self.integer_sums: list[torch.Tensor] = []
-        self.float_sums: list[torch.Tensor] = []
         self.sizes: list[int] = []
         values_of: list[torch.Tensor] = []
         # A small model's fingerprint is mostly per-tensor dispatch and Python, not arithmetic:
-        # each tensor costs its bits' sum and its float sum (plus a dtype view), the norms are one
-        # call for all of them, and nothing else is done per tensor here.
-        integer_sums, float_sums, sizes, present = self.integer_sums, self.float_sums, self.sizes, self.present
+        # each tensor costs its bits' sum (plus a dtype view), the norms are one call for all of
+        # them, and nothing else is done per tensor here.
+        integer_sums, sizes, present = self.integer_sums, self.sizes, self.present
         with torch.no_grad():
             for index, tensor in enumerate(tensors):
                 if tensor is None:
                     continue
-                values = tensor if tensor.dtype is torch.float32 else tensor.float()
                 bits = words[index] if words is not None else None
                 integer_sums.append(_bits_sum(tensor) if bits is None else bits.sum())
-                float_sums.append(values.sum())
-                values_of.append(values)
+                values_of.append(tensor if tensor.dtype is torch.float32 else tensor.float())
                 sizes.append(tensor.numel())
                 present.append(index)
             try:
@@ -152,36 +157,35 @@ class PendingRows:
 
 
 def read_rows(*pending: PendingRows) -> list[np.ndarray]:
-    """The rows of each pending fingerprint (``[hash, sum, sum of squares, elements]`` per tensor,
-    see the module doc; a None tensor gets ``[-1, nan, nan, 0]``), read back together."""
+    """The rows of each pending fingerprint (``[hash, NaN, sum of squares, elements]`` per tensor,
+    see the module doc; a None tensor gets ``[-1, nan, nan, 0]``), read back together: the bits'
+    sums, viewed as float64, travel in the same copy as the norms."""
     integer_sums = [value for part in pending for value in part.integer_sums]
-    floats = [value for part in pending for value in (*part.float_sums, *part.norms)]
-    hashes: list[int] = []  # nothing present: no row reads them
-    read = np.empty(0)
+    norms = [value for part in pending for value in part.norms]
+    hashes = read = np.empty(0)
     if integer_sums:
         try:
-            hashes = torch.stack(integer_sums).tolist()
-            read = torch.stack(floats).double().cpu().numpy()
+            packed = torch.cat([torch.stack(integer_sums).view(torch.float64), torch.stack(norms).double()])
+            numbers = packed.cpu().numpy()
+            hashes = _hashes(numbers[: len(integer_sums)].view(np.uint64))
+            read = numbers[len(integer_sums) :]
         except RuntimeError:  # tensors on several devices
-            hashes = [int(value) for value in integer_sums]
-            read = np.array([float(value) for value in floats])
+            hashes = np.array([_hash(int(value)) for value in integer_sums])
+            read = np.array([float(value) for value in norms])
     results = []
-    at_int = at_float = 0
+    at = 0
     for part in pending:
         rows = np.empty((part.count, 4), dtype=np.float64)
         count = len(part.present)
         # every tensor present (the usual case): slices, not index lists, fill the columns
         where: slice | list[int] = slice(None) if count == part.count else part.present
-        if count < part.count:
-            rows[:] = (NO_GRADIENT, np.nan, np.nan, 0)
+        rows[:] = (NO_GRADIENT, np.nan, np.nan, 0)
         if count:
-            norms = read[at_float + count : at_float + 2 * count]
-            rows[where, 0] = [_hash(value) for value in hashes[at_int : at_int + count]]
-            rows[where, 1] = read[at_float : at_float + count]
-            rows[where, 2] = norms * norms
+            norms_read = read[at : at + count]
+            rows[where, 0] = hashes[at : at + count]
+            rows[where, 2] = norms_read * norms_read
             rows[where, 3] = part.sizes
-            at_int += count
-            at_float += 2 * count
+            at += count
         results.append(rows)
     return results
 

@@ -75,9 +75,19 @@ def select(
     return sorted(name for name in names if saved_at(trial, name, step))
 
 
+# Tensors that describe other tensors, not values of the model: the replica fingerprints' rows
+# (hashes, and NaN where a parameter has no gradient or a figure is not computed) are read by
+# ReplicaDivergence alone
+_BOOKKEEPING_PREFIXES = ("replica_fingerprint/",)
+
+
 def names_at(trial: Any, step: int) -> list[str]:
-    """Every tensor whose raw value was saved at global ``step``."""
-    return [name for name in trial.tensor_names() if saved_at(trial, name, step)]
+    """Every tensor of the model whose raw value was saved at global ``step`` (every saved tensor
+    but the replica fingerprints)."""
+    return [
+        name for name in trial.tensor_names()
+        if not name.startswith(_BOOKKEEPING_PREFIXES) and saved_at(trial, name, step)
+    ]  # fmt: skip
 
 
 def saved_at(trial: Any, name: str, step: int) -> bool:

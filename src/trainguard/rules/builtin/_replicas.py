@@ -35,7 +35,7 @@ class Disagreement:
     # than all others (two ranks that disagree: which one is off cannot be told)
     odd_ranks: tuple[int, ...]
     reference_rank: int  # the lowest rank of the largest group, or -1 without a majority
-    sums: dict[int, float]  # rank -> the tensor's sum there
+    norms: dict[int, float]  # rank -> the tensor's L2 norm there
     relative: float  # the largest relative difference of the sums of squares from the reference
 
 
@@ -45,6 +45,8 @@ def _same(a: np.ndarray, b: np.ndarray, tolerance: float) -> bool:
     if tolerance <= 0 or NO_TENSOR in (a[HASH], b[HASH]):
         return False
     for column in (SUM, SQUARES):
+        if column == SUM and np.isnan(a[SUM]) and np.isnan(b[SUM]):
+            continue  # not computed (the hook writes the sum of squares only; older files hold both)
         scale = max(abs(a[column]), abs(b[column]), np.finfo(np.float32).tiny)
         if not abs(a[column] - b[column]) <= tolerance * scale:  # (a NaN is never within it)
             return False
@@ -98,7 +100,8 @@ def compare_ranks(
             for rank in odd
         )
         disagreements.append(
-            Disagreement(name, odd, reference_rank, {rank: float(row[SUM]) for rank, row in by_rank.items()},
+            Disagreement(name, odd, reference_rank,
+                         {rank: float(np.sqrt(max(row[SQUARES], 0.0))) for rank, row in by_rank.items()},
                          float(relative))  # fmt: skip
         )
     return disagreements, unjudged

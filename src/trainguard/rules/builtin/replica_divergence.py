@@ -3,13 +3,13 @@
 Every rank of a data-parallel run must hold the same parameters after each optimizer step, and
 apply the same (all-reduced) gradients. The hook writes a fingerprint per rank on the steps the
 ``replica_fingerprints`` collection is due (hooks/torch_fingerprint.py: per parameter a hash of
-its raw bits, its sum and sum of squares). At every such step this rule compares the ranks that
+its raw bits and its sum of squares). At every such step this rule compares the ranks that
 wrote one, once every rank of the run (``world`` in the collections files) wrote it; at the
 end of training, whichever two or more did (a rank whose files land late is compared then):
 
 * a parameter (or gradient) is **divergent** at step ``s`` when two ranks' hashes differ, or,
-  with ``tolerance > 0``, when their sums or sums of squares differ by more than ``tolerance``
-  relative. Ranks holding a group of equal values larger than any other are the reference
+  with ``tolerance > 0``, when their sums of squares (and sums, in files that hold them) differ
+  by more than ``tolerance`` relative. Ranks holding a group of equal values larger than any other are the reference
   and the others are named; without such a majority (two ranks that disagree, or every rank
   its own values) every rank is named and the finding says which is off cannot be told;
 * the finding names the tensor, the ranks that disagree, the first step they did and a fix
@@ -88,7 +88,8 @@ class ReplicaDivergence(Rule):
         "(DDP does) and never edit one rank's parameters alone."
     )
 
-    tolerance = Param(float, 0.0, "relative difference of sums below which differing bits count as equal (0: exact)",
+    tolerance = Param(float, 0.0,
+                      "relative difference of sums of squares below which differing bits count as equal (0: exact)",
                       check=_non_negative)  # fmt: skip
     compare_gradients = Param(bool, True, "also compare the gradients each rank's optimizer applies")
 
@@ -290,13 +291,14 @@ class ReplicaDivergence(Rule):
             f" and {len(main) - _SHOWN} more" if len(main) > _SHOWN else ""
         )
         example = main[0]
-        sums = ", ".join(f"rank {rank} {value:.6g}" for rank, value in sorted(example.sums.items()))
+        # enough digits to show one nudged element of a large tensor
+        norms = ", ".join(f"rank {rank} {value:.9g}" for rank, value in sorted(example.norms.items()))
         judged = len(gradient_rows[next(iter(gradient_rows))][0]) if gradient_rows else 0
         hint = self._hint(step, odd, diverged, gradient_diverged, judged - len(self._unjudged), unchanged)
         latest = max(max(self._seen_at.get((which, item.name)) or {step}) for which, item in differing)
         message = (
             f"{len(main)} {kind}(s) differ between ranks: {shown} {against}, "
-            f"first at step {first} (fingerprint of step {latest}; {example.name} sums at step {step}: {sums})"
+            f"first at step {first} (fingerprint of step {latest}; {example.name} norms at step {step}: {norms})"
         )
         if gradient_diverged and diverged:
             message += f"; the gradients of {len(gradient_diverged)} parameter(s) differ too"
