@@ -3,7 +3,9 @@
 Reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (what the Ray launcher's ray_ranks gives each
 instance) through ``init_process_group("gloo")``. ``--fault-rank R --fault-from N`` adds a 1e6
 offset to rank R's loss from step N on (no gradient: the other rank's tensors stay healthy), so
-only a rule reading worker_R finds it. Prints the SageMaker host view it was given.
+only a rule reading worker_R finds it. ``--nudge-rank R --nudge-at N`` moves one weight of rank
+R's replica by 1e-3 after step N's update: the replicas drift apart, every metric stays normal.
+Prints the SageMaker host view it was given.
 """
 
 import argparse
@@ -31,6 +33,8 @@ def main() -> None:
     parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--fault-from", type=int, default=0)
     parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--nudge-rank", type=int, default=-1)
+    parser.add_argument("--nudge-at", type=int, default=0)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -48,6 +52,9 @@ def main() -> None:
         loss = criterion(model(inputs), inputs.sum(dim=1, keepdim=True))
         loss.backward()
         optimizer.step()
+        if rank == args.nudge_rank and step == args.nudge_at:
+            with torch.no_grad():
+                model.module[0].weight[0, 0] += 1e-3
         print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
         time.sleep(args.step_seconds)
     dist.barrier()

@@ -158,6 +158,31 @@ def test_a_fault_on_rank_1_is_attributed_to_worker_1_and_the_job_stopped(ray_clu
     assert launcher.status("ddp-fault")["training"].state is ComponentState.EXITED
 
 
+
+def test_replicas_drifting_apart_on_two_instances_are_found_and_the_job_stopped(ray_cluster, api_factory) -> None:
+    """ReplicaDivergence on the Ray launcher's multi-instance job: rank 1's replica is nudged
+    after step 5; the rule compares both instances' fingerprints, names the step and stops the
+    job once a second fingerprint confirms it."""
+    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
+    spec = {
+        "name": "ddp-drift",
+        "command": [sys.executable, DDP_SCRIPT, "--steps", "400", "--nudge-rank", "1", "--nudge-at", "5",
+                    "--step-seconds", "0.05"],
+        "resources": {"instance_count": 2},
+        "hook_config": {"HookParameters": {"save_interval": "2"}},
+        "rules": [{"rule": "ReplicaDivergence", "name": "Replicas", "actions": [{"name": "stoptraining"}]}],
+    }  # fmt: skip
+    status, body = api.request("POST", "/v1/jobs", spec)
+    assert status == 201, body
+    job = wait_for(lambda: (j := api.job("ddp-drift"))["status"] in ENDED and j, 180, "the rule to stop the job")
+    log = api.request("GET", "/v1/jobs/ddp-drift/logs?component=training")[1]
+    assert job["status"] == "Stopped", (job, log[-3000:])
+    rule = job["rules"][0]
+    assert rule["status"] == "IssuesFound", rule
+    # the nudge after step 5's update shows in the fingerprint of step 6 (saved every 2 steps)
+    assert "first at step 6" in str(rule) and "ranks 0, 1" in str(rule), rule
+    assert "rank 1 step 399" not in log
+
 def test_one_rank_dying_fails_the_job_with_the_rank_named(ray_cluster, api_factory) -> None:
     api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
     command = [sys.executable, DDP_SCRIPT, "--steps", "400", "--step-seconds", "0.05"]

@@ -32,7 +32,10 @@ CAPTURE_VARIABLE = "TRAINGUARD_CAPTURE"
 # Zero-code capture saves every 10th step unless told otherwise: often enough for the rules to
 # see a fault within a few dozen steps; ``trainguard run --overhead-budget`` spaces it further.
 ZERO_CODE_SAVE_INTERVAL = 10
-ZERO_CODE_COLLECTIONS = ("weights", "biases", "gradients", "losses", "outputs", "scalars", "default")
+# replica_fingerprints writes only in a distributed run: on by default, as in the PyTorch hook's
+ZERO_CODE_COLLECTIONS = (
+    "weights", "biases", "gradients", "losses", "outputs", "scalars", "default", "replica_fingerprints",
+)  # fmt: skip
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
 _FORMAT = 1  # of to_json's document: a child of another trainguard version refuses, never misreads
 

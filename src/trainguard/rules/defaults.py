@@ -60,7 +60,9 @@ DEFAULT_RULE_COLLECTIONS: tuple[str, ...] = (
     "model_inputs", "labels", "predictions", "trees", "feature_importance", "replica_fingerprints",
 )  # fmt: skip
 # What zero-code capture saves when no config is given; kept when rules add their collections.
-BASE_COLLECTIONS: tuple[str, ...] = ("weights", "biases", "gradients", "losses", "outputs", "scalars", "default")
+BASE_COLLECTIONS: tuple[str, ...] = (
+    "weights", "biases", "gradients", "losses", "outputs", "scalars", "default", "replica_fingerprints",
+)  # fmt: skip
 
 
 def default_rule_specs() -> list[RuleSpec]:
