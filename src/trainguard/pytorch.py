@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 from trainguard.config.collections import Collection, CollectionManager
 from trainguard.config.json_config import hook_kwargs_from_json
 from trainguard.config.reduction_config import ReductionConfig
@@ -24,6 +27,12 @@ _SINGLETON: list[Hook] = []
 
 class Hook(TorchHook):
     """The PyTorch hook. Arguments as smdebug's ``smdebug.pytorch.Hook``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        zero_code = sys.modules.get("trainguard.zero_code")  # armed only where it was imported
+        if zero_code is not None:
+            zero_code.yield_to_scripts_hook(self)
 
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None) -> Hook:

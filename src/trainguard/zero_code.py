@@ -77,6 +77,40 @@ def install_now() -> None:
     _installed.append(ZeroCodeHook(config=capture_config(os.environ)))
 
 
+
+def yield_to_scripts_hook(hook: Any) -> None:
+    """The script made a PyTorch hook of its own (``trainguard.pytorch.Hook``) while zero-code
+    capture is armed. Into another directory, both capture. Into the zero-code hook's own, two
+    hooks would write the same step files over each other (each its own schedule and steps): the
+    zero-code hook, if it captured nothing yet, stands aside, and the script's hook, its schedule
+    and collections, make the run; if it already captured, the script's hook is disabled
+    instead. Fails open."""
+    zero_code = _installed[0] if _installed else None
+    if zero_code is None or zero_code is hook or not _same_place(zero_code.out_dir, hook.out_dir):
+        return
+    try:
+        if zero_code._roots or zero_code._writer is not None:
+            hook.enabled = False
+            logger.warning("trainguard: a Hook made after zero-code capture began writing to %s captures nothing "
+                           "(the two would write over each other's steps)", hook.out_dir)  # fmt: skip
+            return
+        zero_code.close()
+        logger.info("trainguard: the script's own Hook writes to %s: its collections and schedule make the "
+                    "run, zero-code capture stands aside", hook.out_dir)  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - fail open: the script must still run
+        from trainguard.hooks.fail_open import log_disabled
+
+        log_disabled("standing aside for the script's hook", error)
+
+
+def _same_place(first: Any, second: Any) -> bool:
+    if not first or not second:
+        return False
+    first, second = str(first), str(second)
+    if "://" in first or "://" in second:
+        return first.rstrip("/") == second.rstrip("/")
+    return os.path.realpath(first) == os.path.realpath(second)
+
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs ``then(module)`` right after the script's own ``import <name>`` completes (fail open:
     an error is one log line naming ``what``); ``flag``, when given, is set in ``_keras`` while the
