@@ -31,15 +31,14 @@ def test_equal_bits_equal_rows_one_ulp_changes_the_hash(dtype: torch.dtype, shap
     a = torch.randn(*shape).to(dtype)
     b = a.clone()
     rows = fingerprint_rows([a, b, a.t()])  # a transposed (non-contiguous) view: read in its own order
-    assert np.array_equal(rows[0], rows[1], equal_nan=True)
+    assert np.array_equal(rows[0], rows[1]) and np.isfinite(rows).all()
     bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64,
             torch.float16: torch.int16}[dtype]  # fmt: skip
     if a.numel() * a.element_size() % 4 == 0:
         assert rows[0, 0] == _oracle(a.view(bits).numpy())
         assert rows[2, 0] == _oracle(a.t().contiguous().view(bits).numpy())
-    assert rows[0, 3] == a.numel()
-    assert np.isnan(rows[0, 1])  # the sum is not computed (a pass for what the norm says too)
-    assert np.isclose(rows[0, 2], (a.double() ** 2).sum().item(), rtol=1e-2)
+    assert rows.shape == (3, 3) and rows[0, 2] == a.numel()
+    assert np.isclose(rows[0, 1], (a.double() ** 2).sum().item(), rtol=1e-2)
     for row, column in ((0, 0), (shape[0] - 1, shape[1] - 1), (2, 1)):
         changed = b.clone()
         changed.view(bits)[row, column] += 1  # one ulp of one element, anywhere
@@ -58,9 +57,9 @@ def test_gradients_and_parameters_read_back_together_give_their_own_rows() -> No
     parameters = [torch.randn(8, 6), torch.randn(7), torch.randn(3, 5)]
     gradients = [torch.randn(8, 6), None, torch.randn(3, 5).bfloat16()]
     together = read_rows(PendingRows(parameters), PendingRows(gradients), PendingRows([]))
-    assert np.array_equal(together[0], fingerprint_rows(parameters), equal_nan=True)
-    assert np.array_equal(together[1], fingerprint_rows(gradients), equal_nan=True)
-    assert together[1][1, 0] == NO_GRADIENT and together[2].shape == (0, 4)
+    assert np.array_equal(together[0], fingerprint_rows(parameters))
+    assert np.array_equal(together[1], fingerprint_rows(gradients))
+    assert together[1][1, 0] == NO_GRADIENT and together[2].shape == (0, 3)
     assert [row[0] for row in together[0]] == [_oracle(tensor.numpy()) for tensor in parameters]
 
 
@@ -103,8 +102,8 @@ def test_parameter_words_made_once_follow_in_place_updates_and_a_moved_storage()
 
 def test_a_missing_gradient_has_its_own_row() -> None:
     rows = fingerprint_rows([None, torch.zeros(3)])
-    assert rows[0, 0] == NO_GRADIENT and rows[0, 3] == 0
-    assert rows[1, 0] != NO_GRADIENT and rows[1, 3] == 3
+    assert rows[0].tolist() == [NO_GRADIENT, 0.0, 0.0]  # finite: no NaN for readers that scan every tensor
+    assert rows[1, 0] != NO_GRADIENT and rows[1, 2] == 3
 
 
 def _row(seed: int, size: int = 10) -> np.ndarray:
@@ -180,7 +179,7 @@ def test_a_single_process_writes_no_fingerprint_unless_asked(tmp_path: Path) -> 
     rows = trial.tensor(PARAMETERS_TENSOR).value(steps[0])
     weight_next = trial.tensor("Sequential_0.weight").value(steps[1])  # saved as the next step began
     assert rows[0, 0] == _oracle(np.ascontiguousarray(weight_next, dtype=np.float32))
-    assert trial.tensor(GRADIENTS_TENSOR).value(steps[0]).shape == (4, 4)
+    assert trial.tensor(GRADIENTS_TENSOR).value(steps[0]).shape == (4, 3)
 
 
 def test_an_error_disables_the_fingerprint_not_the_capture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -106,7 +106,7 @@ def test_exploding_tensor_selection_is_union_of_collections_and_regex(tmp_path):
 
 
 def test_exploding_tensor_reads_no_replica_fingerprint_rows(tmp_path):
-    # a fingerprint row holds NaN where a parameter has no gradient or a figure is not computed:
+    # a fingerprint row of an earlier version holds NaN where a parameter has no gradient:
     # bookkeeping of the run, not a value that exploded; a NaN of the model's is still found
     row = np.array([[1.5e15, np.nan, 4.0, 8.0], [-1.0, np.nan, np.nan, 0.0]])
     steps = {

@@ -12,8 +12,9 @@ check every N steps), each rank writes two tensors (smdebug's format, in that co
   the step applies (after DDP's all-reduce), taken by an optimizer pre-hook that exists only on
   those steps. A parameter without a gradient gets ``-1`` as its hash.
 
-Each row is ``[hash, sum, sum of squares, elements]`` (float64); the sum is NaN, not computed
-(files written before it was dropped hold it: the rule reads both). The hash is what decides
+Each row is ``[hash, sum of squares, elements]`` (float64, every value finite: a tensor missing
+(a parameter without a gradient) is ``[-1, 0, 0]``); files written before hold four columns,
+``[hash, sum, sum of squares, elements]``, which the rule reads too. The hash is what decides
 equality: the wrapping 64-bit integer sum of the tensor's raw bits (viewed as int64, or int32
 where its size is not a multiple of 8 bytes), multiplied by an odd constant and cut to its top 52
 bits so that a float64 holds it exactly. Integer addition modulo 2^64 does not depend on the
@@ -157,8 +158,8 @@ class PendingRows:
 
 
 def read_rows(*pending: PendingRows) -> list[np.ndarray]:
-    """The rows of each pending fingerprint (``[hash, NaN, sum of squares, elements]`` per tensor,
-    see the module doc; a None tensor gets ``[-1, nan, nan, 0]``), read back together: the bits'
+    """The rows of each pending fingerprint (``[hash, sum of squares, elements]`` per tensor,
+    see the module doc; a None tensor gets ``[-1, 0, 0]``), read back together: the bits'
     sums, viewed as float64, travel in the same copy as the norms."""
     integer_sums = [value for part in pending for value in part.integer_sums]
     norms = [value for part in pending for value in part.norms]
@@ -175,24 +176,24 @@ def read_rows(*pending: PendingRows) -> list[np.ndarray]:
     results = []
     at = 0
     for part in pending:
-        rows = np.empty((part.count, 4), dtype=np.float64)
+        rows = np.empty((part.count, 3), dtype=np.float64)
         count = len(part.present)
         # every tensor present (the usual case): slices, not index lists, fill the columns
         where: slice | list[int] = slice(None) if count == part.count else part.present
-        rows[:] = (NO_GRADIENT, np.nan, np.nan, 0)
+        rows[:] = (NO_GRADIENT, 0.0, 0.0)
         if count:
             norms_read = read[at : at + count]
             rows[where, 0] = hashes[at : at + count]
-            rows[where, 2] = norms_read * norms_read
-            rows[where, 3] = part.sizes
+            rows[where, 1] = norms_read * norms_read
+            rows[where, 2] = part.sizes
             at += count
         results.append(rows)
     return results
 
 
 def fingerprint_rows(tensors: list[torch.Tensor | None]) -> np.ndarray:
-    """``[hash, sum, sum of squares, elements]`` per tensor (see the module doc); a None tensor
-    gets the row ``[-1, nan, nan, 0]``."""
+    """``[hash, sum of squares, elements]`` per tensor (see the module doc); a None tensor
+    gets the row ``[-1, 0, 0]``."""
     return read_rows(PendingRows(tensors))[0]
 
 

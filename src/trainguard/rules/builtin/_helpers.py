@@ -76,7 +76,7 @@ def select(
 
 
 # Tensors that describe other tensors, not values of the model: the replica fingerprints' rows
-# (hashes, and NaN where a parameter has no gradient or a figure is not computed) are read by
+# (hashes, and in files of earlier versions NaN where a parameter had no gradient) are read by
 # ReplicaDivergence alone
 _BOOKKEEPING_PREFIXES = ("replica_fingerprint/",)
 

@@ -12,10 +12,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Disagreement", "compare_ranks", "rank_of"]
+__all__ = ["Disagreement", "as_rows", "compare_ranks", "rank_of"]
 
-HASH, SUM, SQUARES, ELEMENTS = range(4)
+HASH, SUM, SQUARES, ELEMENTS = range(4)  # the columns of rows as compared here (``as_rows``)
 NO_TENSOR = -1.0  # the hash of a parameter without a gradient
+
+
+def as_rows(written: np.ndarray) -> np.ndarray | None:
+    """A fingerprint as written, in the columns compared here: the hook's ``[hash, sum of
+    squares, elements]`` get a NaN sum (not computed); files of earlier versions hold
+    ``[hash, sum, sum of squares, elements]`` already. None for any other shape."""
+    if written.ndim != 2:
+        return None
+    if written.shape[1] == 3:
+        rows = np.insert(written.astype(np.float64), SUM, np.nan, axis=1)
+        rows[rows[:, HASH] == NO_TENSOR, SQUARES] = np.nan  # no tensor: no figure
+        return rows
+    return written if written.shape[1] == 4 else None
 
 
 def rank_of(worker: str) -> int:

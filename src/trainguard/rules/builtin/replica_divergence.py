@@ -53,7 +53,7 @@ import numpy as np
 
 from trainguard.errors import StorageError, TensorUnavailableForStep
 from trainguard.rules.base import Rule, StepResult
-from trainguard.rules.builtin._replicas import HASH, Disagreement, compare_ranks
+from trainguard.rules.builtin._replicas import HASH, Disagreement, as_rows, compare_ranks
 from trainguard.rules.params import Param
 
 __all__ = ["ReplicaDivergence"]
@@ -195,10 +195,10 @@ class ReplicaDivergence(Rule):
         found: dict[str, tuple[list[str], np.ndarray]] = {}
         for worker in workers:
             try:
-                rows = np.asarray(trial.tensor(tensor).value(step, worker=worker), dtype=np.float64)
+                rows = as_rows(np.asarray(trial.tensor(tensor).value(step, worker=worker), dtype=np.float64))
             except TensorUnavailableForStep:
                 continue
-            if rows.ndim != 2 or rows.shape[1] < 4:
+            if rows is None:
                 continue
             names = self._worker_meta(worker, len(rows)).get("parameters") or []
             found[worker] = (list(names), rows)
