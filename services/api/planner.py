@@ -91,9 +91,35 @@ def _s3_debug_output(spec: JobSpec, settings: Settings) -> str | None:
 
 
 def _hook_document(spec: JobSpec, local_path: str) -> dict[str, Any]:
+    """The job's DebugHookConfig, saving what its built-in rules read besides what it names (as
+    ``trainguard run --rules`` does): a config that names no collections keeps zero-code
+    capture's defaults under the rules' ones; one that does keeps its entries as given."""
     document = dict(spec.hook_config or {})
+    needed = _rule_collections(spec.rules)
+    if needed:
+        from trainguard.rules.defaults import BASE_COLLECTIONS
+
+        listed = document.get("CollectionConfigurations")
+        entries = list(listed) if isinstance(listed, list) and listed else [
+            {"CollectionName": name} for name in BASE_COLLECTIONS]  # fmt: skip
+        present = {entry.get("CollectionName") for entry in entries if isinstance(entry, dict)}
+        entries.extend({"CollectionName": name} for name in needed if name not in present)
+        document["CollectionConfigurations"] = entries
     document["LocalPath"] = local_path
     return document
+
+
+def _rule_collections(rules: list[RuleConfig]) -> list[str]:
+    """The collections the job's built-in debugger rules read (plug-ins and custom classes say
+    nothing about theirs before they are loaded in their own runner)."""
+    debugger = [rule.rule for rule in rules if rule.kind == "debug"]
+    if not debugger:
+        return []
+    from trainguard.rules import builtin_rules
+    from trainguard.rules.defaults import rule_collections
+
+    available = builtin_rules()
+    return rule_collections([available[name] for name in debugger if name in available])
 
 
 def _rule_environment(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.services.api.planner import plan_job
-from trainguard.services.api.schemas import JobSpec
+from trainguard.services.api.schemas import JobSpec, RuleConfig
 from trainguard.services.api.settings import Settings
 from tests.services.conftest import CUSTOM_RULE
 
@@ -97,3 +97,29 @@ def test_a_private_ca_bundle_reaches_the_local_plans_s3_clients_not_containers(
     assert uploader.environment["AWS_CA_BUNDLE"] == str(bundle) == rule.environment["AWS_CA_BUNDLE"]
     docker = plan_job(SPEC, _settings(tmp_path, S3_ENDPOINT_URL="https://s3:5000"), "docker", "t")
     assert all("AWS_CA_BUNDLE" not in component.environment for component in docker.components)
+
+
+def _saved_collections(launch) -> list[dict]:
+    training = launch.components[0]
+    return json.loads(Path(training.command[training.command.index("--config") + 1]).read_text()).get(
+        "CollectionConfigurations"
+    )
+
+
+def test_the_hook_config_saves_what_the_built_in_rules_read(tmp_path: Path) -> None:
+    # A hook config naming no collections: zero-code capture's defaults, and the rules' on top
+    # (SaturatedActivation reads tanh_input, which the defaults do not save)
+    rules = [{"rule": "SaturatedActivation"}, {"rule": "ReplicaDivergence"}, {"rule": CUSTOM_RULE, "name": "Loss"}]
+    spec = SPEC.model_copy(update={"rules": [RuleConfig.model_validate(rule) for rule in rules]})
+    names = [entry["CollectionName"] for entry in _saved_collections(plan_job(spec, _settings(tmp_path), "local", "t"))]
+    assert names[:2] == ["weights", "biases"] and {"tanh_input", "sigmoid_input", "replica_fingerprints"} <= set(names)
+    assert len(names) == len(set(names))
+    # a config naming its collections keeps them as given (their parameters too), the rules' added
+    listed = {**spec.hook_config, "CollectionConfigurations": [
+        {"CollectionName": "tanh_input", "CollectionParameters": {"save_interval": "7"}}]}  # fmt: skip
+    entries = _saved_collections(plan_job(spec.model_copy(update={"hook_config": listed}), _settings(tmp_path),
+                                          "local", "t"))  # fmt: skip
+    assert entries[0] == {"CollectionName": "tanh_input", "CollectionParameters": {"save_interval": "7"}}
+    assert [entry["CollectionName"] for entry in entries][1:] == ["sigmoid_input", "replica_fingerprints"]
+    # only a plug-in rule (its collections unknown here): the document is the user's
+    assert _saved_collections(plan_job(SPEC, _settings(tmp_path), "local", "t")) is None

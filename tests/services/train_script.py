@@ -2,6 +2,8 @@
 
 ``--blowup-at N`` plants a fault: from step N the learning rate is multiplied by 1e12, so the
 loss explodes. ``--step-seconds`` slows the loop so a job is still running when a rule fires.
+``--saturate``: a tanh layer whose weights are 500 times too large, so its inputs sit in tanh's flat
+region (what SaturatedActivation finds).
 """
 
 import argparse
@@ -17,10 +19,14 @@ def main() -> None:
     parser.add_argument("--blowup-at", type=int, default=-1)
     parser.add_argument("--step-seconds", type=float, default=0.0)
     parser.add_argument("--exit-code", type=int, default=0)
+    parser.add_argument("--saturate", action="store_true")
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh() if args.saturate else nn.ReLU(), nn.Linear(8, 1))
+    if args.saturate:
+        with torch.no_grad():
+            model[0].weight.mul_(500.0)
     criterion = nn.MSELoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     inputs = torch.randn(32, 4)
