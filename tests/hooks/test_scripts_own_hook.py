@@ -18,20 +18,21 @@ from torch import nn
 import trainguard.pytorch as tg
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-hook = tg.Hook(sys.argv[1], save_config=tg.SaveConfig(save_interval=4))
+hook = {hook}
 hook.register_module(net)
 optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
-for step in range(25):
+for step in range({steps}):
     optimizer.zero_grad()
     x = torch.randn(16, 8)
     nn.functional.mse_loss(net(x), x[:, :1]).backward()
     optimizer.step()
 """
+OWN_HOOK = SCRIPT.format(hook="tg.Hook(sys.argv[1], save_config=tg.SaveConfig(save_interval=4))", steps=25)
 
 
 def _run(tmp_path: Path, out: Path, hook_dir: Path) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(OWN_HOOK)
     command = [sys.executable, "-m", "trainguard", "run", "--out", str(out), "--", sys.executable, str(script),
                str(hook_dir)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -58,21 +59,8 @@ def test_the_scripts_hook_elsewhere_captures_beside_zero_code(tmp_path):
     assert create_trial(str(out), collection_wait_timeout=0).steps() == [0, 10, 20]
 
 
-FROM_JSON_SCRIPT = """
-import torch
-from torch import nn
-import trainguard.pytorch as tg
-net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-hook = tg.Hook.create_from_json_file()   # an smdebug script, import changed only
-hook.register_module(net)
-optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
-for step in range(10):
-    optimizer.zero_grad()
-    x = torch.randn(16, 8)
-    nn.functional.mse_loss(net(x), x[:, :1]).backward()
-    optimizer.step()
-"""
-
+# an smdebug script, its import changed only
+FROM_JSON_SCRIPT = SCRIPT.format(hook="tg.Hook.create_from_json_file()", steps=10)
 
 def test_create_from_json_file_under_trainguard_run_takes_the_runs_capture(tmp_path):
     # no debughookconfig.json anywhere: the run's own config (its --out, schedule, the rules'
