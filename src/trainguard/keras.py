@@ -12,8 +12,11 @@ Tensor names and collections: see :mod:`trainguard.hooks.keras`.
 
 from __future__ import annotations
 
+import os
+
+from trainguard.config.capture_config import CAPTURE_VARIABLE, CaptureConfig
 from trainguard.config.collections import Collection, CollectionManager
-from trainguard.config.json_config import hook_kwargs_from_json
+from trainguard.config.json_config import config_file_named, hook_kwargs_from_json
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig, SaveConfigMode
 from trainguard.hooks.keras import KerasHook as _KerasHook
@@ -33,7 +36,13 @@ class KerasHook(_KerasHook):
 
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None) -> KerasHook:
-        """Build a hook from SageMaker's ``debughookconfig.json`` (or ``$SMDEBUG_CONFIG_FILE_PATH``)."""
+        """Build a hook from SageMaker's ``debughookconfig.json`` (or ``$SMDEBUG_CONFIG_FILE_PATH``).
+
+        Under ``trainguard run``, where no such file is named or exists, from the run's own
+        capture config, as Keras zero-code capture builds its hook (which then stands aside: the
+        script passes a hook of its own)."""
+        if json_file_path is None and not config_file_named() and os.environ.get(CAPTURE_VARIABLE):
+            return cls(config=CaptureConfig.from_environment(os.environ))
         kwargs = hook_kwargs_from_json(json_file_path)
         kwargs["collection_manager"] = keras_collections(kwargs.get("collection_manager"))
         return cls(**kwargs)

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainguard.config.capture_config import CAPTURE_VARIABLE, CaptureConfig
 from trainguard.config.collections import Collection, CollectionManager
-from trainguard.config.json_config import DEFAULT_CONFIG_PATH, hook_kwargs_from_json
+from trainguard.config.json_config import config_file_named, hook_kwargs_from_json
 from trainguard.config.reduction_config import ReductionConfig
 from trainguard.config.save_config import SaveConfig, SaveConfigMode
 from trainguard.hooks.pytorch import TorchHook
@@ -44,18 +44,12 @@ class Hook(TorchHook):
         capture config (``TRAINGUARD_CAPTURE``: its ``--out``, schedule and the rules'
         collections), so that an smdebug script runs there unchanged; zero-code capture then
         stands aside for it."""
-        if json_file_path is None and not _config_file_named():
+        if json_file_path is None and not config_file_named():
             text = os.environ.get(CAPTURE_VARIABLE)
             if text:
                 return cls(config=CaptureConfig.from_json(text).with_zero_code_defaults())
         return cls(**hook_kwargs_from_json(json_file_path))
 
-
-
-def _config_file_named() -> bool:
-    """Whether ``create_from_json_file()`` has a DebugHookConfig file to read (smdebug's order)."""
-    named = os.environ.get("SMDEBUG_CONFIG_FILE_PATH") or os.environ.get("TRAINGUARD_CONFIG")
-    return bool(named) or os.path.exists(DEFAULT_CONFIG_PATH)
 
 def get_hook(json_config_path: str | None = None, create_if_not_exists: bool = False) -> Hook | None:
     """The process-wide hook, created from the JSON config on first request when asked to."""

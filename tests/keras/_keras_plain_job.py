@@ -2,6 +2,8 @@
 ``KERAS_BACKEND=torch|jax trainguard run -- python _keras_plain_job.py [torch-first]``.
 
 ``torch-first`` imports torch before Keras, as a script that also uses torch's utilities does.
+``smdebug-hook``: the script passes a hook of its own, as an smdebug script ported by its import
+does (``KerasHook.create_from_json_file()``, no config file: the run's capture config).
 """
 
 import sys
@@ -25,6 +27,11 @@ model = keras.Sequential(
     ]
 )
 model.compile(optimizer=keras.optimizers.SGD(0.05), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-model.fit(x, y, batch_size=32, epochs=3, verbose=0)
-model.evaluate(x[:64], y[:64], batch_size=32, verbose=0)
+callbacks = []
+if "smdebug-hook" in sys.argv[1:]:
+    import trainguard.keras as tg
+
+    callbacks = [tg.KerasHook.create_from_json_file()]
+model.fit(x, y, batch_size=32, epochs=3, verbose=0, callbacks=callbacks)
+model.evaluate(x[:64], y[:64], batch_size=32, verbose=0, callbacks=callbacks)
 print("trained", keras.backend.backend())

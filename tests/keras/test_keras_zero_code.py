@@ -58,6 +58,14 @@ def test_an_unmodified_keras_script_is_captured_on_the_torch_backend(tmp_path: P
     _assert_captured(done, out, "torch")
 
 
+
+def test_an_smdebug_keras_script_under_trainguard_run_captures_through_its_own_hook(tmp_path: Path) -> None:
+    # KerasHook.create_from_json_file() without a debughookconfig.json takes the run's capture
+    # config (its --out, --save-interval 2, the rules' collections); zero-code adds no second hook
+    done, out = _trainguard_run(tmp_path, "torch", "smdebug-hook")
+    _assert_captured(done, out, "torch")
+    assert create_trial(str(out)).steps(ModeKeys.TRAIN)[:3] == [0, 2, 4]
+
 def test_an_unmodified_keras_script_is_captured_on_the_jax_backend(tmp_path: Path) -> None:
     pytest.importorskip("jax")
     done, out = _trainguard_run(tmp_path, "jax")
