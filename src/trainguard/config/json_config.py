@@ -189,13 +189,13 @@ def hook_kwargs_from_json(
     return hook_kwargs_from_document(read_hook_config(path), drop_unknown_collections=drop_unknown_collections)
 
 
-
 def config_file_named() -> bool:
     """Whether :func:`hook_kwargs_from_json` without a path has a file to read (a variable names
     one, or SageMaker's path exists): ``create_from_json_file()`` under ``trainguard run`` takes
     the run's own capture config where it has none."""
     named = os.environ.get("SMDEBUG_CONFIG_FILE_PATH") or os.environ.get("TRAINGUARD_CONFIG")
     return bool(named) or os.path.exists(DEFAULT_CONFIG_PATH)
+
 
 def read_hook_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The DebugHookConfig document in the file ``path`` (a ConfigError naming it if unreadable)."""
