@@ -44,10 +44,8 @@ class Hook(TorchHook):
         capture config (``TRAINGUARD_CAPTURE``: its ``--out``, schedule and the rules'
         collections), so that an smdebug script runs there unchanged; zero-code capture then
         stands aside for it."""
-        if json_file_path is None and not config_file_named():
-            text = os.environ.get(CAPTURE_VARIABLE)
-            if text:
-                return cls(config=CaptureConfig.from_json(text).with_zero_code_defaults())
+        if json_file_path is None and not config_file_named() and os.environ.get(CAPTURE_VARIABLE):
+            return cls(config=CaptureConfig.from_environment(os.environ).with_zero_code_defaults())
         return cls(**hook_kwargs_from_json(json_file_path))
 
 

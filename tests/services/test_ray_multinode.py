@@ -136,18 +136,24 @@ def test_two_instance_ddp_job_captures_both_ranks_and_the_rule_checks_them(ray_c
     print(f"2-instance DDP job on Ray: submit to Completed {time.monotonic() - began:.1f} s")
 
 
-def test_a_fault_on_rank_1_is_attributed_to_worker_1_and_the_job_stopped(ray_cluster, api_factory) -> None:
+
+def _submit_long_job(ray_cluster, api_factory, name: str, fault: list[str], hook_config: dict, rules: list):  # noqa: ANN001
+    """A 2-instance job of 400 slow steps (time for a rule to stop it), submitted to a Ray-launcher API."""
     api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
     spec = {
-        "name": "ddp-fault",
-        "command": [sys.executable, DDP_SCRIPT, "--steps", "400", "--fault-rank", "1", "--fault-from", "4",
-                    "--step-seconds", "0.05"],
+        "name": name,
+        "command": [sys.executable, DDP_SCRIPT, "--steps", "400", *fault, "--step-seconds", "0.05"],
         "resources": {"instance_count": 2},
-        "hook_config": HOOK_EVERY_STEP,
-        "rules": [_rule(1000.0, [{"name": "stoptraining"}])],
-    }  # fmt: skip
+        "hook_config": hook_config,
+        "rules": rules,
+    }
     status, body = api.request("POST", "/v1/jobs", spec)
     assert status == 201, body
+    return api
+
+def test_a_fault_on_rank_1_is_attributed_to_worker_1_and_the_job_stopped(ray_cluster, api_factory) -> None:
+    api = _submit_long_job(ray_cluster, api_factory, "ddp-fault", ["--fault-rank", "1", "--fault-from", "4"],
+                           HOOK_EVERY_STEP, [_rule(1000.0, [{"name": "stoptraining"}])])
     job = wait_for(lambda: (j := api.job("ddp-fault"))["status"] == "Stopped" and j, 180, "the rule to stop the job")
     rule = job["rules"][0]
     assert rule["status"] == "IssuesFound", rule
@@ -158,22 +164,13 @@ def test_a_fault_on_rank_1_is_attributed_to_worker_1_and_the_job_stopped(ray_clu
     assert launcher.status("ddp-fault")["training"].state is ComponentState.EXITED
 
 
-
 def test_replicas_drifting_apart_on_two_instances_are_found_and_the_job_stopped(ray_cluster, api_factory) -> None:
     """ReplicaDivergence on the Ray launcher's multi-instance job: rank 1's replica is nudged
     after step 5; the rule compares both instances' fingerprints, names the step and stops the
     job once a second fingerprint confirms it."""
-    api = api_factory(TRAINGUARD_LAUNCHER="ray", RAY_ADDRESS=ray_cluster.address, TRAINGUARD_STOP_GRACE_SECONDS="5")
-    spec = {
-        "name": "ddp-drift",
-        "command": [sys.executable, DDP_SCRIPT, "--steps", "400", "--nudge-rank", "1", "--nudge-at", "5",
-                    "--step-seconds", "0.05"],
-        "resources": {"instance_count": 2},
-        "hook_config": {"HookParameters": {"save_interval": "2"}},
-        "rules": [{"rule": "ReplicaDivergence", "name": "Replicas", "actions": [{"name": "stoptraining"}]}],
-    }  # fmt: skip
-    status, body = api.request("POST", "/v1/jobs", spec)
-    assert status == 201, body
+    api = _submit_long_job(ray_cluster, api_factory, "ddp-drift", ["--nudge-rank", "1", "--nudge-at", "5"],
+                           {"HookParameters": {"save_interval": "2"}},
+                           [{"rule": "ReplicaDivergence", "name": "Replicas", "actions": [{"name": "stoptraining"}]}])
     job = wait_for(lambda: (j := api.job("ddp-drift"))["status"] in ENDED and j, 180, "the rule to stop the job")
     log = api.request("GET", "/v1/jobs/ddp-drift/logs?component=training")[1]
     assert job["status"] == "Stopped", (job, log[-3000:])
